@@ -1,0 +1,76 @@
+// A validated attention case (CONTRACT sections 1 and 2).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnoracle/dtype.hpp"
+#include "attnoracle/safetensors.hpp"
+
+namespace attnoracle {
+
+enum class Kind { Sdpa, Mha };
+enum class Causal { None, TopLeft, BottomRight };
+enum class MaskedRows { Error, Zero };
+
+// A floating input decoded exactly into doubles, row-major.
+struct FloatTensor {
+  DType dtype = DType::F64;
+  std::vector<std::int64_t> shape;
+  std::vector<double> values;
+};
+
+// A BOOL tensor (one byte per element, nonzero = true), row-major.
+struct BoolTensor {
+  std::vector<std::int64_t> shape;
+  std::vector<unsigned char> values;
+};
+
+struct Case {
+  std::string path;  // for messages
+  Kind kind = Kind::Sdpa;
+  DType input_dtype = DType::F32;
+  DType output_dtype = DType::F32;
+  std::optional<std::string> scale;    // attn.scale text; empty = 1/sqrt(Dk)
+  std::optional<std::string> softcap;  // attn.softcap text when nonzero
+  Causal causal = Causal::None;
+  bool window = false;
+  std::int64_t window_left = 0, window_right = 0;
+  MaskedRows masked_rows = MaskedRows::Error;
+  bool want_weights = false, want_lse = false;
+
+  // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
+  std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
+
+  // kind sdpa
+  FloatTensor q, k, v;
+  // kind mha
+  FloatTensor x_q, x_kv, w_q, w_k, w_v, w_o;
+  // optional
+  std::optional<BoolTensor> mask;
+  std::optional<FloatTensor> bias;  // may hold -inf
+  std::optional<BoolTensor> query_mask;
+
+  // The file as read (inputs and metadata), so that eval writes them back unchanged.
+  SafeTensorsFile file;
+
+  // mask/bias lookup with broadcasting to [B, Hq, Nq, Nk]
+  bool mask_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
+  double bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
+  bool query_valid(std::int64_t b, std::int64_t i) const;
+  // causal and window rules of CONTRACT section 1
+  bool position_allowed(std::int64_t i, std::int64_t j) const;
+};
+
+// Validates a parsed file as a case. Golden tensors already present (out, out.ref, ...) are
+// ignored and dropped from `file`, so that a case can be evaluated again.
+// Throws InputError(path, <tensor or key>, <what>).
+Case case_from_file(const std::string& path, SafeTensorsFile file);
+Case read_case(const std::string& path);
+
+// Names of the tensors that the reference adds (CONTRACT section 3), and their companions.
+bool is_golden_tensor_name(const std::string& name);
+
+}  // namespace attnoracle

@@ -1,0 +1,89 @@
+// Certified evaluation of a case: interval arithmetic over MPFR, correct rounding proven by
+// Ziv's test, streamed row by row.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <mpfr.h>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/safetensors.hpp"
+
+namespace attnoracle {
+
+struct EvalOptions {
+  int threads = 1;
+  mpfr_prec_t start_precision = 0;    // 0: chosen from the output format and the row length
+  mpfr_prec_t max_precision = 2048;   // Ziv's cap; past it an element is recorded undecided
+};
+
+struct EvalStats {
+  std::uint64_t elements = 0;         // golden elements rounded (all rounded tensors)
+  std::uint64_t undecided = 0;        // of which could not be proven correctly rounded
+  std::uint64_t rows = 0;
+  std::uint64_t rows_raised = 0;      // rows that needed more than the starting precision
+  mpfr_prec_t max_precision_reached = 0;
+  double seconds = 0;
+};
+
+// A fully masked row under policy `error`: the case is refused.
+class FullyMaskedRow : public std::runtime_error {
+ public:
+  FullyMaskedRow(std::int64_t b, std::int64_t h, std::int64_t i);
+  std::int64_t b, h, i;
+};
+
+struct EvalResult {
+  std::vector<RawTensor> golden;  // out, out.ref, [out.ref_lo], out.bound, row.valid, ...
+  EvalStats stats;
+};
+
+// Throws FullyMaskedRow, or InputError for metadata values that cannot be evaluated.
+EvalResult evaluate(const Case& c, const EvalOptions& opt);
+
+// The case file with its golden tensors and metadata added (attn.reference, attn.undecided).
+SafeTensorsFile golden_file(const Case& c, const EvalResult& r);
+
+// ---- Row-level access, for tests and for the oracle ----
+
+// An enclosure [lo, hi] of one exact real value.
+struct Enclosure {
+  mpfr_t lo, hi;
+  explicit Enclosure(mpfr_prec_t p);
+  Enclosure(const Enclosure&) = delete;
+  Enclosure& operator=(const Enclosure&) = delete;
+  Enclosure(Enclosure&& o) noexcept;
+  ~Enclosure();
+  bool contains(const mpfr_t x) const { return mpfr_lessequal_p(lo, x) && mpfr_lessequal_p(x, hi); }
+};
+
+// Enclosures of one row unit at one working precision. A unit is (b, h, i) for kind sdpa and
+// (b, i) for kind mha (all heads, as the output mixes them; h is then ignored).
+struct RowEnclosures {
+  bool valid = true;                  // false: fully masked (policy zero, or a padding row)
+  std::vector<Enclosure> out;         // Dv (sdpa) or Dout (mha)
+  std::vector<Enclosure> bound;       // the magnitude bound of each output element
+  // per head for mha (H rows), one for sdpa: each Nk long, and one lse per head
+  std::vector<std::vector<Enclosure>> weights;
+  std::vector<Enclosure> lse;
+  std::vector<bool> head_valid;       // per head (mha) or one (sdpa)
+};
+
+class RowEvaluator {
+ public:
+  explicit RowEvaluator(const Case& c);  // precomputes exact projections for mha
+  ~RowEvaluator();
+  RowEvaluator(const RowEvaluator&) = delete;
+  RowEvaluator& operator=(const RowEvaluator&) = delete;
+  // Throws FullyMaskedRow under policy error (unless the row is padding).
+  RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p) const;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace attnoracle

@@ -1,0 +1,25 @@
+// Correct rounding into F64, F32, F16 and BF16 with MPFR, and Ziv's test on an enclosure.
+#pragma once
+
+#include <mpfr.h>
+
+#include "attnoracle/dtype.hpp"
+
+namespace attnoracle {
+
+// x rounded to nearest-even in format t (subnormals kept, overflow to infinity), as the double
+// holding that value exactly. Uses MPFR with the format's precision and exponent range.
+double round_to_format(mpfr_srcptr x, DType t);
+
+struct RoundedEnclosure {
+  bool decided;  // every value of the enclosure rounds to `value`
+  double value;  // when undecided: the rounding of the lower end
+  double alt;    // when undecided: the rounding of the upper end
+};
+
+// Ziv's test: the rounding is proven when both ends of [lo, hi] round to the same value.
+// Zeros of either sign count as one value (the sign of an exact zero cannot be proven by an
+// enclosure): the result is +0 unless both ends round to -0.
+RoundedEnclosure round_enclosure(mpfr_srcptr lo, mpfr_srcptr hi, DType t);
+
+}  // namespace attnoracle

@@ -1,0 +1,268 @@
+// The Ziv driver: evaluates every row unit at rising precision until every golden element of
+// the row is proven correctly rounded (or the cap is reached), across threads.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "attnoracle/evaluate.hpp"
+#include "attnoracle/round.hpp"
+
+#ifndef ATTNORACLE_VERSION
+#define ATTNORACLE_VERSION "0"
+#endif
+
+namespace attnoracle {
+namespace {
+
+// One golden tensor being filled: its bytes, and the elements that could not be decided.
+struct GoldenBuffer {
+  std::string name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<unsigned char> bytes;
+  std::mutex mu;
+  std::vector<std::pair<std::int64_t, double>> undecided;  // flat index, other candidate
+
+  GoldenBuffer(std::string n, DType t, std::vector<std::int64_t> s)
+      : name(std::move(n)), dtype(t), shape(std::move(s)) {
+    std::int64_t count = 1;
+    for (auto d : shape) count *= d;
+    bytes.assign(static_cast<std::size_t>(count) * dtype_size(t), 0);
+  }
+  void set(std::int64_t idx, double v) {
+    encode_float(dtype, v, bytes.data() + static_cast<std::size_t>(idx) * dtype_size(dtype));
+  }
+  RawTensor take() {
+    RawTensor t;
+    t.name = name;
+    t.dtype = dtype;
+    t.shape = shape;
+    t.data = std::move(bytes);
+    return t;
+  }
+};
+
+// The result of one rounded element, before it is committed.
+struct Pending {
+  GoldenBuffer* buf;
+  std::int64_t idx;
+  RoundedEnclosure r;
+};
+
+struct Buffers {
+  std::unique_ptr<GoldenBuffer> out, out_ref, out_ref_lo, out_bound, weights, weights_ref, lse,
+      lse_ref;
+  std::vector<unsigned char> row_valid;
+};
+
+// Working precision to start from: enough for the .ref tensors (F64), with room for the
+// rounding errors of sums over Nk and Dk terms; F64 outputs also need out.ref_lo, which is
+// about 53 bits further down.
+mpfr_prec_t start_precision(const Case& c) {
+  auto lg = [](std::int64_t n) { return static_cast<mpfr_prec_t>(std::ceil(std::log2(n + 1.0))); };
+  mpfr_prec_t p = 96 + 2 * lg(c.Nk) + lg(c.Dk) + lg(c.Dv);
+  if (c.output_dtype == DType::F64) p += 64;
+  return p;
+}
+
+}  // namespace
+
+EvalResult evaluate(const Case& c, const EvalOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool mha = c.kind == Kind::Mha;
+  const std::int64_t H = c.Hq, Nq = c.Nq, Nk = c.Nk;
+  const std::int64_t width = mha ? c.Dout : c.Dv;
+  std::vector<std::int64_t> out_shape =
+      mha ? std::vector<std::int64_t>{c.B, Nq, c.Dout} : std::vector<std::int64_t>{c.B, H, Nq, c.Dv};
+  const std::vector<std::int64_t> w_shape{c.B, H, Nq, Nk}, row_shape{c.B, H, Nq};
+  const DType odt = c.output_dtype;
+
+  Buffers bufs;
+  bufs.out = std::make_unique<GoldenBuffer>("out", odt, out_shape);
+  bufs.out_ref = std::make_unique<GoldenBuffer>("out.ref", DType::F64, out_shape);
+  if (odt == DType::F64)
+    bufs.out_ref_lo = std::make_unique<GoldenBuffer>("out.ref_lo", DType::F64, out_shape);
+  bufs.out_bound = std::make_unique<GoldenBuffer>("out.bound", DType::F64, out_shape);
+  if (c.want_weights) {
+    bufs.weights = std::make_unique<GoldenBuffer>("weights", odt, w_shape);
+    bufs.weights_ref = std::make_unique<GoldenBuffer>("weights.ref", DType::F64, w_shape);
+  }
+  if (c.want_lse) {
+    bufs.lse = std::make_unique<GoldenBuffer>("lse", odt, row_shape);
+    bufs.lse_ref = std::make_unique<GoldenBuffer>("lse.ref", DType::F64, row_shape);
+  }
+  bufs.row_valid.assign(static_cast<std::size_t>(c.B * H * Nq), 0);
+
+  // Refuse before any work, naming the first fully masked row in (b, h, i) order.
+  if (c.masked_rows == MaskedRows::Error)
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Nq; ++i) {
+          if (!c.query_valid(b, i)) continue;
+          bool any = false;
+          for (std::int64_t j = 0; j < Nk && !any; ++j)
+            any = c.position_allowed(i, j) && c.mask_at(b, h, i, j) &&
+                  c.bias_at(b, h, i, j) != -INFINITY;
+          if (!any) throw FullyMaskedRow(b, h, i);
+        }
+
+  RowEvaluator ev(c);
+  const std::int64_t units = mha ? c.B * Nq : c.B * H * Nq;
+  const mpfr_prec_t p0 = opt.start_precision > 0 ? opt.start_precision : start_precision(c);
+  const mpfr_prec_t cap = std::max(opt.max_precision, p0);
+
+  std::atomic<std::int64_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex err_mu;
+  std::int64_t err_unit = units;
+  std::exception_ptr err;
+  std::atomic<std::uint64_t> n_elements{0}, n_undecided{0}, n_raised{0};
+  std::atomic<mpfr_prec_t> max_reached{0};
+
+  auto work = [&]() {
+    std::vector<Pending> pend;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const std::int64_t u = next.fetch_add(1);
+      if (u >= units) break;
+      const std::int64_t b = mha ? u / Nq : u / (H * Nq);
+      const std::int64_t h = mha ? 0 : (u / Nq) % H;
+      const std::int64_t i = u % Nq;
+      try {
+        for (mpfr_prec_t p = p0;; p = std::min(2 * p, cap)) {
+          RowEnclosures r = ev.row(b, h, i, p);
+          pend.clear();
+          bool all = true;
+          auto add = [&](GoldenBuffer* buf, std::int64_t idx, const Enclosure& e) {
+            pend.push_back({buf, idx, round_enclosure(e.lo, e.hi, buf->dtype)});
+            all = all && pend.back().r.decided;
+            return pend.back().r.value;
+          };
+          const std::int64_t obase = mha ? (b * Nq + i) * width : ((b * H + h) * Nq + i) * width;
+          for (std::int64_t e = 0; e < width; ++e) {
+            const Enclosure& enc = r.out[static_cast<std::size_t>(e)];
+            add(bufs.out.get(), obase + e, enc);
+            const double ref = add(bufs.out_ref.get(), obase + e, enc);
+            if (bufs.out_ref_lo) {  // the exact value minus out.ref, enclosed
+              Enclosure d(p);
+              mpfr_sub_d(d.lo, enc.lo, ref, MPFR_RNDD);
+              mpfr_sub_d(d.hi, enc.hi, ref, MPFR_RNDU);
+              add(bufs.out_ref_lo.get(), obase + e, d);
+            }
+          }
+          for (std::size_t hh = 0; hh < r.lse.size(); ++hh) {
+            const std::int64_t head = mha ? static_cast<std::int64_t>(hh) : h;
+            const std::int64_t rbase = (b * H + head) * Nq + i;
+            if (c.want_lse) {
+              add(bufs.lse.get(), rbase, r.lse[hh]);
+              add(bufs.lse_ref.get(), rbase, r.lse[hh]);
+            }
+            if (c.want_weights)
+              for (std::int64_t j = 0; j < Nk; ++j) {
+                add(bufs.weights.get(), rbase * Nk + j, r.weights[hh][static_cast<std::size_t>(j)]);
+                add(bufs.weights_ref.get(), rbase * Nk + j,
+                    r.weights[hh][static_cast<std::size_t>(j)]);
+              }
+          }
+          if (!all && p < cap) continue;
+          // Commit: every element is proven, or the cap is reached and the rest is recorded.
+          if (p > p0) n_raised.fetch_add(1);
+          mpfr_prec_t cur = max_reached.load();
+          while (p > cur && !max_reached.compare_exchange_weak(cur, p)) {
+          }
+          std::uint64_t und = 0;
+          for (const Pending& x : pend) {
+            x.buf->set(x.idx, x.r.value);
+            if (!x.r.decided) {
+              ++und;
+              std::lock_guard<std::mutex> lk(x.buf->mu);
+              x.buf->undecided.emplace_back(x.idx, x.r.alt);
+            }
+          }
+          n_elements.fetch_add(pend.size());
+          n_undecided.fetch_add(und);
+          for (std::int64_t e = 0; e < width; ++e)  // an upper bound, rounded up
+            bufs.out_bound->set(obase + e,
+                                mpfr_get_d(r.bound[static_cast<std::size_t>(e)].hi, MPFR_RNDU));
+          for (std::size_t hh = 0; hh < r.head_valid.size(); ++hh) {
+            const std::int64_t head = mha ? static_cast<std::int64_t>(hh) : h;
+            bufs.row_valid[static_cast<std::size_t>((b * H + head) * Nq + i)] =
+                r.head_valid[hh] ? 1 : 0;
+          }
+          break;
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (u < err_unit) {  // report the first failing row, whatever the thread count
+          err_unit = u;
+          err = std::current_exception();
+        }
+        stop = true;
+      }
+    }
+    mpfr_free_cache();
+  };
+
+  const int nthreads = std::max(1, std::min<int>(opt.threads, static_cast<int>(std::max<std::int64_t>(units, 1))));
+  if (nthreads == 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < nthreads; ++t) pool.emplace_back(work);
+    for (auto& t : pool) t.join();
+  }
+  if (err) std::rethrow_exception(err);
+
+  EvalResult res;
+  auto finish = [&](std::unique_ptr<GoldenBuffer>& g) {
+    if (!g) return;
+    std::vector<std::pair<std::int64_t, double>> und = std::move(g->undecided);
+    std::sort(und.begin(), und.end());
+    if (!und.empty()) {
+      RawTensor idx{g->name + ".undecided", DType::I64, {static_cast<std::int64_t>(und.size())}, {}};
+      RawTensor alt{g->name + ".alt", g->dtype, {static_cast<std::int64_t>(und.size())}, {}};
+      idx.data.resize(und.size() * 8);
+      alt.data.resize(und.size() * dtype_size(g->dtype));
+      for (std::size_t k = 0; k < und.size(); ++k) {
+        std::memcpy(idx.data.data() + 8 * k, &und[k].first, 8);
+        encode_float(g->dtype, und[k].second, alt.data.data() + k * dtype_size(g->dtype));
+      }
+      res.golden.push_back(std::move(idx));
+      res.golden.push_back(std::move(alt));
+    }
+    res.golden.push_back(g->take());
+  };
+  finish(bufs.out);
+  finish(bufs.out_ref);
+  finish(bufs.out_ref_lo);
+  finish(bufs.out_bound);
+  finish(bufs.weights);
+  finish(bufs.weights_ref);
+  finish(bufs.lse);
+  finish(bufs.lse_ref);
+  res.golden.push_back(RawTensor{"row.valid", DType::BOOL, row_shape, std::move(bufs.row_valid)});
+
+  res.stats.elements = n_elements.load();
+  res.stats.undecided = n_undecided.load();
+  res.stats.rows = static_cast<std::uint64_t>(units);
+  res.stats.rows_raised = n_raised.load();
+  res.stats.max_precision_reached = max_reached.load();
+  res.stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+SafeTensorsFile golden_file(const Case& c, const EvalResult& r) {
+  SafeTensorsFile f = c.file;
+  for (const RawTensor& t : r.golden) f.put(t);
+  f.metadata["attn.reference"] = std::string("attnoracle ") + ATTNORACLE_VERSION;
+  f.metadata["attn.undecided"] = std::to_string(r.stats.undecided);
+  return f;
+}
+
+}  // namespace attnoracle

@@ -1,0 +1,83 @@
+// Directed-rounding building blocks of the interval kernel. An interval is a pair (lo, hi) of
+// mpfr_t with lo rounded down and hi rounded up, so the exact value always lies inside.
+#pragma once
+
+#include <mpfr.h>
+
+#include <vector>
+
+namespace attnoracle::detail {
+
+// A growable array of mpfr_t that reuses its allocations across rows.
+class MpfrVec {
+ public:
+  MpfrVec() = default;
+  MpfrVec(const MpfrVec&) = delete;
+  MpfrVec& operator=(const MpfrVec&) = delete;
+  ~MpfrVec() {
+    for (auto& x : v_) mpfr_clear(x.x);
+  }
+  // Ensures n elements at precision p (values are left unspecified).
+  void resize(std::size_t n, mpfr_prec_t p) {
+    if (p != prec_) {
+      for (auto& x : v_) mpfr_set_prec(x.x, p);
+      prec_ = p;
+    }
+    while (v_.size() < n) {
+      v_.emplace_back();
+      mpfr_init2(v_.back().x, p);
+    }
+    n_ = n;
+    ptrs_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) ptrs_[i] = v_[i].x;
+  }
+  mpfr_ptr operator[](std::size_t i) { return v_[i].x; }
+  mpfr_srcptr operator[](std::size_t i) const { return v_[i].x; }
+  std::size_t size() const { return n_; }
+  // For mpfr_sum.
+  const mpfr_ptr* ptrs() { return ptrs_.data(); }
+
+ private:
+  struct Elem {
+    mpfr_t x;
+  };
+  std::vector<Elem> v_;
+  std::vector<mpfr_ptr> ptrs_;
+  std::size_t n_ = 0;
+  mpfr_prec_t prec_ = 0;
+};
+
+// [rlo, rhi] = [alo, ahi] * [blo, bhi], all signs: the extremes are among the four corner
+// products, each rounded in its direction.
+inline void mul_interval(mpfr_ptr rlo, mpfr_ptr rhi, mpfr_srcptr alo, mpfr_srcptr ahi,
+                         mpfr_srcptr blo, mpfr_srcptr bhi, mpfr_ptr tmp) {
+  mpfr_srcptr as[2] = {alo, ahi};
+  mpfr_srcptr bs[2] = {blo, bhi};
+  // rlo/rhi may alias inputs: compute into tmp and a local copy.
+  mpfr_t lo, hi;
+  mpfr_init2(lo, mpfr_get_prec(rlo));
+  mpfr_init2(hi, mpfr_get_prec(rhi));
+  mpfr_set_inf(lo, 1);
+  mpfr_set_inf(hi, -1);
+  for (auto a : as)
+    for (auto b : bs) {
+      mpfr_mul(tmp, a, b, MPFR_RNDD);
+      if (mpfr_less_p(tmp, lo)) mpfr_set(lo, tmp, MPFR_RNDD);
+      mpfr_mul(tmp, a, b, MPFR_RNDU);
+      if (mpfr_greater_p(tmp, hi)) mpfr_set(hi, tmp, MPFR_RNDU);
+    }
+  mpfr_set(rlo, lo, MPFR_RNDD);
+  mpfr_set(rhi, hi, MPFR_RNDU);
+  mpfr_clear(lo);
+  mpfr_clear(hi);
+}
+
+// [rlo, rhi] = [nlo, nhi] / [zlo, zhi] with 0 < zlo: the sign of the numerator's ends decides
+// which end of the denominator bounds each quotient.
+inline void div_by_positive(mpfr_ptr rlo, mpfr_ptr rhi, mpfr_srcptr nlo, mpfr_srcptr nhi,
+                            mpfr_srcptr zlo, mpfr_srcptr zhi) {
+  mpfr_div(rlo, nlo, mpfr_sgn(nlo) >= 0 ? zhi : zlo, MPFR_RNDD);
+  mpfr_div(rhi, nhi, mpfr_sgn(nhi) >= 0 ? zlo : zhi, MPFR_RNDU);
+}
+
+}  // namespace attnoracle::detail

@@ -1,0 +1,339 @@
+#include "attnoracle/safetensors.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "attnoracle/error.hpp"
+
+namespace attnoracle {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::size_t kMaxQuoted = 60;  // longest piece of user text quoted in a message
+
+// Makes user text safe for a one-line message: control bytes escaped, long text cut.
+std::string printable(std::string_view s, std::size_t limit = kMaxQuoted) {
+  std::string out;
+  for (unsigned char ch : s.substr(0, limit)) {
+    if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  if (s.size() > limit) out += "...";
+  return out;
+}
+
+std::string brief(const json& j) { return printable(j.dump()); }
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t a = 0; a < shape.size(); ++a) s += (a ? "," : "") + std::to_string(shape[a]);
+  return s + "]";
+}
+
+std::string offsets_string(std::uint64_t begin, std::uint64_t end) {
+  return "[" + std::to_string(begin) + "," + std::to_string(end) + "]";
+}
+
+// A tensor entry of the header, validated except for its place among the others.
+struct Entry {
+  RawTensor tensor;
+  std::uint64_t begin = 0, end = 0;
+};
+
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& path, std::uint64_t data_size)
+      : path_(path), data_size_(data_size) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw InputError(path_, field, what);
+  }
+
+  json parse(std::string_view text) {
+    // Duplicate keys: nlohmann keeps the last one silently, so watch keys per object.
+    std::vector<std::set<std::string>> seen;
+    std::string duplicate, duplicate_in, top_key;
+    auto callback = [&](int, json::parse_event_t event, json& parsed) {
+      switch (event) {
+        case json::parse_event_t::object_start: seen.emplace_back(); break;
+        case json::parse_event_t::object_end: seen.pop_back(); break;
+        case json::parse_event_t::key: {
+          const auto& key = parsed.get_ref<const std::string&>();
+          if (seen.size() == 1) top_key = key;
+          if (!seen.back().insert(key).second && duplicate.empty()) {
+            duplicate = key;
+            duplicate_in = seen.size() == 1 ? "" : top_key;
+          }
+          break;
+        }
+        default: break;
+      }
+      return true;
+    };
+    json header;
+    try {
+      header = json::parse(text.begin(), text.end(), callback);
+    } catch (const json::parse_error& e) {
+      std::string what = e.what();
+      if (auto pos = what.find("] "); pos != std::string::npos) what.erase(0, pos + 2);
+      fail("header", "invalid JSON: " + printable(what, 200));
+    }
+    if (!duplicate.empty()) {
+      if (duplicate_in.empty()) fail(printable(duplicate), "appears twice in the header");
+      fail(printable(duplicate_in), "duplicate key \"" + printable(duplicate) + "\"");
+    }
+    if (!header.is_object())
+      fail("header", std::string("header is a JSON ") + header.type_name() + ", not an object");
+    return header;
+  }
+
+  std::map<std::string, std::string> metadata(const json& j) const {
+    if (!j.is_object())
+      fail("__metadata__", std::string("is a JSON ") + j.type_name() + ", not an object");
+    std::map<std::string, std::string> out;
+    for (const auto& [key, value] : j.items()) {
+      if (!value.is_string())
+        fail(printable(key),
+             std::string("metadata value is a JSON ") + value.type_name() + ", not a string");
+      out[key] = value.get<std::string>();
+    }
+    return out;
+  }
+
+  Entry entry(const std::string& name, const json& j) const {
+    const std::string field = printable(name);
+    if (!j.is_object())
+      fail(field, std::string("header entry is a JSON ") + j.type_name() + ", not an object");
+    for (const auto& [key, value] : j.items())
+      if (key != "dtype" && key != "shape" && key != "data_offsets")
+        fail(field, "unknown field \"" + printable(key) + "\" (expected dtype, shape, data_offsets)");
+    for (const char* key : {"dtype", "shape", "data_offsets"})
+      if (!j.contains(key)) fail(field, std::string("header entry has no \"") + key + "\"");
+
+    Entry e;
+    e.tensor.name = name;
+    const json& dtype = j["dtype"];
+    if (!dtype.is_string()) fail(field, "dtype " + brief(dtype) + " is not a string");
+    auto type = dtype_from_name(dtype.get_ref<const std::string&>());
+    if (!type) fail(field, "unknown dtype " + brief(dtype));
+    e.tensor.dtype = *type;
+
+    const json& shape = j["shape"];
+    bool shape_ok = shape.is_array();
+    if (shape_ok)
+      for (const auto& d : shape)
+        shape_ok = shape_ok && d.is_number_unsigned() &&
+                   d.get<std::uint64_t>() <= std::numeric_limits<std::int64_t>::max();
+    if (!shape_ok) fail(field, "shape " + brief(shape) + " is not an array of non-negative integers");
+    std::uint64_t bytes = dtype_size(*type);
+    bool overflow = false;
+    for (const auto& d : shape) {
+      auto n = d.get<std::uint64_t>();
+      e.tensor.shape.push_back(static_cast<std::int64_t>(n));
+      overflow = overflow || __builtin_mul_overflow(bytes, n, &bytes);
+    }
+
+    const json& offsets = j["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned())
+      fail(field, "data_offsets " + brief(offsets) + " is not two non-negative integers");
+    e.begin = offsets[0].get<std::uint64_t>();
+    e.end = offsets[1].get<std::uint64_t>();
+    const std::string range = "data_offsets " + offsets_string(e.begin, e.end);
+    if (e.begin > e.end) fail(field, range + " begin after end");
+    if (e.end > data_size_)
+      fail(field, range + " go beyond the data area of " + std::to_string(data_size_) + " bytes");
+    if (overflow)
+      fail(field, "shape " + shape_string(e.tensor.shape) + " is too large for data_offsets " +
+                      offsets_string(e.begin, e.end));
+    if (bytes != e.end - e.begin)
+      fail(field, "shape " + shape_string(e.tensor.shape) + " needs " + std::to_string(bytes) +
+                      " bytes but data_offsets cover " + std::to_string(e.end - e.begin));
+    return e;
+  }
+
+ private:
+  const std::string& path_;
+  std::uint64_t data_size_;
+};
+
+}  // namespace
+
+std::int64_t RawTensor::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+const RawTensor* SafeTensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+RawTensor* SafeTensorsFile::find(const std::string& name) {
+  for (auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void SafeTensorsFile::put(RawTensor t) {
+  if (RawTensor* old = find(t.name))
+    *old = std::move(t);
+  else
+    tensors.push_back(std::move(t));
+}
+
+SafeTensorsFile parse_safetensors(const std::string& path, const std::vector<unsigned char>& bytes) {
+  if (bytes.size() < 8)
+    throw InputError(path, "header",
+                     "file is " + std::to_string(bytes.size()) +
+                         " bytes, too short for the 8-byte header length");
+  std::uint64_t n = 0;
+  for (int b = 7; b >= 0; --b) n = (n << 8) | bytes[static_cast<std::size_t>(b)];
+  const std::uint64_t rest = bytes.size() - 8;
+  if (n > kMaxHeaderBytes)
+    throw InputError(path, "header",
+                     "header length " + std::to_string(n) + " is over the limit of " +
+                         std::to_string(kMaxHeaderBytes) + " bytes");
+  if (n > rest)
+    throw InputError(path, "header",
+                     "header length " + std::to_string(n) + " exceeds the " + std::to_string(rest) +
+                         " bytes after it");
+  const std::size_t data_start = 8 + static_cast<std::size_t>(n);
+  const std::uint64_t data_size = bytes.size() - data_start;
+
+  HeaderParser parser(path, data_size);
+  const json header = parser.parse(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n)));
+
+  SafeTensorsFile file;
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      file.metadata = parser.metadata(value);
+      continue;
+    }
+    if (name.empty()) parser.fail("header", "a tensor has an empty name");
+    entries.push_back(parser.entry(name, value));
+  }
+
+  // Tensors must tile the data area: no overlap, no hole (as the safetensors reader demands).
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (const auto& e : entries) {
+    if (e.begin < covered)
+      parser.fail(printable(e.tensor.name),
+                  "data_offsets " + offsets_string(e.begin, e.end) + " overlap those of " +
+                      printable(previous->tensor.name) + " " +
+                      offsets_string(previous->begin, previous->end));
+    if (e.begin > covered)
+      parser.fail("header", "data bytes [" + std::to_string(covered) + "," +
+                                std::to_string(e.begin) + ") are not covered by any tensor");
+    covered = e.end;
+    previous = &e;
+  }
+  if (covered != data_size)
+    parser.fail("header", "data bytes [" + std::to_string(covered) + "," +
+                              std::to_string(data_size) + ") are not covered by any tensor");
+
+  for (auto& e : entries) {
+    const auto* first = bytes.data() + data_start + e.begin;
+    e.tensor.data.assign(first, first + (e.end - e.begin));
+    file.tensors.push_back(std::move(e.tensor));
+  }
+  return file;
+}
+
+SafeTensorsFile read_safetensors(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
+  std::vector<unsigned char> bytes;
+  unsigned char buf[1 << 16];
+  std::size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + got);
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  std::fclose(f);
+  if (failed) throw InputError(path, "", std::string("cannot read: ") + std::strerror(err));
+  return parse_safetensors(path, bytes);
+}
+
+std::vector<unsigned char> serialize_safetensors(const SafeTensorsFile& f) {
+  std::vector<const RawTensor*> sorted;
+  for (const auto& t : f.tensors) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const RawTensor* a, const RawTensor* b) { return a->name < b->name; });
+
+  json header = json::object();
+  if (!f.metadata.empty()) header["__metadata__"] = f.metadata;
+  std::uint64_t offset = 0;
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const RawTensor& t = *sorted[i];
+    if (t.name.empty() || t.name == "__metadata__" || (i && sorted[i - 1]->name == t.name))
+      throw std::logic_error("serialize_safetensors: bad or repeated tensor name '" + t.name + "'");
+    for (auto d : t.shape)
+      if (d < 0) throw std::logic_error("serialize_safetensors: negative dimension in " + t.name);
+    if (t.data.size() != static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype))
+      throw std::logic_error("serialize_safetensors: data size does not match shape of " + t.name);
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.data.size()}}};
+    offset += t.data.size();
+  }
+
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<unsigned char> out;
+  out.reserve(8 + text.size() + offset);
+  for (int b = 0; b < 8; ++b) out.push_back(static_cast<unsigned char>(text.size() >> (8 * b)));
+  out.insert(out.end(), text.begin(), text.end());
+  for (const RawTensor* t : sorted) out.insert(out.end(), t->data.begin(), t->data.end());
+  return out;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<unsigned char>& bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  auto fail = [&](int err, bool remove_tmp) {
+    if (remove_tmp) ::unlink(tmp.c_str());
+    throw InputError(path, "", std::string("cannot write: ") + std::strerror(err));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) fail(errno, false);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      fail(err, true);
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  if (::close(fd) != 0) fail(errno, true);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, true);
+}
+
+}  // namespace attnoracle

@@ -1,0 +1,314 @@
+// Certified evaluation on examples worked by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/evaluate.hpp"
+#include "attnoracle/round.hpp"
+
+namespace attnoracle {
+namespace {
+
+RawTensor floats(const std::string& name, DType t, std::vector<std::int64_t> shape,
+                 const std::vector<double>& v) {
+  RawTensor r{name, t, std::move(shape), {}};
+  r.data.resize(v.size() * dtype_size(t));
+  for (std::size_t i = 0; i < v.size(); ++i) encode_float(t, v[i], r.data.data() + i * dtype_size(t));
+  return r;
+}
+
+RawTensor bools(const std::string& name, std::vector<std::int64_t> shape,
+                const std::vector<int>& v) {
+  RawTensor r{name, DType::BOOL, std::move(shape), {}};
+  for (int x : v) r.data.push_back(x ? 1 : 0);
+  return r;
+}
+
+struct Built {
+  Case c;
+  EvalResult r;
+};
+
+Built run(std::vector<RawTensor> tensors, std::map<std::string, std::string> md, int threads = 1) {
+  SafeTensorsFile f;
+  f.metadata = std::move(md);
+  f.metadata["attn.format"] = "1";
+  for (auto& t : tensors) f.put(std::move(t));
+  Built b{case_from_file("test.safetensors", f), {}};
+  EvalOptions opt;
+  opt.threads = threads;
+  b.r = evaluate(b.c, opt);
+  return b;
+}
+
+const RawTensor& find(const EvalResult& r, const std::string& name) {
+  for (const auto& t : r.golden)
+    if (t.name == name) return t;
+  throw std::runtime_error("no tensor " + name);
+}
+bool has(const EvalResult& r, const std::string& name) {
+  for (const auto& t : r.golden)
+    if (t.name == name) return true;
+  return false;
+}
+double at(const EvalResult& r, const std::string& name, std::size_t i) {
+  const RawTensor& t = find(r, name);
+  return decode_float(t.dtype, t.data.data() + i * dtype_size(t.dtype));
+}
+bool valid(const EvalResult& r, std::size_t i) { return find(r, "row.valid").data.at(i) != 0; }
+
+// The exact value of an expression, evaluated at 300 bits, rounded to F64.
+template <class F>
+double high_precision(F f) {
+  mpfr_t x;
+  mpfr_init2(x, 300);
+  f(x);
+  const double d = round_to_format(x, DType::F64);
+  mpfr_clear(x);
+  return d;
+}
+
+TEST(Evaluate, OneKeyGivesTheValueExactly) {
+  auto b = run({floats("q", DType::F32, {1, 1, 1, 3}, {0.5, -2, 7}),
+                floats("k", DType::F32, {1, 1, 1, 3}, {1, 1, 1}),
+                floats("v", DType::F32, {1, 1, 1, 3}, {0.1f, -3e-20f, 123456.789f})},
+               {{"attn.outputs", "out,weights,lse"}});
+  EXPECT_EQ(at(b.r, "out", 0), static_cast<double>(0.1f));
+  EXPECT_EQ(at(b.r, "out", 1), static_cast<double>(-3e-20f));
+  EXPECT_EQ(at(b.r, "out", 2), static_cast<double>(123456.789f));
+  EXPECT_EQ(at(b.r, "out.ref", 2), static_cast<double>(123456.789f));
+  EXPECT_EQ(at(b.r, "weights", 0), 1.0);
+  // lse of one key is its score: 5.5 / sqrt(3)
+  EXPECT_EQ(at(b.r, "lse.ref", 0), high_precision([](mpfr_ptr x) {
+              mpfr_set_ui(x, 3, MPFR_RNDN);
+              mpfr_rec_sqrt(x, x, MPFR_RNDN);
+              mpfr_mul_d(x, x, 5.5, MPFR_RNDN);
+            }));
+  EXPECT_EQ(b.r.stats.undecided, 0u);
+}
+
+TEST(Evaluate, EqualScoresGiveTheMean) {
+  // q = 0: every score is 0, weights 1/3, output the mean (7/3 and 1/3), correctly rounded.
+  auto b = run({floats("q", DType::F64, {1, 1, 1, 2}, {0, 0}),
+                floats("k", DType::F64, {1, 1, 3, 2}, {1, 2, 3, 4, 5, 6}),
+                floats("v", DType::F64, {1, 1, 3, 2}, {1, 1, 2, -1, 4, 1})},
+               {{"attn.outputs", "out,weights"}});
+  EXPECT_EQ(at(b.r, "out", 0), 7.0 / 3.0);
+  EXPECT_EQ(at(b.r, "out", 1), 1.0 / 3.0);
+  for (std::size_t j = 0; j < 3; ++j) EXPECT_EQ(at(b.r, "weights", j), 1.0 / 3.0);
+  // out.ref_lo: the exact 7/3 minus its F64 rounding, rounded to F64
+  EXPECT_EQ(at(b.r, "out.ref_lo", 0), high_precision([](mpfr_ptr x) {
+              mpfr_set_ui(x, 7, MPFR_RNDN);
+              mpfr_div_ui(x, x, 3, MPFR_RNDN);
+              mpfr_sub_d(x, x, 7.0 / 3.0, MPFR_RNDN);
+            }));
+}
+
+TEST(Evaluate, TwoKeysWeightIsLogistic) {
+  // scores 1.5 and -0.5 (scale 1): weight of key 0 = 1 / (1 + exp(-2)).
+  auto b = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                floats("k", DType::F32, {1, 1, 2, 1}, {3, -1}),
+                floats("v", DType::F32, {1, 1, 2, 1}, {1, 0})},
+               {{"attn.outputs", "out,weights"}, {"attn.scale", "1"}});
+  const double w0 = high_precision([](mpfr_ptr x) {
+    mpfr_set_si(x, -2, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 1, MPFR_RNDN);
+    mpfr_ui_div(x, 1, x, MPFR_RNDN);
+  });
+  EXPECT_EQ(at(b.r, "weights.ref", 0), w0);
+  EXPECT_EQ(at(b.r, "out.ref", 0), w0);  // v = (1, 0)
+  EXPECT_EQ(at(b.r, "weights", 0), static_cast<double>(static_cast<float>(w0)));
+}
+
+TEST(Evaluate, FullyMaskedRowUnderEachPolicy) {
+  std::vector<RawTensor> t = {floats("q", DType::F32, {1, 1, 2, 1}, {1, 2}),
+                              floats("k", DType::F32, {1, 1, 2, 1}, {1, 1}),
+                              floats("v", DType::F32, {1, 1, 2, 1}, {3, 5}),
+                              bools("mask", {2, 2}, {1, 1, 0, 0})};
+  try {
+    run(t, {});
+    FAIL() << "no refusal";
+  } catch (const FullyMaskedRow& e) {
+    EXPECT_EQ(e.b, 0);
+    EXPECT_EQ(e.h, 0);
+    EXPECT_EQ(e.i, 1);
+  }
+  auto b = run(t, {{"attn.masked_rows", "zero"}, {"attn.outputs", "out,weights,lse"}});
+  EXPECT_TRUE(valid(b.r, 0));
+  EXPECT_FALSE(valid(b.r, 1));
+  EXPECT_EQ(at(b.r, "out", 1), 0.0);
+  EXPECT_FALSE(std::signbit(at(b.r, "out", 1)));
+  EXPECT_EQ(at(b.r, "weights", 2), 0.0);
+  EXPECT_EQ(at(b.r, "weights", 3), 0.0);
+  EXPECT_EQ(at(b.r, "lse", 1), -INFINITY);
+  EXPECT_EQ(at(b.r, "out", 0), 4.0);  // equal scores: the mean of 3 and 5
+}
+
+// Which (i, j) receive weight, from the weights tensor of a one-head case.
+std::vector<std::vector<int>> pattern(std::int64_t Nq, std::int64_t Nk,
+                                      std::map<std::string, std::string> md) {
+  std::vector<double> q(static_cast<std::size_t>(Nq), 1.0), k(static_cast<std::size_t>(Nk), 1.0);
+  md["attn.outputs"] = "out,weights";
+  md["attn.masked_rows"] = "zero";
+  auto b = run({floats("q", DType::F32, {1, 1, Nq, 1}, q), floats("k", DType::F32, {1, 1, Nk, 1}, k),
+                floats("v", DType::F32, {1, 1, Nk, 1}, k)},
+               md);
+  std::vector<std::vector<int>> p(static_cast<std::size_t>(Nq));
+  for (std::int64_t i = 0; i < Nq; ++i)
+    for (std::int64_t j = 0; j < Nk; ++j)
+      p[static_cast<std::size_t>(i)].push_back(at(b.r, "weights", static_cast<std::size_t>(i * Nk + j)) > 0);
+  return p;
+}
+
+TEST(Evaluate, CausalAlignments) {
+  using P = std::vector<std::vector<int>>;
+  // Nq > Nk
+  EXPECT_EQ(pattern(3, 2, {{"attn.causal", "top_left"}}), (P{{1, 0}, {1, 1}, {1, 1}}));
+  EXPECT_EQ(pattern(3, 2, {{"attn.causal", "bottom_right"}}), (P{{0, 0}, {1, 0}, {1, 1}}));
+  // Nq < Nk
+  EXPECT_EQ(pattern(2, 4, {{"attn.causal", "top_left"}}), (P{{1, 0, 0, 0}, {1, 1, 0, 0}}));
+  EXPECT_EQ(pattern(2, 4, {{"attn.causal", "bottom_right"}}), (P{{1, 1, 1, 0}, {1, 1, 1, 1}}));
+}
+
+TEST(Evaluate, Windows) {
+  using P = std::vector<std::vector<int>>;
+  EXPECT_EQ(pattern(4, 4, {{"attn.window", "1,1"}}),
+            (P{{1, 1, 0, 0}, {1, 1, 1, 0}, {0, 1, 1, 1}, {0, 0, 1, 1}}));
+  EXPECT_EQ(pattern(2, 4, {{"attn.window", "1,0"}, {"attn.causal", "bottom_right"}}),
+            (P{{0, 1, 1, 0}, {0, 0, 1, 1}}));
+}
+
+TEST(Evaluate, GqaHeadMapping) {
+  // 4 query heads over 2 kv heads: heads 0 and 1 read kv head 0, heads 2 and 3 kv head 1.
+  auto b = run({floats("q", DType::F32, {1, 4, 1, 1}, {1, 1, 1, 1}),
+                floats("k", DType::F32, {1, 2, 1, 1}, {1, 1}),
+                floats("v", DType::F32, {1, 2, 1, 1}, {10, 20})},
+               {});
+  EXPECT_EQ(at(b.r, "out", 0), 10.0);
+  EXPECT_EQ(at(b.r, "out", 1), 10.0);
+  EXPECT_EQ(at(b.r, "out", 2), 20.0);
+  EXPECT_EQ(at(b.r, "out", 3), 20.0);
+}
+
+TEST(Evaluate, Softcap) {
+  // scores t = 40 and 0 with cap 30: softcapped difference 30 tanh(4/3).
+  auto b = run({floats("q", DType::F32, {1, 1, 1, 1}, {4}), floats("k", DType::F32, {1, 1, 2, 1}, {10, 0}),
+                floats("v", DType::F32, {1, 1, 2, 1}, {1, 0})},
+               {{"attn.scale", "1"}, {"attn.softcap", "30"}});
+  EXPECT_EQ(at(b.r, "out.ref", 0), high_precision([](mpfr_ptr x) {
+              mpfr_set_ui(x, 4, MPFR_RNDN);
+              mpfr_div_ui(x, x, 3, MPFR_RNDN);
+              mpfr_tanh(x, x, MPFR_RNDN);
+              mpfr_mul_si(x, x, -30, MPFR_RNDN);
+              mpfr_exp(x, x, MPFR_RNDN);
+              mpfr_add_ui(x, x, 1, MPFR_RNDN);
+              mpfr_ui_div(x, 1, x, MPFR_RNDN);
+            }));
+}
+
+TEST(Evaluate, MinusInfinityBiasMasksAKey) {
+  auto b = run({floats("q", DType::F32, {1, 1, 1, 1}, {0}), floats("k", DType::F32, {1, 1, 3, 1}, {0, 0, 0}),
+                floats("v", DType::F32, {1, 1, 3, 1}, {2, 1000, 4}),
+                floats("bias", DType::F32, {1, 3}, {0, -INFINITY, 0})},
+               {{"attn.outputs", "out,weights"}});
+  EXPECT_EQ(at(b.r, "out", 0), 3.0);
+  EXPECT_EQ(at(b.r, "weights", 1), 0.0);
+  EXPECT_EQ(at(b.r, "weights", 0), 0.5);
+}
+
+TEST(Evaluate, F16AndBF16SubnormalOutputs) {
+  // One key: the output is v exactly, rounded once into the output format.
+  const std::vector<double> v = {0x3p-26, 0x1p-25, 0x3p-25, 0x1p-20};
+  auto h = run({floats("q", DType::F32, {1, 1, 1, 1}, {1}), floats("k", DType::F32, {1, 1, 1, 1}, {1}),
+                floats("v", DType::F32, {1, 1, 1, 4}, v)},
+               {{"attn.output_dtype", "F16"}});
+  EXPECT_EQ(at(h.r, "out", 0), 0x1p-24);  // 3/4 of the smallest subnormal rounds up
+  EXPECT_EQ(at(h.r, "out", 1), 0.0);      // half of it: a tie, to even (0), proven
+  EXPECT_EQ(at(h.r, "out", 2), 0x2p-24);  // 1.5 of it: a tie, to even (2)
+  EXPECT_EQ(at(h.r, "out", 3), 0x1p-20);
+  EXPECT_EQ(h.r.stats.undecided, 0u);
+  auto g = run({floats("q", DType::F32, {1, 1, 1, 1}, {1}), floats("k", DType::F32, {1, 1, 1, 1}, {1}),
+                floats("v", DType::F32, {1, 1, 1, 3}, {0x3p-135, 0x1p-140, 0x5p-133})},
+               {{"attn.output_dtype", "BF16"}});
+  EXPECT_EQ(at(g.r, "out", 0), 0x1p-133);
+  EXPECT_EQ(at(g.r, "out", 1), 0.0);  // below half the smallest subnormal
+  EXPECT_EQ(at(g.r, "out", 2), 0x5p-133);
+}
+
+TEST(Evaluate, HiddenMidpointIsUndecidedNotGuessed) {
+  // Scores 0, 0, s with v = 1, 1 + 2^-10, 1 + 2^-11: the output is exactly 1 + 2^-11, the
+  // midpoint of two F16 values, but no enclosure can prove which way the tie goes.
+  auto b = run({floats("q", DType::F32, {1, 1, 1, 1}, {1}), floats("k", DType::F32, {1, 1, 3, 1}, {0, 0, 1}),
+                floats("v", DType::F32, {1, 1, 3, 1}, {1, 0x1.004p0, 0x1.002p0})},
+               {{"attn.output_dtype", "F16"}});
+  EXPECT_EQ(b.r.stats.undecided, 1u);
+  ASSERT_TRUE(has(b.r, "out.undecided"));
+  const RawTensor& idx = find(b.r, "out.undecided");
+  std::int64_t i0;
+  std::memcpy(&i0, idx.data.data(), 8);
+  EXPECT_EQ(i0, 0);
+  const double a = at(b.r, "out", 0), alt = at(b.r, "out.alt", 0);
+  EXPECT_EQ(std::min(a, alt), 1.0);
+  EXPECT_EQ(std::max(a, alt), 0x1.004p0);
+  EXPECT_EQ(at(b.r, "out.ref", 0), 0x1.002p0);  // in F64 it is proven
+  EXPECT_FALSE(has(b.r, "out.ref.undecided"));
+}
+
+TEST(Evaluate, MultiHeadProjections) {
+  // H = 2, D = 1, one token: V_r = x * w_v[r]; out = concat(V_0, V_1) W_o.
+  auto b = run({floats("x_q", DType::F32, {1, 1, 1}, {1}), floats("x_kv", DType::F32, {1, 1, 1}, {2}),
+                floats("w_q", DType::F32, {2, 1, 1}, {1, 1}), floats("w_k", DType::F32, {2, 1, 1}, {1, 1}),
+                floats("w_v", DType::F32, {2, 1, 1}, {3, 5}),
+                floats("w_o", DType::F32, {2, 2}, {1, 10, 100, 1000})},
+               {{"attn.kind", "mha"}});
+  // out[e] = 6 * w_o[0][e] + 10 * w_o[1][e]
+  EXPECT_EQ(at(b.r, "out", 0), 6.0 + 1000.0);
+  EXPECT_EQ(at(b.r, "out", 1), 60.0 + 10000.0);
+  EXPECT_EQ(at(b.r, "out.bound", 1), 60.0 + 10000.0);
+}
+
+TEST(Evaluate, DecimalScaleIsExact) {
+  // scale 0.1 is the exact decimal: weight of key 0 = 1 / (1 + exp(-0.1 * 3)).
+  auto b = run({floats("q", DType::F64, {1, 1, 1, 1}, {1}), floats("k", DType::F64, {1, 1, 2, 1}, {3, 0}),
+                floats("v", DType::F64, {1, 1, 2, 1}, {1, 0})},
+               {{"attn.scale", "0.1"}});
+  EXPECT_EQ(at(b.r, "out", 0), high_precision([](mpfr_ptr x) {
+              mpfr_set_str(x, "-0.3", 10, MPFR_RNDN);
+              mpfr_exp(x, x, MPFR_RNDN);
+              mpfr_add_ui(x, x, 1, MPFR_RNDN);
+              mpfr_ui_div(x, 1, x, MPFR_RNDN);
+            }));
+}
+
+TEST(Evaluate, PaddingRowIsNotRefused) {
+  auto b = run({floats("q", DType::F32, {1, 1, 2, 1}, {1, 2}), floats("k", DType::F32, {1, 1, 2, 1}, {1, 1}),
+                floats("v", DType::F32, {1, 1, 2, 1}, {3, 5}), bools("mask", {2, 2}, {1, 1, 0, 0}),
+                bools("query_mask", {1, 2}, {1, 0})},
+               {});
+  EXPECT_TRUE(valid(b.r, 0));
+  EXPECT_FALSE(valid(b.r, 1));
+}
+
+TEST(Evaluate, ThreadCountDoesNotChangeBytes) {
+  std::vector<double> q, k, v;
+  for (int i = 0; i < 7 * 5; ++i) q.push_back(std::ldexp(std::sin(i * 1.7) , 2));
+  for (int i = 0; i < 9 * 5; ++i) k.push_back(std::ldexp(std::cos(i * 0.3), 1));
+  for (int i = 0; i < 9 * 3; ++i) v.push_back(std::sin(i * 0.9));
+  std::vector<RawTensor> t = {floats("q", DType::F64, {1, 1, 7, 5}, q),
+                              floats("k", DType::F64, {1, 1, 9, 5}, k),
+                              floats("v", DType::F64, {1, 1, 9, 3}, v)};
+  auto one = run(t, {{"attn.outputs", "out,weights,lse"}}, 1);
+  auto two = run(t, {{"attn.outputs", "out,weights,lse"}}, 2);
+  EXPECT_EQ(serialize_safetensors(golden_file(one.c, one.r)),
+            serialize_safetensors(golden_file(two.c, two.r)));
+}
+
+}  // namespace
+}  // namespace attnoracle
