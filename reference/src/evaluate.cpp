@@ -65,7 +65,7 @@ struct Buffers {
 // rounding errors of sums over Nk and Dk terms; F64 outputs also need out.ref_lo, which is
 // about 53 bits further down.
 mpfr_prec_t start_precision(const Case& c) {
-  auto lg = [](std::int64_t n) { return static_cast<mpfr_prec_t>(std::ceil(std::log2(n + 1.0))); };
+  auto lg = [](std::int64_t n) { return static_cast<mpfr_prec_t>(std::ceil(std::log2(static_cast<double>(n) + 1.0))); };
   mpfr_prec_t p = 96 + 2 * lg(c.Nk) + lg(c.Dk) + lg(c.Dv);
   if (c.output_dtype == DType::F64) p += 64;
   return p;
