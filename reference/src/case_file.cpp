@@ -17,7 +17,7 @@ namespace {
 using Shape = std::vector<std::int64_t>;
 
 constexpr std::array<std::string_view, 9> kMetadataKeys = {
-    "attn.format", "attn.kind",        "attn.scale",         "attn.causal",  "attn.window",
+    "attn.format",  "attn.kind",        "attn.scale",        "attn.causal", "attn.window",
     "attn.softcap", "attn.masked_rows", "attn.output_dtype", "attn.outputs"};
 // Written by the reference beside golden tensors; dropped on reading, like those tensors.
 constexpr std::array<std::string_view, 2> kReferenceKeys = {"attn.reference", "attn.undecided"};
@@ -94,33 +94,43 @@ class CaseReader {
     throw InputError(path_, field, what);
   }
 
+  [[noreturn]] void bad(const char* key, const std::string& value,
+                        const std::string& expected) const {
+    fail(key, "value " + quoted(value) + " is not " + expected);
+  }
+
   void metadata(const std::map<std::string, std::string>& md) {
     for (const auto& [key, value] : md) {
       if (key.rfind("attn.", 0) != 0) continue;
       if (std::find(kMetadataKeys.begin(), kMetadataKeys.end(), key) != kMetadataKeys.end() ||
           std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end())
         continue;
-      std::string what = "unknown key";
+      std::string_view nearest;
+      std::size_t distance = 3;  // suggest only keys within 2 edits
       for (auto known : kMetadataKeys)
-        if (edit_distance(key, known) <= 2) what += " (did you mean " + std::string(known) + "?)";
-      fail(printable(key), what);
+        if (const auto d = edit_distance(key, known); d < distance) {
+          nearest = known;
+          distance = d;
+        }
+      fail(printable(key), nearest.empty()
+                               ? std::string("unknown key")
+                               : "unknown key (did you mean " + std::string(nearest) + "?)");
     }
     auto get = [&](const char* key) -> const std::string* {
       auto it = md.find(key);
       return it == md.end() ? nullptr : &it->second;
     };
-    auto bad = [&](const char* key, const std::string& value, const std::string& expected) {
-      fail(key, "value " + quoted(value) + " is not " + expected);
-    };
-
     const std::string* v = get("attn.format");
     if (!v) fail("attn.format", "missing (required; this reader knows format 1)");
     if (*v != "1") fail("attn.format", "format " + quoted(*v) + " is not supported (only 1)");
 
     if ((v = get("attn.kind"))) {
-      if (*v == "sdpa") c_.kind = Kind::Sdpa;
-      else if (*v == "mha") c_.kind = Kind::Mha;
-      else bad("attn.kind", *v, "sdpa or mha");
+      if (*v == "sdpa")
+        c_.kind = Kind::Sdpa;
+      else if (*v == "mha")
+        c_.kind = Kind::Mha;
+      else
+        bad("attn.kind", *v, "sdpa or mha");
     }
     if ((v = get("attn.scale"))) {
       auto n = parse_number(*v);
@@ -129,10 +139,14 @@ class CaseReader {
       c_.scale = *v;
     }
     if ((v = get("attn.causal"))) {
-      if (*v == "none") c_.causal = Causal::None;
-      else if (*v == "top_left") c_.causal = Causal::TopLeft;
-      else if (*v == "bottom_right") c_.causal = Causal::BottomRight;
-      else bad("attn.causal", *v, "none, top_left or bottom_right");
+      if (*v == "none")
+        c_.causal = Causal::None;
+      else if (*v == "top_left")
+        c_.causal = Causal::TopLeft;
+      else if (*v == "bottom_right")
+        c_.causal = Causal::BottomRight;
+      else
+        bad("attn.causal", *v, "none, top_left or bottom_right");
     }
     if ((v = get("attn.window")) && *v != "none") {
       const auto comma = v->find(',');
@@ -142,7 +156,8 @@ class CaseReader {
         right = parse_count(std::string_view(*v).substr(comma + 1));
       }
       if (!left || !right)
-        bad("attn.window", *v, "none or L,R with L and R non-negative integers (at most 18 digits)");
+        bad("attn.window", *v,
+            "none or L,R with L and R non-negative integers (at most 18 digits)");
       c_.window = true;
       c_.window_left = *left;
       c_.window_right = *right;
@@ -156,9 +171,12 @@ class CaseReader {
       if (n->value != 0 || n->underflow) c_.softcap = *v;  // exactly 0 means off
     }
     if ((v = get("attn.masked_rows"))) {
-      if (*v == "error") c_.masked_rows = MaskedRows::Error;
-      else if (*v == "zero") c_.masked_rows = MaskedRows::Zero;
-      else bad("attn.masked_rows", *v, "error or zero");
+      if (*v == "error")
+        c_.masked_rows = MaskedRows::Error;
+      else if (*v == "zero")
+        c_.masked_rows = MaskedRows::Zero;
+      else
+        bad("attn.masked_rows", *v, "error or zero");
     }
     if ((v = get("attn.output_dtype"))) {
       auto t = dtype_from_name(*v);
@@ -191,18 +209,20 @@ class CaseReader {
     const auto& mine = is_sdpa ? sdpa : mha;
     const auto& theirs = is_sdpa ? mha : sdpa;
     for (const auto& t : file.tensors) {
+      consistent(t);
       if (mine.count(t.name) || optional.count(t.name)) continue;
       if (theirs.count(t.name))
         fail(t.name, std::string("is an input of kind ") + (is_sdpa ? "mha" : "sdpa") +
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
-      fail(printable(t.name),
-           std::string("unknown tensor (expected ") +
-               (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-               ", and optionally mask, bias, query_mask)");
+      fail(printable(t.name), std::string("unknown tensor (expected ") +
+                                  (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
+                                  ", and optionally mask, bias, query_mask)");
     }
     file_ = &file;
-    if (is_sdpa) sdpa_inputs();
-    else mha_inputs();
+    if (is_sdpa)
+      sdpa_inputs();
+    else
+      mha_inputs();
     c_.output_dtype = output_dtype_.value_or(c_.input_dtype);
 
     const std::array<std::int64_t, 4> full = {c_.B, c_.Hq, c_.Nq, c_.Nk};
@@ -233,6 +253,17 @@ class CaseReader {
   }
 
  private:
+  // A file built in memory (not read) may hold anything: shape and bytes must agree.
+  void consistent(const RawTensor& t) const {
+    std::uint64_t bytes = dtype_size(t.dtype);
+    bool ok = true;
+    for (auto d : t.shape)
+      ok = ok && d >= 0 && !__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes);
+    if (!ok || bytes != t.data.size())
+      fail(printable(t.name), "shape " + shape_string(t.shape) + " does not match its " +
+                                  std::to_string(t.data.size()) + " bytes of data");
+  }
+
   const RawTensor& required(const std::string& name) {
     const RawTensor* t = file_->find(name);
     if (!t)
@@ -267,8 +298,8 @@ class CaseReader {
   void expect_rank(const RawTensor& t, std::size_t lo, std::size_t hi, const char* layout) const {
     const std::size_t r = t.shape.size();
     if (r < lo || r > hi) {
-      const std::string want = lo == hi ? std::to_string(lo)
-                                        : std::to_string(lo) + " to " + std::to_string(hi);
+      const std::string want =
+          lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi);
       fail(t.name, "shape " + shape_string(t.shape) + " has rank " + std::to_string(r) +
                        ", expected " + want + " " + layout);
     }
@@ -281,8 +312,8 @@ class CaseReader {
   void expect_shape(const RawTensor& t, const Shape& want, const char* layout) const {
     expect_rank(t, want.size(), want.size(), layout);
     if (t.shape != want)
-      fail(t.name, "shape " + shape_string(t.shape) + " is not " + layout + " = " +
-                       shape_string(want));
+      fail(t.name,
+           "shape " + shape_string(t.shape) + " is not " + layout + " = " + shape_string(want));
   }
 
   // dimension `axis` of t, named `dim`, must equal that of `other`
@@ -320,7 +351,9 @@ class CaseReader {
       if (std::isfinite(x) || (allow_minus_inf && x == -std::numeric_limits<double>::infinity()))
         continue;
       fail(t.name, "element " + std::to_string(e) + " is " +
-                       (std::isnan(x) ? "NaN" : x > 0 ? "+infinity" : "-infinity") +
+                       (std::isnan(x) ? "NaN"
+                        : x > 0       ? "+infinity"
+                                      : "-infinity") +
                        (allow_minus_inf ? " (only -infinity is allowed)" : ""));
     }
     return out;
@@ -378,8 +411,8 @@ class CaseReader {
     expect_same(w_v, 1, "D", x_q, 2);
     const std::int64_t h = w_q.shape[0], dv = w_v.shape[2];
     if (w_o.shape[0] != h * dv)  // h * dv <= numel of w_v: no overflow
-      fail("w_o", "dimension 0 is " + std::to_string(w_o.shape[0]) + " but H*Dv = " +
-                      std::to_string(h) + "*" + std::to_string(dv) + " = " +
+      fail("w_o", "dimension 0 is " + std::to_string(w_o.shape[0]) +
+                      " but H*Dv = " + std::to_string(h) + "*" + std::to_string(dv) + " = " +
                       std::to_string(h * dv));
     c_.B = x_q.shape[0];
     c_.Nq = x_q.shape[1];
@@ -417,8 +450,8 @@ std::size_t broadcast_index(const Shape& shape, const std::array<std::int64_t, 4
 
 bool is_golden_tensor_name(const std::string& name) {
   static const std::set<std::string, std::less<>> golden = {
-      "out",      "out.ref",     "out.ref_lo", "out.bound", "row.valid",
-      "weights",  "weights.ref", "lse",        "lse.ref"};
+      "out",     "out.ref",     "out.ref_lo", "out.bound", "row.valid",
+      "weights", "weights.ref", "lse",        "lse.ref"};
   if (golden.count(name)) return true;
   for (std::string_view suffix : {".undecided", ".alt"}) {
     const std::string_view n = name;

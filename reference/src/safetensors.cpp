@@ -73,8 +73,12 @@ class HeaderParser {
     std::string duplicate, duplicate_in, top_key;
     auto callback = [&](int, json::parse_event_t event, json& parsed) {
       switch (event) {
-        case json::parse_event_t::object_start: seen.emplace_back(); break;
-        case json::parse_event_t::object_end: seen.pop_back(); break;
+        case json::parse_event_t::object_start:
+          seen.emplace_back();
+          break;
+        case json::parse_event_t::object_end:
+          seen.pop_back();
+          break;
         case json::parse_event_t::key: {
           const auto& key = parsed.get_ref<const std::string&>();
           if (seen.size() == 1) top_key = key;
@@ -84,7 +88,8 @@ class HeaderParser {
           }
           break;
         }
-        default: break;
+        default:
+          break;
       }
       return true;
     };
@@ -124,7 +129,8 @@ class HeaderParser {
       fail(field, std::string("header entry is a JSON ") + j.type_name() + ", not an object");
     for (const auto& [key, value] : j.items())
       if (key != "dtype" && key != "shape" && key != "data_offsets")
-        fail(field, "unknown field \"" + printable(key) + "\" (expected dtype, shape, data_offsets)");
+        fail(field,
+             "unknown field \"" + printable(key) + "\" (expected dtype, shape, data_offsets)");
     for (const char* key : {"dtype", "shape", "data_offsets"})
       if (!j.contains(key)) fail(field, std::string("header entry has no \"") + key + "\"");
 
@@ -142,7 +148,8 @@ class HeaderParser {
       for (const auto& d : shape)
         shape_ok = shape_ok && d.is_number_unsigned() &&
                    d.get<std::uint64_t>() <= std::numeric_limits<std::int64_t>::max();
-    if (!shape_ok) fail(field, "shape " + brief(shape) + " is not an array of non-negative integers");
+    if (!shape_ok)
+      fail(field, "shape " + brief(shape) + " is not an array of non-negative integers");
     std::uint64_t bytes = dtype_size(*type);
     bool overflow = false;
     for (const auto& d : shape) {
@@ -202,7 +209,8 @@ void SafeTensorsFile::put(RawTensor t) {
     tensors.push_back(std::move(t));
 }
 
-SafeTensorsFile parse_safetensors(const std::string& path, const std::vector<unsigned char>& bytes) {
+SafeTensorsFile parse_safetensors(const std::string& path,
+                                  const std::vector<unsigned char>& bytes) {
   if (bytes.size() < 8)
     throw InputError(path, "header",
                      "file is " + std::to_string(bytes.size()) +
@@ -222,8 +230,8 @@ SafeTensorsFile parse_safetensors(const std::string& path, const std::vector<uns
   const std::uint64_t data_size = bytes.size() - data_start;
 
   HeaderParser parser(path, data_size);
-  const json header = parser.parse(
-      std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n)));
+  const json header = parser.parse(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8,
+                                                    static_cast<std::size_t>(n)));
 
   SafeTensorsFile file;
   std::vector<Entry> entries;
@@ -244,10 +252,10 @@ SafeTensorsFile parse_safetensors(const std::string& path, const std::vector<uns
   const Entry* previous = nullptr;
   for (const auto& e : entries) {
     if (e.begin < covered)
-      parser.fail(printable(e.tensor.name),
-                  "data_offsets " + offsets_string(e.begin, e.end) + " overlap those of " +
-                      printable(previous->tensor.name) + " " +
-                      offsets_string(previous->begin, previous->end));
+      parser.fail(printable(e.tensor.name), "data_offsets " + offsets_string(e.begin, e.end) +
+                                                " overlap those of " +
+                                                printable(previous->tensor.name) + " " +
+                                                offsets_string(previous->begin, previous->end));
     if (e.begin > covered)
       parser.fail("header", "data bytes [" + std::to_string(covered) + "," +
                                 std::to_string(e.begin) + ") are not covered by any tensor");

@@ -1,0 +1,281 @@
+// End to end: `attnoracle eval BAD -o OUT` refuses bad case files with exit status 2, exactly one
+// line on stderr naming the file and the tensor or key at fault, and no output file.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "attnoracle/dtype.hpp"
+#include "attnoracle/safetensors.hpp"
+
+extern char** environ;
+
+namespace attnoracle {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<unsigned char>;
+using nlohmann::json;
+
+RawTensor floats(const std::string& name, std::vector<std::int64_t> shape,
+                 const std::function<double(std::size_t)>& value) {
+  RawTensor t;
+  t.name = name;
+  t.dtype = DType::F32;
+  t.shape = std::move(shape);
+  const auto n = static_cast<std::size_t>(t.numel());
+  t.data.resize(4 * n);
+  for (std::size_t e = 0; e < n; ++e) encode_float(DType::F32, value(e), t.data.data() + 4 * e);
+  return t;
+}
+
+double small(std::size_t e) { return 0.25 * static_cast<double>(e % 7) - 0.5; }
+
+// A valid case: q [1,4,3,4], k [1,2,5,4], v [1,2,5,2] (data laid out k, q, v).
+SafeTensorsFile valid_case() {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}};
+  f.put(floats("q", {1, 4, 3, 4}, small));
+  f.put(floats("k", {1, 2, 5, 4}, small));
+  f.put(floats("v", {1, 2, 5, 2}, small));
+  return f;
+}
+
+Bytes bytes_of(const SafeTensorsFile& f) { return serialize_safetensors(f); }
+
+// Rewrites the JSON header of a serialised file, keeping its data area.
+Bytes edit_header(const Bytes& file, const std::function<void(json&)>& edit) {
+  std::uint64_t n = 0;
+  for (int b = 7; b >= 0; --b) n = (n << 8) | file[static_cast<std::size_t>(b)];
+  const auto data_start = file.begin() + 8 + static_cast<long>(n);
+  json header = json::parse(file.begin() + 8, data_start);
+  edit(header);
+  const std::string text = header.dump();
+  Bytes out(8);
+  for (std::size_t b = 0; b < 8; ++b) out[b] = static_cast<unsigned char>(text.size() >> (8 * b));
+  out.insert(out.end(), text.begin(), text.end());
+  out.insert(out.end(), data_start, file.end());
+  return out;
+}
+
+struct CliResult {
+  int status = -1;  // exit status, or -1 if killed by a signal
+  std::string err;  // all of stderr
+};
+
+class EvalRefusal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "attnoracle-e2e-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    fs::create_directory(dir_ / "work");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  CliResult run(const std::vector<std::string>& args) const {
+    const std::string err_path = dir_ / "stderr.txt";
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    std::vector<std::string> all = {ATTNORACLE_CLI};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    const int spawned = posix_spawn(&pid, ATTNORACLE_CLI, &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    CliResult r;
+    if (spawned != 0) {
+      ADD_FAILURE() << "cannot run " << ATTNORACLE_CLI << ": " << std::strerror(spawned);
+      return r;
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err_path, std::ios::binary);
+    r.err.assign(std::istreambuf_iterator<char>(in), {});
+    fs::remove(err_path);
+    return r;
+  }
+
+  // Runs eval on `bytes` and checks the refusal: status 2, one line naming file and field.
+  void expect_refused(const Bytes& bytes, const std::string& field, const std::string& what) {
+    const std::string in = dir_ / "work" / "bad.safetensors";
+    const std::string out = dir_ / "work" / "out.safetensors";
+    {
+      std::ofstream f(in, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
+    }
+    const CliResult r = run({"eval", in, "-o", out});
+    EXPECT_EQ(r.status, 2) << r.err;
+    const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
+    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(what, prefix.size()), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
+    EXPECT_FALSE(fs::exists(out));
+    for (const auto& e : fs::directory_iterator(dir_ / "work"))
+      EXPECT_EQ(e.path().filename().string(), "bad.safetensors") << "left behind: " << e.path();
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(EvalRefusal, ValidCaseEvaluates) {
+  // The baseline the refusals below start from; run into a non-existent directory, see below.
+  const std::string in = dir_ / "ok.safetensors";
+  const std::string out = dir_ / "ok.out.safetensors";
+  const Bytes bytes = bytes_of(valid_case());
+  std::ofstream(in, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
+  const CliResult r = run({"eval", in, "-o", out});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out));
+}
+
+TEST_F(EvalRefusal, OutputDirectoryMissing) {
+  const std::string in = dir_ / "ok.safetensors";
+  const std::string out = dir_ / "missing" / "out.safetensors";
+  const Bytes bytes = bytes_of(valid_case());
+  std::ofstream(in, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
+  const CliResult r = run({"eval", in, "-o", out});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("attnoracle: error: " + out + ": ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "missing"));
+}
+
+TEST_F(EvalRefusal, MissingInput) {
+  const std::string in = dir_ / "none.safetensors";
+  const CliResult r = run({"eval", in, "-o", dir_ / "out.safetensors"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("attnoracle: error: " + in + ": cannot open", 0), 0u) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "out.safetensors"));
+}
+
+TEST_F(EvalRefusal, TruncatedFile) {
+  Bytes bytes = bytes_of(valid_case());
+  bytes.resize(bytes.size() - 3);
+  expect_refused(bytes, "v", "go beyond the data area");
+  expect_refused(Bytes(bytes.begin(), bytes.begin() + 5), "header", "too short");
+}
+
+TEST_F(EvalRefusal, BadHeaderLength) {
+  Bytes bytes = bytes_of(valid_case());
+  bytes[0] = 0xff;
+  bytes[1] = 0xff;
+  expect_refused(bytes, "header", "exceeds the");
+  bytes[6] = 0x01;
+  expect_refused(bytes, "header", "is over the limit");
+}
+
+TEST_F(EvalRefusal, BadJson) {
+  Bytes bytes = bytes_of(valid_case());
+  bytes[9] = '\n';  // the opening quote of the first key
+  expect_refused(bytes, "header", "invalid JSON");
+}
+
+TEST_F(EvalRefusal, UnknownDtype) {
+  expect_refused(edit_header(bytes_of(valid_case()), [](json& h) { h["q"]["dtype"] = "F128"; }),
+                 "q", "unknown dtype \"F128\"");
+}
+
+TEST_F(EvalRefusal, ShapeAgainstBytes) {
+  expect_refused(edit_header(bytes_of(valid_case()),
+                             [](json& h) {
+                               h["q"]["shape"] = {1, 4, 3, 5};
+                             }),
+                 "q", "shape [1,4,3,5] needs 240 bytes but data_offsets cover 192");
+}
+
+TEST_F(EvalRefusal, OverlappingOffsets) {
+  expect_refused(edit_header(bytes_of(valid_case()),
+                             [](json& h) {
+                               h["q"]["data_offsets"][0] = 152;  // k covers [0,160)
+                               h["q"]["data_offsets"][1] = 344;
+                             }),
+                 "q", "data_offsets [152,344] overlap those of k [0,160]");
+}
+
+TEST_F(EvalRefusal, MissingQ) {
+  SafeTensorsFile f = valid_case();
+  std::erase_if(f.tensors, [](const RawTensor& t) { return t.name == "q"; });
+  expect_refused(bytes_of(f), "q", "missing");
+}
+
+TEST_F(EvalRefusal, DkMismatch) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("k", {1, 2, 5, 3}, small));
+  expect_refused(bytes_of(f), "k", "Dk is 3 but q has Dk 4");
+}
+
+TEST_F(EvalRefusal, HqNotMultipleOfHkv) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("k", {1, 3, 5, 4}, small));
+  f.put(floats("v", {1, 3, 5, 2}, small));
+  expect_refused(bytes_of(f), "k", "does not divide Hq 4");
+}
+
+TEST_F(EvalRefusal, MaskNotBroadcastable) {
+  SafeTensorsFile f = valid_case();
+  RawTensor mask;
+  mask.name = "mask";
+  mask.dtype = DType::BOOL;
+  mask.shape = {3, 3, 5};
+  mask.data.assign(45, 1);
+  f.put(mask);
+  expect_refused(bytes_of(f), "mask", "does not broadcast");
+}
+
+TEST_F(EvalRefusal, NaNInput) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("v", {1, 2, 5, 2}, [](std::size_t e) { return e == 13 ? std::nan("") : 1.0; }));
+  expect_refused(bytes_of(f), "v", "element 13 is NaN");
+}
+
+TEST_F(EvalRefusal, BadCausalValue) {
+  SafeTensorsFile f = valid_case();
+  f.metadata["attn.causal"] = "lower";
+  expect_refused(bytes_of(f), "attn.causal", "\"lower\"");
+}
+
+TEST_F(EvalRefusal, UnknownAttnKey) {
+  SafeTensorsFile f = valid_case();
+  f.metadata["attn.casual"] = "top_left";
+  expect_refused(bytes_of(f), "attn.casual", "unknown key");
+}
+
+TEST_F(EvalRefusal, FullyMaskedRow) {
+  SafeTensorsFile f = valid_case();
+  RawTensor mask;
+  mask.name = "mask";
+  mask.dtype = DType::BOOL;
+  mask.shape = {3, 5};
+  mask.data.assign(15, 1);
+  for (std::size_t j = 5; j < 10; ++j) mask.data[j] = 0;  // row 1
+  f.put(mask);
+  expect_refused(bytes_of(f), "mask", "");
+}
+
+}  // namespace
+}  // namespace attnoracle
