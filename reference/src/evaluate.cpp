@@ -170,6 +170,7 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
               }
           }
           if (!all && p < cap) continue;
+          if (opt.row_check) opt.row_check(b, h, i, r);
           // Commit: every element is proven, or the cap is reached and the rest is recorded.
           if (p > p0) n_raised.fetch_add(1);
           mpfr_prec_t cur = max_reached.load();

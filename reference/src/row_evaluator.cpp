@@ -113,6 +113,13 @@ void softcap_bound(mpfr_ptr r, mpfr_srcptr t, mpfr_srcptr cl, mpfr_srcptr ch, mp
   mpfr_clear(best);
 }
 
+Enclosure copy_enclosure(const Enclosure& e) {
+  Enclosure r(std::max(mpfr_get_prec(e.lo), mpfr_get_prec(e.hi)));
+  mpfr_set(r.lo, e.lo, MPFR_RNDD);
+  mpfr_set(r.hi, e.hi, MPFR_RNDU);
+  return r;
+}
+
 }  // namespace
 
 struct RowEvaluator::Impl {
@@ -227,6 +234,7 @@ struct RowEvaluator::Impl {
     bool valid = true;
     std::vector<Enclosure> out, bound, weights;
     Enclosure lse;
+    HeadDetail detail;
     explicit HeadRow(mpfr_prec_t p) : lse(p) {}
   };
 
@@ -240,20 +248,37 @@ struct RowEvaluator::Impl {
       row.out.emplace_back(p);
       row.bound.emplace_back(p);
     }
-    if (c.want_weights)
-      for (std::int64_t j = 0; j < Nk; ++j) row.weights.emplace_back(p);
+    HeadDetail& det = row.detail;
+    det.allowed.assign(static_cast<std::size_t>(Nk), 0);
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      row.weights.emplace_back(p);
+      det.dots.emplace_back(p);
+      mpfr_set_zero(row.weights.back().lo, 1);
+      mpfr_set_zero(row.weights.back().hi, 1);
+      mpfr_set_zero(det.dots.back().lo, 1);
+      mpfr_set_zero(det.dots.back().hi, 1);
+    }
+    for (std::int64_t cc = 0; cc < Dv; ++cc) {
+      det.raw_out.emplace_back(p);
+      det.hull.emplace_back(p);
+      mpfr_set_zero(det.raw_out.back().lo, 1);
+      mpfr_set_zero(det.raw_out.back().hi, 1);
+      mpfr_set_zero(det.hull.back().lo, 1);
+      mpfr_set_zero(det.hull.back().hi, 1);
+    }
 
     std::vector<std::int64_t> allowed;
     for (std::int64_t j = 0; j < Nk; ++j)
-      if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY)
+      if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY) {
         allowed.push_back(j);
+        det.allowed[static_cast<std::size_t>(j)] = 1;
+      }
     const auto n = allowed.size();
     if (n == 0) {
       if (c.masked_rows == MaskedRows::Error && c.query_valid(b, i)) throw FullyMaskedRow(b, h, i);
       row.valid = false;
       for (auto& e : row.out) mpfr_set_zero(e.lo, 1), mpfr_set_zero(e.hi, 1);
       for (auto& e : row.bound) mpfr_set_zero(e.lo, 1), mpfr_set_zero(e.hi, 1);
-      for (auto& e : row.weights) mpfr_set_zero(e.lo, 1), mpfr_set_zero(e.hi, 1);
       mpfr_set_inf(row.lse.lo, -1);
       mpfr_set_inf(row.lse.hi, -1);
       return row;
@@ -277,6 +302,8 @@ struct RowEvaluator::Impl {
         mpfr_nextabove(shi[a]);  // exact value in (lo, next above lo)
         all_exact = false;
       }
+      mpfr_set(det.dots[static_cast<std::size_t>(j)].lo, slo[a], MPFR_RNDD);
+      mpfr_set(det.dots[static_cast<std::size_t>(j)].hi, shi[a], MPFR_RNDU);
     }
     // Every allowed score provably equal (exact equal dots, equal bias): weights are 1/n.
     bool tie = all_exact;
@@ -348,15 +375,11 @@ struct RowEvaluator::Impl {
     mpfr_log(tmp, zhi, MPFR_RNDU);
     mpfr_add(row.lse.hi, tmp, tie ? shi[0] : m, MPFR_RNDU);
 
-    // Weights: A_j = e_j / Z, in (0, 1].
-    if (c.want_weights) {
-      for (auto& e : row.weights) mpfr_set_zero(e.lo, 1), mpfr_set_zero(e.hi, 1);
-      for (std::size_t a = 0; a < n; ++a) {
-        Enclosure& w = row.weights[static_cast<std::size_t>(allowed[a])];
-        mpfr_div(w.lo, elo[a], zhi, MPFR_RNDD);
-        mpfr_div(w.hi, ehi[a], zlo, MPFR_RNDU);
-        if (mpfr_cmp_ui(w.hi, 1) > 0) mpfr_set_ui(w.hi, 1, MPFR_RNDN);
-      }
+    // Weights: A_j = e_j / Z.
+    for (std::size_t a = 0; a < n; ++a) {
+      Enclosure& w = row.weights[static_cast<std::size_t>(allowed[a])];
+      mpfr_div(w.lo, elo[a], zhi, MPFR_RNDD);
+      mpfr_div(w.hi, ehi[a], zlo, MPFR_RNDU);
     }
 
     // Output: O_c = N_c / Z with N_c = sum_j e_j v_jc; each product is bounded with the end
@@ -368,17 +391,25 @@ struct RowEvaluator::Impl {
       for (std::size_t a = 0; a < n; ++a)
         V.mul(terms[a], V.sgn(allowed[a], cc) >= 0 ? ehi[a] : elo[a], allowed[a], cc, MPFR_RNDU);
       mpfr_sum(nhi, terms.ptrs(), n, MPFR_RNDU);
-      Enclosure& o = row.out[static_cast<std::size_t>(cc)];
-      detail::div_by_positive(o.lo, o.hi, nlo, nhi, zlo, zhi);
+      const auto ci = static_cast<std::size_t>(cc);
+      Enclosure& raw = det.raw_out[ci];
+      detail::div_by_positive(raw.lo, raw.hi, nlo, nhi, zlo, zhi);
       std::size_t amin = 0, amax = 0;
       for (std::size_t a = 1; a < n; ++a) {
         if (V.cmp(allowed[a], cc, allowed[amin], cc) < 0) amin = a;
         if (V.cmp(allowed[a], cc, allowed[amax], cc) > 0) amax = a;
       }
-      V.get(tmp, allowed[amin], cc, MPFR_RNDD);
-      if (mpfr_less_p(o.lo, tmp)) mpfr_set(o.lo, tmp, MPFR_RNDD);
-      V.get(tmp, allowed[amax], cc, MPFR_RNDU);
-      if (mpfr_greater_p(o.hi, tmp)) mpfr_set(o.hi, tmp, MPFR_RNDU);
+      V.get(det.hull[ci].lo, allowed[amin], cc, MPFR_RNDD);
+      V.get(det.hull[ci].hi, allowed[amax], cc, MPFR_RNDU);
+      // The exact O_c, a convex combination, lies in the hull too: use the intersection when it
+      // is not empty (an empty one is a broken evaluation, for the oracle to report).
+      Enclosure& o = row.out[ci];
+      mpfr_set(o.lo, mpfr_greater_p(det.hull[ci].lo, raw.lo) ? det.hull[ci].lo : raw.lo, MPFR_RNDD);
+      mpfr_set(o.hi, mpfr_less_p(det.hull[ci].hi, raw.hi) ? det.hull[ci].hi : raw.hi, MPFR_RNDU);
+      if (mpfr_greater_p(o.lo, o.hi)) {
+        mpfr_set(o.lo, raw.lo, MPFR_RNDD);
+        mpfr_set(o.hi, raw.hi, MPFR_RNDU);
+      }
 
       // bound_c = sum_j A_j |v_jc|
       for (std::size_t a = 0; a < n; ++a) V.mul_abs(terms[a], elo[a], allowed[a], cc, MPFR_RNDD);
@@ -410,6 +441,9 @@ RowEnclosures RowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
     r.weights.push_back(std::move(hr.weights));
     r.lse.push_back(std::move(hr.lse));
     r.head_valid.push_back(hr.valid);
+    hr.detail.out = std::vector<Enclosure>();
+    for (const Enclosure& e : r.out) hr.detail.out.push_back(copy_enclosure(e));
+    r.heads.push_back(std::move(hr.detail));
     return r;
   }
   // mha: out_e = sum_{r,c} O_r[c] W_o[r*Dv + c, e], bound_e = sum bound_r[c] |W_o[r*Dv + c, e]|.
@@ -448,6 +482,8 @@ RowEnclosures RowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
     mpfr_sum(r.bound.back().hi, bhi.ptrs(), nt, MPFR_RNDU);
   }
   for (auto& hr : heads) {
+    hr.detail.out = std::move(hr.out);
+    r.heads.push_back(std::move(hr.detail));
     r.weights.push_back(std::move(hr.weights));
     r.lse.push_back(std::move(hr.lse));
     r.head_valid.push_back(hr.valid);

@@ -14,10 +14,16 @@
 
 namespace attnoracle {
 
+struct RowEnclosures;
+
 struct EvalOptions {
   int threads = 1;
   mpfr_prec_t start_precision = 0;    // 0: chosen from the output format and the row length
   mpfr_prec_t max_precision = 2048;   // Ziv's cap; past it an element is recorded undecided
+  // Called from the worker threads on the final enclosures of every row unit, before they are
+  // rounded; an exception thrown here refuses the case (the first failing unit is reported).
+  std::function<void(std::int64_t b, std::int64_t h, std::int64_t i, const RowEnclosures&)>
+      row_check;
 };
 
 struct EvalStats {
@@ -60,16 +66,26 @@ struct Enclosure {
   bool contains(const mpfr_t x) const { return mpfr_lessequal_p(lo, x) && mpfr_lessequal_p(x, hi); }
 };
 
+// What one head's row is made of, for the oracle.
+struct HeadDetail {
+  std::vector<char> allowed;       // [Nk]: key j may be attended
+  std::vector<Enclosure> dots;     // [Nk]: q_i . k_j (a point when exact); 0 where not allowed
+  std::vector<Enclosure> raw_out;  // [Dv]: N_c / Z before the intersection with the hull
+  std::vector<Enclosure> hull;     // [Dv]: [min, max] of v_jc over the allowed keys
+  std::vector<Enclosure> out;      // [Dv]: the head's output O (the row's out for sdpa)
+};
+
 // Enclosures of one row unit at one working precision. A unit is (b, h, i) for kind sdpa and
 // (b, i) for kind mha (all heads, as the output mixes them; h is then ignored).
 struct RowEnclosures {
   bool valid = true;                  // false: fully masked (policy zero, or a padding row)
   std::vector<Enclosure> out;         // Dv (sdpa) or Dout (mha)
   std::vector<Enclosure> bound;       // the magnitude bound of each output element
-  // per head for mha (H rows), one for sdpa: each Nk long, and one lse per head
+  // per head for mha (H rows), one for sdpa: each Nk long (0 where not allowed), one lse per head
   std::vector<std::vector<Enclosure>> weights;
   std::vector<Enclosure> lse;
   std::vector<bool> head_valid;       // per head (mha) or one (sdpa)
+  std::vector<HeadDetail> heads;      // per head (mha) or one (sdpa)
 };
 
 class RowEvaluator {
