@@ -10,6 +10,7 @@
 #include "attnoracle/case_file.hpp"
 #include "attnoracle/error.hpp"
 #include "attnoracle/evaluate.hpp"
+#include "attnoracle/oracle.hpp"
 #include "attnoracle/safetensors.hpp"
 
 namespace {
@@ -36,8 +37,20 @@ struct EvalArgs {
   std::string input, output;
   int threads = default_threads();
   long max_precision = 2048;
+  std::int64_t twin_units = 16;
   bool quiet = false;
 };
+
+// A violated invariant: the report on stderr, exit status 1, nothing written.
+[[noreturn]] void violated(const std::string& file, const oracle::InvariantViolation& e) {
+  const auto& v = e.violations();
+  std::cerr << "attnoracle: invariant violated: " << file << ": " << v.size() << " violation"
+            << (v.size() == 1 ? "" : "s") << "; nothing written\n";
+  for (std::size_t k = 0; k < v.size() && k < 20; ++k) std::cerr << "  " << v[k].message() << "\n";
+  if (v.size() > 20) std::cerr << "  ... and " << v.size() - 20 << " more\n";
+  std::cerr.flush();
+  std::exit(1);
+}
 
 int run_eval(const EvalArgs& a) {
   require_output_dir(a.output);
@@ -45,11 +58,15 @@ int run_eval(const EvalArgs& a) {
   EvalOptions opt;
   opt.threads = a.threads;
   opt.max_precision = a.max_precision;
+  oracle::CheckOptions check;
+  check.twin_units = a.twin_units;
   EvalResult r;
   try {
-    r = evaluate(c, opt);
+    r = oracle::certified_evaluate(c, opt, check);
   } catch (const FullyMaskedRow& e) {
     throw InputError(a.input, "mask", e.what());
+  } catch (const oracle::InvariantViolation& e) {
+    violated(a.input, e);
   }
   write_file_atomic(a.output, serialize_safetensors(golden_file(c, r)));
   if (!a.quiet) {
@@ -81,6 +98,9 @@ int main(int argc, char** argv) {
   eval->add_option("--max-precision", ea.max_precision,
                    "Ziv's cap in bits; past it an element is recorded as undecided")
       ->check(CLI::Range(64L, 1L << 20));
+  eval->add_option("--oracle-rows", ea.twin_units,
+                   "row units given the oracle's metamorphic checks (every row gets the others)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   eval->add_flag("-q,--quiet", ea.quiet, "no summary on stderr");
 
   try {

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -124,73 +126,75 @@ Enclosure copy_enclosure(const Enclosure& e) {
 
 struct RowEvaluator::Impl {
   const Case& c;
-  // Exact projections for kind mha, [B][H][N][D] flattened; unused for sdpa.
+  // Exact projections for kind mha, [B][H][N][D] flattened, computed for a batch index on its
+  // first use; unused for sdpa. The precisions are per batch index.
   std::vector<mpfr_t> qp, kp, vp;
-  mpfr_prec_t qp_prec = 53, kp_prec = 53, vp_prec = 53;
+  std::vector<mpfr_prec_t> qp_prec, kp_prec, vp_prec;
+  std::unique_ptr<std::once_flag[]> projected;
 
   explicit Impl(const Case& cs) : c(cs) {
-    if (c.kind == Kind::Mha) project_all();
+    if (c.kind != Kind::Mha) return;
+    const auto B = static_cast<std::size_t>(c.B);
+    qp = std::vector<mpfr_t>(static_cast<std::size_t>(c.B * c.Hq * c.Nq * c.Dk));
+    kp = std::vector<mpfr_t>(static_cast<std::size_t>(c.B * c.Hq * c.Nk * c.Dk));
+    vp = std::vector<mpfr_t>(static_cast<std::size_t>(c.B * c.Hq * c.Nk * c.Dv));
+    qp_prec.assign(B, 0);
+    kp_prec.assign(B, 0);
+    vp_prec.assign(B, 0);
+    projected = std::make_unique<std::once_flag[]>(B);
   }
   ~Impl() {
-    for (auto* v : {&qp, &kp, &vp})
-      for (auto& x : *v) mpfr_clear(x);
+    if (c.kind != Kind::Mha) return;
+    for (std::size_t b = 0; b < qp_prec.size(); ++b) {
+      if (qp_prec[b] == 0) continue;  // never projected
+      auto clear = [&](std::vector<mpfr_t>& v, std::int64_t N, std::int64_t E) {
+        const auto per = static_cast<std::size_t>(c.Hq * N * E);
+        for (std::size_t k = 0; k < per; ++k) mpfr_clear(v[b * per + k]);
+      };
+      clear(qp, c.Nq, c.Dk);
+      clear(kp, c.Nk, c.Dk);
+      clear(vp, c.Nk, c.Dv);
+    }
   }
 
   // out[b][r][n][e] = sum_d x[b][n][d] * w[r][d][e], exactly: mpfr_sum is correctly rounded and
   // reports exactness, so the precision doubles until the sum is exact.
-  void project(const FloatTensor& x, const FloatTensor& w, std::int64_t N, std::int64_t E,
-               std::vector<mpfr_t>& out, mpfr_prec_t& maxprec) {
-    const std::int64_t B = c.B, H = c.Hq, D = c.D;
-    out = std::vector<mpfr_t>(static_cast<std::size_t>(B * H * N * E));
+  void project(std::int64_t b, const FloatTensor& x, const FloatTensor& w, std::int64_t N,
+               std::int64_t E, std::vector<mpfr_t>& out, mpfr_prec_t& maxprec) {
+    const std::int64_t H = c.Hq, D = c.D;
     MpfrVec prods;
     prods.resize(static_cast<std::size_t>(D), 106);  // a product of two doubles is exact in 106 bits
     maxprec = 53;
-    std::size_t idx = 0;
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t r = 0; r < H; ++r)
-        for (std::int64_t n = 0; n < N; ++n)
-          for (std::int64_t e = 0; e < E; ++e, ++idx) {
-            for (std::int64_t d = 0; d < D; ++d) {
-              mpfr_set_d(prods[d], x.values[static_cast<std::size_t>((b * N + n) * D + d)],
-                         MPFR_RNDN);
-              mpfr_mul_d(prods[d], prods[d], w.values[static_cast<std::size_t>((r * D + d) * E + e)],
-                         MPFR_RNDN);
-            }
-            mpfr_prec_t p = 128;
-            mpfr_init2(out[idx], p);
-            while (mpfr_sum(out[idx], prods.ptrs(), static_cast<unsigned long>(D), MPFR_RNDN) != 0) {
-              p *= 2;
-              mpfr_set_prec(out[idx], p);
-            }
-            // Trim to the bits in use so later exact products stay small.
-            mpfr_prec_t used = p;
-            if (!mpfr_zero_p(out[idx])) {
-              mpfr_t t;
-              mpfr_init2(t, p);
-              mpfr_set(t, out[idx], MPFR_RNDN);
-              mpfr_prec_t lo = 1, hi = p;
-              while (lo < hi) {  // the smallest precision holding the value exactly
-                const mpfr_prec_t mid = (lo + hi) / 2;
-                mpfr_set_prec(t, mid);
-                if (mpfr_set(t, out[idx], MPFR_RNDN) == 0)
-                  hi = mid;
-                else
-                  lo = mid + 1;
-              }
-              used = std::max<mpfr_prec_t>(lo, MPFR_PREC_MIN);
-              mpfr_clear(t);
-            } else {
-              used = MPFR_PREC_MIN;
-            }
-            mpfr_prec_round(out[idx], used, MPFR_RNDN);  // exact by construction
-            maxprec = std::max(maxprec, used);
+    auto idx = static_cast<std::size_t>(b * H * N * E);
+    for (std::int64_t r = 0; r < H; ++r)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t e = 0; e < E; ++e, ++idx) {
+          for (std::int64_t d = 0; d < D; ++d) {
+            mpfr_set_d(prods[d], x.values[static_cast<std::size_t>((b * N + n) * D + d)],
+                       MPFR_RNDN);
+            mpfr_mul_d(prods[d], prods[d], w.values[static_cast<std::size_t>((r * D + d) * E + e)],
+                       MPFR_RNDN);
           }
+          mpfr_prec_t p = 128;
+          mpfr_init2(out[idx], p);
+          while (mpfr_sum(out[idx], prods.ptrs(), static_cast<unsigned long>(D), MPFR_RNDN) != 0) {
+            p *= 2;
+            mpfr_set_prec(out[idx], p);
+          }
+          // Keep only the bits in use, so that later exact products stay small.
+          const mpfr_prec_t used = std::max<mpfr_prec_t>(mpfr_min_prec(out[idx]), MPFR_PREC_MIN);
+          mpfr_prec_round(out[idx], used, MPFR_RNDN);  // exact: the value fits in `used` bits
+          maxprec = std::max(maxprec, used);
+        }
   }
 
-  void project_all() {
-    project(c.x_q, c.w_q, c.Nq, c.Dk, qp, qp_prec);
-    project(c.x_kv, c.w_k, c.Nk, c.Dk, kp, kp_prec);
-    project(c.x_kv, c.w_v, c.Nk, c.Dv, vp, vp_prec);
+  void ensure_projected(std::int64_t b) {
+    const auto bi = static_cast<std::size_t>(b);
+    std::call_once(projected[bi], [&] {
+      project(b, c.x_q, c.w_q, c.Nq, c.Dk, qp, qp_prec[bi]);
+      project(b, c.x_kv, c.w_k, c.Nk, c.Dk, kp, kp_prec[bi]);
+      project(b, c.x_kv, c.w_v, c.Nk, c.Dv, vp, vp_prec[bi]);
+    });
   }
 
   ExactMatrix q_of(std::int64_t b, std::int64_t h) {
@@ -201,7 +205,7 @@ struct RowEvaluator::Impl {
     } else {
       m.m = &qp;
       m.offset = static_cast<std::size_t>((b * c.Hq + h) * c.Nq * c.Dk);
-      m.prec = qp_prec;
+      m.prec = qp_prec[static_cast<std::size_t>(b)];
     }
     return m;
   }
@@ -213,7 +217,7 @@ struct RowEvaluator::Impl {
     } else {
       m.m = &kp;
       m.offset = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dk);
-      m.prec = kp_prec;
+      m.prec = kp_prec[static_cast<std::size_t>(b)];
     }
     return m;
   }
@@ -225,7 +229,7 @@ struct RowEvaluator::Impl {
     } else {
       m.m = &vp;
       m.offset = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dv);
-      m.prec = vp_prec;
+      m.prec = vp_prec[static_cast<std::size_t>(b)];
     }
     return m;
   }
@@ -242,6 +246,7 @@ struct RowEvaluator::Impl {
   HeadRow head_row(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p) {
     const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
     const std::int64_t g = h / (c.Hq / c.Hkv);
+    if (c.kind == Kind::Mha) ensure_projected(b);
     const ExactMatrix Q = q_of(b, h), K = k_of(b, g), V = v_of(b, g);
     HeadRow row(p);
     for (std::int64_t cc = 0; cc < Dv; ++cc) {

@@ -62,6 +62,11 @@ struct Enclosure {
   Enclosure(const Enclosure&) = delete;
   Enclosure& operator=(const Enclosure&) = delete;
   Enclosure(Enclosure&& o) noexcept;
+  Enclosure& operator=(Enclosure&& o) noexcept {
+    mpfr_swap(lo, o.lo);
+    mpfr_swap(hi, o.hi);
+    return *this;
+  }
   ~Enclosure();
   bool contains(const mpfr_t x) const { return mpfr_lessequal_p(lo, x) && mpfr_lessequal_p(x, hi); }
 };

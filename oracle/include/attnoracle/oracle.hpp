@@ -1,0 +1,91 @@
+// The oracle: the invariants of attention's definition, checked on enclosures of the reference
+// (every row, before anything is written) and, through twin cases, as metamorphic relations.
+// Statements: oracle/INVARIANTS.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/evaluate.hpp"
+
+namespace attnoracle::oracle {
+
+enum class Invariant {
+  RowSum,            // allowed weights of a row sum to 1
+  WeightRange,       // each allowed weight lies in (0, 1]
+  MaskedZero,        // weights of keys that are not allowed are exactly 0
+  ConvexHull,        // each output coordinate lies within [min, max] of the allowed values
+  EqualScores,       // equal scores in a row give equal weights
+  MaskedRowPolicy,   // fully masked rows follow the case's policy
+  ShiftInvariance,   // a constant added to every score changes nothing
+  CausalDependence,  // under causal, output i ignores inputs after the last key i may see
+  KeyPermutation,    // permuting keys and values together (and mask columns) changes nothing
+  HeadIndependence,  // changing one head's inputs changes only that head's output
+};
+std::string_view invariant_name(Invariant v);
+std::vector<Invariant> all_invariants();
+
+struct Violation {
+  Invariant invariant;
+  std::int64_t b = 0, h = 0, i = 0;
+  std::int64_t j = -1;  // key index, when the invariant is about a key
+  std::int64_t c = -1;  // output coordinate, when it is about one
+  std::string detail;   // the numbers involved
+  std::string message() const;  // "<invariant>: b=.. h=.. i=.. [j=..|c=..]: <detail>"
+};
+
+class InvariantViolation : public std::runtime_error {
+ public:
+  explicit InvariantViolation(std::vector<Violation> v);
+  const std::vector<Violation>& violations() const { return v_; }
+
+ private:
+  std::vector<Violation> v_;
+};
+
+// One row unit's evaluation: (b, h, i) for kind sdpa, (b, i) with all heads for kind mha.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i) = 0;
+};
+using RowSourceFactory = std::function<std::unique_ptr<RowSource>(const Case&)>;
+// The reference itself at working precision p.
+RowSourceFactory reference_rows(mpfr_prec_t p = 128);
+
+// The checks that need no second evaluation, on one row unit's enclosures. The oracle derives
+// which keys are allowed from the case itself (its own reading of mask, causal, window, bias).
+std::vector<Violation> check_row(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                 const RowEnclosures& r);
+
+// The metamorphic relations on one row unit: its evaluation is compared with evaluations of
+// twin cases (shifted bias, perturbed future keys, permuted keys, one head changed).
+std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                   const RowSourceFactory& rows);
+
+struct CheckOptions {
+  std::int64_t twin_units = 16;  // row units given the metamorphic checks (evenly spread)
+  mpfr_prec_t twin_precision = 128;
+};
+
+// Row units given the twin checks: all when there are few, else `n` evenly spread, first and
+// last included.
+std::vector<std::int64_t> sample_units(std::int64_t units, std::int64_t n);
+std::int64_t unit_count(const Case& c);
+void unit_position(const Case& c, std::int64_t u, std::int64_t& b, std::int64_t& h, std::int64_t& i);
+
+// Every check on every row unit, and the twin checks on the sampled units, for any evaluation.
+std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
+                                  const CheckOptions& opt = {});
+
+// The reference with the oracle wired in: the row checks run on the final enclosures of every
+// row before rounding, the twin checks after; throws InvariantViolation (nothing is written).
+EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const CheckOptions& check);
+
+}  // namespace attnoracle::oracle

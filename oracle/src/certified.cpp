@@ -1,0 +1,117 @@
+// The oracle over a whole case, and the reference with the oracle wired in.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "attnoracle/oracle.hpp"
+
+namespace attnoracle::oracle {
+
+namespace {
+
+class ReferenceRows : public RowSource {
+ public:
+  ReferenceRows(const Case& c, mpfr_prec_t p) : ev_(c), p_(p) {}
+  RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i) override {
+    return ev_.row(b, h, i, p_);
+  }
+
+ private:
+  RowEvaluator ev_;
+  mpfr_prec_t p_;
+};
+
+}  // namespace
+
+RowSourceFactory reference_rows(mpfr_prec_t p) {
+  return [p](const Case& c) { return std::make_unique<ReferenceRows>(c, p); };
+}
+
+std::int64_t unit_count(const Case& c) {
+  return c.kind == Kind::Mha ? c.B * c.Nq : c.B * c.Hq * c.Nq;
+}
+
+void unit_position(const Case& c, std::int64_t u, std::int64_t& b, std::int64_t& h,
+                   std::int64_t& i) {
+  if (c.kind == Kind::Mha) {
+    b = u / c.Nq, h = 0, i = u % c.Nq;
+  } else {
+    b = u / (c.Hq * c.Nq), h = (u / c.Nq) % c.Hq, i = u % c.Nq;
+  }
+}
+
+std::vector<std::int64_t> sample_units(std::int64_t units, std::int64_t n) {
+  std::vector<std::int64_t> s;
+  if (units <= 0 || n <= 0) return s;
+  if (units <= n) {
+    for (std::int64_t u = 0; u < units; ++u) s.push_back(u);
+    return s;
+  }
+  for (std::int64_t k = 0; k < n; ++k) {
+    const std::int64_t u = n == 1 ? 0 : k * (units - 1) / (n - 1);
+    if (s.empty() || s.back() != u) s.push_back(u);
+  }
+  return s;
+}
+
+std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
+                                  const CheckOptions& opt) {
+  std::vector<Violation> all;
+  auto src = rows(c);
+  const std::int64_t units = unit_count(c);
+  for (std::int64_t u = 0; u < units; ++u) {
+    std::int64_t b, h, i;
+    unit_position(c, u, b, h, i);
+    try {
+      auto v = check_row(c, b, h, i, src->row(b, h, i));
+      all.insert(all.end(), v.begin(), v.end());
+    } catch (const FullyMaskedRow&) {
+      // the refusal that policy `error` asks for
+    }
+  }
+  for (std::int64_t u : sample_units(units, opt.twin_units)) {
+    std::int64_t b, h, i;
+    unit_position(c, u, b, h, i);
+    auto v = check_twins(c, b, h, i, rows);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const CheckOptions& check) {
+  EvalOptions opt = eval;
+  auto outer = eval.row_check;
+  opt.row_check = [&c, outer](std::int64_t b, std::int64_t h, std::int64_t i,
+                              const RowEnclosures& r) {
+    if (outer) outer(b, h, i, r);
+    auto v = check_row(c, b, h, i, r);
+    if (!v.empty()) throw InvariantViolation(std::move(v));
+  };
+  EvalResult res = evaluate(c, opt);
+
+  // The twin checks, spread over the same number of threads.
+  const std::vector<std::int64_t> units = sample_units(unit_count(c), check.twin_units);
+  const RowSourceFactory rows = reference_rows(check.twin_precision);
+  std::vector<std::vector<Violation>> found(units.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t k = next++; k < units.size(); k = next++) {
+      std::int64_t b, h, i;
+      unit_position(c, units[k], b, h, i);
+      found[k] = check_twins(c, b, h, i, rows);
+    }
+    mpfr_free_cache();
+  };
+  const int n = std::max(1, std::min<int>(eval.threads, static_cast<int>(units.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  std::vector<Violation> all;
+  for (auto& f : found) all.insert(all.end(), f.begin(), f.end());
+  if (!all.empty()) throw InvariantViolation(std::move(all));
+  return res;
+}
+
+}  // namespace attnoracle::oracle

@@ -1,0 +1,43 @@
+// Helpers shared by the oracle's checks.
+#pragma once
+
+#include <mpfr.h>
+
+#include <cmath>
+#include <string>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/evaluate.hpp"
+
+namespace attnoracle::oracle::detail {
+
+// "[lo, hi]" with 17 significant digits each.
+inline std::string show(const Enclosure& e) {
+  char* s = nullptr;
+  if (mpfr_asprintf(&s, "[%.17Rg, %.17Rg]", e.lo, e.hi) < 0) return "[?]";
+  std::string r(s);
+  mpfr_free_str(s);
+  return r;
+}
+
+inline bool overlap(const Enclosure& a, const Enclosure& b) {
+  return mpfr_lessequal_p(a.lo, b.hi) && mpfr_lessequal_p(b.lo, a.hi);
+}
+
+inline bool exactly_zero(const Enclosure& e) { return mpfr_zero_p(e.lo) && mpfr_zero_p(e.hi); }
+
+// The oracle's own reading of the contract's positional rules (CONTRACT section 1).
+inline bool positional(const Case& c, std::int64_t i, std::int64_t j) {
+  const bool bottom = c.causal == Causal::BottomRight;
+  const std::int64_t ip = bottom ? i + (c.Nk - c.Nq) : i;  // the query's aligned position
+  if (c.causal != Causal::None && j > ip) return false;
+  if (c.window && (j < ip - c.window_left || j > ip + c.window_right)) return false;
+  return true;
+}
+
+inline bool allowed(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                    std::int64_t j) {
+  return positional(c, i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
+}
+
+}  // namespace attnoracle::oracle::detail

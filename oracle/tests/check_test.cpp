@@ -1,0 +1,275 @@
+// The oracle passes the reference, and each invariant catches a deliberately broken evaluation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "attnoracle/oracle.hpp"
+
+namespace attnoracle::oracle {
+namespace {
+
+RawTensor floats(const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
+  RawTensor r{name, DType::F64, std::move(shape), {}};
+  r.data.resize(v.size() * 8);
+  for (std::size_t i = 0; i < v.size(); ++i) encode_float(DType::F64, v[i], r.data.data() + 8 * i);
+  return r;
+}
+RawTensor bools(const std::string& name, std::vector<std::int64_t> shape, const std::vector<int>& v) {
+  RawTensor r{name, DType::BOOL, std::move(shape), {}};
+  for (int x : v) r.data.push_back(x ? 1 : 0);
+  return r;
+}
+std::vector<double> ramp(std::size_t n, double a, double b) {  // deterministic, no two equal
+  std::vector<double> v(n);
+  for (std::size_t k = 0; k < n; ++k) v[k] = std::ldexp(std::round(std::ldexp(std::sin(a * static_cast<double>(k) + b), 10)), -10);
+  return v;
+}
+
+Case make(std::vector<RawTensor> t, std::map<std::string, std::string> md) {
+  SafeTensorsFile f;
+  f.metadata = std::move(md);
+  f.metadata["attn.format"] = "1";
+  for (auto& x : t) f.put(std::move(x));
+  return case_from_file("test.safetensors", f);
+}
+
+// sdpa: B=1, Hq=4, Hkv=2, Nq=5, Nk=6, Dk=3, Dv=2, with values in [1, 2].
+Case sdpa(std::map<std::string, std::string> md = {}, std::vector<RawTensor> extra = {}) {
+  std::vector<double> v = ramp(2 * 6 * 2, 0.7, 0.1);
+  for (double& x : v) x = 1.5 + 0.5 * x;
+  std::vector<RawTensor> t = {floats("q", {1, 4, 5, 3}, ramp(60, 0.37, 0.2)),
+                              floats("k", {1, 2, 6, 3}, ramp(36, 0.91, 1.1)),
+                              floats("v", {1, 2, 6, 2}, v)};
+  for (auto& e : extra) t.push_back(std::move(e));
+  return make(std::move(t), md);
+}
+
+Case mha() {
+  return make({floats("x_q", {1, 4, 3}, ramp(12, 0.4, 0.3)), floats("x_kv", {1, 4, 3}, ramp(12, 0.8, 0.5)),
+               floats("w_q", {2, 3, 2}, ramp(12, 1.3, 0.2)), floats("w_k", {2, 3, 2}, ramp(12, 0.6, 0.9)),
+               floats("w_v", {2, 3, 2}, ramp(12, 0.5, 0.4)), floats("w_o", {4, 3}, ramp(12, 0.2, 0.7))},
+              {{"attn.kind", "mha"}, {"attn.causal", "top_left"}});
+}
+
+// A broken evaluation: f gets the case, a reference evaluator of it and the unit.
+using BrokenFn = std::function<RowEnclosures(const Case&, RowEvaluator&, std::int64_t, std::int64_t,
+                                             std::int64_t)>;
+class Broken : public RowSource {
+ public:
+  Broken(const Case& c, BrokenFn f) : c_(c), ev_(c), f_(std::move(f)) {}
+  RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i) override { return f_(c_, ev_, b, h, i); }
+
+ private:
+  const Case& c_;
+  RowEvaluator ev_;
+  BrokenFn f_;
+};
+RowSourceFactory broken(BrokenFn f) {
+  return [f](const Case& c) { return std::make_unique<Broken>(c, f); };
+}
+
+// Evaluates a modified copy of the case (a broken implementation's reading of it).
+RowEnclosures eval_modified(const Case& c, const std::function<void(Case&)>& change, std::int64_t b,
+                            std::int64_t h, std::int64_t i) {
+  Case m = c;
+  change(m);
+  return RowEvaluator(m).row(b, h, i, 128);
+}
+
+void scale_enclosure(Enclosure& e, double f) {
+  mpfr_mul_d(e.lo, e.lo, f, MPFR_RNDD);
+  mpfr_mul_d(e.hi, e.hi, f, MPFR_RNDU);
+}
+
+bool names(const std::vector<Violation>& v, Invariant inv) {
+  for (const auto& x : v)
+    if (x.invariant == inv) return true;
+  return false;
+}
+std::string list(const std::vector<Violation>& v) {
+  std::string s;
+  for (const auto& x : v) s += x.message() + "\n";
+  return s.empty() ? "(none)" : s;
+}
+
+TEST(Oracle, ReferencePassesEveryInvariant) {
+  std::vector<Case> cases;
+  cases.push_back(sdpa());
+  cases.push_back(sdpa({{"attn.causal", "bottom_right"}, {"attn.softcap", "2.5"}}));
+  cases.push_back(sdpa({{"attn.causal", "top_left"}, {"attn.window", "2,0"}, {"attn.masked_rows", "zero"}}));
+  cases.push_back(sdpa({{"attn.masked_rows", "zero"}},
+                       {bools("mask", {5, 6}, {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0,
+                                               0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1}),
+                        floats("bias", {6}, {0, 0.5, -INFINITY, 1, 0, -2})}));
+  cases.push_back(mha());
+  for (const Case& c : cases) {
+    const auto v = check_case(c, reference_rows(), {});
+    EXPECT_TRUE(v.empty()) << list(v);
+  }
+}
+
+TEST(Oracle, RowSumCatchesUnnormalisedWeights) {
+  auto v = check_case(sdpa(), broken([](const Case&, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        for (auto& e : r.weights[0]) scale_enclosure(e, 1.01);
+                        return r;
+                      }));
+  EXPECT_TRUE(names(v, Invariant::RowSum)) << list(v);
+}
+
+TEST(Oracle, WeightRangeCatchesANegativeWeight) {
+  auto v = check_case(sdpa(), broken([](const Case&, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        scale_enclosure(r.weights[0][0], -1);
+                        mpfr_swap(r.weights[0][0].lo, r.weights[0][0].hi);
+                        return r;
+                      }));
+  EXPECT_TRUE(names(v, Invariant::WeightRange)) << list(v);
+}
+
+TEST(Oracle, MaskedZeroCatchesAnIgnoredMask) {
+  std::vector<int> pattern;
+  for (int r = 0; r < 5; ++r) pattern.insert(pattern.end(), {1, 0, 1, 1, 0, 1});
+  Case c = sdpa({}, {bools("mask", {5, 6}, pattern)});
+  auto v = check_case(c, broken([](const Case& cs, RowEvaluator&, auto b, auto h, auto i) {
+                        return eval_modified(cs, [](Case& m) { m.mask.reset(); }, b, h, i);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::MaskedZero)) << list(v);
+}
+
+TEST(Oracle, ConvexHullCatchesAnOutputOutsideTheValues) {
+  auto v = check_case(sdpa(), broken([](const Case&, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        for (auto& e : r.heads[0].raw_out) scale_enclosure(e, 2);  // values in [1, 2]
+                        return r;
+                      }));
+  EXPECT_TRUE(names(v, Invariant::ConvexHull)) << list(v);
+}
+
+TEST(Oracle, EqualScoresCatchesTwoEqualKeysWeightedDifferently) {
+  Case c = sdpa();
+  for (std::int64_t d = 0; d < c.Dk; ++d) c.k.values[static_cast<std::size_t>(3 + d)] = c.k.values[static_cast<std::size_t>(d)];  // keys 0 and 1 equal
+  auto v = check_case(c, broken([](const Case& cs, RowEvaluator&, auto b, auto h, auto i) {
+                        return eval_modified(cs, [](Case& m) {
+                          m.bias = FloatTensor{DType::F64, {6}, {0, 1e-3, 0, 0, 0, 0}};
+                        }, b, h, i);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::EqualScores)) << list(v);
+}
+
+TEST(Oracle, MaskedRowPolicyCatchesAComputedMaskedRow) {
+  Case c = sdpa({{"attn.masked_rows", "zero"}},
+                {bools("mask", {5, 6}, {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
+                                        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})});
+  // A broken implementation that gives a fully masked row the mean of the values.
+  auto v = check_case(c, broken([](const Case& cs, RowEvaluator& ev, auto b, auto h, auto i) {
+                        if (i != 1) return ev.row(b, h, i, 128);
+                        return eval_modified(cs, [](Case& m) { m.mask.reset(); }, b, h, i);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::MaskedRowPolicy)) << list(v);
+  // ... and one that does not refuse it under policy error.
+  Case e = sdpa({}, {bools("mask", {5, 6}, {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})});
+  v = check_case(e, broken([](const Case& cs, RowEvaluator&, auto b, auto h, auto i) {
+                   return eval_modified(cs, [](Case& m) { m.masked_rows = MaskedRows::Zero; }, b, h, i);
+                 }));
+  EXPECT_TRUE(names(v, Invariant::MaskedRowPolicy)) << list(v);
+}
+
+TEST(Oracle, ShiftInvarianceCatchesAShiftAppliedToOneKeyOnly) {
+  // exp(s_0) instead of exp(s_0 - m): key 0's score is in effect raised by the row's level m,
+  // taken here as the midpoint of the correct lse.
+  auto v = check_case(sdpa(), broken([](const Case& cs, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        const double m = mpfr_get_d(r.lse[0].lo, MPFR_RNDN);
+                        return eval_modified(cs, [&](Case& x) {
+                          std::vector<double> bias(static_cast<std::size_t>(x.B * x.Hq * x.Nq * x.Nk));
+                          for (std::int64_t bb = 0; bb < x.B; ++bb)
+                            for (std::int64_t hh = 0; hh < x.Hq; ++hh)
+                              for (std::int64_t ii = 0; ii < x.Nq; ++ii)
+                                for (std::int64_t j = 0; j < x.Nk; ++j)
+                                  bias[static_cast<std::size_t>(((bb * x.Hq + hh) * x.Nq + ii) * x.Nk + j)] =
+                                      cs.bias_at(bb, hh, ii, j) + (bb == b && hh == h && ii == i && j == 0 ? m : 0);
+                          x.bias = FloatTensor{DType::F64, {x.B, x.Hq, x.Nq, x.Nk}, bias};
+                        }, b, h, i);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::ShiftInvariance)) << list(v);
+}
+
+TEST(Oracle, CausalDependenceCatchesALeakFromTheFuture) {
+  // Weights are right, but the output takes a little of the next (future) key's value.
+  Case c = sdpa({{"attn.causal", "top_left"}});
+  auto v = check_case(c, broken([](const Case& cs, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        if (i + 1 < cs.Nk) {
+                          const std::int64_t g = h / (cs.Hq / cs.Hkv);
+                          for (std::int64_t col = 0; col < cs.Dv; ++col) {
+                            const double leak = 1e-3 * cs.v.values[static_cast<std::size_t>(((b * cs.Hkv + g) * cs.Nk + i + 1) * cs.Dv + col)];
+                            for (auto* e : {&r.heads[0].out[static_cast<std::size_t>(col)], &r.heads[0].raw_out[static_cast<std::size_t>(col)]}) {
+                              mpfr_add_d(e->lo, e->lo, leak, MPFR_RNDD);
+                              mpfr_add_d(e->hi, e->hi, leak, MPFR_RNDU);
+                            }
+                          }
+                        }
+                        return r;
+                      }));
+  EXPECT_TRUE(names(v, Invariant::CausalDependence)) << list(v);
+  EXPECT_FALSE(names(v, Invariant::MaskedZero)) << list(v);
+}
+
+TEST(Oracle, KeyPermutationCatchesAPositionDependentScore) {
+  auto v = check_case(sdpa(), broken([](const Case& cs, RowEvaluator&, auto b, auto h, auto i) {
+                        return eval_modified(cs, [](Case& m) {
+                          m.bias = FloatTensor{DType::F64, {6}, {0, 0x1p-8, 0x2p-8, 0x3p-8, 0x4p-8, 0x5p-8}};
+                        }, b, h, i);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::KeyPermutation)) << list(v);
+}
+
+TEST(Oracle, HeadIndependenceCatchesSwappedHeads) {
+  auto v = check_case(sdpa(), broken([](const Case& cs, RowEvaluator& ev, auto b, auto h, auto i) {
+                        return ev.row(b, (h + 1) % cs.Hq, i, 128);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::HeadIndependence)) << list(v);
+  // mha: heads 0 and 1 swapped in every row.
+  v = check_case(mha(), broken([](const Case&, RowEvaluator& ev, auto b, auto h, auto i) {
+                   auto r = ev.row(b, h, i, 128);
+                   std::swap(r.heads[0], r.heads[1]);
+                   std::swap(r.weights[0], r.weights[1]);
+                   std::swap(r.lse[0], r.lse[1]);
+                   return r;
+                 }));
+  EXPECT_TRUE(names(v, Invariant::HeadIndependence)) << list(v);
+}
+
+TEST(Oracle, CertifiedEvaluateRefusesABrokenRow) {
+  Case c = sdpa();
+  EvalOptions e;
+  e.row_check = [](std::int64_t, std::int64_t, std::int64_t i, const RowEnclosures& r) {
+    if (i == 2) {  // corrupt the enclosures the oracle sees for one row
+      auto& w = const_cast<RowEnclosures&>(r).weights[0][0];
+      scale_enclosure(w, 3);
+    }
+  };
+  try {
+    certified_evaluate(c, e, {});
+    FAIL() << "no violation";
+  } catch (const InvariantViolation& x) {
+    EXPECT_EQ(x.violations().front().invariant, Invariant::RowSum);
+    EXPECT_EQ(x.violations().front().i, 2);
+  }
+  EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+}
+
+TEST(Oracle, InvariantNamesAreDistinct) {
+  std::set<std::string_view> seen;
+  for (auto v : all_invariants()) EXPECT_TRUE(seen.insert(invariant_name(v)).second);
+  EXPECT_EQ(seen.size(), 10u);
+}
+
+}  // namespace
+}  // namespace attnoracle::oracle
