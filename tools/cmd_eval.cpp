@@ -1,0 +1,73 @@
+// attnoracle eval CASE -o OUT: certified evaluation of one case file.
+#include <cstdio>
+#include <memory>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/error.hpp"
+#include "attnoracle/evaluate.hpp"
+#include "attnoracle/oracle.hpp"
+#include "attnoracle/safetensors.hpp"
+#include "cli.hpp"
+
+namespace attnoracle::cli {
+namespace {
+
+struct EvalArgs {
+  std::string input, output;
+  int threads = default_threads();
+  long max_precision = 2048;
+  std::int64_t twin_units = 16;
+  bool quiet = false;
+};
+
+int run_eval(const EvalArgs& a) {
+  require_parent_dir(a.output);
+  const Case c = read_case(a.input);
+  EvalOptions opt;
+  opt.threads = a.threads;
+  opt.max_precision = a.max_precision;
+  oracle::CheckOptions check;
+  check.twin_units = a.twin_units;
+  EvalResult r;
+  try {
+    r = oracle::certified_evaluate(c, opt, check);
+  } catch (const FullyMaskedRow& e) {
+    throw InputError(a.input, "mask", e.what());
+  } catch (const oracle::InvariantViolation& e) {
+    print_violations(a.input, e);
+    return 1;
+  }
+  write_file_atomic(a.output, serialize_safetensors(golden_file(c, r)));
+  if (!a.quiet) {
+    std::fprintf(stderr,
+                 "%s: %llu golden elements, %llu undecided; %llu rows, %llu needed more "
+                 "precision (up to %ld bits); %.3f s on %d thread%s\n",
+                 a.output.c_str(), static_cast<unsigned long long>(r.stats.elements),
+                 static_cast<unsigned long long>(r.stats.undecided),
+                 static_cast<unsigned long long>(r.stats.rows),
+                 static_cast<unsigned long long>(r.stats.rows_raised),
+                 static_cast<long>(r.stats.max_precision_reached), r.stats.seconds, a.threads,
+                 a.threads == 1 ? "" : "s");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand("eval", "certified evaluation of one case file");
+  sub->add_option("CASE", a->input, "case file (safetensors)")->required();
+  sub->add_option("-o,--output", a->output, "output case file with golden tensors")->required();
+  sub->add_option("--threads", a->threads, "worker threads")->check(CLI::Range(1, 1024));
+  sub->add_option("--max-precision", a->max_precision,
+                  "Ziv's cap in bits; past it an element is recorded as undecided")
+      ->check(CLI::Range(64L, 1L << 20));
+  sub->add_option("--oracle-rows", a->twin_units,
+                  "row units given the oracle's metamorphic checks (every row gets the others)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");
+  return {sub, [a] { return run_eval(*a); }};
+}
+
+}  // namespace attnoracle::cli
