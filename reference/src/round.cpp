@@ -27,7 +27,8 @@ double round_to_format(mpfr_srcptr x, DType t) {
 RoundedEnclosure round_enclosure(mpfr_srcptr lo, mpfr_srcptr hi, DType t) {
   const double a = round_to_format(lo, t);
   const double b = round_to_format(hi, t);
-  if (a == 0 && b == 0) return {true, (std::signbit(a) && std::signbit(b)) ? -0.0 : 0.0, 0.0};
+  // -0 only when the whole enclosure is negative: an exact zero (even computed as -0) is +0.
+  if (a == 0 && b == 0) return {true, mpfr_sgn(hi) < 0 ? -0.0 : 0.0, 0.0};
   if (a == b) return {true, a, a};  // rounding to nearest is monotone
   return {false, a, b};
 }

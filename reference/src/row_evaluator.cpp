@@ -310,8 +310,9 @@ struct RowEvaluator::Impl {
       mpfr_set(det.dots[static_cast<std::size_t>(j)].lo, slo[a], MPFR_RNDD);
       mpfr_set(det.dots[static_cast<std::size_t>(j)].hi, shi[a], MPFR_RNDU);
     }
-    // Every allowed score provably equal (exact equal dots, equal bias): weights are 1/n.
-    bool tie = all_exact;
+    // Every allowed score provably equal (one key, or exact equal dots and equal bias): the
+    // weights are exactly 1/n.
+    bool tie = all_exact || n == 1;
     for (std::size_t a = 1; tie && a < n; ++a)
       tie = mpfr_equal_p(slo[a], slo[0]) &&
             c.bias_at(b, h, i, allowed[a]) == c.bias_at(b, h, i, allowed[0]);

@@ -19,7 +19,7 @@ struct RoundedEnclosure {
 
 // Ziv's test: the rounding is proven when both ends of [lo, hi] round to the same value.
 // Zeros of either sign count as one value (the sign of an exact zero cannot be proven by an
-// enclosure): the result is +0 unless both ends round to -0.
+// enclosure): the result is +0 unless the whole enclosure is negative.
 RoundedEnclosure round_enclosure(mpfr_srcptr lo, mpfr_srcptr hi, DType t);
 
 }  // namespace attnoracle

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Attention in plain NumPy, as an AttnOracle adapter (CONTRACT section 5).
+
+    /usr/bin/python3 attention.py [--dtype float32|float64] [--bug NAME] JOBS.jsonl
+
+Each line of JOBS.jsonl is {"id": ..., "input": path, "output": path}. For each job it writes
+exactly one of `output` (out, plus weights and lse when asked), `output.error` (refused: a fully
+masked row under attn.masked_rows=error) or `output.unsupported`. Exit status 0 after the list.
+
+--bug NAME plants a known mistake, to check that the oracle catches it (see BUGS).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_np  # noqa: E402
+
+BUGS = {
+    "causal_leak": "the causal mask also allows the next key (j <= i + 1)",
+    "no_max_subtraction": "exp(s) without subtracting the row maximum",
+    "unnormalised": "weights divided by 1.01 times their sum",
+    "mask_ignored": "the boolean mask tensor is ignored",
+    "heads_swapped": "query head h reads the kv head of query head (h + 1) mod Hq",
+    "shift_one_key": "adds 1.0 to the score of key 0",
+    "padding_key_leak": "masked keys get weight exp(-20) (before normalising) instead of 0",
+    "transposed_gqa": "query head h reads kv head h % Hkv instead of h // (Hq / Hkv)",
+}
+
+KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
+        "attn.masked_rows", "attn.output_dtype", "attn.outputs"}
+FLOATS = {"F64", "F32", "F16", "BF16"}
+
+
+class Refused(Exception):
+    """The case is refused (written as output.error)."""
+
+
+class Unsupported(Exception):
+    """The case uses something this adapter does not do (written as output.unsupported)."""
+
+
+def number(text):
+    """A decimal or C hex float ("0x1.6a09e667f3bcdp-3")."""
+    try:
+        return float(text)
+    except ValueError:
+        return float.fromhex(text)
+
+
+def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None):
+    """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv] -> out, weights, lse (compute dtype)."""
+    B, Hq, Nq, Dk = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    dt = q.dtype
+
+    # GQA / MQA: query head h reads kv head h // (Hq / Hkv).
+    g = np.arange(Hq) // (Hq // Hkv)
+    if bug == "heads_swapped":          # BUG: the mapping of the next query head
+        g = g[(np.arange(Hq) + 1) % Hq]
+    if bug == "transposed_gqa":         # BUG: interleaved instead of grouped
+        g = np.arange(Hq) % Hkv
+    k, v = k[:, g], v[:, g]
+
+    # Scores: scale * Q K^T, then softcap, then bias.
+    scale = number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
+    s = dt.type(scale) * (q @ np.swapaxes(k, -1, -2))
+    cap = number(meta.get("attn.softcap", "0"))
+    if cap != 0:
+        s = dt.type(cap) * np.tanh(s / dt.type(cap))
+    if bug == "shift_one_key":          # BUG: key 0 gets a bonus
+        s[..., 0] += 1
+    allowed = np.ones((B, Hq, Nq, Nk), dtype=bool)
+    if bias is not None:
+        bias = np.broadcast_to(bias.astype(dt), s.shape)
+        allowed &= bias != -np.inf
+        s = s + np.where(allowed, bias, 0)
+    if mask is not None and bug != "mask_ignored":      # BUG mask_ignored skips this
+        allowed &= np.broadcast_to(mask, allowed.shape)
+
+    # Causal and window masks, 0-based; i' = i (top_left) or i + Nk - Nq (bottom_right).
+    causal = meta.get("attn.causal", "none")
+    i = np.arange(Nq)[:, None] + (Nk - Nq if causal == "bottom_right" else 0)
+    j = np.arange(Nk)[None, :]
+    if causal != "none":
+        allowed &= j <= i + (1 if bug == "causal_leak" else 0)   # BUG causal_leak: + 1
+    window = meta.get("attn.window", "none")
+    if window != "none":
+        left, right = (int(x) for x in window.split(","))
+        allowed &= (i - left <= j) & (j <= i + right)
+
+    # Fully masked rows: refused under policy error (padding rows excepted), else zeros.
+    live = allowed.any(axis=-1)                          # [B,Hq,Nq]
+    if meta.get("attn.masked_rows", "error") == "error":
+        is_query = np.ones((B, Nq), bool) if query_mask is None else query_mask
+        bad = np.argwhere(~live & is_query[:, None, :])
+        if len(bad):
+            b, h, row = bad[0]
+            raise Refused(f"fully masked row: b={b}, h={h}, i={row} has no allowed key "
+                          f"(attn.masked_rows=error)")
+
+    # Softmax over the allowed keys, with the row maximum subtracted.
+    s = np.where(allowed, s, -np.inf)
+    m = np.where(live, s.max(axis=-1), 0).astype(dt)[..., None]
+    if bug == "no_max_subtraction":     # BUG: exp of the raw scores
+        m = np.zeros_like(m)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = np.exp(s - m)                                # exp(-inf) = 0 where not allowed
+        if bug == "padding_key_leak":   # BUG: masked keys are not quite 0
+            p = np.where(allowed, p, dt.type(math.exp(-20)))
+        z = p.sum(axis=-1, keepdims=True)
+        if bug == "unnormalised":       # BUG: the wrong denominator
+            z = z + dt.type(0.01) * z
+        w = np.where(live[..., None], p / np.where(z == 0, 1, z), 0).astype(dt)
+        lse = np.where(live, (m + np.log(z))[..., 0], -np.inf).astype(dt)
+    out = w @ v
+    return out, w, lse
+
+
+def run_case(path, compute, bug=None):
+    """Evaluates one case file -> (tensors, dtypes) to write."""
+    try:
+        tensors, meta, dtypes = safetensors_np.read(path)
+    except safetensors_np.UnsupportedDtype as e:
+        raise Unsupported(str(e))
+    for key in meta:
+        if key.startswith("attn.") and key not in KEYS:
+            raise Unsupported(f"metadata key {key}")
+    if meta.get("attn.format") != "1":
+        raise Unsupported(f"attn.format {meta.get('attn.format')!r}")
+    kind = meta.get("attn.kind", "sdpa")
+    if kind not in ("sdpa", "mha"):
+        raise Unsupported(f"attn.kind {kind}")
+    if meta.get("attn.causal", "none") not in ("none", "top_left", "bottom_right"):
+        raise Unsupported(f"attn.causal {meta['attn.causal']}")
+    if meta.get("attn.masked_rows", "error") not in ("error", "zero"):
+        raise Unsupported(f"attn.masked_rows {meta['attn.masked_rows']}")
+    in_dtype = dtypes["q" if kind == "sdpa" else "x_q"]
+    out_dtype = meta.get("attn.output_dtype", in_dtype)
+    if in_dtype not in FLOATS or out_dtype not in FLOATS:
+        raise Unsupported(f"dtype {in_dtype} -> {out_dtype}")
+    outputs = meta.get("attn.outputs", "out").split(",")
+
+    x = {name: a.astype(compute) for name, a in tensors.items() if dtypes[name] in FLOATS}
+    extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"))
+    if kind == "sdpa":
+        out, w, lse = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
+    else:
+        # Per head r: Q_r = X_q W_q[r] etc.; [B,N,D] @ [H,D,Dk] -> [B,H,N,Dk].
+        proj = lambda a, wt: np.einsum("bnd,hde->bhne", a, wt)
+        o, w, lse = attention(proj(x["x_q"], x["w_q"]), proj(x["x_kv"], x["w_k"]),
+                              proj(x["x_kv"], x["w_v"]), meta, bug, **extra)
+        B, H, Nq, Dv = o.shape
+        out = np.swapaxes(o, 1, 2).reshape(B, Nq, H * Dv) @ x["w_o"]   # concat heads, head 0 first
+
+    result = {"out": out, "weights": w, "lse": lse}
+    result = {name: result[name] for name in outputs}
+    if out_dtype != "BF16":           # BF16 is rounded by the writer
+        numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}[out_dtype]
+        with np.errstate(over="ignore"):
+            result = {name: a.astype(numpy_type) for name, a in result.items()}
+    return result, {name: out_dtype for name in result}
+
+
+def write_text(path, text):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text.rstrip("\n") + "\n")
+    os.replace(tmp, path)
+
+
+def run_job(job, compute, bug=None):
+    output = job["output"]
+    try:
+        tensors, dtypes = run_case(job["input"], compute, bug)
+        safetensors_np.save(output, tensors, {}, dtypes)
+    except Refused as e:
+        write_text(output + ".error", str(e))
+    except Unsupported as e:
+        write_text(output + ".unsupported", str(e))
+    except Exception as e:             # one bad job must not stop the others
+        write_text(output + ".error", f"{type(e).__name__}: {e}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="compute dtype (default float32)")
+    parser.add_argument("--bug", choices=sorted(BUGS), default=None,
+                        help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items()).replace("%", "%%"))
+    parser.add_argument("jobs", help="jobs file, one JSON object a line")
+    args = parser.parse_args(argv)
+    with open(args.jobs, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                job = json.loads(line)
+                try:
+                    run_job(job, np.dtype(args.dtype), args.bug)
+                except Exception as e:  # cannot even write the .error file: say so, go on
+                    print(f"attention.py: job {job.get('id')}: {e}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

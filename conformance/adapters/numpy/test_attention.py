@@ -1,0 +1,392 @@
+"""Tests of the NumPy adapter and its safetensors module.
+
+    cd conformance/adapters/numpy && /usr/bin/python3 -m unittest -v test_attention
+
+Each test builds small case files, runs attention.py on a jobs file as the runner would, and
+checks hand-worked results. With the reference binary (ATTNORACLE_CLI, or build/attnoracle or
+build/tools/attnoracle in the repository) the float64 adapter is also compared with `eval`.
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, HERE)
+import safetensors_np as st  # noqa: E402
+
+ADAPTER = os.path.join(HERE, "attention.py")
+F32, F64 = np.float32, np.float64
+
+
+def find_cli():
+    candidates = [os.environ.get("ATTNORACLE_CLI", ""),
+                  os.path.join(REPO, "build", "attnoracle"),
+                  os.path.join(REPO, "build", "tools", "attnoracle")]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def meta(**keys):
+    """Case metadata: meta(causal="top_left") -> {"attn.format": "1", "attn.causal": ...}."""
+    m = {"attn.format": "1"}
+    m.update({"attn." + k: str(v) for k, v in keys.items()})
+    return m
+
+
+class AdapterTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="attn_np_")
+        self.n = 0
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def case(self, tensors, metadata, dtypes=None):
+        """Writes a case file; returns its path."""
+        self.n += 1
+        path = os.path.join(self.dir, f"case{self.n}.safetensors")
+        st.save(path, tensors, metadata, dtypes)
+        return path
+
+    def run_adapter(self, cases, *flags):
+        """Runs the adapter on a list of case paths; returns one result per case:
+        ("ok", tensors, dtypes), ("error", text) or ("unsupported", text)."""
+        self.n += 1
+        jobs = os.path.join(self.dir, f"jobs{self.n}.jsonl")
+        outputs = [os.path.join(self.dir, f"out{self.n}_{i}.safetensors") for i in range(len(cases))]
+        with open(jobs, "w") as f:
+            for i, (c, o) in enumerate(zip(cases, outputs)):
+                f.write(json.dumps({"id": f"c{i}", "input": c, "output": o}) + "\n")
+        p = subprocess.run([sys.executable, ADAPTER, *flags, jobs], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        results = []
+        for o in outputs:
+            found = [s for s in ("", ".error", ".unsupported") if os.path.exists(o + s)]
+            self.assertEqual(len(found), 1, f"{o}: expected exactly one output, found {found}")
+            if found[0] == "":
+                results.append(("ok",) + st.read(o)[::2])
+            else:
+                with open(o + found[0], encoding="utf-8") as f:
+                    results.append((found[0][1:], f.read()))
+        leftovers = [f for f in os.listdir(self.dir) if ".tmp" in f]
+        self.assertEqual(leftovers, [], "temporary files left behind")
+        return results
+
+    def run_one(self, case, *flags):
+        kind, *rest = self.run_adapter([case], *flags)[0]
+        self.assertEqual(kind, "ok", rest)
+        return rest[0]
+
+    # -- the basics ---------------------------------------------------------------------
+
+    def test_one_key_gives_its_value(self):
+        rng = np.random.default_rng(1)
+        q = rng.normal(size=(1, 1, 3, 4))
+        k = rng.normal(size=(1, 1, 1, 4))
+        v = np.array([[[[1.5, -2.0, 0.25]]]])
+        out = self.run_one(self.case({"q": q, "k": k, "v": v}, meta()), "--dtype", "float64")["out"]
+        np.testing.assert_array_equal(out, np.broadcast_to(v, (1, 1, 3, 3)))
+
+    def test_equal_scores_give_the_mean(self):
+        q = np.ones((1, 1, 2, 2), F32)
+        k = np.ones((1, 1, 4, 2), F32)             # every score equal
+        v = np.arange(8, dtype=F32).reshape(1, 1, 4, 2)
+        r = self.run_one(self.case({"q": q, "k": k, "v": v}, meta(outputs="out,weights,lse")))
+        np.testing.assert_allclose(r["out"][0, 0], [[3, 4], [3, 4]], rtol=1e-6)
+        np.testing.assert_allclose(r["weights"], 0.25, rtol=1e-6)
+        # lse = s + log(4) with s = 2 / sqrt(2)
+        np.testing.assert_allclose(r["lse"], math.sqrt(2) + math.log(4), rtol=1e-6)
+
+    def test_default_output_dtype_is_the_input_dtype(self):
+        for dtype, name in ((F64, "F64"), (F32, "F32"), (np.float16, "F16")):
+            c = self.case({"q": np.ones((1, 1, 1, 2), dtype), "k": np.ones((1, 1, 2, 2), dtype),
+                           "v": np.ones((1, 1, 2, 2), dtype)}, meta(outputs="out,lse"))
+            _, tensors, dtypes = self.run_adapter([c])[0]
+            self.assertEqual(dtypes, {"out": name, "lse": name})
+            self.assertEqual(tensors["out"].dtype, dtype)
+
+    def test_output_dtype_f16_and_bf16(self):
+        rng = np.random.default_rng(2)
+        t = {"q": rng.normal(size=(1, 2, 3, 4)).astype(F32), "k": rng.normal(size=(1, 2, 5, 4)).astype(F32),
+             "v": rng.normal(size=(1, 2, 5, 3)).astype(F32)}
+        f32 = self.run_one(self.case(t, meta()))["out"]
+        _, f16, d16 = self.run_adapter([self.case(t, meta(output_dtype="F16"))])[0]
+        _, b16, db16 = self.run_adapter([self.case(t, meta(output_dtype="BF16"))])[0]
+        self.assertEqual((d16["out"], db16["out"]), ("F16", "BF16"))
+        np.testing.assert_array_equal(f16["out"], f32.astype(np.float16))
+        expect = (st.bf16_bits(f32).astype(np.uint32) << 16).view(F32)
+        np.testing.assert_array_equal(b16["out"], expect)
+
+    def test_scale_softcap_bias(self):
+        # Dk = 1, q = 2, keys 1 and 0: T = scale * [2, 0] with scale = 0.75 (given in hex).
+        q = np.array([[[[2.0]]]])
+        k = np.array([[[[1.0], [0.0]]]])
+        v = np.array([[[[10.0], [20.0]]]])
+        bias = np.array([0.5, -0.25])              # rank 1, broadcast over rows
+        r = self.run_one(self.case({"q": q, "k": k, "v": v, "bias": bias},
+                                   meta(scale="0x1.8p-1", softcap="1.5", outputs="out,weights,lse")),
+                         "--dtype", "float64")
+        s = np.array([1.5 * math.tanh(1.5 / 1.5), 0.0]) + bias
+        w = np.exp(s) / np.exp(s).sum()
+        np.testing.assert_allclose(r["weights"][0, 0, 0], w, rtol=1e-14)
+        np.testing.assert_allclose(r["out"][0, 0, 0], [w @ [10, 20]], rtol=1e-14)
+        np.testing.assert_allclose(r["lse"][0, 0, 0], math.log(np.exp(s).sum()), rtol=1e-14)
+
+    def test_bias_minus_inf_masks(self):
+        v = np.array([[[[1.0], [2.0], [4.0]]]])
+        bias = np.array([[0.0, -np.inf, 0.0]])
+        r = self.run_one(self.case({"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 3, 1)), "v": v,
+                                    "bias": bias}, meta(outputs="out,weights")), "--dtype", "float64")
+        np.testing.assert_array_equal(r["weights"][0, 0, 0], [0.5, 0.0, 0.5])
+        np.testing.assert_array_equal(r["out"][0, 0, 0], [2.5])
+
+    # -- masks --------------------------------------------------------------------------
+
+    def weights(self, Nq, Nk, flags=("--dtype", "float64"), **keys):
+        """Weights of a case with equal scores (all zero), so they show the mask pattern."""
+        t = {"q": np.zeros((1, 1, Nq, 2)), "k": np.zeros((1, 1, Nk, 2)), "v": np.zeros((1, 1, Nk, 1))}
+        return self.run_one(self.case(t, meta(outputs="weights", **keys)), *flags)["weights"][0, 0]
+
+    def test_causal_top_left_with_nq_lt_nk(self):
+        w = self.weights(2, 3, causal="top_left")
+        np.testing.assert_array_equal(w, [[1, 0, 0], [0.5, 0.5, 0]])
+
+    def test_causal_bottom_right_with_nq_lt_nk(self):
+        w = self.weights(2, 3, causal="bottom_right")
+        np.testing.assert_allclose(w, [[0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-15)
+
+    def test_causal_bottom_right_with_nq_gt_nk(self):
+        # Nq = 3, Nk = 2: row 0 may see j <= -1, nothing: zeros under policy zero.
+        w = self.weights(3, 2, causal="bottom_right", masked_rows="zero")
+        np.testing.assert_array_equal(w, [[0, 0], [1, 0], [0.5, 0.5]])
+        w = self.weights(3, 2, causal="top_left")
+        np.testing.assert_array_equal(w, [[1, 0], [0.5, 0.5], [0.5, 0.5]])
+
+    def test_window(self):
+        # top_left (no causal): i - 1 <= j <= i
+        w = self.weights(3, 4, window="1,0")
+        np.testing.assert_array_equal(w, [[1, 0, 0, 0], [0.5, 0.5, 0, 0], [0, 0.5, 0.5, 0]])
+        # bottom_right, i' = i + 1: i' - 0 <= j <= i' + 1
+        w = self.weights(3, 4, window="0,1", causal="bottom_right")
+        np.testing.assert_array_equal(w, [[0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
+
+    def test_boolean_mask_broadcast(self):
+        mask = np.array([[True, False, True], [False, True, True]])        # [Nq, Nk]
+        w = self.run_one(self.case({"q": np.zeros((2, 2, 2, 1)), "k": np.zeros((2, 1, 3, 1)),
+                                    "v": np.zeros((2, 1, 3, 1)), "mask": mask},
+                                   meta(outputs="weights")), "--dtype", "float64")["weights"]
+        np.testing.assert_array_equal(w, np.broadcast_to(mask * 0.5, (2, 2, 2, 3)))
+
+    def fully_masked_case(self, policy, query_mask=None):
+        mask = np.ones((1, 2, 3, 2), bool)
+        mask[0, 1, 2, :] = False                   # b=0, h=1, i=2 sees nothing
+        t = {"q": np.ones((1, 2, 3, 2), F32), "k": np.ones((1, 2, 2, 2), F32),
+             "v": np.full((1, 2, 2, 1), 3, F32), "mask": mask}
+        if query_mask is not None:
+            t["query_mask"] = query_mask
+        return self.case(t, meta(masked_rows=policy, outputs="out,weights,lse"))
+
+    def test_fully_masked_row_refused_under_error(self):
+        kind, text = self.run_adapter([self.fully_masked_case("error")])[0]
+        self.assertEqual(kind, "error")
+        self.assertIn("b=0, h=1, i=2", text)
+
+    def test_fully_masked_row_zero_policy(self):
+        r = self.run_one(self.fully_masked_case("zero"))
+        self.assertTrue(np.all(r["out"][0, 1, 2] == 0) and np.all(r["weights"][0, 1, 2] == 0))
+        self.assertEqual(r["lse"][0, 1, 2], -np.inf)
+        np.testing.assert_allclose(r["out"][0, 0], 3, rtol=1e-6)        # others as usual
+        self.assertTrue(np.all(np.isfinite(r["lse"][0, 0])))
+
+    def test_fully_masked_padding_row_never_refused(self):
+        qm = np.array([[True, True, False]])      # row 2 is padding
+        r = self.run_one(self.fully_masked_case("error", qm))
+        self.assertTrue(np.all(r["out"][0, 1, 2] == 0))
+        self.assertEqual(r["lse"][0, 1, 2], -np.inf)
+
+    # -- heads --------------------------------------------------------------------------
+
+    def gqa_case(self):
+        # Hq = 4 over Hkv = 2, one key: head h outputs the value of its kv head, 1 or 2.
+        v = np.array([1.0, 2.0]).reshape(1, 2, 1, 1)
+        return self.case({"q": np.ones((1, 4, 1, 1)), "k": np.ones((1, 2, 1, 1)), "v": v}, meta())
+
+    def test_gqa_mapping(self):
+        out = self.run_one(self.gqa_case())["out"]
+        np.testing.assert_array_equal(out.ravel(), [1, 1, 2, 2])
+
+    def test_mha(self):
+        # H = 2, D = 2, Dk = Dv = 1, W_q = 0 so every score is 0 and A is the mean.
+        x_kv = np.array([[[1.0, 2.0], [3.0, 4.0]]])                     # [B=1, Nk=2, D=2]
+        t = {"x_q": np.ones((1, 1, 2)), "x_kv": x_kv,
+             "w_q": np.zeros((2, 2, 1)), "w_k": np.ones((2, 2, 1)),
+             "w_v": np.array([[[1.0], [0.0]], [[0.0], [1.0]]]),         # V_0 = x[:,0], V_1 = x[:,1]
+             "w_o": np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])}      # [H*Dv=2, Dout=3]
+        r = self.run_one(self.case(t, meta(kind="mha", outputs="out,weights")), "--dtype", "float64")
+        # O_0 = mean(1, 3) = 2, O_1 = mean(2, 4) = 3; [2, 3] W_o = [2, 3, 5]
+        np.testing.assert_array_equal(r["out"], [[[2.0, 3.0, 5.0]]])
+        self.assertEqual(r["weights"].shape, (1, 2, 1, 2))
+
+    # -- the protocol -------------------------------------------------------------------
+
+    def test_bad_job_does_not_stop_the_others(self):
+        good = self.gqa_case()
+        missing = os.path.join(self.dir, "no_such_case.safetensors")
+        odd = self.case({"q": np.ones((1, 1, 1, 1)), "k": np.ones((1, 1, 1, 1)), "v": np.ones((1, 1, 1, 1))},
+                        meta(dropout="0.1"))
+        r = self.run_adapter([missing, odd, good])
+        self.assertEqual([x[0] for x in r], ["error", "unsupported", "ok"])
+        self.assertIn("attn.dropout", r[1][1])
+
+    # -- safetensors_np -----------------------------------------------------------------
+
+    def test_bf16_bits(self):
+        cases = [(1.0, 0x3F80), (-2.0, 0xC000), (1 + 2 ** -8, 0x3F80),         # tie -> even
+                 (1 + 3 * 2 ** -8, 0x3F82), (1 + 2 ** -8 + 2 ** -20, 0x3F81),   # tie -> even; above
+                 (float(np.finfo(F32).max), 0x7F80), (np.inf, 0x7F80), (-np.inf, 0xFF80),
+                 (2.0 ** -133, 0x0001), (2.0 ** -134, 0x0000), (0.0, 0x0000)]
+        for x, bits in cases:
+            self.assertEqual(int(st.bf16_bits(F32(x))), bits, x)
+        # float64 rounded once: 1 + 2^-8 + 2^-30 would round to the tie 1 + 2^-8 through float32
+        self.assertEqual(int(st.bf16_bits(np.float64(1 + 2 ** -8 + 2 ** -30))), 0x3F81)
+        self.assertEqual(int(st.bf16_bits(np.float64(-(1 + 2 ** -8 + 2 ** -30)))), 0xBF81)
+        self.assertEqual(int(st.bf16_bits(np.float64(1e39))), 0x7F80)
+        nan = st.bf16_bits(np.array([np.nan, -np.nan], F32))
+        self.assertTrue(all((int(b) & 0x7F80) == 0x7F80 and (int(b) & 0x7F) != 0 for b in nan))
+
+    def test_bf16_file_round_trip(self):
+        x = np.array([1.0, -2.0, 1 + 2 ** -8, 3.140625, np.nan], F32)
+        path = os.path.join(self.dir, "bf16.safetensors")
+        st.save(path, {"x": x, "b": np.array([True, False]), "i": np.array([-1, 7], np.int64)},
+                {"note": "hi"}, dtypes={"x": "BF16"})
+        with open(path, "rb") as f:
+            raw = f.read()
+        n = int.from_bytes(raw[:8], "little")
+        self.assertEqual(n % 8, 0)
+        header = json.loads(raw[8:8 + n])
+        self.assertEqual([k for k in header if k != "__metadata__"], ["b", "i", "x"])   # sorted
+        begin, end = header["x"]["data_offsets"]
+        bits = np.frombuffer(raw[8 + n + begin:8 + n + end], "<u2")
+        np.testing.assert_array_equal(bits[:4], [0x3F80, 0xC000, 0x3F80, 0x4049])
+        tensors, metadata, dtypes = st.read(path)
+        self.assertEqual(metadata, {"note": "hi"})
+        self.assertEqual(dtypes, {"b": "BOOL", "i": "I64", "x": "BF16"})
+        self.assertEqual(tensors["x"].dtype, F32)
+        np.testing.assert_array_equal(tensors["x"][:4], [1.0, -2.0, 1.0, 3.140625])
+        self.assertTrue(np.isnan(tensors["x"][4]))
+        np.testing.assert_array_equal(tensors["b"], [True, False])
+        np.testing.assert_array_equal(tensors["i"], [-1, 7])
+
+    def test_readme_snippet_reads_like_load(self):
+        with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+        scope = {}
+        exec(snippet, scope)
+        path = os.path.join(self.dir, "snippet.safetensors")
+        st.save(path, {"x": np.array([1.5, -0.5, 3.140625], F32), "m": np.array([[True, False]]),
+                       "d": np.arange(6.0).reshape(2, 3)}, {"attn.format": "1"}, dtypes={"x": "BF16"})
+        got, got_meta = scope["load"](path)
+        want, want_meta = st.load(path)
+        self.assertEqual(got_meta, want_meta)
+        self.assertEqual(sorted(got), sorted(want))
+        for name in want:
+            self.assertEqual(got[name].dtype, want[name].dtype)
+            np.testing.assert_array_equal(got[name], want[name])
+
+    def test_f8_input_is_unsupported(self):
+        # A case with an F8_E4M3 q, written by hand (safetensors_np does not write F8).
+        header = {"q": {"dtype": "F8_E4M3", "shape": [1, 1, 1, 1], "data_offsets": [0, 1]},
+                  "k": {"dtype": "F8_E4M3", "shape": [1, 1, 1, 1], "data_offsets": [1, 2]},
+                  "v": {"dtype": "F8_E4M3", "shape": [1, 1, 1, 1], "data_offsets": [2, 3]},
+                  "__metadata__": meta()}
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path = os.path.join(self.dir, "f8.safetensors")
+        with open(path, "wb") as f:
+            f.write(len(text).to_bytes(8, "little") + text + bytes([0x38, 0x38, 0x38]))
+        kind, text = self.run_adapter([path])[0]
+        self.assertEqual(kind, "unsupported")
+        self.assertIn("F8_E4M3", text)
+
+    # -- planted bugs -------------------------------------------------------------------
+
+    def test_each_bug_changes_a_case_built_for_it(self):
+        v2 = np.array([1.0, 2.0]).reshape(1, 1, 2, 1)
+        mask = np.array([[True, False]])
+        exposing = {
+            # causal, Nq = Nk = 2: row 0 sees only key 0
+            "causal_leak": ({"q": np.zeros((1, 1, 2, 1)), "k": np.zeros((1, 1, 2, 1)), "v": v2},
+                            meta(causal="top_left")),
+            # scores of 100: exp overflows float32 unless the maximum is subtracted
+            "no_max_subtraction": ({"q": np.ones((1, 1, 1, 1)), "k": np.ones((1, 1, 2, 1)), "v": v2},
+                                   meta(scale="100")),
+            "unnormalised": ({"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 2, 1)), "v": v2}, meta()),
+            "mask_ignored": ({"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 2, 1)), "v": v2,
+                              "mask": mask}, meta()),
+            "shift_one_key": ({"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 2, 1)), "v": v2}, meta()),
+            # the masked key's value is large enough for exp(-20) of it to show in float32
+            "padding_key_leak": ({"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 2, 1)),
+                                  "v": np.array([1.0, 1e7]).reshape(1, 1, 2, 1), "mask": mask}, meta()),
+        }
+        gqa = self.gqa_case()
+        from attention import BUGS
+        for bug in BUGS:
+            with self.subTest(bug=bug):
+                if bug in exposing:
+                    tensors, m = exposing[bug]
+                    c = self.case({n: (a.astype(F32) if a.dtype == F64 else a) for n, a in tensors.items()}, m)
+                else:                                # heads_swapped, transposed_gqa
+                    c = gqa
+                right = self.run_one(c)["out"]
+                wrong = self.run_adapter([c], "--bug", bug)[0]
+                self.assertEqual(wrong[0], "ok")
+                self.assertFalse(np.array_equal(right, wrong[1]["out"]), f"--bug {bug} changed nothing")
+
+    def test_correct_results_of_the_bug_cases(self):
+        # The right answers the bugs depart from, worked by hand.
+        gqa = self.gqa_case()
+        self.assertEqual(list(self.run_adapter([gqa], "--bug", "transposed_gqa")[0][1]["out"].ravel()),
+                         [1, 2, 1, 2])
+        self.assertEqual(list(self.run_adapter([gqa], "--bug", "heads_swapped")[0][1]["out"].ravel()),
+                         [1, 2, 2, 1])
+
+    # -- against the reference ----------------------------------------------------------
+
+    def test_float64_matches_the_reference(self):
+        cli = find_cli()
+        if cli is None:
+            reason = "no attnoracle binary (set ATTNORACLE_CLI or build into build/)"
+            print(f"\nskipped: {reason}", file=sys.stderr)
+            self.skipTest(reason)
+        rng = np.random.default_rng(7)
+        mask = rng.random((1, 1, 5, 7)) < 0.8
+        mask[..., 0] = True                                # no fully masked row
+        sdpa = ({"q": rng.normal(size=(2, 4, 5, 8)), "k": rng.normal(size=(2, 2, 7, 8)),
+                 "v": rng.normal(size=(2, 2, 7, 3)), "mask": mask, "bias": rng.normal(size=(5, 7))},
+                meta(causal="bottom_right", softcap="2.5", outputs="out,weights,lse"))
+        mha = ({"x_q": rng.normal(size=(1, 4, 6)), "x_kv": rng.normal(size=(1, 6, 6)),
+                "w_q": rng.normal(size=(3, 6, 4)), "w_k": rng.normal(size=(3, 6, 4)),
+                "w_v": rng.normal(size=(3, 6, 2)), "w_o": rng.normal(size=(6, 5))},
+               meta(kind="mha", window="2,1", scale="0x1.6a09e667f3bcdp-2", outputs="out,weights,lse"))
+        for tensors, m in (sdpa, mha):
+            c = self.case(tensors, m)
+            golden = c + ".golden.safetensors"
+            subprocess.run([cli, "eval", c, "-o", golden, "-q"], check=True)
+            ref = st.load(golden)[0]
+            got = self.run_one(c, "--dtype", "float64")
+            # |error| <= 1e-12 * out.bound (the sum of |terms|, >= |out|): relative, cancellation-proof
+            self.assertLessEqual(np.max(np.abs(got["out"] - ref["out.ref"]) / ref["out.bound"]), 1e-12)
+            np.testing.assert_allclose(got["weights"], ref["weights.ref"], rtol=1e-12, atol=0)
+            np.testing.assert_allclose(got["lse"], ref["lse.ref"], rtol=1e-12, atol=0)
+
+
+if __name__ == "__main__":
+    unittest.main()
