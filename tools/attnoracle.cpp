@@ -22,7 +22,10 @@ int main(int argc, char** argv) {
   CLI::App app{"attnoracle: certified reference and conformance oracle for attention"};
   app.set_version_flag("--version", std::string("attnoracle ") + ATTNORACLE_VERSION);
   app.require_subcommand(1);
-  std::vector<cli::Command> commands = {cli::add_eval(app)};
+  std::vector<cli::Command> commands = {cli::add_eval(app), cli::add_gen(app),
+                                        cli::add_verify(app), cli::add_invariants(app),
+                                        cli::add_run(app), cli::add_check(app),
+                                        cli::add_plugin_host(app)};
 
   try {
     app.parse(argc, argv);

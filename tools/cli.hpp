@@ -20,6 +20,9 @@ Command add_eval(CLI::App& app);
 Command add_gen(CLI::App& app);
 Command add_verify(CLI::App& app);
 Command add_invariants(CLI::App& app);
+Command add_run(CLI::App& app);
+Command add_check(CLI::App& app);
+Command add_plugin_host(CLI::App& app);
 
 int default_threads();
 // Refuses (InputError) when the directory that would hold `path` does not exist.

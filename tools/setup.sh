@@ -5,9 +5,13 @@ set -euo pipefail
 packages=(
   g++ cmake make pkg-config
   libmpfr-dev libgmp-dev libboost-dev
-  libgtest-dev librapidcheck-dev nlohmann-json3-dev libcli11-dev
+  libgtest-dev librapidcheck-dev nlohmann-json3-dev libcli11-dev nettle-dev
   python3 python3-numpy
+  libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
 )
+# Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -19,4 +23,14 @@ if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The ONNX Runtime adapter's npm dependency (onnxruntime-node, which ships its CPU binaries), from
+# its lockfile. Install scripts stay off: onnxruntime-node's would download GPU binaries.
+ort_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/conformance/adapters/onnxruntime"
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+    && [[ ! -d "$ort_dir/node_modules/onnxruntime-node" ]]; then
+  echo "attnoracle setup: installing onnxruntime-node in $ort_dir" >&2
+  (cd "$ort_dir" && npm ci --ignore-scripts --no-audit --no-fund >/dev/null) \
+    || echo "attnoracle setup: npm ci failed; the ONNX Runtime adapter and its tests are unavailable" >&2
 fi

@@ -29,6 +29,23 @@ BUGS = {
     "shift_one_key": "adds 1.0 to the score of key 0",
     "padding_key_leak": "masked keys get weight exp(-20) (before normalising) instead of 0",
     "transposed_gqa": "query head h reads kv head h % Hkv instead of h // (Hq / Hkv)",
+    "no_scaling": "the scores are not scaled (scale 1, whatever attn.scale says)",
+    "scale_by_dk": "the default scale is 1/Dk instead of 1/sqrt(Dk)",
+    "no_max_subtraction_f16": "F16 inputs: the softmax in float16 without subtracting the row maximum "
+                              "(exp overflows past scores of about 11)",
+    "mask_after_softmax": "softmax over every key, then the masked weights zeroed without renormalising",
+    "causal_off_by_one": "the causal mask allows j < i instead of j <= i (a row left with no key is "
+                         "handled as a fully masked row)",
+    "other_alignment": "causal top_left and bottom_right swapped (the window follows)",
+    "gqa_tiled": "the kv heads tiled (torch .repeat) instead of repeated (repeat_interleave): "
+                 "query head h reads kv head h % Hkv",
+    "softcap_after_bias": "the softcap applied after the bias is added",
+    "pv_f16_accumulation": "F16 inputs: P V accumulated in float16, key by key",
+    "truncate_output": "computed in float64, then rounded toward zero (not to nearest) into the output dtype",
+    "nan_from_masked": "masked scores set to NaN instead of -inf; the row maximum (np.max) spreads it "
+                       "over every row with a masked key",
+    "masked_row_nan": "a fully masked row gives NaN (0/0) where attn.masked_rows=zero declares zeros",
+    "drop_last_key": "the last key is ignored (a loop over range(Nk - 1))",
 }
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
@@ -52,8 +69,10 @@ def number(text):
         return float.fromhex(text)
 
 
-def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None):
-    """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv] -> out, weights, lse (compute dtype)."""
+def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None):
+    """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv] -> out, weights, lse (compute dtype).
+
+    in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels."""
     B, Hq, Nq, Dk = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     dt = q.dtype
@@ -64,13 +83,20 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None):
         g = g[(np.arange(Hq) + 1) % Hq]
     if bug == "transposed_gqa":         # BUG: interleaved instead of grouped
         g = np.arange(Hq) % Hkv
-    k, v = k[:, g], v[:, g]
+    if bug == "gqa_tiled":              # BUG: np.tile (torch .repeat) instead of np.repeat
+        k, v = (np.tile(a, (1, Hq // Hkv, 1, 1)) for a in (k, v))
+    else:
+        k, v = k[:, g], v[:, g]
 
     # Scores: scale * Q K^T, then softcap, then bias.
     scale = number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
+    if bug == "scale_by_dk" and "attn.scale" not in meta:     # BUG: 1/Dk
+        scale = 1.0 / Dk
+    if bug == "no_scaling":             # BUG: the scale forgotten
+        scale = 1.0
     s = dt.type(scale) * (q @ np.swapaxes(k, -1, -2))
     cap = number(meta.get("attn.softcap", "0"))
-    if cap != 0:
+    if cap != 0 and bug != "softcap_after_bias":   # BUG softcap_after_bias: moved below the bias
         s = dt.type(cap) * np.tanh(s / dt.type(cap))
     if bug == "shift_one_key":          # BUG: key 0 gets a bonus
         s[..., 0] += 1
@@ -79,19 +105,27 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None):
         bias = np.broadcast_to(bias.astype(dt), s.shape)
         allowed &= bias != -np.inf
         s = s + np.where(allowed, bias, 0)
+    if cap != 0 and bug == "softcap_after_bias":    # BUG: softcap(T + bias)
+        s = dt.type(cap) * np.tanh(s / dt.type(cap))
     if mask is not None and bug != "mask_ignored":      # BUG mask_ignored skips this
         allowed &= np.broadcast_to(mask, allowed.shape)
 
     # Causal and window masks, 0-based; i' = i (top_left) or i + Nk - Nq (bottom_right).
     causal = meta.get("attn.causal", "none")
+    if bug == "other_alignment":        # BUG: the alignments swapped
+        causal = {"top_left": "bottom_right", "bottom_right": "top_left"}.get(causal, causal)
     i = np.arange(Nq)[:, None] + (Nk - Nq if causal == "bottom_right" else 0)
     j = np.arange(Nk)[None, :]
     if causal != "none":
         allowed &= j <= i + (1 if bug == "causal_leak" else 0)   # BUG causal_leak: + 1
+        if bug == "causal_off_by_one":  # BUG: j < i
+            allowed &= j < i
     window = meta.get("attn.window", "none")
     if window != "none":
         left, right = (int(x) for x in window.split(","))
         allowed &= (i - left <= j) & (j <= i + right)
+    if bug == "drop_last_key":          # BUG: the loop over keys stops one short
+        allowed[..., -1] = False
 
     # Fully masked rows: refused under policy error (padding rows excepted), else zeros.
     live = allowed.any(axis=-1)                          # [B,Hq,Nq]
@@ -103,12 +137,23 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None):
             raise Refused(f"fully masked row: b={b}, h={h}, i={row} has no allowed key "
                           f"(attn.masked_rows=error)")
 
+    mask_late = None
+    if bug == "mask_after_softmax":     # BUG: the softmax sees every key (-inf biases aside) ...
+        mask_late = allowed
+        allowed = np.ones_like(allowed) if bias is None else bias != -np.inf
+        live = allowed.any(axis=-1)
+    f16_softmax = bug == "no_max_subtraction_f16" and in_dtype == "F16"
+
     # Softmax over the allowed keys, with the row maximum subtracted.
     s = np.where(allowed, s, -np.inf)
+    if bug == "nan_from_masked":        # BUG: masked scores NaN, and np.max propagates NaN
+        s = np.where(allowed, s, np.nan)
     m = np.where(live, s.max(axis=-1), 0).astype(dt)[..., None]
-    if bug == "no_max_subtraction":     # BUG: exp of the raw scores
+    if bug == "no_max_subtraction" or f16_softmax:      # BUG: exp of the raw scores
         m = np.zeros_like(m)
     with np.errstate(over="ignore", invalid="ignore"):
+        if f16_softmax:                 # BUG: ... in float16 (exp, sum, division)
+            s, m = s.astype(np.float16), m.astype(np.float16)
         p = np.exp(s - m)                                # exp(-inf) = 0 where not allowed
         if bug == "padding_key_leak":   # BUG: masked keys are not quite 0
             p = np.where(allowed, p, dt.type(math.exp(-20)))
@@ -116,9 +161,31 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None):
         if bug == "unnormalised":       # BUG: the wrong denominator
             z = z + dt.type(0.01) * z
         w = np.where(live[..., None], p / np.where(z == 0, 1, z), 0).astype(dt)
+        if bug == "masked_row_nan":     # BUG: 0 / 0 on a fully masked row
+            w = (p / z).astype(dt)
         lse = np.where(live, (m + np.log(z))[..., 0], -np.inf).astype(dt)
+    if mask_late is not None:           # BUG mask_after_softmax: ... then the mask, no renormalising
+        w = np.where(mask_late, w, 0).astype(dt)
     out = w @ v
+    if bug == "pv_f16_accumulation" and in_dtype == "F16":   # BUG: a float16 accumulator
+        acc = np.zeros(out.shape, np.float16)
+        for key in range(Nk):
+            acc = (acc + w[..., key, None] * v[..., key, None, :]).astype(np.float16)
+        out = acc.astype(dt)
     return out, w, lse
+
+
+def truncate(a, dtype):
+    """float64 `a` rounded toward zero to the precision and range of `dtype` (bug truncate_output)."""
+    precision, emin, top = {"F64": (53, -1022, 1024), "F32": (24, -126, 128), "F16": (11, -14, 16),
+                            "BF16": (8, -126, 128)}[dtype]
+    a = np.asarray(a, np.float64)
+    finite = np.isfinite(a)
+    e = np.frexp(np.where(finite, a, 0))[1] - 1           # binade: 2^e <= |a| < 2^(e+1)
+    shift = np.maximum(e, emin) - precision + 1           # exponent of the last kept bit
+    t = np.ldexp(np.trunc(np.ldexp(a, -shift)), shift)    # exact: only bits are dropped
+    big = np.ldexp(2.0 - 2.0 ** (1 - precision), top - 1)  # the largest finite value
+    return np.where(finite, np.clip(t, -big, big), a)
 
 
 def run_case(path, compute, bug=None):
@@ -128,7 +195,8 @@ def run_case(path, compute, bug=None):
     except safetensors_np.UnsupportedDtype as e:
         raise Unsupported(str(e))
     for key in meta:
-        if key.startswith("attn.") and key not in KEYS:
+        # attn.reference and attn.undecided come with golden files: not options of the case
+        if key.startswith("attn.") and key not in KEYS and key not in ("attn.reference", "attn.undecided"):
             raise Unsupported(f"metadata key {key}")
     if meta.get("attn.format") != "1":
         raise Unsupported(f"attn.format {meta.get('attn.format')!r}")
@@ -145,8 +213,11 @@ def run_case(path, compute, bug=None):
         raise Unsupported(f"dtype {in_dtype} -> {out_dtype}")
     outputs = meta.get("attn.outputs", "out").split(",")
 
+    if bug == "truncate_output":        # BUG (with the truncation below): computed in float64
+        compute = np.dtype(np.float64)
     x = {name: a.astype(compute) for name, a in tensors.items() if dtypes[name] in FLOATS}
-    extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"))
+    extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"),
+                 in_dtype=in_dtype)
     if kind == "sdpa":
         out, w, lse = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:
@@ -159,6 +230,8 @@ def run_case(path, compute, bug=None):
 
     result = {"out": out, "weights": w, "lse": lse}
     result = {name: result[name] for name in outputs}
+    if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
+        result = {name: truncate(a, out_dtype) for name, a in result.items()}
     if out_dtype != "BF16":           # BF16 is rounded by the writer
         numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}[out_dtype]
         with np.errstate(over="ignore"):

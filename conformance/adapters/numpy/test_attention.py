@@ -343,8 +343,11 @@ class AdapterTest(unittest.TestCase):
                 if bug in exposing:
                     tensors, m = exposing[bug]
                     c = self.case({n: (a.astype(F32) if a.dtype == F64 else a) for n, a in tensors.items()}, m)
-                else:                                # heads_swapped, transposed_gqa
+                elif bug in ("heads_swapped", "transposed_gqa", "gqa_tiled"):
                     c = gqa
+                else:                                # a test of its own below: test_bug_<name>
+                    self.assertTrue(hasattr(self, "test_bug_" + bug), f"--bug {bug} has no test")
+                    continue
                 right = self.run_one(c)["out"]
                 wrong = self.run_adapter([c], "--bug", bug)[0]
                 self.assertEqual(wrong[0], "ok")
@@ -357,6 +360,142 @@ class AdapterTest(unittest.TestCase):
                          [1, 2, 1, 2])
         self.assertEqual(list(self.run_adapter([gqa], "--bug", "heads_swapped")[0][1]["out"].ravel()),
                          [1, 2, 2, 1])
+
+    # One test per bug below: a case built to expose it, the right and the wrong results.
+
+    def both(self, tensors, metadata, bug, flags=("--dtype", "float64"), dtypes=None):
+        """Runs a case right and with --bug; returns (right, wrong) result tensors."""
+        c = self.case(tensors, metadata, dtypes)
+        return self.run_one(c, *flags), self.run_one(c, *flags, "--bug", bug)
+
+    def scale_case(self, **keys):
+        # Dk = 4: T = 4 * scale for key 0 and 0 for key 1; v = [1, 0] gives key 0's weight.
+        t = {"q": np.ones((1, 1, 1, 4)), "k": np.array([[[[1.0] * 4, [0.0] * 4]]]),
+             "v": np.array([[[[1.0], [0.0]]]])}
+        return t, meta(**keys)
+
+    def test_bug_no_scaling(self):
+        right, wrong = self.both(*self.scale_case(), "no_scaling")
+        self.assertAlmostEqual(right["out"].item(), 1 / (1 + math.exp(-2)), places=14)   # scale 1/2
+        self.assertAlmostEqual(wrong["out"].item(), 1 / (1 + math.exp(-4)), places=14)   # scale 1
+        right, wrong = self.both(*self.scale_case(scale="0.125"), "no_scaling")         # given: ignored too
+        self.assertAlmostEqual(right["out"].item(), 1 / (1 + math.exp(-0.5)), places=14)
+        self.assertAlmostEqual(wrong["out"].item(), 1 / (1 + math.exp(-4)), places=14)
+
+    def test_bug_scale_by_dk(self):
+        right, wrong = self.both(*self.scale_case(), "scale_by_dk")
+        self.assertAlmostEqual(right["out"].item(), 1 / (1 + math.exp(-2)), places=14)   # 1/sqrt(4)
+        self.assertAlmostEqual(wrong["out"].item(), 1 / (1 + math.exp(-1)), places=14)   # 1/4
+        right, wrong = self.both(*self.scale_case(scale="0.125"), "scale_by_dk")         # a given scale is kept
+        np.testing.assert_array_equal(right["out"], wrong["out"])
+
+    def test_bug_no_max_subtraction_f16(self):
+        # Scores 12 and 0 (scale 1): exp(12) = 162755 > 65504, the float16 maximum: inf / inf = NaN.
+        t = {"q": np.ones((1, 1, 1, 1), np.float16), "k": np.array([12.0, 0.0], np.float16).reshape(1, 1, 2, 1),
+             "v": np.array([1.0, 2.0], np.float16).reshape(1, 1, 2, 1)}
+        right, wrong = self.both(t, meta(scale="1"), "no_max_subtraction_f16", flags=())
+        self.assertEqual(right["out"].item(), 1.0)              # (e^12 + 2) / (e^12 + 1) in F16
+        self.assertTrue(np.isnan(wrong["out"].item()))
+        t32 = {n: a.astype(F32) for n, a in t.items()}         # F32 inputs: not this bug's kernel
+        right, wrong = self.both(t32, meta(scale="1"), "no_max_subtraction_f16", flags=())
+        np.testing.assert_array_equal(right["out"], wrong["out"])
+
+    def test_bug_mask_after_softmax(self):
+        # Equal scores over 3 keys, key 2 masked: weights 1/2, 1/2, 0; the bug leaves 1/3, 1/3, 0.
+        t = {"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 3, 1)), "v": np.array([1.0, 2.0, 4.0]).reshape(1, 1, 3, 1),
+             "mask": np.array([[True, True, False]])}
+        right, wrong = self.both(t, meta(outputs="out,weights"), "mask_after_softmax")
+        np.testing.assert_array_equal(right["weights"].ravel(), [0.5, 0.5, 0])
+        np.testing.assert_allclose(wrong["weights"].ravel(), [1 / 3, 1 / 3, 0], rtol=1e-15)
+        self.assertEqual(right["out"].item(), 1.5)
+        self.assertAlmostEqual(wrong["out"].item(), 1.0, places=15)
+
+    def test_bug_causal_off_by_one(self):
+        right = self.weights(3, 3, causal="top_left", masked_rows="zero")
+        wrong = self.weights(3, 3, ("--dtype", "float64", "--bug", "causal_off_by_one"),
+                             causal="top_left", masked_rows="zero")
+        np.testing.assert_allclose(right, [[1, 0, 0], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-15)
+        np.testing.assert_array_equal(wrong, [[0, 0, 0], [1, 0, 0], [0.5, 0.5, 0]])   # row 0 fully masked
+        # Under policy error the row left with no key is refused.
+        t = {"q": np.zeros((1, 1, 3, 2)), "k": np.zeros((1, 1, 3, 2)), "v": np.zeros((1, 1, 3, 1))}
+        kind, text = self.run_adapter([self.case(t, meta(causal="top_left"))], "--bug", "causal_off_by_one")[0]
+        self.assertEqual(kind, "error")
+        self.assertIn("i=0", text)
+
+    def test_bug_other_alignment(self):
+        flags = ("--dtype", "float64", "--bug", "other_alignment")
+        np.testing.assert_allclose(self.weights(2, 3, flags, causal="top_left"),
+                                   [[0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-15)   # bottom_right's
+        np.testing.assert_array_equal(self.weights(2, 3, flags, causal="bottom_right"),
+                                      [[1, 0, 0], [0.5, 0.5, 0]])                         # top_left's
+        np.testing.assert_allclose(self.weights(3, 3, flags, causal="top_left"),          # Nq = Nk: the same
+                                   self.weights(3, 3, causal="top_left"), rtol=0)
+
+    def test_bug_gqa_tiled(self):
+        # The same mapping as transposed_gqa, through np.tile (torch .repeat) of K and V.
+        out = self.run_adapter([self.gqa_case()], "--bug", "gqa_tiled")[0][1]["out"]
+        np.testing.assert_array_equal(out.ravel(), [1, 2, 1, 2])           # right: [1, 1, 2, 2]
+
+    def test_bug_softcap_after_bias(self):
+        # Dk = 1, scale 1, softcap 1, bias [1, 0]: scores tanh(2) + 1 and 0; the bug: tanh(3) and 0.
+        t = {"q": np.array([[[[2.0]]]]), "k": np.array([[[[1.0], [0.0]]]]), "v": np.array([[[[1.0], [0.0]]]]),
+             "bias": np.array([1.0, 0.0])}
+        right, wrong = self.both(t, meta(scale="1", softcap="1"), "softcap_after_bias")
+        self.assertAlmostEqual(right["out"].item(), 1 / (1 + math.exp(-(math.tanh(2) + 1))), places=14)
+        self.assertAlmostEqual(wrong["out"].item(), 1 / (1 + math.exp(-math.tanh(3))), places=14)
+
+    def test_bug_pv_f16_accumulation(self):
+        # 4096 equal keys, v = 1: each term is 2^-12; a float16 sum reaches 0.5 exactly, then
+        # 0.5 + 2^-12 is a tie that rounds back to 0.5 (even): it stalls there. Right: 1.
+        n = 4096
+        t = {"q": np.zeros((1, 1, 1, 1), np.float16), "k": np.zeros((1, 1, n, 1), np.float16),
+             "v": np.ones((1, 1, n, 1), np.float16)}
+        right, wrong = self.both(t, meta(), "pv_f16_accumulation", flags=())
+        self.assertEqual(right["out"].item(), 1.0)
+        self.assertEqual(wrong["out"].item(), 0.5)
+        t32 = {n: a.astype(F32) for n, a in t.items()}         # F32 inputs: not this bug's kernel
+        right, wrong = self.both(t32, meta(), "pv_f16_accumulation", flags=())
+        np.testing.assert_array_equal(right["out"], wrong["out"])
+
+    def test_bug_truncate_output(self):
+        # One key: out = v exactly (F64 inputs). Each value is 3/4 of an output ulp past a
+        # representable one, normal or subnormal: nearest rounds away from zero, truncation toward it.
+        for out_dtype, bits, tiny in (("F16", 11, 2.0 ** -24), ("BF16", 8, 2.0 ** -133), ("F32", 24, 2.0 ** -149)):
+            with self.subTest(out_dtype=out_dtype):
+                x = 1 + 3 * 2.0 ** -(bits + 1)
+                t = {"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 1, 1)),
+                     "v": np.array([x, -x, 2 * x, 1.75 * tiny]).reshape(1, 1, 1, 4)}
+                right, wrong = self.both(t, meta(output_dtype=out_dtype), "truncate_output")
+                up = 1 + 2.0 ** (1 - bits)
+                np.testing.assert_array_equal(right["out"].ravel(), [up, -up, 2 * up, 2 * tiny])
+                np.testing.assert_array_equal(wrong["out"].ravel(), [1, -1, 2, tiny])
+
+    def test_bug_nan_from_masked(self):
+        # Row 0 has a masked key: NaN; row 1 has none: as usual.
+        t = {"q": np.zeros((1, 1, 2, 1)), "k": np.zeros((1, 1, 2, 1)), "v": np.array([1.0, 2.0]).reshape(1, 1, 2, 1),
+             "mask": np.array([[True, False], [True, True]])}
+        right, wrong = self.both(t, meta(), "nan_from_masked")
+        np.testing.assert_array_equal(right["out"].ravel(), [1.0, 1.5])
+        self.assertTrue(np.isnan(wrong["out"].ravel()[0]))
+        self.assertEqual(wrong["out"].ravel()[1], 1.5)
+
+    def test_bug_masked_row_nan(self):
+        c = self.fully_masked_case("zero")
+        right, wrong = self.run_one(c), self.run_one(c, "--bug", "masked_row_nan")
+        self.assertTrue(np.all(right["out"][0, 1, 2] == 0) and np.all(right["weights"][0, 1, 2] == 0))
+        self.assertTrue(np.all(np.isnan(wrong["out"][0, 1, 2])) and np.all(np.isnan(wrong["weights"][0, 1, 2])))
+        np.testing.assert_array_equal(right["out"][0, 0], wrong["out"][0, 0])           # other rows as usual
+        kind, _ = self.run_adapter([self.fully_masked_case("error")], "--bug", "masked_row_nan")[0]
+        self.assertEqual(kind, "error")                                                 # still refused
+
+    def test_bug_drop_last_key(self):
+        t = {"q": np.zeros((1, 1, 1, 1)), "k": np.zeros((1, 1, 3, 1)), "v": np.array([1.0, 2.0, 4.0]).reshape(1, 1, 3, 1)}
+        right, wrong = self.both(t, meta(), "drop_last_key")
+        self.assertAlmostEqual(right["out"].item(), 7 / 3, places=14)
+        self.assertEqual(wrong["out"].item(), 1.5)
+        t["mask"] = np.array([False, False, True])             # only the last key: now a fully masked row
+        kind, _ = self.run_adapter([self.case(t, meta())], "--bug", "drop_last_key")[0]
+        self.assertEqual(kind, "error")
 
     # -- against the reference ----------------------------------------------------------
 

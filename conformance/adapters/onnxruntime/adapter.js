@@ -1,0 +1,482 @@
+#!/usr/bin/env node
+'use strict';
+// ONNX Runtime's CPU `Attention` operator (opset 23, npm package onnxruntime-node) as an
+// AttnOracle adapter (CONTRACT section 5).
+//
+//   node conformance/adapters/onnxruntime/adapter.js [--threads N] [--f64] JOBS.jsonl
+//
+// Each line of JOBS.jsonl is {"id": ..., "input": path, "output": path}. For each job it writes
+// exactly one of `output` (a safetensors file with `out`, and `weights` when the case asks for
+// them), `output.error` (the case failed; the text says why) or `output.unsupported` (the text
+// names the feature or dtype). Exit status 0 once the list is done; 2 when onnxruntime-node
+// cannot be loaded (nothing is written then) or the command line is wrong.
+//
+// Per case it builds a small ONNX graph by hand (onnx_model.js) and runs it:
+//   sdpa: Attention(q, k, v, attn_mask) [-> Cast to the output dtype]
+//   mha:  MatMul(x_q[B,1,Nq,D], w_q[H,D,Dk]) -> Q[B,H,Nq,Dk] (likewise K, V from x_kv),
+//         Attention(Q, K, V, attn_mask) -> [B,H,Nq,Dv], Transpose -> [B,Nq,H,Dv],
+//         Reshape -> [B,Nq,H*Dv], MatMul w_o -> [B,Nq,Dout] [-> Cast]
+// The boolean mask, the causal option (either alignment), the window and a bias are folded into
+// ONE attn_mask [1 or B, 1 or Hq, Nq, Nk] in the input dtype: the bias where the key is allowed,
+// -inf where it is not; with no bias, a boolean attn_mask (true = may attend) instead. GQA/MQA
+// goes through Hkv < Hq (ONNX Runtime maps query head h to kv head h * Hkv / Hq = h / (Hq/Hkv)).
+// `weights` is the Attention node's fourth output with qk_matmul_output_mode = 3 (after softmax).
+// `lse` is not available from the operator and is not written.
+
+const fs = require('fs');
+const path = require('path');
+const st = require('./safetensors');
+const onnx = require('./onnx_model');
+
+const KEYS = new Set(['attn.format', 'attn.kind', 'attn.scale', 'attn.causal', 'attn.window',
+  'attn.softcap', 'attn.masked_rows', 'attn.output_dtype', 'attn.outputs',
+  'attn.reference', 'attn.undecided']);   // the last two: added by eval to golden files, ignored
+// Dtypes ONNX Runtime's CPU Attention kernel is registered for (float, MLFloat16).
+const KERNEL_TYPES = { F32: { elem: onnx.FLOAT, name: 'float32' }, F16: { elem: onnx.FLOAT16, name: 'float16' } };
+// With --f64: ONNX Runtime has no CPU Attention kernel for double; the session falls back to the
+// operator's ONNX function body (MatMul, Softmax, ...) expanded in double. Its conventions differ
+// (README): opt-in, to be registered as an implementation of its own.
+const F64_TYPE = { elem: onnx.DOUBLE, name: 'float64' };
+let ORT_TYPES = KERNEL_TYPES;
+const FLOATS = new Set(['F64', 'F32', 'F16', 'BF16']);
+
+class Unsupported extends Error {}
+class BadCase extends Error {}
+
+// ---- numbers --------------------------------------------------------------------------------
+
+const FLOAT32_MAX = 3.4028234663852886e38;
+
+function bitLength(n) {
+  return n === 0n ? 0 : n.toString(2).length;
+}
+
+/** num/den (BigInt, both > 0) rounded once, to nearest-even, to float32; returned as a double. */
+function rationalToFloat32(num, den) {
+  const p = 24;
+  let e = bitLength(num) - bitLength(den);           // floor(log2(num/den)) is e or e - 1
+  const below = e >= 0 ? num < (den << BigInt(e)) : (num << BigInt(-e)) < den;
+  if (below) e -= 1;
+  e = Math.max(e, -126);                             // subnormals: the spacing stops shrinking
+  const s = p - 1 - e;                               // num/den * 2^s has p bits before the point
+  const n2 = s >= 0 ? num << BigInt(s) : num;
+  const d2 = s >= 0 ? den : den << BigInt(-s);
+  let q = n2 / d2;
+  const twice = 2n * (n2 % d2);
+  if (twice > d2 || (twice === d2 && (q & 1n) === 1n)) q += 1n;
+  const r = Number(q) * 2 ** (e - p + 1);            // exact: q <= 2^24, a power of two
+  return r > FLOAT32_MAX ? Infinity : r;
+}
+
+/**
+ * The exact value of a decimal or C hex float text ("0.125", "1e-3", "0x1.6a09e667f3bcdp-3")
+ * as {negative, num, den} (BigInt num >= 0, den > 0). Throws BadCase on other text.
+ */
+function parseExact(text, what) {
+  const t = String(text).trim();
+  let m = /^([+-]?)0[xX]([0-9a-fA-F]*)(?:\.([0-9a-fA-F]*))?[pP]([+-]?\d+)$/.exec(t);
+  let num; let exp; let base;
+  if (m && (m[2] || m[3])) {
+    const frac = m[3] || '';
+    num = BigInt(`0x${(m[2] || '') + frac}`);
+    exp = Number(m[4]) - 4 * frac.length;
+    base = 2n;
+  } else {
+    m = /^([+-]?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$/.exec(t);
+    if (!m || !(m[2] || m[3])) throw new BadCase(`${what}: ${JSON.stringify(text)} is not a number`);
+    const frac = m[3] || '';
+    num = BigInt((m[2] || '') + frac);
+    exp = Number(m[4] || 0) - frac.length;
+    base = 10n;
+  }
+  if (Math.abs(exp) > 5000) throw new Unsupported(`${what} ${text}: exponent out of range`);
+  let den = 1n;
+  if (exp >= 0) num *= base ** BigInt(exp); else den = base ** BigInt(-exp);
+  return { negative: m[1] === '-', num, den };
+}
+
+/** The value of a number text rounded once, to nearest-even, to float32 (ONNX float attributes). */
+function textToFloat32(text, what) {
+  const { negative, num, den } = parseExact(text, what);
+  const r = num === 0n ? 0 : rationalToFloat32(num, den);
+  return negative ? -r : r;
+}
+
+// ---- the case -------------------------------------------------------------------------------
+
+/** Shape padded on the left with 1s to rank 4, and the element strides broadcasting it to 4-D. */
+function broadcastStrides(shape, target, name) {
+  if (shape.length > 4) throw new BadCase(`${name}: rank ${shape.length} > 4`);
+  const s = [...Array(4 - shape.length).fill(1), ...shape];
+  const strides = [0, 0, 0, 0];
+  let step = 1;
+  for (let d = 3; d >= 0; d--) {
+    if (s[d] !== 1 && s[d] !== target[d]) {
+      throw new BadCase(`${name}: shape [${shape}] does not broadcast to [${target}]`);
+    }
+    strides[d] = s[d] === 1 ? 0 : step;
+    step *= s[d];
+  }
+  return { padded: s, strides };
+}
+
+/**
+ * The attn_mask: null when there is nothing to mask or add; else {type (onnxruntime-node tensor
+ * type), elem (ONNX data type), shape [mb, mh, Nq, Nk] (mb in {1, B}, mh in {1, Hq}), data}:
+ * boolean (true = may attend) without a bias, else the bias in the input dtype with -inf where
+ * the key is not allowed.
+ */
+function buildMask(tensors, meta, dims, inType) {
+  const [B, H, Nq, Nk] = dims;
+  const mask = tensors.mask;
+  const bias = tensors.bias;
+  const causal = meta['attn.causal'] || 'none';
+  const window = meta['attn.window'] || 'none';
+  if (!mask && !bias && causal === 'none' && window === 'none') return null;
+
+  const parts = [];
+  if (mask) {
+    if (mask.dtype !== 'BOOL') throw new BadCase(`mask: dtype ${mask.dtype}, expected BOOL`);
+    if (mask.shape.length < 2) throw new BadCase(`mask: rank ${mask.shape.length} < 2`);
+    parts.push({ t: mask, ...broadcastStrides(mask.shape, dims, 'mask') });
+  }
+  let biasValues = null;
+  if (bias) {
+    if (!FLOATS.has(bias.dtype)) throw new BadCase(`bias: dtype ${bias.dtype}`);
+    parts.push({ t: bias, ...broadcastStrides(bias.shape, dims, 'bias') });
+    biasValues = st.values(bias);
+  }
+  const mb = parts.some((p) => p.padded[0] !== 1) ? B : 1;
+  const mh = parts.some((p) => p.padded[1] !== 1) ? H : 1;
+
+  // Causal and window, 0-based; i' = i (top_left, and windows with no causal) or i + Nk - Nq.
+  const shift = causal === 'bottom_right' ? Nk - Nq : 0;
+  let left = Infinity; let right = Infinity;
+  if (window !== 'none') {
+    const m = /^(\d+),(\d+)$/.exec(window);
+    if (!m) throw new BadCase(`attn.window: ${JSON.stringify(window)} is not "none" or "L,R"`);
+    left = Number(m[1]);
+    right = Number(m[2]);
+  }
+  const positional = (i, j) => {
+    const ip = i + shift;
+    if (causal !== 'none' && j > ip) return false;
+    return ip - left <= j && j <= ip + right;
+  };
+
+  const n = mb * mh * Nq * Nk;
+  const allowed = new Uint8Array(n);
+  const added = bias ? new Float64Array(n) : null;
+  const ms = mask ? parts[0].strides : null;
+  const bs = bias ? parts[parts.length - 1].strides : null;
+  let at = 0;
+  for (let b = 0; b < mb; b++) {
+    for (let h = 0; h < mh; h++) {
+      for (let i = 0; i < Nq; i++) {
+        for (let j = 0; j < Nk; j++, at++) {
+          let ok = positional(i, j);
+          if (ok && mask) ok = mask.data[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]] !== 0;
+          if (bias) {
+            const x = biasValues[b * bs[0] + h * bs[1] + i * bs[2] + j * bs[3]];
+            if (x === -Infinity) ok = false;
+            added[at] = ok ? x : -Infinity;
+          }
+          allowed[at] = ok ? 1 : 0;
+        }
+      }
+    }
+  }
+  const shape = [mb, mh, Nq, Nk];
+  if (!bias) return { type: 'bool', elem: onnx.BOOL, shape, data: allowed };
+  // The bias is rounded once, to nearest-even, into the input dtype (attn_mask has the type of Q).
+  let data;
+  if (inType === 'F64') data = added;
+  else if (inType === 'F32') data = Float32Array.from(added);
+  else data = Uint16Array.from(added, (x) => st.numberToHalf(x));
+  return { type: ORT_TYPES[inType].name, elem: ORT_TYPES[inType].elem, shape, data };
+}
+
+/** Parses and checks what the adapter needs -> a plan: graph pieces, feeds, output names. */
+function plan(tensors, meta) {
+  for (const key of Object.keys(meta)) {
+    if (key.startsWith('attn.') && !KEYS.has(key)) throw new Unsupported(`metadata key ${key}`);
+  }
+  if (meta['attn.format'] !== '1') throw new Unsupported(`attn.format ${JSON.stringify(meta['attn.format'])}`);
+  const kind = meta['attn.kind'] || 'sdpa';
+  if (kind !== 'sdpa' && kind !== 'mha') throw new Unsupported(`attn.kind ${kind}`);
+  const causal = meta['attn.causal'] || 'none';
+  if (!['none', 'top_left', 'bottom_right'].includes(causal)) throw new Unsupported(`attn.causal ${causal}`);
+  const policy = meta['attn.masked_rows'] || 'error';
+  if (!['error', 'zero'].includes(policy)) throw new Unsupported(`attn.masked_rows ${policy}`);
+
+  const need = (name) => {
+    if (!tensors[name]) throw new BadCase(`tensor ${name} is missing (attn.kind ${kind})`);
+    return tensors[name];
+  };
+  const main = kind === 'sdpa' ? ['q', 'k', 'v'] : ['x_q', 'w_q', 'w_k', 'w_v', 'w_o'];
+  for (const name of main) need(name);
+  if (kind === 'mha' && !tensors.x_kv) tensors.x_kv = tensors.x_q;
+  const inType = tensors[main[0]].dtype;
+  const outType = meta['attn.output_dtype'] || inType;
+  for (const name of [...main, ...(kind === 'mha' ? ['x_kv'] : [])]) {
+    if (tensors[name].dtype !== inType) {
+      throw new BadCase(`tensor ${name}: dtype ${tensors[name].dtype}, the other inputs are ${inType}`);
+    }
+  }
+  if (!(inType in ORT_TYPES)) {
+    throw new Unsupported(`ONNX Runtime CPU Attention: ${inType} inputs not supported (float and float16 kernels only`
+      + `${inType === 'F64' ? '; --f64 runs the operator\'s function body in double' : ''})`);
+  }
+  if (!(outType in ORT_TYPES)) {
+    throw new Unsupported(`output dtype ${outType}: this adapter writes ${Object.keys(ORT_TYPES).join(' or ')} only`);
+  }
+  const asked = (meta['attn.outputs'] || 'out').split(',').map((s) => s.trim());
+  for (const o of asked) {
+    if (!['out', 'weights', 'lse'].includes(o)) throw new Unsupported(`attn.outputs ${o}`);
+  }
+  const wantWeights = asked.includes('weights');
+
+  const attrs = {};
+  if (meta['attn.scale'] !== undefined) {
+    const scale = textToFloat32(meta['attn.scale'], 'attn.scale');
+    if (!(scale > 0) || scale === Infinity) {
+      throw new Unsupported(`attn.scale ${meta['attn.scale']}: ONNX Runtime needs a scale > 0 that is finite in float32`);
+    }
+    attrs.scale = { f: scale };
+  }
+  if (meta['attn.softcap'] !== undefined) {
+    const exact = parseExact(meta['attn.softcap'], 'attn.softcap');
+    const cap = textToFloat32(meta['attn.softcap'], 'attn.softcap');
+    if (exact.negative && exact.num !== 0n) throw new BadCase(`attn.softcap ${meta['attn.softcap']}: must be >= 0`);
+    if (exact.num !== 0n) {
+      if (cap === 0 || cap === Infinity) {
+        throw new Unsupported(`attn.softcap ${meta['attn.softcap']}: not a finite nonzero float32`);
+      }
+      attrs.softcap = { f: cap };
+    }
+  }
+  if (wantWeights) attrs.qk_matmul_output_mode = { i: 3 };
+
+  const T = ORT_TYPES[inType];
+  const O = ORT_TYPES[outType];
+  const shapeOf = (name) => tensors[name].shape;
+  const nodes = [];
+  const inputs = [];
+  const feeds = [];
+  const initializers = [];
+  const feed = (name, tensor, shape) => {
+    inputs.push(onnx.valueInfo(name, T.elem, shape));
+    feeds.push({ name, type: T.name, data: tensor.data, shape });
+  };
+
+  let dims; let qName; let kName; let vName; let outShape;
+  let H; let Nq; let Dv;
+  if (kind === 'sdpa') {
+    const [B, Hq, Nq_, Dk] = shapeOf('q');
+    const [Bk, Hkv, Nk, Dk2] = shapeOf('k');
+    const [Bv, Hkv2, Nk2, Dv_] = shapeOf('v');
+    if (shapeOf('q').length !== 4 || shapeOf('k').length !== 4 || shapeOf('v').length !== 4) {
+      throw new BadCase('q, k, v must have rank 4');
+    }
+    if (Bk !== B || Bv !== B || Hkv2 !== Hkv || Nk2 !== Nk || Dk2 !== Dk || Hq % Hkv !== 0) {
+      throw new BadCase(`shapes q [${shapeOf('q')}], k [${shapeOf('k')}], v [${shapeOf('v')}] do not agree`);
+    }
+    feed('q', tensors.q, shapeOf('q'));
+    feed('k', tensors.k, shapeOf('k'));
+    feed('v', tensors.v, shapeOf('v'));
+    [qName, kName, vName] = ['q', 'k', 'v'];
+    dims = [B, Hq, Nq_, Nk];
+    [H, Nq, Dv] = [Hq, Nq_, Dv_];
+    outShape = [B, Hq, Nq_, Dv_];
+  } else {
+    const [B, Nq_, D] = shapeOf('x_q');
+    const [Bkv, Nk, Dkv] = shapeOf('x_kv');
+    const [Hw, Dw, Dk] = shapeOf('w_q');
+    const [Hv, Dwv, Dv_] = shapeOf('w_v');
+    const [HDv, Dout] = shapeOf('w_o');
+    const wk = shapeOf('w_k');
+    if (Bkv !== B || Dkv !== D || Dw !== D || Dwv !== D || Hv !== Hw || wk.join() !== [Hw, D, Dk].join()
+        || HDv !== Hw * Dv_) {
+      throw new BadCase('mha: shapes of x_q, x_kv, w_q, w_k, w_v, w_o do not agree');
+    }
+    // X [B,N,D] is fed as [B,1,N,D] (the same data): MatMul broadcasts it against W [H,D,Dk].
+    feed('x_q', tensors.x_q, [B, 1, Nq_, D]);
+    feed('x_kv', tensors.x_kv, [B, 1, Nk, D]);
+    feed('w_q', tensors.w_q, shapeOf('w_q'));
+    feed('w_k', tensors.w_k, shapeOf('w_k'));
+    feed('w_v', tensors.w_v, shapeOf('w_v'));
+    feed('w_o', tensors.w_o, shapeOf('w_o'));
+    nodes.push(onnx.node('MatMul', ['x_q', 'w_q'], ['Q'], {}, 'project_q'));
+    nodes.push(onnx.node('MatMul', ['x_kv', 'w_k'], ['K'], {}, 'project_k'));
+    nodes.push(onnx.node('MatMul', ['x_kv', 'w_v'], ['V'], {}, 'project_v'));
+    [qName, kName, vName] = ['Q', 'K', 'V'];
+    dims = [B, Hw, Nq_, Nk];
+    [H, Nq, Dv] = [Hw, Nq_, Dv_];
+    outShape = [B, Nq_, Dout];
+  }
+
+  const mask = buildMask(tensors, meta, dims, inType);
+  const attnInputs = [qName, kName, vName];
+  if (mask) {
+    inputs.push(onnx.valueInfo('attn_mask', mask.elem, mask.shape));
+    feeds.push({ name: 'attn_mask', type: mask.type, data: mask.data, shape: mask.shape });
+    attnInputs.push('attn_mask');
+  }
+  const attnOut = kind === 'sdpa' ? 'y' : 'heads';
+  nodes.push(onnx.node('Attention', attnInputs, wantWeights ? [attnOut, '', '', 'w'] : [attnOut],
+    attrs, 'attention'));
+  let outName = attnOut;
+  if (kind === 'mha') {
+    const [B] = dims;
+    nodes.push(onnx.node('Transpose', ['heads'], ['heads_t'], { perm: { ints: [0, 2, 1, 3] } }, 'heads_last'));
+    initializers.push(onnx.tensor('concat_shape', onnx.INT64, [3], BigInt64Array.from([B, Nq, H * Dv].map(BigInt))));
+    nodes.push(onnx.node('Reshape', ['heads_t', 'concat_shape'], ['concat'], {}, 'concat_heads'));
+    nodes.push(onnx.node('MatMul', ['concat', 'w_o'], ['y'], {}, 'project_out'));
+    outName = 'y';
+  }
+  const outputs = [];
+  const results = [];
+  const finish = (name, shape, resultName) => {
+    let final = name;
+    if (outType !== inType) {
+      final = `${name}_cast`;
+      nodes.push(onnx.node('Cast', [name], [final], { to: { i: O.elem } }, `cast_${name}`));
+    }
+    outputs.push(onnx.valueInfo(final, O.elem, shape));
+    results.push({ ort: final, name: resultName });
+  };
+  finish(outName, outShape, 'out');
+  if (wantWeights) finish('w', dims, 'weights');
+
+  const model = onnx.model({ nodes, inputs, outputs, initializers });
+  return { model, feeds, results, outType };
+}
+
+// ---- running --------------------------------------------------------------------------------
+
+const sessions = new Map();         // model bytes (latin1 string) -> InferenceSession
+const MAX_SESSIONS = 32;
+
+async function session(ort, model, options) {
+  const key = Buffer.from(model).toString('latin1');
+  let s = sessions.get(key);
+  if (s) return s;
+  s = await ort.InferenceSession.create(model, options);
+  if (sessions.size >= MAX_SESSIONS) {
+    const [oldKey, old] = sessions.entries().next().value;
+    sessions.delete(oldKey);
+    await old.release();
+  }
+  sessions.set(key, s);
+  return s;
+}
+
+async function runCase(ort, input, options) {
+  let tensors; let metadata;
+  try {
+    ({ tensors, metadata } = st.read(input));
+  } catch (e) {
+    if (e instanceof st.UnsupportedDtype) throw new Unsupported(e.message);
+    throw e;
+  }
+  const p = plan(tensors, metadata);
+  const s = await session(ort, p.model, options);
+  const feeds = {};
+  for (const f of p.feeds) feeds[f.name] = new ort.Tensor(f.type, f.data, f.shape);
+  const got = await s.run(feeds);
+  const out = {};
+  for (const r of p.results) {
+    const t = got[r.ort];
+    let data = t.data;
+    if (p.outType === 'F16' && !(data instanceof Uint16Array)) {     // a Float16Array: its bits
+      data = new Uint16Array(data.buffer, data.byteOffset, data.length);
+    }
+    out[r.name] = { dtype: p.outType, shape: Array.from(t.dims), data };
+  }
+  return out;
+}
+
+function writeText(file, text) {
+  const tmp = `${file}.tmp${process.pid}`;
+  fs.writeFileSync(tmp, `${String(text).replace(/\n+$/, '')}\n`, 'utf8');
+  fs.renameSync(tmp, file);
+}
+
+async function runJob(ort, job, options) {
+  const output = job.output;
+  try {
+    const tensors = await runCase(ort, job.input, options);
+    st.write(output, tensors, {});
+  } catch (e) {
+    if (e instanceof Unsupported) writeText(`${output}.unsupported`, e.message);
+    else if (e instanceof BadCase) writeText(`${output}.error`, e.message);
+    else writeText(`${output}.error`, `${e && e.name ? e.name : 'Error'}: ${e && e.message ? e.message : e}`);
+  }
+}
+
+const USAGE = `usage: node adapter.js [--threads N] [--f64] JOBS.jsonl
+  --threads N  ONNX Runtime intra-op threads (default: its own choice)
+  --f64        run F64 cases too, through the operator's ONNX function body (no kernel for double)
+`;
+
+function usage(message) {
+  process.stderr.write(`adapter.js: ${message}\n${USAGE}`);
+  process.exit(2);
+}
+
+async function main(argv) {
+  let jobsFile = null;
+  let threads = 0;
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === '--threads') {
+      threads = Number(argv[++i]);
+      if (!Number.isInteger(threads) || threads < 0) usage('--threads needs an integer >= 0');
+    } else if (argv[i] === '--f64') {
+      ORT_TYPES = { F64: F64_TYPE, ...KERNEL_TYPES };
+    } else if (argv[i] === '-h' || argv[i] === '--help') {
+      process.stdout.write(USAGE);
+      return 0;
+    } else if (jobsFile === null) jobsFile = argv[i];
+    else usage(`unexpected argument ${argv[i]}`);
+  }
+  if (jobsFile === null) usage('a jobs file is required');
+
+  let ort;
+  try {
+    ort = require('onnxruntime-node');
+  } catch (e) {
+    process.stderr.write(`adapter.js: cannot load onnxruntime-node (${e.message.split('\n')[0]}); `
+      + `run \`npm ci --ignore-scripts\` in ${__dirname}\n`);
+    return 2;
+  }
+  const options = { logSeverityLevel: 3 };
+  if (threads > 0) options.intraOpNumThreads = threads;
+
+  const lines = fs.readFileSync(jobsFile, 'utf8').split('\n');
+  for (const line of lines) {
+    if (!line.trim()) continue;
+    let job;
+    try {
+      job = JSON.parse(line);
+    } catch (e) {
+      process.stderr.write(`adapter.js: skipping a jobs line that is not JSON: ${e.message}\n`);
+      continue;
+    }
+    try {
+      await runJob(ort, job, options);
+    } catch (e) {           // cannot even write the .error file: say so, go on
+      process.stderr.write(`adapter.js: job ${job.id}: ${e.message}\n`);
+    }
+  }
+  for (const s of sessions.values()) await s.release();
+  return 0;
+}
+
+if (require.main === module) {
+  main(process.argv.slice(2)).then((code) => { process.exitCode = code; }, (e) => {
+    process.stderr.write(`adapter.js: ${e.stack || e}\n`);
+    process.exitCode = 2;
+  });
+}
+
+module.exports = { plan, buildMask, parseExact, textToFloat32, rationalToFloat32 };

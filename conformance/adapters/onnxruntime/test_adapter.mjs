@@ -1,0 +1,433 @@
+// Tests of the ONNX Runtime adapter, its safetensors reader/writer and its ONNX encoder.
+//
+//   node --test conformance/adapters/onnxruntime/test_adapter.mjs
+//
+// Each adapter test writes small case files, runs adapter.js on a jobs file as the runner would,
+// and checks hand-worked results. With the reference binary (ATTNORACLE_CLI, or build/attnoracle
+// or build/tools/attnoracle in the repository) random F32 cases are also compared with `eval`.
+// Without node_modules/onnxruntime-node (`npm ci --ignore-scripts` here) the tests that need
+// ONNX Runtime are skipped and say why.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+
+const require = createRequire(import.meta.url);
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO = path.resolve(HERE, '..', '..', '..');
+const ADAPTER = path.join(HERE, 'adapter.js');
+const st = require('./safetensors.js');
+const onnx = require('./onnx_model.js');
+
+const HAVE_ORT = fs.existsSync(path.join(HERE, 'node_modules', 'onnxruntime-node', 'package.json'));
+const NO_ORT = HAVE_ORT ? false
+  : `node_modules/onnxruntime-node is missing: run \`npm ci --ignore-scripts\` in ${HERE}`;
+if (NO_ORT) console.log(`# skipping the ONNX Runtime tests: ${NO_ORT}`);
+
+function findCli() {
+  const candidates = [process.env.ATTNORACLE_CLI || '', path.join(REPO, 'build', 'attnoracle'),
+    path.join(REPO, 'build', 'tools', 'attnoracle')];
+  return candidates.find((c) => {
+    if (!c) return false;
+    try { fs.accessSync(c, fs.constants.X_OK); return fs.statSync(c).isFile(); } catch { return false; }
+  }) || null;
+}
+
+// ---- helpers --------------------------------------------------------------------------------
+
+const T = (dtype, shape, data) => ({ dtype, shape, data });
+const meta = (keys = {}) => {
+  const m = { 'attn.format': '1' };
+  for (const [k, v] of Object.entries(keys)) m[`attn.${k}`] = String(v);
+  return m;
+};
+
+class Workspace {
+  constructor() {
+    this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'attn_ort_'));
+    this.n = 0;
+  }
+
+  close() { fs.rmSync(this.dir, { recursive: true, force: true }); }
+
+  /** Writes a case file; returns its path. */
+  case(tensors, metadata) {
+    this.n += 1;
+    const p = path.join(this.dir, `case${this.n}.safetensors`);
+    st.write(p, tensors, metadata);
+    return p;
+  }
+
+  /**
+   * Runs the adapter on case paths; one result per case: {kind: 'ok', tensors} |
+   * {kind: 'error' | 'unsupported', text}. Checks exit 0, exactly one output each, no temp files.
+   */
+  run(cases, flags = []) {
+    this.n += 1;
+    const jobs = path.join(this.dir, `jobs${this.n}.jsonl`);
+    const outputs = cases.map((_, i) => path.join(this.dir, `out${this.n}_${i}.safetensors`));
+    fs.writeFileSync(jobs, cases.map((c, i) => `${JSON.stringify({ id: `c${i}`, input: c, output: outputs[i] })}\n`).join(''));
+    const p = spawnSync(process.execPath, [ADAPTER, ...flags, jobs], { encoding: 'utf8' });
+    assert.equal(p.status, 0, p.stderr);
+    const results = outputs.map((o) => {
+      const found = ['', '.error', '.unsupported'].filter((s) => fs.existsSync(o + s));
+      assert.equal(found.length, 1, `${o}: expected exactly one output, found [${found}]`);
+      if (found[0] === '') return { kind: 'ok', tensors: st.read(o).tensors };
+      return { kind: found[0].slice(1), text: fs.readFileSync(o + found[0], 'utf8') };
+    });
+    assert.deepEqual(fs.readdirSync(this.dir).filter((f) => f.includes('.tmp')), [], 'temporary files left behind');
+    return results;
+  }
+
+  /** Runs one case and returns its tensors as {name: {dtype, shape, v: [values]}}. */
+  one(tensors, metadata, flags = []) {
+    const [r] = this.run([this.case(tensors, metadata)], flags);
+    assert.equal(r.kind, 'ok', r.text);
+    const out = {};
+    for (const [k, t] of Object.entries(r.tensors)) out[k] = { dtype: t.dtype, shape: t.shape, v: Array.from(st.values(t)) };
+    return out;
+  }
+}
+
+function close(actual, expected, tol, what = '') {
+  assert.equal(actual.length, expected.length, `${what}: length`);
+  for (let i = 0; i < expected.length; i++) {
+    const ok = Number.isNaN(expected[i]) ? Number.isNaN(actual[i]) : Math.abs(actual[i] - expected[i]) <= tol;
+    assert.ok(ok, `${what}[${i}]: got ${actual[i]}, expected ${expected[i]} (tolerance ${tol})`);
+  }
+}
+
+function softmax(s) {
+  const m = Math.max(...s);
+  const e = s.map((x) => Math.exp(x - m));
+  const z = e.reduce((a, b) => a + b, 0);
+  return e.map((x) => x / z);
+}
+
+function ortTest(name, fn) {
+  test(name, { skip: NO_ORT }, async () => {
+    const w = new Workspace();
+    try { await fn(w); } finally { w.close(); }
+  });
+}
+
+// ---- safetensors.js and onnx_model.js (no ONNX Runtime needed) ------------------------------
+
+test('F16 conversion: bit patterns, ties to even, subnormals, overflow', () => {
+  const cases = [[1, 0x3c00], [-2, 0xc000], [65504, 0x7bff], [65520, 0x7c00], [65519.99, 0x7bff],
+    [2 ** -24, 0x0001], [2 ** -25, 0x0000], [3 * 2 ** -25, 0x0002], [2 ** -14, 0x0400],
+    [1 + 2 ** -11, 0x3c00], [1 + 3 * 2 ** -11, 0x3c02], [1 + 2 ** -11 + 2 ** -40, 0x3c01],
+    [-0, 0x8000], [Infinity, 0x7c00], [-Infinity, 0xfc00], [0.1, 0x2e66], [1 / 3, 0x3555]];
+  for (const [x, bits] of cases) {
+    assert.equal(st.numberToHalf(x), bits, `numberToHalf(${x})`);
+    if (Number.isFinite(st.halfToNumber(bits)) && bits !== 0x7bff) {
+      assert.equal(st.numberToHalf(st.halfToNumber(bits)), bits, `round trip ${bits.toString(16)}`);
+    }
+  }
+  assert.ok(Number.isNaN(st.halfToNumber(st.numberToHalf(NaN))));
+  for (let b = 0; b < 0x7c00; b += 7) assert.equal(st.numberToHalf(st.halfToNumber(b)), b);
+});
+
+test('BF16 conversion: directly from the double, no double rounding', () => {
+  assert.equal(st.numberToBf16(1), 0x3f80);
+  assert.equal(st.numberToBf16(1 + 2 ** -8), 0x3f80);                 // tie -> even
+  assert.equal(st.numberToBf16(1 + 3 * 2 ** -8), 0x3f82);
+  assert.equal(st.numberToBf16(1 + 2 ** -8 + 2 ** -30), 0x3f81);      // through float32 this would tie
+  assert.equal(st.numberToBf16(-Infinity), 0xff80);
+  assert.equal(st.numberToBf16(2 ** -133), 0x0001);
+  assert.equal(st.bf16ToNumber(0x4049), 3.140625);
+});
+
+test('safetensors write/read round trip of every dtype, header padded to 8', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'attn_ort_st_'));
+  try {
+    const p = path.join(dir, 'a.safetensors');
+    st.write(p, {
+      f64: T('F64', [2], [0.1, -3]), f32: T('F32', [1, 2], [0.1, 2]), f16: T('F16', [3], [1, 0.1, -2]),
+      bf: T('BF16', [2], [3.140625, -1]), b: T('BOOL', [3], [1, 0, 1]), i: T('I64', [2], [5, -7]),
+    }, { 'attn.format': '1' });
+    const raw = fs.readFileSync(p);
+    assert.equal(Number(raw.readBigUInt64LE(0)) % 8, 0);
+    const { tensors, metadata } = st.read(p);
+    assert.deepEqual(metadata, { 'attn.format': '1' });
+    assert.deepEqual(Array.from(st.values(tensors.f64)), [0.1, -3]);
+    assert.deepEqual(Array.from(st.values(tensors.f32)), [Math.fround(0.1), 2]);
+    assert.deepEqual(Array.from(tensors.f16.data), [0x3c00, 0x2e66, 0xc000]);
+    assert.deepEqual(Array.from(st.values(tensors.bf)), [3.140625, -1]);
+    assert.deepEqual(Array.from(tensors.b.data), [1, 0, 1]);
+    assert.deepEqual(Array.from(tensors.i.data), [5n, -7n]);
+    assert.deepEqual(tensors.f32.shape, [1, 2]);
+    assert.deepEqual(Object.keys(JSON.parse(raw.subarray(8, 8 + Number(raw.readBigUInt64LE(0))))),
+      ['b', 'bf', 'f16', 'f32', 'f64', 'i', '__metadata__']);
+    assert.throws(() => st.write(path.join(dir, 'x.safetensors'), { x: T('F8_E4M3', [1], [0]) }, {}),
+      st.UnsupportedDtype);
+    const header = Buffer.from('{"x":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}}');
+    const len = Buffer.alloc(8);
+    len.writeBigUInt64LE(BigInt(header.length));
+    fs.writeFileSync(path.join(dir, 'f8.safetensors'), Buffer.concat([len, header, Buffer.from([0])]));
+    assert.throws(() => st.read(path.join(dir, 'f8.safetensors')), st.UnsupportedDtype);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('protobuf varints and a minimal ModelProto', () => {
+  assert.deepEqual(Array.from(onnx.varint(0)), [0]);
+  assert.deepEqual(Array.from(onnx.varint(300)), [0xac, 0x02]);
+  assert.equal(onnx.varint(-1).length, 10);
+  const m = onnx.model({ nodes: [], inputs: [], outputs: [] });
+  assert.deepEqual(Array.from(m.subarray(0, 2)), [0x08, 10]);        // ir_version = 10
+  const tail = Array.from(m.subarray(m.length - 6));
+  assert.deepEqual(tail, [0x42, 4, 0x0a, 0, 0x10, 23]);               // opset_import {"" 23}
+});
+
+test('number texts are rounded once to float32', () => {
+  const a = require('./adapter.js');
+  assert.equal(a.textToFloat32('0x1.6a09e667f3bcdp-3', 'x'), Math.fround(Math.SQRT1_2 / 4));
+  assert.equal(a.textToFloat32('0.1', 'x'), Math.fround(0.1));
+  assert.equal(a.textToFloat32('0x1p-150', 'x'), 0);                  // tie -> even (zero)
+  assert.equal(a.textToFloat32('0x1.8p-149', 'x'), 2 ** -148);
+  assert.equal(a.textToFloat32('1e39', 'x'), Infinity);
+  // 1 + 2^-24 + 2^-60: through a double it would be a tie rounding to 1; exactly, it rounds up.
+  assert.equal(a.textToFloat32('0x1.000001000000001p0', 'x'), 1 + 2 ** -23);
+  assert.throws(() => a.textToFloat32('abc', 'x'));
+});
+
+// ---- the adapter, hand-worked cases ---------------------------------------------------------
+
+ortTest('one key gives its value vector (F32 and F16)', (w) => {
+  for (const dt of ['F32', 'F16']) {
+    const r = w.one({ q: T(dt, [1, 1, 2, 2], [1, 2, -3, 0.5]), k: T(dt, [1, 1, 1, 2], [0.25, 1]),
+      v: T(dt, [1, 1, 1, 3], [1.5, -2, 7]) }, meta());
+    assert.equal(r.out.dtype, dt);
+    assert.deepEqual(r.out.shape, [1, 1, 2, 3]);
+    assert.deepEqual(r.out.v, [1.5, -2, 7, 1.5, -2, 7]);
+  }
+});
+
+ortTest('equal scores give the mean of the values', (w) => {
+  for (const dt of ['F32', 'F16']) {
+    const r = w.one({ q: T(dt, [1, 1, 1, 2], [0.3, -1]), k: T(dt, [1, 1, 4, 2], [1, 2, 1, 2, 1, 2, 1, 2]),
+      v: T(dt, [1, 1, 4, 1], [1, 2, 4, 9]) }, meta({ outputs: 'out,weights' }));
+    close(r.out.v, [4], dt === 'F32' ? 1e-6 : 4e-3, dt);
+    close(r.weights.v, [0.25, 0.25, 0.25, 0.25], 1e-7, dt);
+  }
+});
+
+ortTest('causal, both alignments, Nq != Nk', (w) => {
+  const zeros = (n) => Array(n).fill(0);
+  const v = [1, 2, 4, 8];
+  // Nq = 2 < Nk = 4, equal scores: top_left row i sees keys 0..i; bottom_right sees 0..i+2.
+  const base = { q: T('F32', [1, 1, 2, 1], zeros(2)), k: T('F32', [1, 1, 4, 1], zeros(4)), v: T('F32', [1, 1, 4, 1], v) };
+  close(w.one(base, meta({ causal: 'top_left' })).out.v, [1, 1.5], 1e-6, 'top_left');
+  close(w.one(base, meta({ causal: 'bottom_right' })).out.v, [7 / 3, 15 / 4], 1e-6, 'bottom_right');
+  // Nq = 3 > Nk = 2: bottom_right row 0 allows j <= -1, a fully masked row: zeros.
+  const tall = { q: T('F32', [1, 1, 3, 1], zeros(3)), k: T('F32', [1, 1, 2, 1], zeros(2)), v: T('F32', [1, 1, 2, 1], [2, 6]) };
+  close(w.one(tall, meta({ causal: 'top_left' })).out.v, [2, 4, 4], 1e-6, 'top_left tall');
+  close(w.one(tall, meta({ causal: 'bottom_right', masked_rows: 'zero' })).out.v, [0, 2, 4], 1e-6, 'bottom_right tall');
+});
+
+ortTest('window, aligned like the causal option', (w) => {
+  const base = { q: T('F32', [1, 1, 2, 1], [0, 0]), k: T('F32', [1, 1, 4, 1], [0, 0, 0, 0]), v: T('F32', [1, 1, 4, 1], [1, 2, 4, 8]) };
+  // top_left, window 1,1: row 0 keys 0..1, row 1 keys 0..2.
+  close(w.one(base, meta({ window: '1,1' })).out.v, [1.5, 7 / 3], 1e-6, 'window');
+  // bottom_right (i' = i + 2) with window 1,0: row 0 keys 1..2, row 1 keys 2..3.
+  close(w.one(base, meta({ window: '1,0', causal: 'bottom_right' })).out.v, [3, 6], 1e-6, 'window br');
+});
+
+ortTest('GQA and MQA: query head h reads kv head h / (Hq / Hkv)', (w) => {
+  const ones = (n) => Array(n).fill(1);
+  const r = w.one({ q: T('F32', [1, 6, 1, 1], ones(6)), k: T('F32', [1, 3, 1, 1], ones(3)),
+    v: T('F32', [1, 3, 1, 1], [10, 20, 30]) }, meta());
+  assert.deepEqual(r.out.v, [10, 10, 20, 20, 30, 30]);
+  const m = w.one({ q: T('F32', [2, 4, 1, 1], ones(8)), k: T('F32', [2, 1, 1, 1], [1, 1]),
+    v: T('F32', [2, 1, 1, 1], [5, 7]) }, meta());
+  assert.deepEqual(m.out.v, [5, 5, 5, 5, 7, 7, 7, 7]);
+});
+
+ortTest('scale (hex float), softcap before bias', (w) => {
+  // q = 1, k = [1, 2, 3]: T = scale * [1, 2, 3]; scale 0.5 = 0x1p-1.
+  const base = { q: T('F32', [1, 1, 1, 1], [1]), k: T('F32', [1, 1, 3, 1], [1, 2, 3]), v: T('F32', [1, 1, 3, 1], [1, 2, 3]) };
+  let r = w.one(base, meta({ scale: '0x1p-1', outputs: 'out,weights' }));
+  close(r.weights.v, softmax([0.5, 1, 1.5]), 1e-7, 'scale');
+  // softcap 1, bias [0, 1, 0]: S = tanh(T) + bias (bias after the cap).
+  r = w.one({ ...base, bias: T('F32', [3], [0, 1, 0]) }, meta({ scale: '1', softcap: '1', outputs: 'out,weights' }));
+  const wts = softmax([Math.tanh(1), Math.tanh(2) + 1, Math.tanh(3)]);
+  close(r.weights.v, wts, 1e-6, 'softcap then bias');
+  close(r.out.v, [wts[0] + 2 * wts[1] + 3 * wts[2]], 1e-6, 'softcap out');
+});
+
+ortTest('bias: finite values shift scores, -inf masks the key; mask broadcast', (w) => {
+  const base = { q: T('F32', [1, 2, 2, 1], [0, 0, 0, 0]), k: T('F32', [1, 2, 3, 1], [0, 0, 0, 0, 0, 0]),
+    v: T('F32', [1, 2, 3, 1], [1, 2, 3, 10, 20, 30]) };
+  // bias [Nq, Nk] broadcast over heads; row 0: [0, -inf, ln 2] -> weights 1/3, 0, 2/3.
+  const r = w.one({ ...base, bias: T('F64', [2, 3], [0, -Infinity, Math.log(2), 0, 0, -Infinity]) },
+    meta({ outputs: 'out,weights' }));
+  close(r.out.v, [7 / 3, 1.5, 70 / 3, 15], 1e-5, 'bias');
+  close(r.weights.v.slice(0, 3), [1 / 3, 0, 2 / 3], 1e-7, 'bias weights');
+  // A boolean mask [B=1, H=2, 1, Nk] (Nq broadcast needs a full [Nq, Nk] trailing pair: [2, 3]).
+  const m = w.one({ ...base, mask: T('BOOL', [2, 2, 3], [1, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 1]) }, meta());
+  close(m.out.v, [1.5, 1.5, 25, 25], 1e-5, 'mask');
+  // A padding row (query_mask false) is computed like any other.
+  const pad = w.one({ ...base, mask: T('BOOL', [2, 2, 3], [1, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 1]),
+    query_mask: T('BOOL', [1, 2], [1, 0]) }, meta());
+  assert.deepEqual(pad.out.v, m.out.v);
+});
+
+ortTest('fully masked rows give zeros (bool mask, -inf bias), F32 and F16, both policies', (w) => {
+  for (const dt of ['F32', 'F16']) {
+    for (const policy of ['error', 'zero']) {
+      const base = { q: T(dt, [1, 1, 2, 1], [1, 1]), k: T(dt, [1, 1, 2, 1], [1, 2]), v: T(dt, [1, 1, 2, 2], [1, 2, 3, 4]) };
+      const viaMask = w.one({ ...base, mask: T('BOOL', [2, 2], [1, 1, 0, 0]) },
+        meta({ masked_rows: policy, outputs: 'out,weights' }));
+      const e = softmax([1, 2]);                  // Dk = 1: scale 1
+      close(viaMask.out.v, [e[0] + 3 * e[1], 2 * e[0] + 4 * e[1], 0, 0], dt === 'F32' ? 1e-5 : 1e-2, `${dt} mask`);
+      assert.deepEqual(viaMask.weights.v.slice(2), [0, 0]);
+      const viaBias = w.one({ ...base, bias: T('F32', [2, 2], [0, 0.5, -Infinity, -Infinity]) },
+        meta({ masked_rows: policy, outputs: 'out,weights' }));
+      assert.deepEqual(viaBias.out.v.slice(2), [0, 0]);
+      assert.deepEqual(viaBias.weights.v.slice(2), [0, 0]);
+      assert.ok(viaBias.out.v.every(Number.isFinite));
+    }
+  }
+});
+
+ortTest('mha: projections per head, heads concatenated (head 0 first), W_o', (w) => {
+  // B=1, N=2, D=2, H=2, Dk=1, Dv=1. W_q = W_k = 0: equal scores -> each head averages its V.
+  // V_r = X w_v[r]: x rows [1,0], [0,1]; w_v[0] = [1,3] -> V_0 = [1,3]; w_v[1] = [2,6] -> V_1 = [2,6].
+  // Head means: 2 and 4; concat [2, 4] @ W_o [[1, 0], [10, 1]] = [42, 4] for both rows.
+  const x = T('F32', [1, 2, 2], [1, 0, 0, 1]);
+  const r = w.one({ x_q: x, x_kv: x, w_q: T('F32', [2, 2, 1], [0, 0, 0, 0]), w_k: T('F32', [2, 2, 1], [0, 0, 0, 0]),
+    w_v: T('F32', [2, 2, 1], [1, 3, 2, 6]), w_o: T('F32', [2, 2], [1, 0, 10, 1]) },
+  meta({ kind: 'mha', outputs: 'out,weights' }));
+  assert.deepEqual(r.out.shape, [1, 2, 2]);
+  close(r.out.v, [42, 4, 42, 4], 1e-5, 'mha');
+  assert.deepEqual(r.weights.shape, [1, 2, 2, 2]);
+  // Causal mha: row 0 sees key 0 only -> heads [1, 2] -> [21, 2].
+  const c = w.one({ x_q: x, x_kv: x, w_q: T('F32', [2, 2, 1], [0, 0, 0, 0]), w_k: T('F32', [2, 2, 1], [0, 0, 0, 0]),
+    w_v: T('F32', [2, 2, 1], [1, 3, 2, 6]), w_o: T('F32', [2, 2], [1, 0, 10, 1]) }, meta({ kind: 'mha', causal: 'top_left' }));
+  close(c.out.v, [21, 2, 42, 4], 1e-5, 'mha causal');
+});
+
+ortTest('output dtypes: F32 -> F16 and F16 -> F32 through a Cast node', (w) => {
+  const base = (dt) => ({ q: T(dt, [1, 1, 1, 1], [0]), k: T(dt, [1, 1, 3, 1], [0, 0, 0]), v: T(dt, [1, 1, 3, 1], [0.1, 0.2, 0.4]) });
+  const a = w.one(base('F32'), meta({ output_dtype: 'F16', outputs: 'out,weights' }));
+  assert.equal(a.out.dtype, 'F16');
+  assert.equal(a.weights.dtype, 'F16');
+  close(a.out.v, [0.7 / 3], 2 ** -12, 'F32->F16');
+  const b = w.one(base('F16'), meta({ output_dtype: 'F32' }));
+  assert.equal(b.out.dtype, 'F32');
+  close(b.out.v, [0.7 / 3], 2 ** -10, 'F16->F32');
+});
+
+ortTest('weights are returned when asked, lse is not written', (w) => {
+  const r = w.one({ q: T('F32', [1, 1, 1, 1], [1]), k: T('F32', [1, 1, 2, 1], [0, 1]), v: T('F32', [1, 1, 2, 1], [0, 1]) },
+    meta({ outputs: 'out,weights,lse', scale: '1' }));
+  assert.deepEqual(Object.keys(r).sort(), ['out', 'weights']);
+  close(r.weights.v, softmax([0, 1]), 1e-7, 'weights');
+  const o = w.one({ q: T('F32', [1, 1, 1, 1], [1]), k: T('F32', [1, 1, 2, 1], [0, 1]), v: T('F32', [1, 1, 2, 1], [0, 1]) }, meta());
+  assert.deepEqual(Object.keys(o), ['out']);
+});
+
+ortTest('protocol: unsupported dtypes and keys, a bad job among good ones', (w) => {
+  const good = w.case({ q: T('F32', [1, 1, 1, 1], [0]), k: T('F32', [1, 1, 1, 1], [0]), v: T('F32', [1, 1, 1, 1], [3]) }, meta());
+  const bf16 = w.case({ q: T('BF16', [1, 1, 1, 1], [0]), k: T('BF16', [1, 1, 1, 1], [0]), v: T('BF16', [1, 1, 1, 1], [3]) }, meta());
+  const f64 = w.case({ q: T('F64', [1, 1, 1, 1], [0]), k: T('F64', [1, 1, 1, 1], [0]), v: T('F64', [1, 1, 1, 1], [3]) }, meta());
+  const key = w.case({ q: T('F32', [1, 1, 1, 1], [0]), k: T('F32', [1, 1, 1, 1], [0]), v: T('F32', [1, 1, 1, 1], [3]) },
+    { ...meta(), 'attn.unknown': 'x' });
+  const outBf16 = w.case({ q: T('F32', [1, 1, 1, 1], [0]), k: T('F32', [1, 1, 1, 1], [0]), v: T('F32', [1, 1, 1, 1], [3]) },
+    meta({ output_dtype: 'BF16' }));
+  const missing = w.case({ q: T('F32', [1, 1, 1, 1], [0]) }, meta());
+  const garbage = path.join(w.dir, 'garbage.safetensors');
+  fs.writeFileSync(garbage, 'not a safetensors file');
+  const res = w.run([good, bf16, f64, key, outBf16, missing, garbage, path.join(w.dir, 'absent.safetensors'), good]);
+  assert.deepEqual(res.map((r) => r.kind),
+    ['ok', 'unsupported', 'unsupported', 'unsupported', 'unsupported', 'error', 'error', 'error', 'ok']);
+  assert.match(res[1].text, /BF16/);
+  assert.match(res[2].text, /F64/);
+  assert.match(res[3].text, /attn\.unknown/);
+  assert.match(res[4].text, /BF16/);
+  assert.match(res[5].text, /tensor k is missing/);
+  assert.deepEqual(Array.from(st.values(res[8].tensors.out)), [3]);
+});
+
+ortTest('--f64: the function-body fallback in double (fully masked rows NaN, as documented)', (w) => {
+  const base = { q: T('F64', [1, 1, 2, 1], [1, 1]), k: T('F64', [1, 1, 2, 1], [0, 1]), v: T('F64', [1, 1, 2, 1], [0, 1]) };
+  const r = w.one({ ...base, mask: T('BOOL', [2, 2], [1, 1, 0, 0]) }, meta({ scale: '0.25', masked_rows: 'zero' }), ['--f64']);
+  assert.equal(r.out.dtype, 'F64');
+  close([r.out.v[0]], [softmax([0, 0.25])[1]], 1e-15, 'f64 out');
+  assert.ok(Number.isNaN(r.out.v[1]), `fully masked row: ${r.out.v[1]}`);
+});
+
+ortTest('ONNX Runtime itself: is_causal with Nq != Nk and no past is aligned top-left', async () => {
+  const ort = require('onnxruntime-node');
+  const dims = { q: [1, 1, 2, 1], k: [1, 1, 3, 1], v: [1, 1, 3, 1] };
+  const bytes = onnx.model({
+    nodes: [onnx.node('Attention', ['q', 'k', 'v'], ['y'], { is_causal: { i: 1 } })],
+    inputs: Object.entries(dims).map(([n, d]) => onnx.valueInfo(n, onnx.FLOAT, d)),
+    outputs: [onnx.valueInfo('y', onnx.FLOAT, [1, 1, 2, 1])],
+  });
+  const s = await ort.InferenceSession.create(bytes, { logSeverityLevel: 3 });
+  const r = await s.run({ q: new ort.Tensor('float32', new Float32Array(2), dims.q),
+    k: new ort.Tensor('float32', new Float32Array(3), dims.k), v: new ort.Tensor('float32', Float32Array.from([1, 2, 4]), dims.v) });
+  assert.deepEqual(Array.from(r.y.data), [1, 1.5]);          // top_left; bottom_right would give [1.5, 7/3]
+  await s.release();
+});
+
+// ---- against the reference ------------------------------------------------------------------
+
+const CLI = findCli();
+test('random F32 cases agree with attnoracle eval within 1e-5 * out.bound',
+  { skip: NO_ORT || (CLI ? false : 'no attnoracle binary (ATTNORACLE_CLI, build/attnoracle, build/tools/attnoracle)') }, () => {
+    const w = new Workspace();
+    try {
+      let seed = 20240601;
+      const rnd = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648; };
+      const normal = () => Math.sqrt(-2 * Math.log(1 - rnd())) * Math.cos(2 * Math.PI * rnd());
+      const arr = (n) => Array.from({ length: n }, normal);
+      const specs = [
+        { B: 1, Hq: 2, Hkv: 2, Nq: 16, Nk: 16, Dk: 8, Dv: 8, m: {} },
+        { B: 2, Hq: 4, Hkv: 2, Nq: 5, Nk: 9, Dk: 8, Dv: 4, m: { causal: 'bottom_right' } },
+        { B: 1, Hq: 3, Hkv: 1, Nq: 7, Nk: 4, Dk: 16, Dv: 8, m: { causal: 'top_left', softcap: '5' } },
+        { B: 1, Hq: 2, Hkv: 2, Nq: 6, Nk: 10, Dk: 8, Dv: 8, m: { window: '2,1', outputs: 'out,weights' }, bias: true },
+        { B: 1, Hq: 2, Hkv: 2, Nq: 6, Nk: 6, Dk: 4, Dv: 4, m: { kind: 'mha' } },
+      ];
+      const cases = specs.map((c) => {
+        const t = c.m.kind === 'mha'
+          ? { x_q: T('F32', [c.B, c.Nq, 5], arr(c.B * c.Nq * 5)), w_q: T('F32', [c.Hq, 5, c.Dk], arr(c.Hq * 5 * c.Dk)),
+            w_k: T('F32', [c.Hq, 5, c.Dk], arr(c.Hq * 5 * c.Dk)), w_v: T('F32', [c.Hq, 5, c.Dv], arr(c.Hq * 5 * c.Dv)),
+            w_o: T('F32', [c.Hq * c.Dv, 3], arr(c.Hq * c.Dv * 3)) }
+          : { q: T('F32', [c.B, c.Hq, c.Nq, c.Dk], arr(c.B * c.Hq * c.Nq * c.Dk)),
+            k: T('F32', [c.B, c.Hkv, c.Nk, c.Dk], arr(c.B * c.Hkv * c.Nk * c.Dk)),
+            v: T('F32', [c.B, c.Hkv, c.Nk, c.Dv], arr(c.B * c.Hkv * c.Nk * c.Dv)) };
+        if (t.x_q) t.x_kv = t.x_q;
+        if (c.bias) t.bias = T('F32', [c.Nq, c.Nk], arr(c.Nq * c.Nk).map((x, i) => (i % 7 === 3 ? -Infinity : x)));
+        return w.case(t, meta(c.m));
+      });
+      const results = w.run(cases);
+      cases.forEach((c, i) => {
+        const gold = c.replace('.safetensors', '.gold.safetensors');
+        execFileSync(CLI, ['eval', c, '-o', gold, '-q']);
+        const g = st.read(gold).tensors;
+        assert.equal(results[i].kind, 'ok', results[i].text);
+        const y = st.values(results[i].tensors.out);
+        const ref = st.values(g['out.ref']);
+        const bound = st.values(g['out.bound']);
+        for (let j = 0; j < y.length; j++) {
+          assert.ok(Math.abs(y[j] - ref[j]) <= 1e-5 * bound[j] + 2 ** -126,
+            `case ${i} element ${j}: ${y[j]} vs ${ref[j]} (bound ${bound[j]})`);
+        }
+        if (results[i].tensors.weights) {
+          const wt = st.values(results[i].tensors.weights);
+          const wr = st.values(g['weights.ref']);
+          for (let j = 0; j < wt.length; j++) assert.ok(Math.abs(wt[j] - wr[j]) <= 1e-6, `weights ${j}`);
+        }
+      });
+    } finally {
+      w.close();
+    }
+  });

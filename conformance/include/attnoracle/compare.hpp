@@ -1,0 +1,65 @@
+// The verdict on one case: an implementation's result against the golden tensors, element by
+// element within the profile's limits, with the statistics of the signed errors.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnoracle/adapter.hpp"
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/profile.hpp"
+#include "attnoracle/safetensors.hpp"
+
+namespace attnoracle::conformance {
+
+struct ElementReport {
+  std::string tensor;
+  std::vector<std::int64_t> index;
+  DType dtype = DType::F32;
+  double expected = 0;            // the exact value rounded to F64 (the .ref tensor)
+  std::uint64_t expected_bits = 0;  // the golden element in the tensor's dtype
+  double actual = 0;
+  std::uint64_t actual_bits = 0;
+  double ulp = 0;                 // ulp error (TOSA's definition)
+  double bound_error = 0;         // |y - x| / max(bound 2^-p, min normal)
+  double limit_ratio = 0;         // |y - x| / limit: above 1 fails
+};
+
+struct TensorReport {
+  std::string tensor;
+  std::int64_t compared = 0;
+  double worst_ulp = 0, worst_bound_error = 0, worst_ratio = 0;
+  // Over the elements where the final rounding dominates, in ulps of the output: the mean and
+  // root mean square of the signed errors, and the mean error toward zero (truncation).
+  double mean_bound_error = 0, rms_bound_error = 0;
+  double mean_toward_zero = 0;
+  bool statistics_ok = true;
+  std::string statistics_note;
+};
+
+enum class CaseStatus { Pass, Fail, Skip };
+
+struct CaseReport {
+  std::string id;
+  std::vector<std::string> tags;
+  DType dtype = DType::F32;
+  CaseStatus status = CaseStatus::Pass;
+  std::string reason;             // why it failed or was skipped; notes for a pass
+  std::vector<TensorReport> tensors;
+  std::optional<ElementReport> worst;  // the element with the largest limit ratio
+  std::int64_t failed_elements = 0;
+};
+
+std::string_view status_name(CaseStatus s);
+
+// The golden file (inputs and golden tensors) of a case with expectation `expect` ("ok" or
+// "error"), and what the implementation did with it.
+CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
+                        const JobResult& result, const Profile& profile);
+
+// The case file an implementation receives: inputs and the case's own metadata only.
+SafeTensorsFile strip_golden(const SafeTensorsFile& golden);
+
+}  // namespace attnoracle::conformance

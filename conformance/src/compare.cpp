@@ -1,0 +1,401 @@
+// One case's verdict: every compared element within its limit, and unbiased on average.
+#include "attnoracle/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "attnoracle/error.hpp"
+#include "attnoracle/tolerance.hpp"
+
+namespace attnoracle::conformance {
+
+std::string_view status_name(CaseStatus s) {
+  switch (s) {
+    case CaseStatus::Pass: return "pass";
+    case CaseStatus::Fail: return "fail";
+    case CaseStatus::Skip: return "skip";
+  }
+  return "?";
+}
+
+SafeTensorsFile strip_golden(const SafeTensorsFile& golden) {
+  return case_from_file("golden", golden).file;  // golden tensors and reference keys dropped
+}
+
+namespace {
+
+std::uint64_t bits_of(const RawTensor& t, std::size_t k) {
+  std::uint64_t b = 0;
+  std::memcpy(&b, t.data.data() + k * dtype_size(t.dtype), dtype_size(t.dtype));
+  return b;
+}
+double value_of(const RawTensor& t, std::size_t k) {
+  return decode_float(t.dtype, t.data.data() + k * dtype_size(t.dtype));
+}
+
+bool row_allowed_any(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
+  for (std::int64_t j = 0; j < c.Nk; ++j)
+    if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY) return true;
+  return false;
+}
+
+// A fully masked row that is not padding: the contract refuses it under policy error.
+bool has_refusable_row(const Case& c) {
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        if (c.query_valid(b, i) && !row_allowed_any(c, b, h, i)) return true;
+  return false;
+}
+
+std::vector<std::int64_t> unflatten(std::size_t k, const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> idx(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    idx[d] = static_cast<std::int64_t>(k) % shape[d];
+    k /= static_cast<std::size_t>(shape[d]);
+  }
+  return idx;
+}
+
+constexpr double kComputeShare = 0.125;  // ulp of the output
+constexpr std::int64_t kMinStatistics = 32;
+
+struct Comparer {
+  const Case& c;
+  const SafeTensorsFile& golden;
+  const SafeTensorsFile& result;
+  const Profile& profile;
+  CaseReport& rep;
+  std::vector<RowLimits> limits;  // per row of row_magnitudes
+
+  // Checks dtype and shape of a returned tensor; records the failure.
+  const RawTensor* returned(const std::string& name, const std::vector<std::int64_t>& shape) {
+    const RawTensor* t = result.find(name);
+    if (!t) {
+      fail("the result has no tensor '" + name + "'");
+      return nullptr;
+    }
+    if (t->dtype != c.output_dtype || t->shape != shape) {
+      std::string s;
+      for (auto d : t->shape) s += (s.empty() ? "" : ",") + std::to_string(d);
+      std::string w;
+      for (auto d : shape) w += (w.empty() ? "" : ",") + std::to_string(d);
+      fail(name + " is " + std::string(dtype_name(t->dtype)) + " [" + s + "], expected " +
+           std::string(dtype_name(c.output_dtype)) + " [" + w + "]");
+      return nullptr;
+    }
+    return t;
+  }
+  void fail(const std::string& why) {
+    rep.status = CaseStatus::Fail;
+    if (rep.reason.empty()) rep.reason = why;
+  }
+
+  // Per-tensor accumulation.
+  struct Acc {
+    TensorReport t;
+    double sum = 0, sum_tz = 0, sum_sq = 0;
+    std::int64_t stat_n = 0;
+  };
+
+  // One element: y against x = x_hi + x_lo, with limit `lim` (after the safety factor) and the
+  // bound used by the bound error. `alt`: an undecided element's other candidate (bits).
+  // `compute`: the part of the (unscaled) limit that is not the final rounding; negative when
+  // the element takes no part in the statistics.
+  void element(Acc& acc, const RawTensor& got, const RawTensor& gold, std::size_t k, double x_hi, double x_lo,
+               double bound, double lim, double compute, const std::uint64_t* alt = nullptr) {
+    const double y = value_of(got, k);
+    const std::uint64_t yb = bits_of(got, k), gb = bits_of(gold, k);
+    double d;
+    if (std::isnan(y) || std::isnan(x_hi)) d = (std::isnan(y) && std::isnan(x_hi)) ? 0 : INFINITY;
+    else if (std::isinf(y) || std::isinf(x_hi)) d = (y == x_hi) ? 0 : INFINITY;
+    else if (yb == gb || (alt && yb == *alt)) d = 0;  // the golden value (or its other candidate)
+    else d = std::fabs((y - x_hi) - x_lo);
+    const double ratio = d == 0 ? 0 : (lim > 0 ? d / lim : INFINITY);
+    const DType t = got.dtype;
+    const double ulp = d == 0 ? 0 : ulp_error(y, x_hi, x_lo, t);
+    const double den = std::max(bound * unit_roundoff(t), min_normal(t));
+    const double be = d == 0 ? 0 : (std::isfinite(d) ? d / den : INFINITY);
+    ++acc.t.compared;
+    acc.t.worst_ulp = std::max(acc.t.worst_ulp, ulp);
+    acc.t.worst_bound_error = std::max(acc.t.worst_bound_error, be);
+    if (ratio > 1) ++rep.failed_elements;
+    if (ratio > acc.t.worst_ratio || acc.t.compared == 1) acc.t.worst_ratio = std::max(acc.t.worst_ratio, ratio);
+    if (!rep.worst || ratio > rep.worst->limit_ratio) {
+      rep.worst = ElementReport{got.name, unflatten(k, got.shape), t, x_hi + x_lo, gb, y, yb, ulp, be, ratio};
+    }
+    // Statistics only where the final rounding dominates: there a correct implementation's
+    // errors are its rounding errors, independent and unbiased, within half an ulp plus the
+    // small computing error.
+    if (compute >= 0 && std::isfinite(d) && std::isfinite(x_hi) && x_hi != 0) {
+      const FloatFormat f = float_format(t);
+      const double ulp_x = std::ldexp(1.0, std::max(std::ilogb(x_hi), 1 - f.bias) - f.precision + 1);
+      if (compute <= kComputeShare * ulp_x) {
+        const double e = ((y - x_hi) - x_lo) / ulp_x;
+        acc.sum += e;
+        acc.sum_tz += x_hi > 0 ? -e : e;  // positive when the error points toward zero
+        acc.sum_sq += e * e;
+        ++acc.stat_n;
+      }
+    }
+  }
+
+  // TOSA-style statistics on the elements where the final rounding dominates (computing error
+  // at most kComputeShare ulp): rounding to nearest leaves errors of mean 0 and root mean square
+  // 1/sqrt(12) ulp; truncation leaves a mean near 1/2 ulp toward zero. Allowed: the computing
+  // share plus three standard deviations of the mean of n uniform errors.
+  void finish(Acc& acc) {
+    TensorReport& t = acc.t;
+    if (acc.stat_n > 0) {
+      const double n = static_cast<double>(acc.stat_n);
+      t.mean_bound_error = acc.sum / n;
+      t.mean_toward_zero = acc.sum_tz / n;
+      t.rms_bound_error = std::sqrt(acc.sum_sq / n);
+      if (acc.stat_n >= kMinStatistics) {
+        const double mlim = kComputeShare + 3 * std::sqrt(1.0 / 12 / n);
+        const double rlim = 0.5 + kComputeShare;
+        char buf[200];
+        if (std::fabs(t.mean_bound_error) > mlim || std::fabs(t.mean_toward_zero) > mlim) {
+          std::snprintf(buf, sizeof buf,
+                        "biased rounding: mean error %.3g ulp (%.3g toward zero) over %lld elements, allowed %.3g",
+                        t.mean_bound_error, t.mean_toward_zero, static_cast<long long>(acc.stat_n), mlim);
+          t.statistics_ok = false;
+          t.statistics_note = buf;
+        } else if (t.rms_bound_error > rlim) {
+          std::snprintf(buf, sizeof buf, "root mean square error %.3g ulp exceeds %.3g", t.rms_bound_error, rlim);
+          t.statistics_ok = false;
+          t.statistics_note = buf;
+        }
+        if (!t.statistics_ok) fail(t.tensor + ": " + t.statistics_note);
+      }
+    }
+    rep.tensors.push_back(t);
+  }
+
+  const RawTensor* gold(const std::string& name) {
+    const RawTensor* t = golden.find(name);
+    if (!t) throw InputError(rep.id, name, "golden tensor missing");
+    return t;
+  }
+  std::vector<std::pair<std::int64_t, std::uint64_t>> undecided(const std::string& name) {
+    std::vector<std::pair<std::int64_t, std::uint64_t>> u;
+    const RawTensor* idx = golden.find(name + ".undecided");
+    const RawTensor* alt = golden.find(name + ".alt");
+    if (!idx || !alt) return u;
+    for (std::size_t k = 0; k < idx->data.size() / 8; ++k) {
+      std::int64_t at;
+      std::memcpy(&at, idx->data.data() + 8 * k, 8);
+      u.emplace_back(at, bits_of(*alt, k));
+    }
+    return u;
+  }
+
+  void run() {
+    const bool mha = c.kind == Kind::Mha;
+    const std::int64_t H = c.Hq, W = mha ? c.Dout : c.Dv;
+    const auto mags = row_magnitudes(c);
+    for (const auto& m : mags) limits.push_back(row_limits(profile, c, m));
+    const RawTensor* valid = gold("row.valid");
+    auto head_valid = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+      return valid->data[static_cast<std::size_t>((b * H + h) * c.Nq + i)] != 0;
+    };
+    const double uo = unit_roundoff(c.output_dtype), S = profile.safety;
+    const MaskedRowConvention conv = profile.masked_rows;
+
+    // out
+    const std::vector<std::int64_t> oshape = mha ? std::vector<std::int64_t>{c.B, c.Nq, W}
+                                                 : std::vector<std::int64_t>{c.B, H, c.Nq, W};
+    const RawTensor* out = returned("out", oshape);
+    if (!out) return;
+    const RawTensor *g = gold("out"), *ref = gold("out.ref"), *bound = gold("out.bound");
+    const RawTensor* lo = golden.find("out.ref_lo");
+    std::map<std::int64_t, std::uint64_t> und;
+    for (auto [k, a] : undecided("out")) und[k] = a;
+    Acc acc;
+    acc.t.tensor = "out";
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        if (!c.query_valid(b, i)) continue;  // padding rows are not compared
+        for (std::int64_t h = 0; h < (mha ? 1 : H); ++h) {
+          bool masked = false;  // some head of the row (token) is fully masked
+          for (std::int64_t hh = (mha ? 0 : h); hh < (mha ? H : h + 1); ++hh) masked = masked || !head_valid(b, hh, i);
+          const std::size_t row = static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i);
+          const RowLimits& L = limits[row];
+          for (std::int64_t e = 0; e < W; ++e) {
+            const auto k = static_cast<std::size_t>(static_cast<std::int64_t>(row) * W + e);
+            const double y = value_of(*out, k);
+            if (masked && conv == MaskedRowConvention::Error) {
+              fail("returned an output for a fully masked row, where it declares refusal");
+              return;
+            }
+            if (masked && conv == MaskedRowConvention::Nan) {
+              if (!std::isnan(y)) fail("a fully masked row gives " + std::to_string(y) + ", not NaN as declared");
+              continue;
+            }
+            if (masked && conv == MaskedRowConvention::Mean) {
+              if (mha) continue;  // the mean of one head's values, mixed by W_o: not compared
+              const std::int64_t gk = h / (H / c.Hkv);
+              double s = 0, sa = 0;
+              for (std::int64_t j = 0; j < c.Nk; ++j) {
+                const double v = c.v.values[static_cast<std::size_t>(((b * c.Hkv + gk) * c.Nk + j) * c.Dv + e)];
+                s += v;
+                sa += std::fabs(v);
+              }
+              const double n = static_cast<double>(c.Nk);
+              const double lim = S * ((L.out_coef + (n + 2) * unit_roundoff(profile.pv_accum)) * sa / n + uo * std::fabs(s / n) + L.floor);
+              element(acc, *out, *g, k, s / n, 0, sa / n, lim, -1);
+              continue;
+            }
+            const double x = value_of(*ref, k), xl = lo ? value_of(*lo, k) : 0, bd = value_of(*bound, k);
+            const double lim = S * (L.out_coef * bd + uo * std::fabs(x) + L.floor);
+            auto it = und.find(static_cast<std::int64_t>(k));
+            element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : L.out_coef * bd + L.floor,
+                    it == und.end() ? nullptr : &it->second);
+          }
+        }
+      }
+    finish(acc);
+
+    // weights and lse, per head row
+    auto per_row = [&](const std::string& name, bool wanted, bool returns, bool weights) {
+      if (!wanted) return;
+      if (!returns) {
+        rep.reason += (rep.reason.empty() ? "" : "; ") + name + " not returned (declared)";
+        return;
+      }
+      const std::vector<std::int64_t> shape = weights ? std::vector<std::int64_t>{c.B, H, c.Nq, c.Nk}
+                                                      : std::vector<std::int64_t>{c.B, H, c.Nq};
+      const RawTensor* got = returned(name, shape);
+      if (!got) return;
+      const RawTensor *gg = gold(name), *gref = gold(name + ".ref");
+      std::map<std::int64_t, std::uint64_t> u;
+      for (auto [k, a] : undecided(name)) u[k] = a;
+      Acc a;
+      a.t.tensor = name;
+      const std::int64_t per = weights ? c.Nk : 1;
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i) {
+            if (!c.query_valid(b, i)) continue;
+            const bool masked = !head_valid(b, h, i);
+            const RowLimits& L = limits[static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i)];
+            for (std::int64_t j = 0; j < per; ++j) {
+              const auto k = static_cast<std::size_t>(((b * H + h) * c.Nq + i) * per + j);
+              const double y = value_of(*got, k);
+              if (masked && conv == MaskedRowConvention::Nan) {
+                if (!std::isnan(y)) fail("a fully masked row's " + name + " is " + std::to_string(y) + ", not NaN as declared");
+                continue;
+              }
+              if (masked && conv == MaskedRowConvention::Mean) continue;  // 1/Nk or log Nk + S: not compared
+              if (masked && conv == MaskedRowConvention::Error) continue;  // reported on out
+              const double x = value_of(*gref, k);
+              const double lim = weights ? S * (L.weight_rel * std::fabs(x) + uo * std::fabs(x) + L.floor)
+                                         : S * (L.lse_abs + uo * std::fabs(x) + L.floor);
+              auto it = u.find(static_cast<std::int64_t>(k));
+              element(a, *got, *gg, k, x, 0, weights ? 1.0 : std::max(1.0, std::fabs(x)), lim, -1,
+                      it == u.end() ? nullptr : &it->second);
+            }
+          }
+      finish(a);
+    };
+    per_row("weights", c.want_weights, profile.returns_weights, true);
+    per_row("lse", c.want_lse, profile.returns_lse, false);
+
+    if (rep.failed_elements > 0 && rep.worst) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%lld element%s beyond the limit; worst %.3g times the limit",
+                    static_cast<long long>(rep.failed_elements), rep.failed_elements == 1 ? "" : "s",
+                    rep.worst->limit_ratio);
+      // the elements beyond their limits say more than the statistics that follow from them
+      const std::string earlier = rep.reason;
+      rep.reason.clear();
+      fail(buf);
+      if (!earlier.empty() && earlier != rep.reason) rep.reason += "; " + earlier;
+    }
+  }
+};
+
+}  // namespace
+
+CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
+                        const JobResult& result, const Profile& profile) {
+  CaseReport rep;
+  rep.id = id;
+  const Case c = case_from_file(id, golden);
+  rep.dtype = c.input_dtype;
+  if (!profile.input_dtypes.empty() &&
+      std::find(profile.input_dtypes.begin(), profile.input_dtypes.end(), c.input_dtype) == profile.input_dtypes.end()) {
+    rep.status = CaseStatus::Skip;
+    rep.reason = "profile " + profile.name + " does not cover " + std::string(dtype_name(c.input_dtype)) + " inputs";
+    return rep;
+  }
+  const bool refusable = has_refusable_row(c);
+  switch (result.outcome) {
+    case Outcome::Unsupported:
+      rep.status = CaseStatus::Skip;
+      rep.reason = "unsupported: " + result.reason;
+      return rep;
+    case Outcome::Refused:
+      if (expect == "error" || (refusable && profile.masked_rows == MaskedRowConvention::Error)) {
+        rep.reason = "refused as required: " + result.reason;
+        return rep;
+      }
+      rep.status = CaseStatus::Fail;
+      rep.reason = "refused a case it must evaluate: " + result.reason;
+      return rep;
+    case Outcome::Output:
+      break;
+    default:
+      rep.status = CaseStatus::Fail;
+      rep.reason = std::string(outcome_name(result.outcome)) + (result.reason.empty() ? "" : ": " + result.reason);
+      return rep;
+  }
+  if (expect == "error") {
+    if (profile.masked_rows == MaskedRowConvention::Error) {
+      rep.status = CaseStatus::Fail;
+      rep.reason = "evaluated a case with a fully masked row, which must be refused";
+      return rep;
+    }
+    // No golden values: only the declared treatment of the fully masked rows can be checked.
+    const RawTensor* out = result.output.find("out");
+    const bool mha = c.kind == Kind::Mha;
+    if (!out || out->dtype != c.output_dtype) {
+      rep.status = CaseStatus::Fail;
+      rep.reason = "the result has no out of dtype " + std::string(dtype_name(c.output_dtype));
+      return rep;
+    }
+    const std::int64_t W = mha ? c.Dout : c.Dv;
+    std::int64_t checked = 0;
+    for (std::int64_t b = 0; b < c.B && !mha; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i) {
+          if (!c.query_valid(b, i) || row_allowed_any(c, b, h, i)) continue;
+          for (std::int64_t e = 0; e < W; ++e) {
+            const auto k = static_cast<std::size_t>(((b * c.Hq + h) * c.Nq + i) * W + e);
+            if (k >= out->data.size() / dtype_size(out->dtype)) break;
+            const double y = value_of(*out, k);
+            const bool ok = profile.masked_rows == MaskedRowConvention::Zero ? y == 0
+                            : profile.masked_rows == MaskedRowConvention::Nan ? std::isnan(y)
+                                                                               : std::isfinite(y);
+            ++checked;
+            if (!ok) {
+              rep.status = CaseStatus::Fail;
+              rep.reason = "a fully masked row gives " + std::to_string(y) + ", not what masked_rows=" +
+                           std::string(convention_name(profile.masked_rows)) + " declares";
+              return rep;
+            }
+          }
+        }
+    rep.reason = "no golden values (policy error): " + std::to_string(checked) +
+                 " elements of fully masked rows checked against the declared convention";
+    return rep;
+  }
+  Comparer cmp{c, golden, result.output, profile, rep, {}};
+  cmp.run();
+  return rep;
+}
+
+}  // namespace attnoracle::conformance

@@ -1,0 +1,151 @@
+// Reports of the gate: for people (terminal), for tools (JSON) and for CI dashboards (JUnit).
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "attnoracle/gate.hpp"
+
+namespace attnoracle::conformance {
+namespace {
+
+std::string hex_bits(std::uint64_t bits, DType t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%0*llx", static_cast<int>(2 * dtype_size(t)), static_cast<unsigned long long>(bits));
+  return buf;
+}
+std::string num(double x) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+std::string index_text(const std::vector<std::int64_t>& ix) {
+  std::string s = "[";
+  for (std::size_t k = 0; k < ix.size(); ++k) s += (k ? "," : "") + std::to_string(ix[k]);
+  return s + "]";
+}
+std::string worst_text(const ElementReport& w) {
+  return w.tensor + index_text(w.index) + ": expected " + num(w.expected) + " (" + hex_bits(w.expected_bits, w.dtype) +
+         "), got " + num(w.actual) + " (" + hex_bits(w.actual_bits, w.dtype) + "); " + num(w.ulp) + " ulp, bound error " +
+         num(w.bound_error) + ", " + num(w.limit_ratio) + " x limit";
+}
+double worst_of(const CaseReport& c, double TensorReport::*field) {
+  double w = 0;
+  for (const auto& t : c.tensors) w = std::max(w, t.*field);
+  return w;
+}
+
+}  // namespace
+
+std::string text_report(const GateReport& r, bool all_cases) {
+  std::ostringstream os;
+  os << "suite " << r.suite << " (" << r.dir << "), implementation: " << r.implementation << ", profile " << r.profile
+     << "\n";
+  if (!r.adapter_note.empty()) os << "note: " << r.adapter_note << "\n";
+  for (const auto& c : r.cases) {
+    if (!all_cases && c.status == CaseStatus::Pass) continue;
+    char head[256];
+    std::snprintf(head, sizeof head, "%-4s  %-40s %-4s  worst %10.3g ulp  %10.3g bound", 
+                  c.status == CaseStatus::Pass ? "PASS" : c.status == CaseStatus::Fail ? "FAIL" : "SKIP", c.id.c_str(),
+                  std::string(dtype_name(c.dtype)).c_str(), worst_of(c, &TensorReport::worst_ulp),
+                  worst_of(c, &TensorReport::worst_bound_error));
+    os << head << "\n";
+    if (!c.reason.empty()) os << "      " << c.reason << "\n";
+    if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
+  }
+  char tail[200];
+  std::snprintf(tail, sizeof tail, "%zu cases in %.2f s: %zu passed, %zu failed, %zu skipped\n", r.cases.size(), r.seconds,
+                r.passed, r.failed, r.skipped);
+  os << tail;
+  return os.str();
+}
+
+std::string json_report(const GateReport& r) {
+  using J = nlohmann::ordered_json;
+  J j;
+  j["suite"] = r.suite;
+  j["dir"] = r.dir;
+  j["implementation"] = r.implementation;
+  j["profile"] = r.profile;
+  j["passed"] = r.passed;
+  j["failed"] = r.failed;
+  j["skipped"] = r.skipped;
+  j["seconds"] = r.seconds;
+  if (!r.adapter_note.empty()) j["note"] = r.adapter_note;
+  auto finite = [](double x) { return std::isfinite(x) ? J(x) : J(nullptr); };  // JSON has no infinity
+  j["cases"] = J::array();
+  for (const auto& c : r.cases) {
+    J cj;
+    cj["id"] = c.id;
+    cj["status"] = std::string(status_name(c.status));
+    cj["dtype"] = std::string(dtype_name(c.dtype));
+    cj["tags"] = c.tags;
+    cj["reason"] = c.reason;
+    cj["failed_elements"] = c.failed_elements;
+    cj["tensors"] = J::array();
+    for (const auto& t : c.tensors)
+      cj["tensors"].push_back({{"tensor", t.tensor},
+                               {"compared", t.compared},
+                               {"worst_ulp", finite(t.worst_ulp)},
+                               {"worst_bound_error", finite(t.worst_bound_error)},
+                               {"worst_limit_ratio", finite(t.worst_ratio)},
+                               {"mean_bound_error", finite(t.mean_bound_error)},
+                               {"rms_bound_error", finite(t.rms_bound_error)},
+                               {"mean_toward_zero", finite(t.mean_toward_zero)},
+                               {"statistics_ok", t.statistics_ok}});
+    if (c.worst) {
+      const auto& w = *c.worst;
+      cj["worst"] = {{"tensor", w.tensor},          {"index", w.index},
+                     {"expected", finite(w.expected)}, {"expected_bits", hex_bits(w.expected_bits, w.dtype)},
+                     {"actual", finite(w.actual)},     {"actual_bits", hex_bits(w.actual_bits, w.dtype)},
+                     {"ulp", finite(w.ulp)},           {"bound_error", finite(w.bound_error)},
+                     {"limit_ratio", finite(w.limit_ratio)}};
+    }
+    j["cases"].push_back(std::move(cj));
+  }
+  return j.dump(2) + "\n";
+}
+
+namespace {
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&apos;"; break;
+      default:
+        if (ch < 0x20 && ch != '\n' && ch != '\t') o += ' ';  // not allowed in XML 1.0
+        else o += static_cast<char>(ch);
+    }
+  }
+  return o;
+}
+}  // namespace
+
+std::string junit_report(const GateReport& r) {
+  std::ostringstream os;
+  os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  os << "<testsuites name=\"attnoracle\" tests=\"" << r.cases.size() << "\" failures=\"" << r.failed << "\" skipped=\""
+     << r.skipped << "\" time=\"" << r.seconds << "\">\n";
+  os << "  <testsuite name=\"" << xml_escape(r.suite + " [" + r.profile + "]") << "\" tests=\"" << r.cases.size()
+     << "\" failures=\"" << r.failed << "\" skipped=\"" << r.skipped << "\">\n";
+  for (const auto& c : r.cases) {
+    os << "    <testcase classname=\"" << xml_escape(r.suite) << "\" name=\"" << xml_escape(c.id) << "\">";
+    if (c.status == CaseStatus::Fail) {
+      std::string body = c.reason;
+      if (c.worst) body += "\nworst: " + worst_text(*c.worst);
+      os << "\n      <failure message=\"" << xml_escape(c.reason) << "\">" << xml_escape(body) << "</failure>\n    ";
+    } else if (c.status == CaseStatus::Skip) {
+      os << "\n      <skipped message=\"" << xml_escape(c.reason) << "\"/>\n    ";
+    }
+    os << "</testcase>\n";
+  }
+  os << "  </testsuite>\n</testsuites>\n";
+  return os.str();
+}
+
+}  // namespace attnoracle::conformance

@@ -1,0 +1,207 @@
+// The gate end to end: `attnoracle run` and `check` on a small vector set, against a correct
+// implementation and against every way an implementation can misbehave. Each misbehaviour is a
+// failed case with its reason; the runner itself always finishes and writes its reports.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "attnoracle/evaluate.hpp"
+#include "attnoracle/manifest.hpp"
+
+namespace attnoracle {
+namespace {
+
+namespace fs = std::filesystem;
+
+int run(const std::string& args, std::string& out) {
+  const std::string cmd = std::string(ATTNORACLE_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  out.clear();
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream(p) << s;
+}
+
+class Gate : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("attnoracle-gate-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir_ / "set" / "cases");
+    vectors::Manifest m;
+    m.suite = "tiny";
+    m.generator = "test";
+    for (int k = 0; k < 3; ++k) {
+      SafeTensorsFile f;
+      f.metadata = {{"attn.format", "1"}, {"attn.outputs", "out,weights"}};
+      if (k == 2) f.metadata["attn.causal"] = "bottom_right";
+      const std::int64_t Nq = 3 + k, Nk = 4 + k, D = 4;
+      auto put = [&](const char* name, std::vector<std::int64_t> shape, float seed) {
+        RawTensor t{name, DType::F32, shape, {}};
+        const std::int64_t n = shape[2] * shape[3];
+        t.data.resize(static_cast<std::size_t>(n) * 4);
+        for (std::int64_t e = 0; e < n; ++e) {
+          const float v = std::sin(seed * static_cast<float>(e + 1));
+          std::memcpy(t.data.data() + 4 * e, &v, 4);
+        }
+        f.put(std::move(t));
+      };
+      put("q", {1, 1, Nq, D}, 1.7f);
+      put("k", {1, 1, Nk, D}, 0.9f);
+      put("v", {1, 1, Nk, D}, 2.3f);
+      const Case c = case_from_file("c", f);
+      const std::vector<unsigned char> bytes = serialize_safetensors(golden_file(c, evaluate(c, {})));
+      const std::string id = "case" + std::to_string(k);
+      write_file_atomic((dir_ / "set" / "cases" / (id + ".safetensors")).string(), bytes);
+      m.cases.push_back({id, "cases/" + id + ".safetensors", vectors::sha256_hex(bytes), "ok", {k == 2 ? "causal" : "plain"}});
+    }
+    write_text(dir_ / "set" / "manifest.json", vectors::manifest_text(m));
+    // Misbehaving implementations, as small Python scripts.
+    const std::string head =
+        "import json, sys\nsys.path.insert(0, '" + std::string(ATTNORACLE_SOURCE_DIR) +
+        "/conformance/adapters/numpy')\nimport safetensors_np as st\nimport numpy as np\n"
+        "jobs = [json.loads(l) for l in open(sys.argv[-1])]\n";
+    write_text(dir_ / "garbage.py", head + "for j in jobs: open(j['output'], 'w').write('garbage')\n");
+    write_text(dir_ / "wrong_dtype.py", head +
+        "for j in jobs:\n  t, m = st.load(j['input'])\n  st.save(j['output'], {'out': np.zeros((1,1,t['q'].shape[2],4), np.float64)}, {})\n");
+    write_text(dir_ / "wrong_shape.py", head +
+        "for j in jobs:\n  st.save(j['output'], {'out': np.zeros((1,1,1,4), np.float32)}, {})\n");
+    write_text(dir_ / "nan.py", head +
+        "for j in jobs:\n  t, m = st.load(j['input'])\n  st.save(j['output'], {'out': np.full((1,1,t['q'].shape[2],4), np.nan, np.float32), 'weights': np.zeros((1,1,t['q'].shape[2],t['k'].shape[2]), np.float32)}, {})\n");
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // Runs the gate; returns the exit status and the JSON report.
+  int gate(const std::string& impl, nlohmann::json& report, const std::string& extra = "") {
+    const fs::path json = dir_ / "report.json", xml = dir_ / "report.xml";
+    fs::remove(json);
+    fs::remove(xml);
+    const int st = run("run " + (dir_ / "set").string() + " --impl " + impl + " --json " + json.string() +
+                           " --junit " + xml.string() + " --all " + extra, out_);
+    EXPECT_TRUE(fs::exists(json)) << out_;
+    EXPECT_TRUE(fs::exists(xml)) << out_;
+    if (fs::exists(json)) report = nlohmann::json::parse(std::ifstream(json));
+    return st;
+  }
+  std::string py(const char* script) { return "'/usr/bin/python3 " + (dir_ / script).string() + "'"; }
+  void expect_all_failed(const nlohmann::json& r, const std::string& word) {
+    ASSERT_EQ(r["cases"].size(), 3u) << out_;
+    for (const auto& c : r["cases"]) {
+      EXPECT_EQ(c["status"], "fail") << c.dump();
+      EXPECT_NE(c["reason"].get<std::string>().find(word), std::string::npos) << c.dump();
+    }
+  }
+  static fs::path dir_;
+  std::string out_;
+};
+fs::path Gate::dir_;
+
+TEST_F(Gate, CorrectImplementationPasses) {
+  nlohmann::json r;
+  EXPECT_EQ(gate("'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
+                     "/conformance/adapters/numpy/attention.py'", r), 0) << out_;
+  EXPECT_EQ(r["passed"], 3) << out_;
+  EXPECT_NE(out_.find("3 passed, 0 failed, 0 skipped"), std::string::npos) << out_;
+}
+
+TEST_F(Gate, CrashIsAFailedCase) {
+  nlohmann::json r;
+  EXPECT_EQ(gate("'kill -SEGV $$ #'", r), 1) << out_;
+  expect_all_failed(r, "crashed");
+}
+
+TEST_F(Gate, HangIsATimeout) {
+  nlohmann::json r;
+  EXPECT_EQ(gate("'sleep 60 #'", r, "--timeout 1"), 1) << out_;
+  expect_all_failed(r, "timed_out");
+}
+
+TEST_F(Gate, MissingOutputFails) {
+  nlohmann::json r;
+  EXPECT_EQ(gate("true", r), 1) << out_;
+  expect_all_failed(r, "missing");
+}
+
+TEST_F(Gate, GarbageOutputFails) {
+  nlohmann::json r;
+  EXPECT_EQ(gate(py("garbage.py"), r), 1) << out_;
+  expect_all_failed(r, "invalid");
+}
+
+TEST_F(Gate, WrongDtypeAndShapeFail) {
+  nlohmann::json r;
+  EXPECT_EQ(gate(py("wrong_dtype.py"), r), 1) << out_;
+  expect_all_failed(r, "expected F32");
+  EXPECT_EQ(gate(py("wrong_shape.py"), r), 1) << out_;
+  expect_all_failed(r, "expected F32");
+}
+
+TEST_F(Gate, NanFails) {
+  nlohmann::json r;
+  EXPECT_EQ(gate(py("nan.py"), r), 1) << out_;
+  expect_all_failed(r, "beyond the limit");
+}
+
+TEST_F(Gate, SelectionAndRequireAll) {
+  nlohmann::json r;
+  const std::string good = "'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/numpy/attention.py'";
+  EXPECT_EQ(gate(good, r, "--tag causal"), 0) << out_;
+  EXPECT_EQ(r["cases"].size(), 1u);
+  EXPECT_EQ(gate(good, r, "--profile fp16"), 0) << out_;  // F32 cases: all skipped
+  EXPECT_EQ(r["skipped"], 3);
+  EXPECT_EQ(gate(good, r, "--profile fp16 --require-all"), 1) << out_;
+}
+
+TEST_F(Gate, CheckOfflineResults) {
+  // results produced by running the adapter on the case files themselves
+  const fs::path res = dir_ / "results";
+  fs::create_directories(res);
+  std::string jobs;
+  for (int k = 0; k < 3; ++k) {
+    const std::string id = "case" + std::to_string(k);
+    jobs += nlohmann::json{{"id", id}, {"input", (dir_ / "set" / "cases" / (id + ".safetensors")).string()},
+                           {"output", (res / (id + ".safetensors")).string()}}.dump() + "\n";
+  }
+  write_text(dir_ / "jobs.jsonl", jobs);
+  std::string out;
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
+                         "/conformance/adapters/numpy/attention.py " + (dir_ / "jobs.jsonl").string()).c_str()), 0);
+  EXPECT_EQ(run("check " + (dir_ / "set").string() + " --results " + res.string(), out), 0) << out;
+  fs::remove(res / "case1.safetensors");
+  EXPECT_EQ(run("check " + (dir_ / "set").string() + " --results " + res.string(), out), 1) << out;
+  EXPECT_NE(out.find("missing"), std::string::npos) << out;
+}
+
+TEST_F(Gate, BadUsageAndAlteredSetsAreRefused) {
+  std::string out;
+  EXPECT_EQ(run("run " + (dir_ / "nowhere").string() + " --impl true", out), 2) << out;
+  EXPECT_NE(out.find("attnoracle: error:"), std::string::npos) << out;
+  EXPECT_EQ(run("run " + (dir_ / "set").string() + " --impl true --profile fp7", out), 2) << out;
+  // an altered case file: its hash no longer matches the manifest
+  const fs::path copy = dir_ / "altered";
+  fs::copy(dir_ / "set", copy, fs::copy_options::recursive);
+  {
+    std::fstream f(copy / "cases" / "case0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_EQ(run("run " + copy.string() + " --impl true", out), 2) << out;
+  EXPECT_NE(out.find("sha256"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace attnoracle

@@ -1,0 +1,184 @@
+// The limits against conformance/TOLERANCE.md's worked example, the metrics on values worked by
+// hand, and the verdict on results that are right, slightly off, biased, or malformed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "attnoracle/compare.hpp"
+#include "attnoracle/error.hpp"
+#include "attnoracle/evaluate.hpp"
+#include "attnoracle/tolerance.hpp"
+
+namespace attnoracle::conformance {
+namespace {
+
+TEST(Tolerance, WorkedExampleOfTheDocs) {
+  Case c;
+  c.kind = Kind::Sdpa;
+  c.Dk = 4;
+  c.output_dtype = DType::F32;
+  const RowMagnitudes m{2.0, 3.0, 8};
+  const RowLimits L = row_limits(builtin_profile("fp32"), c, m);
+  const double u = 0x1p-24;
+  EXPECT_DOUBLE_EQ(L.score, 18 * u);
+  EXPECT_DOUBLE_EQ(L.weight_rel, 102 * u);
+  EXPECT_DOUBLE_EQ(L.out_coef, 111 * u);
+  EXPECT_DOUBLE_EQ(L.floor, 2 * 0x1p-149 + 8 * 0x1p-126);
+  // the page's limit for bound 0.5 and x = 0.25: 223 u + 4 floor
+  const double limit = 4 * (L.out_coef * 0.5 + u * 0.25 + L.floor);
+  EXPECT_DOUBLE_EQ(limit, 223 * u + 4 * L.floor);
+}
+
+TEST(Tolerance, FlashProfileRoundsP) {
+  Case c;
+  c.Dk = 4;
+  c.output_dtype = DType::F16;
+  const RowMagnitudes m{2.0, 3.0, 8};
+  const double a = row_limits(builtin_profile("fp16"), c, m).weight_rel;
+  const double b = row_limits(builtin_profile("flash-fp16"), c, m).weight_rel;
+  EXPECT_DOUBLE_EQ(b - a, 0x1p-11 - 0x1p-24);  // u_p: F16 instead of F32
+}
+
+TEST(Tolerance, UlpErrorFollowsTosa) {
+  // F32: x = 1, y = 1 + 2^-23 is one ulp; near the smallest normal the ulp stays 2^-149.
+  EXPECT_DOUBLE_EQ(ulp_error(1 + 0x1p-23, 1, 0, DType::F32), 1.0);
+  EXPECT_DOUBLE_EQ(ulp_error(0x1p-149, 0, 0, DType::F32), 1.0);
+  EXPECT_DOUBLE_EQ(ulp_error(0x1p-130, 0x1p-131, 0, DType::F32), 0x1p-131 / 0x1p-149);
+  // F16: x = 1000, ulp 0.5; x given as a double-double
+  EXPECT_DOUBLE_EQ(ulp_error(1001, 1000, 0.25, DType::F16), 1.5);
+  EXPECT_TRUE(std::isinf(ulp_error(NAN, 1, 0, DType::F32)));
+  EXPECT_EQ(ulp_error(-INFINITY, -INFINITY, 0, DType::F32), 0);
+}
+
+TEST(Tolerance, BoundErrorIsImmuneToCancellation) {
+  // x near 0 from cancellation, bound 1: an error of 2^-24 is one unit of bound 2^-24 in F32.
+  EXPECT_DOUBLE_EQ(signed_bound_error(0x1p-40 + 0x1p-24, 0x1p-40, 0, 1.0, DType::F32), 1.0);
+  EXPECT_DOUBLE_EQ(signed_bound_error(0x1p-40 - 0x1p-24, 0x1p-40, 0, 1.0, DType::F32), -1.0);
+}
+
+TEST(Tolerance, ProfilesFromNamesAndRefusals) {
+  for (const auto& n : builtin_profile_names()) EXPECT_EQ(builtin_profile(n).name, n);
+  EXPECT_THROW(builtin_profile("fp8"), InputError);
+}
+
+// A case with golden tensors, and results made from its golden values.
+struct Fixture {
+  SafeTensorsFile golden;
+  Case c;
+  Fixture(DType in, DType out, std::int64_t Nq, std::int64_t Nk, std::int64_t D) {
+    SafeTensorsFile f;
+    f.metadata = {{"attn.format", "1"}, {"attn.output_dtype", std::string(dtype_name(out))}};
+    auto put = [&](const char* name, std::vector<std::int64_t> shape, double a) {
+      RawTensor t{name, in, shape, {}};
+      std::int64_t n = 1;
+      for (auto d : shape) n *= d;
+      t.data.resize(static_cast<std::size_t>(n) * dtype_size(in));
+      for (std::int64_t k = 0; k < n; ++k) {
+        // values exactly representable in every format: multiples of 1/8 in [-2, 2)
+        const double v = std::fmod(std::floor(std::fabs(std::sin(a * static_cast<double>(k + 1))) * 32) / 8, 4) - 2;
+        encode_float(in, v, t.data.data() + static_cast<std::size_t>(k) * dtype_size(in));
+      }
+      f.put(std::move(t));
+    };
+    put("q", {1, 1, Nq, D}, 1.3);
+    put("k", {1, 1, Nk, D}, 2.1);
+    put("v", {1, 1, Nk, D}, 0.7);
+    c = case_from_file("t", f);
+    const EvalResult r = evaluate(c, {});
+    golden = golden_file(c, r);
+  }
+  // A result whose `out` is f(out.ref) rounded into the output dtype the way `round` says.
+  JobResult result(const std::function<double(double)>& f) const {
+    JobResult j;
+    j.outcome = Outcome::Output;
+    const RawTensor* ref = golden.find("out.ref");
+    RawTensor out = *golden.find("out");
+    for (std::size_t k = 0; k < out.data.size() / dtype_size(out.dtype); ++k)
+      encode_float(out.dtype, f(decode_float(DType::F64, ref->data.data() + 8 * k)),
+                   out.data.data() + k * dtype_size(out.dtype));
+    j.output.put(out);
+    return j;
+  }
+};
+
+// Rounds toward zero into F16 (a truncating implementation).
+double truncate_f16(double x) {
+  if (x == 0) return x;
+  const int e = std::max(std::ilogb(x), -14);
+  const double q = std::ldexp(1.0, e - 10);
+  return std::trunc(x / q) * q;
+}
+double nearest_f16(double x) {
+  const int e = std::max(std::ilogb(x == 0 ? 1 : x), -14);
+  const double q = std::ldexp(1.0, e - 10);
+  return std::nearbyint(x / q) * q;
+}
+
+TEST(Compare, GoldenPassesAndSlightErrorsPass) {
+  Fixture fx(DType::F32, DType::F32, 16, 16, 8);
+  const Profile p = builtin_profile("fp32");
+  CaseReport r = compare_case("t", fx.golden, "ok", fx.result([](double x) { return static_cast<double>(static_cast<float>(x)); }), p);
+  EXPECT_EQ(r.status, CaseStatus::Pass) << r.reason;
+  r = compare_case("t", fx.golden, "ok", fx.result([](double x) {
+                     return static_cast<double>(static_cast<float>(x * (1 + 0x1p-21)));
+                   }), p);
+  EXPECT_EQ(r.status, CaseStatus::Pass) << r.reason;
+  EXPECT_GT(r.worst->ulp, 1);
+}
+
+TEST(Compare, LargeErrorFailsWithTheWorstElement) {
+  Fixture fx(DType::F32, DType::F32, 4, 5, 3);
+  CaseReport r = compare_case("t", fx.golden, "ok", fx.result([](double x) { return static_cast<double>(static_cast<float>(x + 1e-3)); }), builtin_profile("fp32"));
+  EXPECT_EQ(r.status, CaseStatus::Fail);
+  ASSERT_TRUE(r.worst);
+  EXPECT_GT(r.worst->limit_ratio, 1);
+  EXPECT_EQ(r.worst->tensor, "out");
+  EXPECT_EQ(r.worst->index.size(), 4u);
+}
+
+TEST(Compare, TruncationIsCaughtByTheStatistics) {
+  // F16 outputs computed in F32: the final rounding dominates. Truncated results are within
+  // each element's limit, but biased toward zero.
+  Fixture fx(DType::F16, DType::F16, 32, 16, 8);
+  const Profile p = builtin_profile("fp16");
+  CaseReport good = compare_case("t", fx.golden, "ok", fx.result(nearest_f16), p);
+  EXPECT_EQ(good.status, CaseStatus::Pass) << good.reason;
+  CaseReport bad = compare_case("t", fx.golden, "ok", fx.result(truncate_f16), p);
+  EXPECT_EQ(bad.status, CaseStatus::Fail);
+  EXPECT_EQ(bad.failed_elements, 0);
+  EXPECT_NE(bad.reason.find("biased"), std::string::npos) << bad.reason;
+}
+
+TEST(Compare, MalformedResultsFail) {
+  Fixture fx(DType::F32, DType::F32, 3, 4, 2);
+  const Profile p = builtin_profile("fp32");
+  JobResult j = fx.result([](double x) { return static_cast<double>(static_cast<float>(x)); });
+  j.output.find("out")->shape = {1, 1, 4, 2};  // wrong shape (same bytes)
+  EXPECT_EQ(compare_case("t", fx.golden, "ok", j, p).status, CaseStatus::Fail);
+  JobResult nan = fx.result([](double) { return NAN; });
+  CaseReport r = compare_case("t", fx.golden, "ok", nan, p);
+  EXPECT_EQ(r.status, CaseStatus::Fail);
+  EXPECT_TRUE(std::isinf(r.worst->limit_ratio));
+  JobResult none;
+  none.outcome = Outcome::Output;
+  EXPECT_NE(compare_case("t", fx.golden, "ok", none, p).reason.find("no tensor 'out'"), std::string::npos);
+  for (Outcome o : {Outcome::Missing, Outcome::Crashed, Outcome::TimedOut, Outcome::Invalid}) {
+    JobResult x;
+    x.outcome = o;
+    x.reason = "because";
+    EXPECT_EQ(compare_case("t", fx.golden, "ok", x, p).status, CaseStatus::Fail);
+  }
+  JobResult u;
+  u.outcome = Outcome::Unsupported;
+  EXPECT_EQ(compare_case("t", fx.golden, "ok", u, p).status, CaseStatus::Skip);
+  JobResult refused;
+  refused.outcome = Outcome::Refused;
+  EXPECT_EQ(compare_case("t", fx.golden, "ok", refused, p).status, CaseStatus::Fail);
+  EXPECT_EQ(compare_case("t", fx.golden, "error", refused, p).status, CaseStatus::Pass);
+  // a profile for other dtypes skips the case
+  EXPECT_EQ(compare_case("t", fx.golden, "ok", j, builtin_profile("fp16")).status, CaseStatus::Skip);
+}
+
+}  // namespace
+}  // namespace attnoracle::conformance

@@ -1,0 +1,71 @@
+// The oracle applied to any implementation: each problem is run beside transformed twins whose
+// results must relate (CONTRACT section 5 protocol, all in one adapter call), no golden data
+// needed. Relations are checked within a tolerance from the implementation's declared
+// precision; bitwise agreement is reported as information.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnoracle/oracle.hpp"
+#include "attnoracle/safetensors.hpp"
+
+namespace attnoracle::oracle {
+
+// The arithmetic an implementation declares: the unit roundoff of the dtype it computes in.
+struct PrecisionProfile {
+  std::string name;  // fp64, fp32, fp16, bf16
+  double u = 0x1p-24;
+};
+// Throws InputError("--profile", ...) for an unknown name.
+PrecisionProfile precision_profile(const std::string& name);
+
+// One relation instance: two case files (inputs only) whose results must agree.
+struct TwinPair {
+  Invariant invariant;
+  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "head"
+  std::string what;  // what the twin changes, for reports
+  SafeTensorsFile a, b;
+  std::vector<std::int64_t> perm;  // key j of a is key perm[j] of b (identity when empty)
+  double lse_shift = 0;            // lse of b = lse of a + lse_shift
+  bool extra_key = false;          // b has one more key, masked out: its weight must be exactly 0
+  std::vector<char> rows;      // [B, H, Nq]: rows compared (out of sdpa, weights, lse)
+  std::vector<char> out_rows;  // [B, Nq]: tokens whose out is compared (mha)
+};
+
+// The twins of one problem. Permuted keys, a constant added to every score through the bias,
+// future keys changed (causal), a masked padding key appended, and one head changed.
+std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);
+
+struct RelationResult {
+  std::string problem;
+  Invariant invariant;
+  std::string what;
+  enum class Status { Pass, Violated, Skipped } status = Status::Pass;
+  bool bitwise = false;     // every compared element had identical bits
+  double worst = 0;         // largest |a - b| / tolerance over compared elements
+  std::string detail;       // where and by how much, or why skipped
+};
+
+struct MetamorphicOptions {
+  std::string command;       // the implementation (adapter protocol)
+  std::string work_dir;      // case files, jobs and outputs go here
+  std::string failures_dir;  // failing pairs are copied here for replay
+  double timeout = 600;      // seconds for the whole adapter run
+  PrecisionProfile profile;
+  double safety = 8;         // factor on the error bound of each side
+};
+
+struct MetamorphicReport {
+  std::vector<RelationResult> results;
+  std::size_t passed = 0, violated = 0, skipped = 0, bitwise = 0;
+  std::string adapter_note;  // exit status, timeout, stderr tail when something went wrong
+};
+
+// Writes every problem and its twins, runs the implementation once on all of them, and checks
+// the relations. `problems` are (id, case file holding inputs and metadata).
+MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeTensorsFile>>& problems,
+                                  const MetamorphicOptions& opt);
+
+}  // namespace attnoracle::oracle

@@ -1,0 +1,256 @@
+// Twins of a problem at the file level: every twin is a valid case file whose inputs are exact
+// transformations of the problem's (moved bytes, flipped sign bits, exact additions).
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+
+#include "attnoracle/metamorphic.hpp"
+#include "detail.hpp"
+
+namespace attnoracle::oracle {
+namespace {
+
+RawTensor& need(SafeTensorsFile& f, const std::string& name) {
+  RawTensor* t = f.find(name);
+  if (!t) throw std::logic_error("twin: no tensor " + name);
+  return *t;
+}
+
+// Strides of a row-major shape around dimension `dim`: (outer count, dim length, inner elems).
+void split(const RawTensor& t, std::size_t dim, std::int64_t& outer, std::int64_t& len,
+           std::int64_t& inner) {
+  outer = 1, inner = 1;
+  for (std::size_t d = 0; d < dim; ++d) outer *= t.shape[d];
+  len = t.shape[dim];
+  for (std::size_t d = dim + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
+}
+
+// Index n along `dim` goes to perm[n].
+void permute_dim(RawTensor& t, std::size_t dim, const std::vector<std::int64_t>& perm) {
+  std::int64_t outer, len, inner;
+  split(t, dim, outer, len, inner);
+  const std::size_t es = dtype_size(t.dtype), block = static_cast<std::size_t>(inner) * es;
+  std::vector<unsigned char> out(t.data.size());
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t n = 0; n < len; ++n)
+      std::memcpy(out.data() + static_cast<std::size_t>(o * len + perm[static_cast<std::size_t>(n)]) * block,
+                  t.data.data() + static_cast<std::size_t>(o * len + n) * block, block);
+  t.data = std::move(out);
+}
+
+// Flips the sign of every element whose index along `dim` is in [from, to): exact in every
+// binary format (the sign is the top bit of the last byte).
+void negate_range(RawTensor& t, std::size_t dim, std::int64_t from, std::int64_t to) {
+  std::int64_t outer, len, inner;
+  split(t, dim, outer, len, inner);
+  const std::size_t es = dtype_size(t.dtype);
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t n = from; n < to; ++n)
+      for (std::int64_t k = 0; k < inner; ++k)
+        t.data[static_cast<std::size_t>((o * len + n) * inner + k) * es + es - 1] ^= 0x80;
+}
+
+// Appends, along `dim`, a copy of index `src` (sign-flipped when `negate`).
+void append_dim(RawTensor& t, std::size_t dim, std::int64_t src, bool negate) {
+  std::int64_t outer, len, inner;
+  split(t, dim, outer, len, inner);
+  const std::size_t es = dtype_size(t.dtype), block = static_cast<std::size_t>(inner) * es;
+  std::vector<unsigned char> out;
+  out.reserve(t.data.size() + static_cast<std::size_t>(outer) * block);
+  for (std::int64_t o = 0; o < outer; ++o) {
+    const auto* row = t.data.data() + static_cast<std::size_t>(o * len) * block;
+    out.insert(out.end(), row, row + static_cast<std::size_t>(len) * block);
+    const std::size_t at = out.size();
+    out.insert(out.end(), row + static_cast<std::size_t>(src) * block, row + static_cast<std::size_t>(src + 1) * block);
+    if (negate)
+      for (std::size_t k = at; k < out.size(); k += es) out[k + es - 1] ^= 0x80;
+  }
+  t.data = std::move(out);
+  t.shape[dim] += 1;
+}
+
+// Reverses the elements of block r of a tensor [R, ...].
+void reverse_block(RawTensor& t, std::int64_t r) {
+  const std::size_t es = dtype_size(t.dtype);
+  const std::size_t per = t.data.size() / static_cast<std::size_t>(t.shape[0]) / es;
+  unsigned char* base = t.data.data() + static_cast<std::size_t>(r) * per * es;
+  for (std::size_t a = 0, z = per - 1; a < z; ++a, --z)
+    std::swap_ranges(base + a * es, base + (a + 1) * es, base + z * es);
+}
+
+// a + b is exact in F64 (Knuth's TwoSum leaves no error).
+bool exact_sum(double a, double b) {
+  const double s = a + b;
+  const double bb = s - a;
+  return (a - (s - bb)) + (b - bb) == 0;
+}
+
+bool representable(DType t, double x) {
+  unsigned char buf[8];
+  try {
+    encode_float(t, x, buf);
+    return true;
+  } catch (const std::logic_error&) {
+    return false;
+  }
+}
+
+// The mask with the causal and window rules written into it (they follow positions, not keys),
+// shaped like the case's mask or [Nq, Nk]; the metadata then says none.
+void fold_positions(const Case& c, SafeTensorsFile& f) {
+  std::vector<std::int64_t> shape = c.mask ? c.mask->shape : std::vector<std::int64_t>{c.Nq, c.Nk};
+  std::int64_t lead = 1;
+  for (std::size_t d = 0; d + 2 < shape.size(); ++d) lead *= shape[d];
+  RawTensor m{"mask", DType::BOOL, shape, {}};
+  m.data.resize(static_cast<std::size_t>(lead * c.Nq * c.Nk));
+  for (std::int64_t l = 0; l < lead; ++l)
+    for (std::int64_t i = 0; i < c.Nq; ++i)
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        const auto at = static_cast<std::size_t>((l * c.Nq + i) * c.Nk + j);
+        m.data[at] = ((!c.mask || c.mask->values[at]) && detail::positional(c, i, j)) ? 1 : 0;
+      }
+  f.put(std::move(m));
+  f.metadata["attn.causal"] = "none";
+  f.metadata["attn.window"] = "none";
+}
+
+std::vector<char> all_rows(const Case& c) {
+  return std::vector<char>(static_cast<std::size_t>(c.B * c.Hq * c.Nq), 1);
+}
+std::vector<char> all_tokens(const Case& c) {
+  return std::vector<char>(static_cast<std::size_t>(c.B * c.Nq), 1);
+}
+
+// Tensors whose dimension `dim` runs over the keys.
+std::vector<std::pair<std::string, std::size_t>> key_tensors(const Case& c) {
+  if (c.kind == Kind::Sdpa) return {{"k", 2}, {"v", 2}};
+  return {{"x_kv", 1}};
+}
+
+}  // namespace
+
+std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base) {
+  const Case c = case_from_file(path, base);
+  SafeTensorsFile inputs = c.file;  // golden tensors dropped
+  std::vector<TwinPair> out;
+
+  // Permuted keys and values (and mask and bias columns).
+  if (c.Nk > 1) {
+    TwinPair p{Invariant::KeyPermutation, "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    p.perm.resize(static_cast<std::size_t>(c.Nk));
+    std::iota(p.perm.begin(), p.perm.end(), 0);
+    std::reverse(p.perm.begin(), p.perm.end());
+    if (c.Nk > 2) std::rotate(p.perm.begin(), p.perm.begin() + 1, p.perm.end());
+    if (c.causal != Causal::None || c.window) fold_positions(c, p.b);
+    for (auto& [name, dim] : key_tensors(c)) permute_dim(need(p.b, name), dim, p.perm);
+    if (RawTensor* m = p.b.find("mask")) permute_dim(*m, m->shape.size() - 1, p.perm);
+    if (RawTensor* bt = p.b.find("bias"); bt && bt->shape.back() == c.Nk)
+      permute_dim(*bt, bt->shape.size() - 1, p.perm);
+    out.push_back(std::move(p));
+  }
+
+  // A constant added to every score through the bias, exactly in the bias's dtype.
+  for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8}) {
+    const DType bt = c.bias ? c.bias->dtype : DType::F32;
+    bool exact = true;
+    if (c.bias)
+      for (double x : c.bias->values)
+        if (std::isfinite(x) && !(exact_sum(x, cst) && representable(bt, x + cst))) {
+          exact = false;
+          break;
+        }
+    if (!exact) continue;
+    TwinPair p{Invariant::ShiftInvariance, "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
+               inputs, inputs, {}, cst, false, all_rows(c), all_tokens(c)};
+    RawTensor nb{"bias", bt, c.bias ? c.bias->shape : std::vector<std::int64_t>{1}, {}};
+    const std::vector<double> vals = c.bias ? c.bias->values : std::vector<double>{0.0};
+    nb.data.resize(vals.size() * dtype_size(bt));
+    for (std::size_t k = 0; k < vals.size(); ++k)
+      encode_float(bt, vals[k] + cst, nb.data.data() + k * dtype_size(bt));  // -inf stays -inf
+    p.b.put(std::move(nb));
+    out.push_back(std::move(p));
+    break;
+  }
+
+  // Under causal: keys after the last one the middle query may see change sign.
+  if (c.causal != Causal::None) {
+    const std::int64_t mid = c.Nq / 2;
+    std::int64_t last = -1;
+    for (std::int64_t j = 0; j < c.Nk; ++j)
+      if (detail::positional(c, mid, j)) last = j;
+    const std::int64_t from = last + 1;
+    if (from < c.Nk) {
+      TwinPair p{Invariant::CausalDependence, "future",
+                 "keys " + std::to_string(from) + ".." + std::to_string(c.Nk - 1) + " changed",
+                 inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+      for (auto& [name, dim] : key_tensors(c)) negate_range(need(p.b, name), dim, from, c.Nk);
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i) {
+            std::int64_t li = -1;
+            for (std::int64_t j = 0; j < c.Nk; ++j)
+              if (detail::positional(c, i, j)) li = j;
+            p.rows[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = li < from;
+            p.out_rows[static_cast<std::size_t>(b * c.Nq + i)] = li < from;
+          }
+      out.push_back(std::move(p));
+    }
+  }
+
+  // A padding key appended and masked out: its values must not matter.
+  {
+    TwinPair p{Invariant::MaskedZero, "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c)};
+    fold_positions(c, p.b);
+    for (auto& [name, dim] : key_tensors(c)) append_dim(need(p.b, name), dim, 0, true);
+    RawTensor& m = need(p.b, "mask");
+    append_dim(m, m.shape.size() - 1, 0, false);
+    {  // the new column is false everywhere
+      std::int64_t outer, len, inner;
+      split(m, m.shape.size() - 1, outer, len, inner);
+      for (std::int64_t o = 0; o < outer; ++o) m.data[static_cast<std::size_t>(o * len + len - 1)] = 0;
+    }
+    if (RawTensor* bt = p.b.find("bias"); bt && bt->shape.back() == c.Nk)
+      append_dim(*bt, bt->shape.size() - 1, 0, false);
+    out.push_back(std::move(p));
+  }
+
+  // One head changed.
+  if (c.kind == Kind::Sdpa && c.Hq > 1) {
+    const std::int64_t r = c.Hq - 1;
+    TwinPair p{Invariant::HeadIndependence, "head", "queries of head " + std::to_string(r) + " changed",
+               inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    RawTensor& q = need(p.b, "q");
+    for (std::int64_t b = 0; b < c.B; ++b) {  // q[b, r] negated: the block of head r in batch b
+      std::int64_t outer, len, inner;
+      split(q, 1, outer, len, inner);
+      const std::size_t es = dtype_size(q.dtype);
+      for (std::int64_t k = 0; k < inner; ++k)
+        q.data[static_cast<std::size_t>((b * len + r) * inner + k) * es + es - 1] ^= 0x80;
+    }
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        p.rows[static_cast<std::size_t>((b * c.Hq + r) * c.Nq + i)] = 0;
+    out.push_back(std::move(p));
+  } else if (c.kind == Kind::Mha && c.Hq > 1) {
+    // W_o's rows of head r zeroed in both, so that out no longer depends on head r; then head
+    // r's projections change in one of them.
+    const std::int64_t r = c.Hq - 1;
+    TwinPair p{Invariant::HeadIndependence, "head", "projections of head " + std::to_string(r) + " changed",
+               inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    RawTensor& wo = need(p.a, "w_o");
+    const std::size_t es = dtype_size(wo.dtype);
+    const auto row_bytes = static_cast<std::size_t>(c.Dout) * es;
+    std::fill(wo.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r * c.Dv) * row_bytes),
+              wo.data.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>((r + 1) * c.Dv) * row_bytes), 0);
+    p.b.put(wo);
+    for (const char* name : {"w_q", "w_k", "w_v"}) reverse_block(need(p.b, name), r);
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        p.rows[static_cast<std::size_t>((b * c.Hq + r) * c.Nq + i)] = 0;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace attnoracle::oracle

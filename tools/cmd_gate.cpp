@@ -1,0 +1,148 @@
+// attnoracle run DIR --impl 'CMD' and attnoracle check DIR --results RDIR: the conformance gate.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "attnoracle/error.hpp"
+#include "attnoracle/gate.hpp"
+#include "cli.hpp"
+
+namespace attnoracle::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct GateArgs {
+  std::string dir, impl, plugin, results, profile = "fp32", masked_rows, returns;
+  std::vector<std::string> tags, dtypes, ids;
+  double timeout = 600;
+  bool require_all = false, all = false, keep = false;
+  std::string json, junit, work;
+  int threads = default_threads();
+};
+
+conformance::Profile profile_of(const GateArgs& a) {
+  conformance::Profile p = a.profile.size() > 5 && a.profile.substr(a.profile.size() - 5) == ".json"
+                               ? conformance::profile_from_json(a.profile)
+                               : conformance::builtin_profile(a.profile);
+  if (!a.masked_rows.empty()) {
+    using C = conformance::MaskedRowConvention;
+    if (a.masked_rows == "error") p.masked_rows = C::Error;
+    else if (a.masked_rows == "zero") p.masked_rows = C::Zero;
+    else if (a.masked_rows == "nan") p.masked_rows = C::Nan;
+    else if (a.masked_rows == "mean") p.masked_rows = C::Mean;
+    else throw InputError("--masked-rows", "", "must be error, zero, nan or mean");
+  }
+  if (!a.returns.empty()) {
+    p.returns_weights = a.returns.find("weights") != std::string::npos;
+    p.returns_lse = a.returns.find("lse") != std::string::npos;
+  }
+  return p;
+}
+
+conformance::GateOptions options_of(const GateArgs& a) {
+  conformance::GateOptions o;
+  o.dir = a.dir;
+  o.profile = profile_of(a);
+  o.tags = a.tags;
+  o.ids = a.ids;
+  for (const auto& d : a.dtypes) {
+    const auto t = dtype_from_name(d);
+    if (!t || !is_float_format(*t)) throw InputError("--dtype", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16)");
+    o.dtypes.push_back(*t);
+  }
+  o.timeout = a.timeout;
+  o.require_all = a.require_all;
+  o.threads = a.threads;
+  if (!a.json.empty()) require_parent_dir(a.json);
+  if (!a.junit.empty()) require_parent_dir(a.junit);
+  if (!fs::is_directory(a.dir)) throw InputError(a.dir, "", "not a vector set directory");
+  return o;
+}
+
+int finish(const GateArgs& a, const conformance::GateReport& r) {
+  std::fputs(conformance::text_report(r, a.all).c_str(), stdout);
+  auto put = [](const std::string& path, const std::string& s) {
+    write_file_atomic(path, std::vector<unsigned char>(s.begin(), s.end()));
+  };
+  if (!a.json.empty()) put(a.json, conformance::json_report(r));
+  if (!a.junit.empty()) put(a.junit, conformance::junit_report(r));
+  return conformance::gate_exit_status(r, a.require_all);
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("attnoracle") : p.string();
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+int run_run(const GateArgs& a) {
+  if (a.impl.empty() == a.plugin.empty()) throw InputError("--impl", "", "give exactly one of --impl and --plugin");
+  conformance::GateOptions o = options_of(a);
+  // A plugin runs in a host process of its own, so that a crash in it is a failed case.
+  o.impl = a.impl.empty() ? quote(self_exe()) + " plugin-host " + quote(fs::absolute(a.plugin).string()) : a.impl;
+  const bool temp = a.work.empty();
+  o.work_dir = temp ? (fs::temp_directory_path() / ("attnoracle-run-" + std::to_string(::getpid()))).string() : a.work;
+  conformance::GateReport r;
+  try {
+    r = conformance::run_gate(o);
+  } catch (...) {
+    if (temp && !a.keep) fs::remove_all(o.work_dir);
+    throw;
+  }
+  if (temp && !a.keep) fs::remove_all(o.work_dir);
+  return finish(a, r);
+}
+
+int run_check(const GateArgs& a) {
+  conformance::GateOptions o = options_of(a);
+  o.results = a.results;
+  return finish(a, conformance::check_gate(o));
+}
+
+void common(CLI::App* sub, GateArgs& a) {
+  sub->add_option("DIR", a.dir, "vector set (manifest.json, cases/)")->required();
+  sub->add_option("--profile", a.profile, "fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON file");
+  sub->add_option("--tag", a.tags, "only cases with one of these tags")->delimiter(',');
+  sub->add_option("--dtype", a.dtypes, "only cases with these input dtypes")->delimiter(',');
+  sub->add_option("--case", a.ids, "only these case ids")->delimiter(',');
+  sub->add_option("--masked-rows", a.masked_rows, "declared treatment of fully masked rows: error, zero, nan, mean");
+  sub->add_option("--returns", a.returns, "optional outputs the implementation returns: weights,lse (default both)");
+  sub->add_flag("--require-all", a.require_all, "skipped cases count as failures");
+  sub->add_flag("--all", a.all, "list passing cases too");
+  sub->add_option("--json", a.json, "write the report as JSON");
+  sub->add_option("--junit", a.junit, "write the report as JUnit XML");
+  sub->add_option("--threads", a.threads, "comparisons in parallel")->check(CLI::Range(1, 1024));
+}
+
+}  // namespace
+
+Command add_run(CLI::App& app) {
+  auto a = std::make_shared<GateArgs>();
+  CLI::App* sub = app.add_subcommand("run", "conformance gate: runs an implementation through the adapter protocol");
+  common(sub, *a);
+  sub->add_option("--impl", a->impl, "the implementation's command");
+  sub->add_option("--plugin", a->plugin, "a shared library implementing conformance/include/attnoracle/plugin.h");
+  sub->add_option("--timeout", a->timeout, "seconds for the implementation's whole run")->check(CLI::Range(0.0, 1e7));
+  sub->add_option("--work", a->work, "directory for inputs and outputs (default: a temporary one)");
+  sub->add_flag("--keep", a->keep, "keep the temporary work directory");
+  return {sub, [a] { return run_run(*a); }};
+}
+
+Command add_check(CLI::App& app) {
+  auto a = std::make_shared<GateArgs>();
+  CLI::App* sub = app.add_subcommand("check", "the gate on results produced offline (<id>.safetensors in RDIR)");
+  common(sub, *a);
+  sub->add_option("--results", a->results, "directory of results")->required();
+  return {sub, [a] { return run_check(*a); }};
+}
+
+}  // namespace attnoracle::cli

@@ -1,0 +1,182 @@
+// attnoracle invariants --impl 'CMD': metamorphic checks of an implementation, no golden data.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "attnoracle/error.hpp"
+#include "attnoracle/metamorphic.hpp"
+#include "attnoracle/problem.hpp"
+#include "cli.hpp"
+
+namespace attnoracle::cli {
+namespace {
+
+struct InvariantsArgs {
+  std::string impl;
+  int problems = 12;
+  std::uint64_t seed = 1;
+  std::vector<std::string> dtypes{"F32"};
+  std::vector<std::string> kinds{"sdpa", "mha"};
+  int max_len = 12;
+  int dim = 8;
+  std::string profile = "fp32";
+  double safety = 8;
+  double timeout = 600;
+  std::string work, failures = "attnoracle-invariants-failures", json;
+  bool keep = false;
+};
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Problem k of the run: every option cycles through its values; sizes are drawn from the seed.
+vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t& seed) {
+  std::uint64_t s = mix(a.seed * 0x100000001b3ULL + static_cast<std::uint64_t>(k));
+  seed = s;
+  auto draw = [&](std::int64_t lo, std::int64_t hi) {  // uniform in [lo, hi]
+    s = mix(s);
+    return lo + static_cast<std::int64_t>(s % static_cast<std::uint64_t>(hi - lo + 1));
+  };
+  vectors::ProblemSpec p;
+  const std::string& kind = a.kinds[static_cast<std::size_t>(k) % a.kinds.size()];
+  p.kind = kind == "mha" ? Kind::Mha : Kind::Sdpa;
+  p.dtype = *dtype_from_name(a.dtypes[static_cast<std::size_t>(k / static_cast<int>(a.kinds.size())) % a.dtypes.size()]);
+  static const Causal causal[] = {Causal::None, Causal::TopLeft, Causal::BottomRight};
+  p.causal = causal[k % 3];
+  p.Nq = draw(1, a.max_len);
+  p.Nk = draw(1, a.max_len);
+  p.Dk = draw(1, a.dim);
+  p.Dv = draw(1, a.dim);
+  p.B = draw(1, 2);
+  if (p.kind == Kind::Sdpa) {
+    p.Hkv = draw(1, 2);
+    p.Hq = p.Hkv * draw(1, 2);
+  } else {
+    p.Hq = p.Hkv = draw(1, 3);
+    p.D = draw(1, a.dim);
+    p.Dout = draw(1, a.dim);
+  }
+  p.masked_rows = MaskedRows::Zero;
+  p.want_weights = p.want_lse = true;
+  static const vectors::MaskKind masks[] = {vectors::MaskKind::None, vectors::MaskKind::KeyPadding,
+                                            vectors::MaskKind::Random};
+  p.mask = masks[(k / 3) % 3];
+  static const vectors::BiasKind biases[] = {vectors::BiasKind::None, vectors::BiasKind::Alibi,
+                                             vectors::BiasKind::Random};
+  p.bias = biases[(k / 2) % 3];
+  if (k % 4 == 3) p.window = std::make_pair(draw(0, 3), draw(0, 3));
+  if (k % 5 == 4) p.softcap = "5";
+  p.query_mask = k % 6 == 5;
+  p.generator = "normal";
+  return p;
+}
+
+void write_json(const std::string& path, const InvariantsArgs& a, const oracle::MetamorphicReport& r) {
+  nlohmann::ordered_json j;
+  j["impl"] = a.impl;
+  j["seed"] = a.seed;
+  j["problems"] = a.problems;
+  j["profile"] = a.profile;
+  j["passed"] = r.passed;
+  j["violated"] = r.violated;
+  j["skipped"] = r.skipped;
+  j["bitwise"] = r.bitwise;
+  j["relations"] = nlohmann::ordered_json::array();
+  for (const auto& x : r.results) {
+    const char* st = x.status == oracle::RelationResult::Status::Pass       ? "pass"
+                     : x.status == oracle::RelationResult::Status::Violated ? "violated"
+                                                                            : "skipped";
+    j["relations"].push_back({{"problem", x.problem},
+                              {"invariant", std::string(oracle::invariant_name(x.invariant))},
+                              {"twin", x.what},
+                              {"status", st},
+                              {"bitwise", x.bitwise},
+                              {"worst_ratio", std::isfinite(x.worst) ? x.worst : -1.0},
+                              {"detail", x.detail}});
+  }
+  std::ostringstream os;
+  os << j.dump(2) << "\n";
+  const std::string s = os.str();
+  write_file_atomic(path, std::vector<unsigned char>(s.begin(), s.end()));
+}
+
+int run_invariants(const InvariantsArgs& a) {
+  namespace fs = std::filesystem;
+  for (const auto& d : a.dtypes)
+    if (!dtype_from_name(d) || !is_float_format(*dtype_from_name(d)))
+      throw InputError("--dtypes", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16)");
+  for (const auto& k : a.kinds)
+    if (k != "sdpa" && k != "mha") throw InputError("--kinds", "", "unknown kind '" + k + "' (sdpa, mha)");
+  if (!a.json.empty()) require_parent_dir(a.json);
+  oracle::MetamorphicOptions opt;
+  opt.command = a.impl;
+  opt.profile = oracle::precision_profile(a.profile);
+  opt.safety = a.safety;
+  opt.timeout = a.timeout;
+  opt.failures_dir = a.failures;
+  const bool temp_work = a.work.empty();
+  opt.work_dir = temp_work ? (fs::temp_directory_path() / ("attnoracle-invariants-" + std::to_string(::getpid()))).string()
+                           : a.work;
+
+  std::vector<std::pair<std::string, SafeTensorsFile>> problems;
+  for (int k = 0; k < a.problems; ++k) {
+    std::uint64_t seed = 0;
+    const vectors::ProblemSpec spec = problem_spec(a, k, seed);
+    char id[64];
+    std::snprintf(id, sizeof id, "p%03d-%s-%s", k, spec.kind == Kind::Mha ? "mha" : "sdpa",
+                  std::string(dtype_name(spec.dtype)).c_str());
+    problems.emplace_back(id, vectors::make_problem(spec, seed));
+  }
+  const oracle::MetamorphicReport r = oracle::run_metamorphic(problems, opt);
+  if (temp_work && !a.keep) fs::remove_all(opt.work_dir);
+
+  for (const auto& x : r.results)
+    if (x.status == oracle::RelationResult::Status::Violated)
+      std::printf("violated  %s  %s (%s): %s\n", x.problem.c_str(),
+                  std::string(oracle::invariant_name(x.invariant)).c_str(), x.what.c_str(), x.detail.c_str());
+  if (!r.adapter_note.empty()) std::printf("note: %s\n", r.adapter_note.c_str());
+  std::printf("%zu relations on %d problems (seed %llu, profile %s): %zu passed (%zu bit for bit), "
+              "%zu violated, %zu skipped\n",
+              r.results.size(), a.problems, static_cast<unsigned long long>(a.seed), a.profile.c_str(),
+              r.passed, r.bitwise, r.violated, r.skipped);
+  if (r.violated)
+    std::printf("replay: the failing cases are in %s; rerun with --seed %llu --problems %d\n",
+                a.failures.c_str(), static_cast<unsigned long long>(a.seed), a.problems);
+  if (!a.json.empty()) write_json(a.json, a, r);
+  return r.violated ? 1 : 0;
+}
+
+}  // namespace
+
+Command add_invariants(CLI::App& app) {
+  auto a = std::make_shared<InvariantsArgs>();
+  CLI::App* sub = app.add_subcommand("invariants", "metamorphic checks of an implementation, no golden data");
+  sub->add_option("--impl", a->impl, "the implementation's command (adapter protocol)")->required();
+  sub->add_option("--problems", a->problems, "number of seeded problems")->check(CLI::Range(1, 100000));
+  sub->add_option("--seed", a->seed, "seed of the problems");
+  sub->add_option("--dtypes", a->dtypes, "input dtypes, cycled (F64, F32, F16, BF16)")->delimiter(',');
+  sub->add_option("--kinds", a->kinds, "kinds, cycled (sdpa, mha)")->delimiter(',');
+  sub->add_option("--max-len", a->max_len, "largest Nq and Nk")->check(CLI::Range(1, 4096));
+  sub->add_option("--dim", a->dim, "largest head and model dimension")->check(CLI::Range(1, 1024));
+  sub->add_option("--profile", a->profile, "declared arithmetic: fp64, fp32, fp16, bf16");
+  sub->add_option("--safety", a->safety, "factor on each side's error bound")->check(CLI::Range(1.0, 1e6));
+  sub->add_option("--timeout", a->timeout, "seconds for the implementation's whole run")->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--work", a->work, "directory for the case files and results (default: a temporary one)");
+  sub->add_option("--failures", a->failures, "where failing cases are written for replay");
+  sub->add_option("--json", a->json, "write the report as JSON");
+  sub->add_flag("--keep", a->keep, "keep the temporary work directory");
+  return {sub, [a] { return run_invariants(*a); }};
+}
+
+}  // namespace attnoracle::cli

@@ -1,0 +1,146 @@
+// attnoracle gen SPEC -o DIR: generates a vector set from a suite spec.
+// attnoracle verify DIR: checks a vector set.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "attnoracle/error.hpp"
+#include "attnoracle/generate.hpp"
+#include "attnoracle/verify.hpp"
+#include "cli.hpp"
+
+namespace attnoracle::cli {
+namespace {
+
+struct GenArgs {
+  std::string spec, out, shard;
+  int jobs = default_threads();
+  int threads_per_case = 1;
+  long max_precision = 2048;
+  bool quiet = false;
+};
+
+// "k/n" with 0 <= k < n.
+void parse_shard(const std::string& text, vectors::GenOptions& o) {
+  const auto slash = text.find('/');
+  int k = -1, n = 0;
+  try {
+    if (slash != std::string::npos && slash > 0 && slash + 1 < text.size()) {
+      std::size_t used_k = 0, used_n = 0;
+      k = std::stoi(text.substr(0, slash), &used_k);
+      n = std::stoi(text.substr(slash + 1), &used_n);
+      if (used_k != slash || used_n != text.size() - slash - 1) k = -1;
+    }
+  } catch (const std::exception&) {
+    k = -1;
+  }
+  if (k < 0 || n < 1 || k >= n)
+    throw InputError("--shard", "", "\"" + text + "\" is not k/n with 0 <= k < n");
+  o.sharded = true;
+  o.shard_k = k;
+  o.shard_n = n;
+}
+
+int run_gen(const GenArgs& a) {
+  vectors::GenOptions o;
+  o.spec_path = a.spec;
+  o.out_dir = a.out;
+  o.jobs = a.jobs;
+  o.threads_per_case = a.threads_per_case;
+  o.max_precision = a.max_precision;
+  if (!a.shard.empty()) parse_shard(a.shard, o);
+  require_parent_dir(a.out);
+
+  const bool tty = ::isatty(2) != 0;
+  vectors::GenCallbacks cb;
+  cb.violation = [tty, quiet = a.quiet](const std::string& id,
+                                       const oracle::InvariantViolation& e) {
+    if (tty && !quiet) std::fputc('\n', stderr);  // end the progress line
+    print_violations(id, e);
+  };
+  if (!a.quiet)
+    cb.progress = [tty](const vectors::CaseEvent& e) {
+      const char* what = e.what == vectors::CaseEvent::Present  ? " present"
+                         : e.what == vectors::CaseEvent::Failed ? " FAILED"
+                                                                : "";
+      const bool last = e.done == e.total;
+      std::fprintf(stderr, "%s[%zu/%zu] %s  %.2f s%s%s", tty ? "\r\033[K" : "", e.done, e.total,
+                   e.spec->id.c_str(), e.seconds, what, tty && !last ? "" : "\n");
+      std::fflush(stderr);
+    };
+  const vectors::GenSummary s = vectors::generate(o, cb);
+  if (!a.quiet || s.failed) {
+    std::fprintf(stderr, "%s: %zu cases written, %zu already present, %zu failed", a.out.c_str(),
+                 s.written, s.present, s.failed);
+    if (s.manifest_written)
+      std::fprintf(stderr, "; manifest written (%zu cases)\n", s.suite_cases);
+    else if (o.sharded)
+      std::fprintf(stderr,
+                   "; shard %d/%d done, %zu of %zu cases still missing; run gen without --shard "
+                   "to finish and write the manifest\n",
+                   o.shard_k, o.shard_n, s.missing, s.suite_cases);
+    else
+      std::fprintf(stderr, "; no manifest written\n");
+  }
+  return s.failed ? 1 : 0;
+}
+
+struct VerifyArgs {
+  std::string dir;
+  bool recompute = false, all = false, quiet = false;
+  int jobs = default_threads();
+  long max_precision = 2048;
+};
+
+int run_verify(const VerifyArgs& a) {
+  vectors::VerifyOptions o;
+  o.dir = a.dir;
+  o.recompute = a.recompute;
+  o.all = a.all;
+  o.jobs = a.jobs;
+  o.max_precision = a.max_precision;
+  const vectors::VerifyReport r = vectors::verify(o);
+  for (const auto& p : r.problems) std::printf("%s: %s\n", p.where.c_str(), p.reason.c_str());
+  std::fflush(stdout);
+  if (!a.quiet)
+    std::fprintf(stderr, "%s: %zu cases, %zu checked%s, %zu problem%s\n", a.dir.c_str(), r.cases,
+                 r.checked, a.recompute ? " and recomputed" : "", r.problems.size(),
+                 r.problems.size() == 1 ? "" : "s");
+  return r.problems.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_gen(CLI::App& app) {
+  auto a = std::make_shared<GenArgs>();
+  CLI::App* sub = app.add_subcommand("gen", "generates a vector set from a suite spec");
+  sub->add_option("SPEC", a->spec, "suite spec (JSON)")->required();
+  sub->add_option("-o,--output", a->out, "output directory (manifest.json, cases/)")->required();
+  sub->add_option("--jobs", a->jobs, "cases evaluated in parallel")->check(CLI::Range(1, 1024));
+  sub->add_option("--shard", a->shard,
+                  "k/n: only cases with index % n == k, no manifest (finish with a run without)");
+  sub->add_option("--threads-per-case", a->threads_per_case, "threads of each evaluation")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--max-precision", a->max_precision, "Ziv's cap in bits")
+      ->check(CLI::Range(64L, 1L << 20));
+  sub->add_flag("-q,--quiet", a->quiet, "no progress on stderr");
+  return {sub, [a] { return run_gen(*a); }};
+}
+
+Command add_verify(CLI::App& app) {
+  auto a = std::make_shared<VerifyArgs>();
+  CLI::App* sub = app.add_subcommand("verify", "checks a vector set");
+  sub->add_option("DIR", a->dir, "vector set directory")->required();
+  sub->add_flag("--recompute", a->recompute,
+                "evaluate every case again and compare the golden tensors bit for bit");
+  sub->add_flag("--all", a->all, "report every problem, not only the first");
+  sub->add_option("--jobs", a->jobs, "cases checked in parallel")->check(CLI::Range(1, 1024));
+  sub->add_option("--max-precision", a->max_precision, "Ziv's cap in bits (as in gen)")
+      ->check(CLI::Range(64L, 1L << 20));
+  sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");
+  return {sub, [a] { return run_verify(*a); }};
+}
+
+}  // namespace attnoracle::cli

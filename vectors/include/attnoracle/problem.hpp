@@ -1,0 +1,85 @@
+// Problems for golden vector suites: a ProblemSpec describes shapes, options, masks, biases and
+// the data generator; make_problem turns it and a seed into the inputs of one case file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/dtype.hpp"
+#include "attnoracle/safetensors.hpp"
+
+namespace attnoracle::vectors {
+
+enum class MaskKind {
+  None,
+  KeyPadding,       // per batch a random number of trailing keys masked; [B,1,Nq,Nk]
+  Random,           // each key allowed with probability 3/4; [B,Hq,Nq,Nk]
+  SingleKey,        // exactly one allowed key per row; [B,Hq,Nq,Nk]
+  FullyMaskedRows,  // some rows with no allowed key; [B,1,Nq,Nk]
+  CausalMask,       // bottom-right causal written as an explicit mask; [Nq,Nk]
+};
+enum class BiasKind {
+  None,
+  Alibi,   // -m_h |i' - j| with m_h = 2^(-8(h+1)/Hq); [1,Hq,Nq,Nk]
+  Random,  // uniform [-2,2) with some -inf entries; [B,Hq,Nq,Nk]
+};
+
+struct ProblemSpec {
+  Kind kind = Kind::Sdpa;
+  DType dtype = DType::F32;
+  std::optional<DType> output_dtype;  // empty: the input dtype
+  // sdpa sizes; for mha Hq = Hkv = H, and D, Dout are set as well
+  std::int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, Dk = 1, Dv = 1, D = 0, Dout = 0;
+  bool self_attention = false;  // mha: x_kv = x_q (needs Nq = Nk)
+  Causal causal = Causal::None;
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;  // left, right
+  std::string softcap;                                          // metadata text; empty: off
+  std::string scale;                                            // metadata text; empty: 1/sqrt(Dk)
+  MaskedRows masked_rows = MaskedRows::Error;
+  bool want_weights = false, want_lse = false;
+  MaskKind mask = MaskKind::None;
+  BiasKind bias = BiasKind::None;
+  DType bias_dtype = DType::F32;
+  bool query_mask = false;
+  std::string generator = "normal";
+  std::map<std::string, double> params;  // generator parameters; absent ones take defaults
+};
+
+// A data generator: its name, parameters with their defaults, and a one-line summary.
+struct GeneratorInfo {
+  std::string_view name;
+  std::vector<std::pair<std::string_view, double>> params;
+  std::string_view summary;
+};
+const std::vector<GeneratorInfo>& generators();
+const GeneratorInfo* find_generator(std::string_view name);
+
+std::string_view mask_kind_name(MaskKind m);
+std::optional<MaskKind> mask_kind_from_name(std::string_view s);
+std::string_view bias_kind_name(BiasKind b);
+std::optional<BiasKind> bias_kind_from_name(std::string_view s);
+std::string_view causal_name(Causal c);
+std::optional<Causal> causal_from_name(std::string_view s);
+
+// Checks a spec for what make_problem cannot build (sizes, generator parameters, dtypes);
+// returns the first problem as text, or nothing.
+std::optional<std::string> problem_error(const ProblemSpec& p);
+
+// The inputs and metadata of the case: deterministic in (spec, seed) on every platform (own
+// PRNG, arithmetic limited to + - * /, every value rounded into its dtype with MPFR).
+// Throws std::invalid_argument when a value cannot be represented (a generator parameter too
+// large for the dtype, say).
+SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed);
+
+// True when evaluation refuses the case: policy error and a fully masked row that is not padding.
+bool refuses(const Case& c);
+// True when some row (padding or not) has no allowed key.
+bool has_fully_masked_row(const Case& c);
+
+}  // namespace attnoracle::vectors

@@ -1,0 +1,237 @@
+// gen: expands a suite, builds and evaluates each case in parallel, writes case files and the
+// manifest. Every file is written under a temporary name and renamed, so a file present is
+// complete; a rerun keeps the present files that still match the spec.
+#include "attnoracle/generate.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "attnoracle/error.hpp"
+#include "attnoracle/manifest.hpp"
+#include "attnoracle/problem.hpp"
+#include "attnoracle/verify.hpp"
+
+#ifndef ATTNORACLE_VERSION
+#define ATTNORACLE_VERSION "0"
+#endif
+
+namespace attnoracle::vectors {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<unsigned char>;
+
+std::optional<Bytes> read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return std::nullopt;
+  Bytes b((std::istreambuf_iterator<char>(in)), {});
+  if (in.bad()) return std::nullopt;
+  return b;
+}
+
+bool same_tensor(const RawTensor& a, const RawTensor& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.data == b.data;
+}
+
+// An existing case file is kept when its inputs and metadata are those the spec gives now, it
+// was made by this version of the reference, and its golden tensors are all there.
+bool present_matches(const std::string& path, const Bytes& bytes, const SafeTensorsFile& inputs,
+                     const Case& c, bool refused) {
+  if (refused) return bytes == serialize_safetensors(inputs);
+  SafeTensorsFile f;
+  try {
+    f = parse_safetensors(path, bytes);
+  } catch (const InputError&) {
+    return false;
+  }
+  auto md = f.metadata;
+  const auto ref = md.find("attn.reference");
+  if (ref == md.end() || ref->second != generator_name()) return false;
+  md.erase("attn.reference");
+  md.erase("attn.undecided");
+  if (md != inputs.metadata) return false;
+  std::size_t n_inputs = 0;
+  for (const RawTensor& t : f.tensors) {
+    if (is_golden_tensor_name(t.name)) continue;
+    const RawTensor* want = inputs.find(t.name);
+    if (!want || !same_tensor(t, *want)) return false;
+    ++n_inputs;
+  }
+  return n_inputs == inputs.tensors.size() && !golden_layout_problem(c, f);
+}
+
+struct Outcome {
+  bool done = false;
+  std::string sha256;
+  bool refused = false;
+  bool fully_masked = false;
+};
+
+}  // namespace
+
+std::string generator_name() { return std::string("attnoracle ") + ATTNORACLE_VERSION; }
+
+GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
+  const auto spec_bytes = read_bytes(opt.spec_path);
+  if (!spec_bytes)
+    throw InputError(opt.spec_path, "", std::string("cannot read: ") + std::strerror(errno));
+  const std::string spec_text(spec_bytes->begin(), spec_bytes->end());
+  const Suite suite = parse_suite(opt.spec_path, spec_text);
+
+  const fs::path dir(opt.out_dir), cases_dir = dir / "cases";
+  std::error_code ec;
+  fs::create_directories(cases_dir, ec);
+  if (ec || !fs::is_directory(cases_dir))
+    throw InputError(opt.out_dir, "", "cannot create " + cases_dir.string() + ": " + ec.message());
+  // A manifest present means a complete set: it goes until this run has made one again.
+  fs::remove(dir / "manifest.json", ec);
+  if (!opt.sharded) {
+    // Temporary files of a stopped run ("<file>.tmp.<pid>"); a sharded run may share the
+    // directory with other shards, so only the final run removes them.
+    for (const auto& e : fs::directory_iterator(cases_dir, ec))
+      if (e.path().filename().string().find(".safetensors.tmp.") != std::string::npos)
+        fs::remove(e.path(), ec);
+  }
+
+  std::vector<std::size_t> selected;
+  for (std::size_t k = 0; k < suite.cases.size(); ++k)
+    if (!opt.sharded ||
+        k % static_cast<std::size_t>(opt.shard_n) == static_cast<std::size_t>(opt.shard_k))
+      selected.push_back(k);
+
+  GenSummary sum;
+  sum.suite_cases = suite.cases.size();
+  sum.selected = selected.size();
+  std::vector<Outcome> outcome(suite.cases.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;  // progress, counters, first error
+  std::size_t done = 0;
+  std::exception_ptr error;
+  std::size_t error_at = SIZE_MAX;
+
+  EvalOptions eval;
+  eval.threads = opt.threads_per_case;
+  eval.max_precision = opt.max_precision;
+  const oracle::CheckOptions check;
+
+  auto report = [&](CaseEvent::What what, const CaseSpec& cs, double seconds) {
+    std::lock_guard<std::mutex> lk(mu);
+    ++done;
+    if (what == CaseEvent::Written) ++sum.written;
+    if (what == CaseEvent::Present) ++sum.present;
+    if (what == CaseEvent::Failed) ++sum.failed;
+    if (cb.progress) cb.progress({what, done, selected.size(), &cs, seconds});
+  };
+
+  auto one = [&](std::size_t k) {
+    const CaseSpec& cs = suite.cases[k];
+    const auto t0 = std::chrono::steady_clock::now();
+    auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    SafeTensorsFile inputs;
+    try {
+      inputs = make_problem(cs.problem, cs.seed);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(opt.spec_path, "case " + cs.id, e.what());
+    }
+    const Case c = case_from_file(cs.id, inputs);
+    Outcome& out = outcome[k];
+    out.refused = refuses(c);
+    out.fully_masked = has_fully_masked_row(c);
+    const fs::path path = cases_dir / (cs.id + ".safetensors");
+    if (const auto old = read_bytes(path);
+        old && present_matches(path, *old, inputs, c, out.refused)) {
+      out.sha256 = sha256_hex(*old);
+      out.done = true;
+      report(CaseEvent::Present, cs, seconds());
+      return;
+    }
+    Bytes bytes;
+    if (out.refused) {
+      bytes = serialize_safetensors(inputs);
+    } else {
+      try {
+        bytes = serialize_safetensors(golden_file(c, oracle::certified_evaluate(c, eval, check)));
+      } catch (const oracle::InvariantViolation& e) {
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          if (cb.violation) cb.violation(cs.id, e);
+        }
+        report(CaseEvent::Failed, cs, seconds());
+        return;
+      } catch (const FullyMaskedRow& e) {
+        throw InputError(opt.spec_path, "case " + cs.id,
+                         std::string("refused unexpectedly: ") + e.what());
+      } catch (const InputError& e) {
+        throw InputError(opt.spec_path, "case " + cs.id, e.message());
+      }
+    }
+    write_file_atomic(path.string(), bytes);
+    out.sha256 = sha256_hex(bytes);
+    out.done = true;
+    report(CaseEvent::Written, cs, seconds());
+  };
+
+  auto worker = [&] {
+    while (!stop.load()) {
+      const std::size_t s = next.fetch_add(1);
+      if (s >= selected.size()) break;
+      try {
+        one(selected[s]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (selected[s] < error_at) {  // the first failing case, whatever the scheduling
+          error_at = selected[s];
+          error = std::current_exception();
+        }
+        stop = true;
+      }
+    }
+    mpfr_free_cache();
+  };
+  const int jobs = std::max(
+      1, std::min<int>(opt.jobs, static_cast<int>(std::max<std::size_t>(selected.size(), 1))));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < jobs; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+
+  for (std::size_t k = 0; k < suite.cases.size(); ++k)
+    if (!outcome[k].done && !fs::exists(cases_dir / (suite.cases[k].id + ".safetensors")))
+      ++sum.missing;
+  if (opt.sharded || sum.failed > 0) return sum;
+
+  Manifest m;
+  m.suite = suite.name;
+  m.generator = generator_name();
+  m.seed = suite.seed;
+  m.spec_sha256 = sha256_hex(*spec_bytes);
+  for (std::size_t k = 0; k < suite.cases.size(); ++k) {
+    const CaseSpec& cs = suite.cases[k];
+    ManifestCase mc{cs.id, case_file_name(cs.id), outcome[k].sha256,
+                    outcome[k].refused ? "error" : "ok", cs.tags};
+    if (outcome[k].fully_masked &&
+        std::find(mc.tags.begin(), mc.tags.end(), "fully_masked") == mc.tags.end())
+      mc.tags.push_back("fully_masked");
+    m.cases.push_back(std::move(mc));
+  }
+  const std::string text = manifest_text(m);
+  write_file_atomic((dir / "manifest.json").string(), Bytes(text.begin(), text.end()));
+  sum.manifest_written = true;
+  return sum;
+}
+
+}  // namespace attnoracle::vectors

@@ -1,0 +1,307 @@
+// Checks of stored golden tensors: their layout, and the invariants rounded values keep.
+#include <mpfr.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "attnoracle/round.hpp"
+#include "attnoracle/verify.hpp"
+
+namespace attnoracle::vectors {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+std::string shape_string(const Shape& s) {
+  std::string out = "[";
+  for (std::size_t a = 0; a < s.size(); ++a) out += (a ? "," : "") + std::to_string(s[a]);
+  return out + "]";
+}
+
+std::string hexf(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", x);
+  return buf;
+}
+
+struct Expected {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+std::vector<Expected> expected_golden(const Case& c) {
+  const DType o = c.output_dtype;
+  const Shape out = c.kind == Kind::Mha ? Shape{c.B, c.Nq, c.Dout} : Shape{c.B, c.Hq, c.Nq, c.Dv};
+  const Shape rows{c.B, c.Hq, c.Nq}, w{c.B, c.Hq, c.Nq, c.Nk};
+  std::vector<Expected> e = {{"out", o, out}, {"out.ref", DType::F64, out}};
+  if (o == DType::F64) e.push_back({"out.ref_lo", DType::F64, out});
+  e.push_back({"out.bound", DType::F64, out});
+  e.push_back({"row.valid", DType::BOOL, rows});
+  if (c.want_weights) {
+    e.push_back({"weights", o, w});
+    e.push_back({"weights.ref", DType::F64, w});
+  }
+  if (c.want_lse) {
+    e.push_back({"lse", o, rows});
+    e.push_back({"lse.ref", DType::F64, rows});
+  }
+  return e;
+}
+
+// A stored tensor decoded to doubles, with the flat indices of its undecided elements.
+struct Values {
+  std::vector<double> v;
+  std::set<std::int64_t> undecided;
+  double operator[](std::int64_t i) const { return v[sz(i)]; }
+};
+
+Values values(const SafeTensorsFile& f, const std::string& name) {
+  Values out;
+  const RawTensor* t = f.find(name);
+  if (!t) return out;
+  const std::size_t n = sz(t->numel()), s = dtype_size(t->dtype);
+  out.v.resize(n);
+  for (std::size_t e = 0; e < n; ++e) out.v[e] = decode_float(t->dtype, t->data.data() + e * s);
+  if (const RawTensor* u = f.find(name + ".undecided"))
+    for (std::int64_t e = 0; e < u->numel(); ++e) {
+      std::int64_t idx;
+      std::memcpy(&idx, u->data.data() + 8 * sz(e), 8);
+      out.undecided.insert(idx);
+    }
+  return out;
+}
+
+double rn(double x, DType t) {
+  if (t == DType::F64 || std::isnan(x)) return x;
+  mpfr_t m;
+  mpfr_init2(m, 53);
+  mpfr_set_d(m, x, MPFR_RNDN);
+  const double r = round_to_format(m, t);
+  mpfr_clear(m);
+  return r;
+}
+
+// y (in format t) is the rounding of the exact value whose F64 rounding is ref: then y is a
+// neighbour in t of ref, and the rounding of ref or of one of its F64 neighbours (double
+// rounding can move a midpoint).
+bool consistent(double y, double ref, DType t) {
+  if (std::isnan(y) || std::isnan(ref)) return false;
+  if (t == DType::F64) return y == ref;
+  if (y == rn(ref, t)) return true;
+  return y == rn(std::nextafter(ref, -INFINITY), t) || y == rn(std::nextafter(ref, INFINITY), t);
+}
+
+class Checker {
+ public:
+  Checker(const Case& c, const SafeTensorsFile& f) : c_(c), f_(f) {}
+
+  std::optional<std::string> run() {
+    const RawTensor* rv = f_.find("row.valid");
+    const Values out = values(f_, "out"), ref = values(f_, "out.ref"),
+                 lo = values(f_, "out.ref_lo"), bound = values(f_, "out.bound");
+    const Values w = values(f_, "weights"), wr = values(f_, "weights.ref");
+    const Values lse = values(f_, "lse"), lser = values(f_, "lse.ref");
+    const DType o = c_.output_dtype;
+    const bool mha = c_.kind == Kind::Mha;
+    const std::int64_t width = mha ? c_.Dout : c_.Dv;
+
+    // Element-wise: |out.ref| <= out.bound, out.ref_lo below half an ulp, rounded companions.
+    for (std::int64_t e = 0; e < static_cast<std::int64_t>(ref.v.size()); ++e) {
+      if (!(std::fabs(ref[e]) <= bound[e]))
+        return at("out.ref", e, hexf(ref[e]) + " exceeds out.bound " + hexf(bound[e]));
+      if (!lo.v.empty() && !lo.undecided.count(e) && !ref.undecided.count(e) &&
+          !(std::fabs(lo[e]) <= std::ldexp(std::fabs(ref[e]), -53) + 0x1p-1074))
+        return at("out.ref_lo", e,
+                  hexf(lo[e]) + " is more than half an ulp of out.ref " + hexf(ref[e]));
+    }
+
+    for (std::int64_t b = 0; b < c_.B; ++b)
+      for (std::int64_t i = 0; i < c_.Nq; ++i) {
+        bool any_head_valid = false;
+        for (std::int64_t h = 0; h < c_.Hq; ++h) {
+          const std::int64_t row = (b * c_.Hq + h) * c_.Nq + i;
+          std::vector<std::int64_t> keys;
+          for (std::int64_t j = 0; j < c_.Nk; ++j)
+            if (c_.position_allowed(i, j) && c_.mask_at(b, h, i, j) &&
+                c_.bias_at(b, h, i, j) != -INFINITY)
+              keys.push_back(j);
+          const bool is_valid = rv->data[sz(row)] != 0;
+          any_head_valid = any_head_valid || !keys.empty();
+          if (is_valid != !keys.empty())
+            return at("row.valid", row,
+                      std::string(is_valid ? "true" : "false") + " but the row has " +
+                          std::to_string(keys.size()) + " allowed keys");
+          if (auto p = weights_row(w, wr, row, keys)) return p;
+          if (!lser.v.empty()) {
+            if (keys.empty() && !(lser[row] == -INFINITY && lse[row] == -INFINITY))
+              return at("lse.ref", row, hexf(lser[row]) + " on a fully masked row, not -inf");
+            if (!keys.empty() && !std::isfinite(lser[row]))
+              return at("lse.ref", row, hexf(lser[row]) + " on a row with allowed keys");
+          }
+          if (!mha) {
+            const std::int64_t base = row * width;
+            if (keys.empty()) {
+              for (std::int64_t col = 0; col < width; ++col)
+                if (out[base + col] != 0 || ref[base + col] != 0)
+                  return at("out", base + col, "not 0 on a fully masked row");
+            } else if (auto p = hull(out, ref, b, h, base, keys)) {
+              return p;
+            }
+          }
+        }
+        if (mha && !any_head_valid) {
+          const std::int64_t base = (b * c_.Nq + i) * width;
+          for (std::int64_t col = 0; col < width; ++col)
+            if (out[base + col] != 0 || ref[base + col] != 0)
+              return at("out", base + col, "not 0 on a row where every head is fully masked");
+        }
+      }
+    // Each rounded tensor against its F64 companion, after the checks that say more.
+    if (auto p = pairs("out", out, ref, o)) return p;
+    if (auto p = pairs("weights", w, wr, o)) return p;
+    if (auto p = pairs("lse", lse, lser, o)) return p;
+    return std::nullopt;
+  }
+
+ private:
+  std::optional<std::string> at(const std::string& tensor, std::int64_t e,
+                                const std::string& what) const {
+    const RawTensor* t = f_.find(tensor);
+    std::string idx;
+    std::int64_t rest = e;
+    Shape pos(t ? t->shape.size() : 0);
+    for (std::size_t a = pos.size(); a-- > 0;) {
+      pos[a] = rest % t->shape[a];
+      rest /= t->shape[a];
+    }
+    return tensor + shape_string(pos) + ": " + what;
+  }
+
+  std::optional<std::string> pairs(const std::string& name, const Values& y, const Values& ref,
+                                   DType o) const {
+    for (std::int64_t e = 0; e < static_cast<std::int64_t>(y.v.size()); ++e) {
+      if (y.undecided.count(e) || ref.undecided.count(e)) continue;
+      if (!consistent(y[e], ref[e], o))
+        return at(name, e, hexf(y[e]) + " is not a rounding of " + name + ".ref " + hexf(ref[e]));
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> weights_row(const Values& w, const Values& wr, std::int64_t row,
+                                         const std::vector<std::int64_t>& keys) const {
+    if (wr.v.empty()) return std::nullopt;
+    const std::int64_t base = row * c_.Nk;
+    std::vector<char> allowed(sz(c_.Nk), 0);
+    for (auto j : keys) allowed[sz(j)] = 1;
+    long double sum = 0;
+    for (std::int64_t j = 0; j < c_.Nk; ++j) {
+      const double a = w[base + j], r = wr[base + j];
+      if (!allowed[sz(j)]) {
+        if (a != 0 || r != 0)
+          return at("weights.ref", base + j, hexf(r) + " for a key that is not allowed, not 0");
+        continue;
+      }
+      if (!(a >= 0 && a <= 1 && r >= 0 && r <= 1))
+        return at("weights.ref", base + j, hexf(r) + " is not within [0, 1]");
+      sum += r;
+    }
+    // Each stored weight is within 2^-53 of its exact value relatively, and the sum adds
+    // rounding errors of at most n 2^-53: n 2^-52 in all.
+    const long double tol = std::ldexp(static_cast<long double>(keys.size()), -52);
+    if (!keys.empty() && std::fabs(sum - 1) > tol)
+      return at("weights.ref", base,
+                "the row's " + std::to_string(keys.size()) + " allowed weights sum to " +
+                    hexf(static_cast<double>(sum)) + ", not 1");
+    return std::nullopt;
+  }
+
+  // Each output coordinate lies within [min, max] of the allowed values, rounded.
+  std::optional<std::string> hull(const Values& out, const Values& ref, std::int64_t b,
+                                  std::int64_t h, std::int64_t base,
+                                  const std::vector<std::int64_t>& keys) const {
+    const std::int64_t g = h / (c_.Hq / c_.Hkv);
+    for (std::int64_t col = 0; col < c_.Dv; ++col) {
+      double mn = INFINITY, mx = -INFINITY;
+      for (auto j : keys) {
+        const double x = c_.v.values[sz(((b * c_.Hkv + g) * c_.Nk + j) * c_.Dv + col)];
+        mn = std::min(mn, x);
+        mx = std::max(mx, x);
+      }
+      const double r = ref[base + col], y = out[base + col];
+      if (!(mn <= r && r <= mx))
+        return at("out.ref", base + col,
+                  hexf(r) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
+      const DType o = c_.output_dtype;
+      if (!(rn(mn, o) <= y && y <= rn(mx, o)))
+        return at("out", base + col,
+                  hexf(y) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
+    }
+    return std::nullopt;
+  }
+
+  const Case& c_;
+  const SafeTensorsFile& f_;
+};
+
+}  // namespace
+
+std::optional<std::string> golden_layout_problem(const Case& c, const SafeTensorsFile& f) {
+  const std::vector<Expected> want = expected_golden(c);
+  std::uint64_t undecided = 0;
+  for (const Expected& e : want) {
+    const RawTensor* t = f.find(e.name);
+    if (!t) return e.name + ": missing";
+    if (t->dtype != e.dtype || t->shape != e.shape)
+      return e.name + ": " + std::string(dtype_name(t->dtype)) + " " + shape_string(t->shape) +
+             ", expected " + std::string(dtype_name(e.dtype)) + " " + shape_string(e.shape);
+    const RawTensor* idx = f.find(e.name + ".undecided");
+    const RawTensor* alt = f.find(e.name + ".alt");
+    if (!idx && !alt) continue;
+    if (!idx || !alt) return e.name + ": .undecided and .alt must come together";
+    if (idx->dtype != DType::I64 || idx->shape.size() != 1 || idx->shape[0] < 1)
+      return e.name + ".undecided: not I64 [n] with n >= 1";
+    if (alt->dtype != e.dtype || alt->shape != idx->shape)
+      return e.name + ".alt: not " + std::string(dtype_name(e.dtype)) + " " +
+             shape_string(idx->shape);
+    std::int64_t prev = -1;
+    for (std::int64_t k = 0; k < idx->shape[0]; ++k) {
+      std::int64_t v;
+      std::memcpy(&v, idx->data.data() + 8 * sz(k), 8);
+      if (v <= prev || v >= t->numel())
+        return e.name + ".undecided: indices not ascending within [0, " +
+               std::to_string(t->numel()) + ")";
+      prev = v;
+    }
+    undecided += static_cast<std::uint64_t>(idx->shape[0]);
+  }
+  for (const RawTensor& t : f.tensors) {
+    if (!is_golden_tensor_name(t.name)) continue;
+    std::string base = t.name;
+    for (const char* suffix : {".undecided", ".alt"})
+      if (base.size() > std::strlen(suffix) &&
+          base.compare(base.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
+        base.resize(base.size() - std::strlen(suffix));
+    bool wanted = false;
+    for (const Expected& e : want) wanted = wanted || e.name == base;
+    if (!wanted) return t.name + ": present but the case does not call for it";
+  }
+  const auto ref = f.metadata.find("attn.reference");
+  if (ref == f.metadata.end()) return "attn.reference: missing";
+  const auto und = f.metadata.find("attn.undecided");
+  if (und == f.metadata.end() || und->second != std::to_string(undecided))
+    return "attn.undecided: not " + std::to_string(undecided) +
+           ", the number of undecided elements";
+  return std::nullopt;
+}
+
+std::optional<std::string> golden_invariant_problem(const Case& c, const SafeTensorsFile& f) {
+  return Checker(c, f).run();
+}
+
+}  // namespace attnoracle::vectors

@@ -1,0 +1,403 @@
+// make_problem: shapes, masks, biases and metadata around the generated data.
+#include "attnoracle/problem.hpp"
+
+#include <mpfr.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "attnoracle/round.hpp"
+#include "data.hpp"
+#include "numbers.hpp"
+#include "prng.hpp"
+
+namespace attnoracle::vectors {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+RawTensor float_tensor(const std::string& name, DType t, Shape shape,
+                       const std::vector<double>& values) {
+  RawTensor r{name, t, std::move(shape), {}};
+  r.data.resize(values.size() * dtype_size(t));
+  for (std::size_t e = 0; e < values.size(); ++e)
+    encode_float(t, values[e], r.data.data() + e * dtype_size(t));  // checks exactness
+  return r;
+}
+
+// The causal and window rules of CONTRACT section 1.
+bool position_allowed(const ProblemSpec& p, std::int64_t i, std::int64_t j) {
+  const std::int64_t aligned = p.causal == Causal::BottomRight ? i + (p.Nk - p.Nq) : i;
+  const std::int64_t d = j - aligned;
+  if (p.causal != Causal::None && d > 0) return false;
+  if (p.window && (d < -p.window->first || d > p.window->second)) return false;
+  return true;
+}
+
+// A BOOL tensor broadcast to [B, Hq, Nq, Nk] on lookup.
+struct BoolGrid {
+  Shape shape;  // rank 2 or 4
+  std::vector<unsigned char> v;
+  bool at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    if (shape.empty()) return true;
+    if (shape.size() == 2) return v[sz(i * shape[1] + j)] != 0;
+    const std::int64_t bb = shape[0] == 1 ? 0 : b, hh = shape[1] == 1 ? 0 : h;
+    return v[sz(((bb * shape[1] + hh) * shape[2] + i) * shape[3] + j)] != 0;
+  }
+};
+
+BoolGrid make_mask(const ProblemSpec& p, Rng& rng) {
+  BoolGrid m;
+  const std::int64_t B = p.B, H = p.Hq, Nq = p.Nq, Nk = p.Nk;
+  auto idx = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+    return sz(((b * m.shape[1] + h) * Nq + i) * Nk + j);
+  };
+  // A random key that position rules allow in row i, or -1.
+  auto some_allowed = [&](std::int64_t i) -> std::int64_t {
+    std::vector<std::int64_t> keys;
+    for (std::int64_t j = 0; j < Nk; ++j)
+      if (position_allowed(p, i, j)) keys.push_back(j);
+    return keys.empty() ? -1 : keys[sz(static_cast<std::int64_t>(rng.below(keys.size())))];
+  };
+  switch (p.mask) {
+    case MaskKind::None:
+      break;
+    case MaskKind::KeyPadding:
+      m.shape = {B, 1, Nq, Nk};
+      m.v.assign(sz(B * Nq * Nk), 1);
+      for (std::int64_t b = 0; b < B; ++b) {
+        const auto pad = static_cast<std::int64_t>(rng.below(sz(Nk)));  // keeps one key at least
+        for (std::int64_t i = 0; i < Nq; ++i)
+          for (std::int64_t j = Nk - pad; j < Nk; ++j) m.v[idx(b, 0, i, j)] = 0;
+      }
+      break;
+    case MaskKind::Random:
+    case MaskKind::SingleKey:
+      m.shape = {B, H, Nq, Nk};
+      m.v.assign(sz(B * H * Nq * Nk), 0);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < Nq; ++i) {
+            if (p.mask == MaskKind::Random)
+              for (std::int64_t j = 0; j < Nk; ++j) m.v[idx(b, h, i, j)] = rng.chance(0.75);
+            // one key the position rules allow, so the mask alone empties no row
+            if (const std::int64_t j = some_allowed(i); j >= 0) m.v[idx(b, h, i, j)] = 1;
+          }
+      break;
+    case MaskKind::FullyMaskedRows: {
+      m.shape = {B, 1, Nq, Nk};
+      m.v.assign(sz(B * Nq * Nk), 1);
+      const auto forced = static_cast<std::int64_t>(rng.below(sz(B * Nq)));
+      for (std::int64_t r = 0; r < B * Nq; ++r)
+        if (rng.chance(0.25) || r == forced)
+          for (std::int64_t j = 0; j < Nk; ++j) m.v[sz(r * Nk + j)] = 0;
+      break;
+    }
+    case MaskKind::CausalMask:
+      m.shape = {Nq, Nk};
+      m.v.assign(sz(Nq * Nk), 0);
+      for (std::int64_t i = 0; i < Nq; ++i)
+        for (std::int64_t j = 0; j < Nk; ++j) m.v[sz(i * Nk + j)] = j <= i + (Nk - Nq);
+      break;
+  }
+  return m;
+}
+
+// The ALiBi slope of head h: 2^(-8(h+1)/H), computed with MPFR and rounded once.
+double alibi_slope(std::int64_t h, std::int64_t H) {
+  return exp2_rn(-8.0 * static_cast<double>(h + 1), static_cast<double>(H));
+}
+
+std::vector<double> make_bias(const ProblemSpec& p, const BoolGrid& mask, Rng& rng, Shape& shape) {
+  const std::int64_t B = p.B, H = p.Hq, Nq = p.Nq, Nk = p.Nk;
+  std::vector<double> bias;
+  if (p.bias == BiasKind::Alibi) {
+    shape = {1, H, Nq, Nk};
+    bias.resize(sz(H * Nq * Nk));
+    mpfr_t x;
+    mpfr_init2(x, 128);
+    for (std::int64_t h = 0; h < H; ++h) {
+      const double m = alibi_slope(h, H);
+      for (std::int64_t i = 0; i < Nq; ++i) {
+        const std::int64_t aligned = p.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
+        for (std::int64_t j = 0; j < Nk; ++j) {
+          // -m |i' - j| is exact at 128 bits (53 x 64 bits); one rounding into the bias dtype
+          mpfr_set_d(x, m, MPFR_RNDN);
+          mpfr_mul_si(x, x, -std::abs(aligned - j), MPFR_RNDN);
+          bias[sz((h * Nq + i) * Nk + j)] = round_to_format(x, p.bias_dtype);
+        }
+      }
+    }
+    mpfr_clear(x);
+  } else if (p.bias == BiasKind::Random) {
+    shape = {B, H, Nq, Nk};
+    bias.resize(sz(B * H * Nq * Nk));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Nq; ++i) {
+          double* row = bias.data() + sz(((b * H + h) * Nq + i) * Nk);
+          std::vector<std::int64_t> open;  // keys that mask and positions allow
+          for (std::int64_t j = 0; j < Nk; ++j) {
+            const bool masked = rng.chance(0.15);
+            row[j] = masked ? -INFINITY : round_into(rng.uniform(-2.0, 2.0), p.bias_dtype);
+            if (position_allowed(p, i, j) && mask.at(b, h, i, j)) open.push_back(j);
+          }
+          // The bias alone empties no row: one open key keeps a finite bias.
+          bool any = false;
+          for (auto j : open) any = any || row[j] != -INFINITY;
+          if (!any && !open.empty()) {
+            const std::int64_t j = open[sz(static_cast<std::int64_t>(rng.below(open.size())))];
+            row[j] = round_into(rng.uniform(-2.0, 2.0), p.bias_dtype);
+          }
+        }
+  }
+  return bias;
+}
+
+std::optional<double> parse_text_number(const std::string& s) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::string shortest(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+std::string outputs_text(const ProblemSpec& p) {
+  return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "");
+}
+
+}  // namespace
+
+std::string_view mask_kind_name(MaskKind m) {
+  switch (m) {
+    case MaskKind::None:
+      return "none";
+    case MaskKind::KeyPadding:
+      return "key_padding";
+    case MaskKind::Random:
+      return "random";
+    case MaskKind::SingleKey:
+      return "single_key";
+    case MaskKind::FullyMaskedRows:
+      return "fully_masked_rows";
+    case MaskKind::CausalMask:
+      return "causal_mask";
+  }
+  return "?";
+}
+
+std::optional<MaskKind> mask_kind_from_name(std::string_view s) {
+  for (auto m : {MaskKind::None, MaskKind::KeyPadding, MaskKind::Random, MaskKind::SingleKey,
+                 MaskKind::FullyMaskedRows, MaskKind::CausalMask})
+    if (mask_kind_name(m) == s) return m;
+  return std::nullopt;
+}
+
+std::string_view bias_kind_name(BiasKind b) {
+  switch (b) {
+    case BiasKind::None:
+      return "none";
+    case BiasKind::Alibi:
+      return "alibi";
+    case BiasKind::Random:
+      return "random";
+  }
+  return "?";
+}
+
+std::optional<BiasKind> bias_kind_from_name(std::string_view s) {
+  for (auto b : {BiasKind::None, BiasKind::Alibi, BiasKind::Random})
+    if (bias_kind_name(b) == s) return b;
+  return std::nullopt;
+}
+
+std::string_view causal_name(Causal c) {
+  switch (c) {
+    case Causal::None:
+      return "none";
+    case Causal::TopLeft:
+      return "top_left";
+    case Causal::BottomRight:
+      return "bottom_right";
+  }
+  return "?";
+}
+
+std::optional<Causal> causal_from_name(std::string_view s) {
+  for (auto c : {Causal::None, Causal::TopLeft, Causal::BottomRight})
+    if (causal_name(c) == s) return c;
+  return std::nullopt;
+}
+
+std::optional<std::string> problem_error(const ProblemSpec& p) {
+  const bool mha = p.kind == Kind::Mha;
+  for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
+    if (d < 1) return "every size must be at least 1";
+  if (mha && (p.D < 1 || p.Dout < 1)) return "every size must be at least 1";
+  if (mha && p.Hkv != p.Hq) return "kind mha has one head count H";
+  if (p.Hq % p.Hkv != 0)
+    return "Hkv " + std::to_string(p.Hkv) + " does not divide Hq " + std::to_string(p.Hq);
+  // A bound on the size of any one tensor keeps every index product within int64.
+  const double limit = 1 << 28;
+  const double dims = static_cast<double>(p.B) * static_cast<double>(p.Hq) *
+                      static_cast<double>(p.Nq) * static_cast<double>(p.Nk);
+  if (dims > limit || static_cast<double>(p.B * p.Hq) * static_cast<double>(std::max(p.Nq, p.Nk)) *
+                              static_cast<double>(std::max({p.Dk, p.Dv, p.D, p.Dout})) >
+                          limit)
+    return "the problem is too large (a tensor over 2^28 elements)";
+  if (!is_float_format(p.dtype)) return "dtype must be F64, F32, F16 or BF16";
+  if (p.output_dtype && !is_float_format(*p.output_dtype))
+    return "output_dtype must be F64, F32, F16 or BF16";
+  if (p.bias_dtype != DType::F64 && p.bias_dtype != DType::F32 && p.bias_dtype != p.dtype)
+    return "bias_dtype must be F64, F32 or the input dtype";
+  if (p.self_attention && (!mha || p.Nq != p.Nk))
+    return "self attention needs kind mha and Nq = Nk";
+  if (p.window && (p.window->first < 0 || p.window->second < 0))
+    return "window sizes must be non-negative";
+  if (!p.scale.empty() && !parse_text_number(p.scale)) return "scale is not a finite number";
+  if (!p.softcap.empty()) {
+    const auto c = parse_text_number(p.softcap);
+    if (!c || *c < 0) return "softcap is not a finite number >= 0";
+  }
+  const GeneratorInfo* g = find_generator(p.generator);
+  if (!g) return "unknown generator \"" + p.generator + "\"";
+  for (const auto& [name, value] : p.params) {
+    bool known = false;
+    for (const auto& [n, v] : g->params) known = known || n == name;
+    if (!known) return "generator " + p.generator + " has no parameter \"" + name + "\"";
+    if (!std::isfinite(value)) return "parameter " + name + " is not finite";
+  }
+  auto par = [&](std::string_view n) { return param(p, n); };
+  const std::string_view gn = p.generator;
+  if (gn == "uniform" && !(par("lo") < par("hi"))) return "uniform needs lo < hi";
+  if (gn == "normal" && !(par("sigma") > 0)) return "normal needs sigma > 0";
+  if (gn == "large_scores" && (!(par("offset") > 0) || !(par("spread") >= 0)))
+    return "large_scores needs offset > 0 and spread >= 0";
+  auto integer = [](double x, double lo, double hi) {
+    return x >= lo && x <= hi && x == static_cast<double>(static_cast<std::int64_t>(x));
+  };
+  if (gn == "ties" && !integer(par("distinct"), 0, 1e9))
+    return "ties needs an integer distinct >= 0";
+  if (gn == "near_ties" && !integer(par("ulps"), 1, 1 << 20))
+    return "near_ties needs an integer ulps in [1, 2^20]";
+  // The largest magnitude a generator draws must be finite in the input dtype.
+  const Limits l = limits(p.dtype);
+  const double max_finite = std::ldexp(2.0 - std::ldexp(1.0, 1 - l.precision), l.max_exp - 1);
+  double scale = 0;
+  try {
+    scale = scale_value(p.scale, static_cast<long>(p.Dk));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  double largest = 6;  // normal data elsewhere: Irwin-Hall stays within 6
+  if (gn == "uniform") largest = std::max(std::fabs(par("lo")), std::fabs(par("hi")));
+  if (gn == "normal") largest = 6 * par("sigma");
+  if (gn == "large_scores")
+    largest = std::max(sqrt_rn(par("offset") / std::fabs(scale)), 6 * par("spread"));
+  if (gn == "dominant") {
+    const Limits out = limits(p.output_dtype.value_or(p.dtype));
+    largest = (-out.min_sub_exp * 0.6931471805599453 / 2 + 2) / std::fabs(scale);
+  }
+  if (!(largest < max_finite))
+    return "generator " + p.generator + " draws values up to " + shortest(largest) +
+           ", which overflow " + std::string(dtype_name(p.dtype));
+  return std::nullopt;
+}
+
+SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
+  if (auto e = problem_error(p)) throw std::invalid_argument(*e);
+  // Independent streams: changing the mask kind does not change the data, and so on.
+  Rng data_rng(mix64(seed, 1)), mask_rng(mix64(seed, 2)), bias_rng(mix64(seed, 3)),
+      query_rng(mix64(seed, 4));
+  const InputData d = generate_data(p, data_rng);
+
+  SafeTensorsFile f;
+  f.metadata["attn.format"] = "1";
+  f.metadata["attn.kind"] = p.kind == Kind::Mha ? "mha" : "sdpa";
+  f.metadata["attn.causal"] = std::string(causal_name(p.causal));
+  f.metadata["attn.window"] =
+      p.window ? std::to_string(p.window->first) + "," + std::to_string(p.window->second) : "none";
+  f.metadata["attn.softcap"] = p.softcap.empty() ? "0" : p.softcap;
+  if (!p.scale.empty()) f.metadata["attn.scale"] = p.scale;
+  f.metadata["attn.masked_rows"] = p.masked_rows == MaskedRows::Zero ? "zero" : "error";
+  f.metadata["attn.output_dtype"] = std::string(dtype_name(p.output_dtype.value_or(p.dtype)));
+  f.metadata["attn.outputs"] = outputs_text(p);
+  f.metadata["gen.generator"] = p.generator;
+  f.metadata["gen.seed"] = std::to_string(seed);
+
+  const DType t = p.dtype;
+  if (p.kind == Kind::Sdpa) {
+    f.put(float_tensor("q", t, {p.B, p.Hq, p.Nq, p.Dk}, d.q));
+    f.put(float_tensor("k", t, {p.B, p.Hkv, p.Nk, p.Dk}, d.k));
+    f.put(float_tensor("v", t, {p.B, p.Hkv, p.Nk, p.Dv}, d.v));
+  } else {
+    f.put(float_tensor("x_q", t, {p.B, p.Nq, p.D}, d.x_q));
+    f.put(float_tensor("x_kv", t, {p.B, p.Nk, p.D}, d.x_kv));
+    f.put(float_tensor("w_q", t, {p.Hq, p.D, p.Dk}, d.w_q));
+    f.put(float_tensor("w_k", t, {p.Hq, p.D, p.Dk}, d.w_k));
+    f.put(float_tensor("w_v", t, {p.Hq, p.D, p.Dv}, d.w_v));
+    f.put(float_tensor("w_o", t, {p.Hq * p.Dv, p.Dout}, d.w_o));
+  }
+  const BoolGrid mask = make_mask(p, mask_rng);
+  if (!mask.shape.empty()) f.put(RawTensor{"mask", DType::BOOL, mask.shape, mask.v});
+  Shape bias_shape;
+  const std::vector<double> bias = make_bias(p, mask, bias_rng, bias_shape);
+  if (!bias.empty()) f.put(float_tensor("bias", p.bias_dtype, bias_shape, bias));
+  if (p.query_mask) {
+    // Per batch a random number of trailing padding rows, one valid row at least; batch 0 has
+    // one padding row at least when it can.
+    RawTensor qm{
+        "query_mask", DType::BOOL, {p.B, p.Nq}, std::vector<unsigned char>(sz(p.B * p.Nq), 1)};
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      std::int64_t pad = static_cast<std::int64_t>(query_rng.below(sz(p.Nq)));
+      if (b == 0 && pad == 0 && p.Nq > 1) pad = 1;
+      for (std::int64_t i = p.Nq - pad; i < p.Nq; ++i) qm.data[sz(b * p.Nq + i)] = 0;
+    }
+    f.put(std::move(qm));
+  }
+  return f;
+}
+
+namespace {
+
+bool row_empty(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
+  for (std::int64_t j = 0; j < c.Nk; ++j)
+    if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY)
+      return false;
+  return true;
+}
+
+template <class F>
+bool any_empty_row(const Case& c, F&& consider) {
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        if (consider(b, i) && row_empty(c, b, h, i)) return true;
+  return false;
+}
+
+}  // namespace
+
+bool refuses(const Case& c) {
+  return c.masked_rows == MaskedRows::Error &&
+         any_empty_row(c, [&](std::int64_t b, std::int64_t i) { return c.query_valid(b, i); });
+}
+
+bool has_fully_masked_row(const Case& c) {
+  return any_empty_row(c, [](std::int64_t, std::int64_t) { return true; });
+}
+
+}  // namespace attnoracle::vectors

@@ -1,0 +1,181 @@
+// verify: a vector set against its manifest, its hashes, the case format, the invariants of
+// stored golden data, and (on request) a bitwise re-evaluation.
+#include "attnoracle/verify.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "attnoracle/error.hpp"
+#include "attnoracle/manifest.hpp"
+#include "attnoracle/oracle.hpp"
+#include "attnoracle/problem.hpp"
+
+namespace attnoracle::vectors {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<unsigned char>;
+
+std::string hexf(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", x);
+  return buf;
+}
+
+// The stored golden tensors against a fresh evaluation: the same set, bit for bit.
+std::optional<std::string> compare_recomputed(const SafeTensorsFile& stored,
+                                              const SafeTensorsFile& fresh) {
+  for (const RawTensor& t : fresh.tensors) {
+    if (!is_golden_tensor_name(t.name)) continue;
+    const RawTensor* s = stored.find(t.name);
+    if (!s) return t.name + ": missing, the re-evaluation gives one";
+    if (s->dtype != t.dtype || s->shape != t.shape)
+      return t.name + ": dtype or shape differs from the re-evaluation";
+    if (s->data == t.data) continue;
+    const std::size_t size = dtype_size(t.dtype);
+    for (std::size_t e = 0; e * size < t.data.size(); ++e)
+      if (std::memcmp(s->data.data() + e * size, t.data.data() + e * size, size) != 0) {
+        std::string detail;
+        if (is_float_format(t.dtype))
+          detail = " (stored " + hexf(decode_float(t.dtype, s->data.data() + e * size)) +
+                   ", recomputed " + hexf(decode_float(t.dtype, t.data.data() + e * size)) + ")";
+        return t.name + ": element " + std::to_string(e) + " differs from the re-evaluation" +
+               detail;
+      }
+  }
+  for (const RawTensor& s : stored.tensors)
+    if (is_golden_tensor_name(s.name) && !fresh.find(s.name))
+      return s.name + ": present, the re-evaluation gives none";
+  if (stored.metadata.count("attn.undecided") &&
+      stored.metadata.at("attn.undecided") != fresh.metadata.at("attn.undecided"))
+    return "attn.undecided: differs from the re-evaluation";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_case(const fs::path& dir, const ManifestCase& mc,
+                                      const VerifyOptions& opt) {
+  const fs::path path = dir / mc.file;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "missing file " + mc.file;
+  const Bytes bytes((std::istreambuf_iterator<char>(in)), {});
+  if (in.bad()) return "cannot read " + mc.file;
+  const std::string sha = sha256_hex(bytes);
+  if (sha != mc.sha256) return "sha256 " + sha + " differs from the manifest's " + mc.sha256;
+  SafeTensorsFile f;
+  Case c;
+  try {
+    f = parse_safetensors(path.string(), bytes);
+    c = case_from_file(path.string(), f);
+  } catch (const InputError& e) {
+    return "invalid case file: " + e.message();
+  }
+  const bool refused = refuses(c);
+  if (mc.expect == "error") {
+    if (!refused) return "expect is error, but every row that is not padding has a key to attend";
+    for (const RawTensor& t : f.tensors)
+      if (is_golden_tensor_name(t.name))
+        return t.name + ": golden tensor in a case expected to fail";
+  } else {
+    if (refused) return "expect is ok, but a row is fully masked under attn.masked_rows=error";
+    if (auto p = golden_layout_problem(c, f)) return p;
+    if (auto p = golden_invariant_problem(c, f)) return p;
+  }
+  if (!opt.recompute) return std::nullopt;
+  EvalOptions eval;
+  eval.threads = 1;
+  eval.max_precision = opt.max_precision;
+  try {
+    const EvalResult r = oracle::certified_evaluate(c, eval, oracle::CheckOptions{});
+    if (mc.expect == "error") return "re-evaluation does not refuse the case";
+    return compare_recomputed(f, golden_file(c, r));
+  } catch (const FullyMaskedRow& e) {
+    if (mc.expect == "error") return std::nullopt;
+    return std::string("re-evaluation refuses the case: ") + e.what();
+  } catch (const oracle::InvariantViolation& e) {
+    return "re-evaluation violates an invariant: " + e.violations().front().message();
+  } catch (const InputError& e) {
+    return "re-evaluation refuses the case: " + e.message();
+  }
+}
+
+}  // namespace
+
+VerifyReport verify(const VerifyOptions& opt,
+                    const std::function<void(std::size_t, std::size_t)>& progress) {
+  const fs::path dir(opt.dir);
+  const std::string mpath = (dir / "manifest.json").string();
+  std::ifstream in(mpath, std::ios::binary);
+  if (!in) throw InputError(mpath, "", std::string("cannot open: ") + std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::string problem;
+  const Manifest m = parse_manifest(mpath, text, problem);
+
+  VerifyReport rep;
+  rep.cases = m.cases.size();
+  if (!problem.empty()) {
+    rep.problems.push_back({"manifest.json", problem});
+    return rep;
+  }
+
+  // Files in cases/ that the manifest does not list (temporary files of a stopped run too).
+  std::set<std::string> listed;
+  for (const auto& c : m.cases) listed.insert(fs::path(c.file).filename().string());
+  std::error_code ec;
+  if (fs::is_directory(dir / "cases")) {
+    std::vector<std::string> extra;
+    for (const auto& e : fs::directory_iterator(dir / "cases", ec))
+      if (!listed.count(e.path().filename().string()))
+        extra.push_back("cases/" + e.path().filename().string());
+    std::sort(extra.begin(), extra.end());
+    for (const auto& x : extra) {
+      rep.problems.push_back({x, "not listed in the manifest"});
+      if (!opt.all) return rep;
+    }
+  }
+
+  std::vector<std::optional<std::string>> found(m.cases.size());
+  std::vector<char> checked(m.cases.size(), 0);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::size_t done = 0;
+  auto worker = [&] {
+    while (!stop.load()) {
+      const std::size_t k = next.fetch_add(1);
+      if (k >= m.cases.size()) break;
+      auto p = check_case(dir, m.cases[k], opt);
+      std::lock_guard<std::mutex> lk(mu);
+      found[k] = std::move(p);
+      checked[k] = 1;
+      if (found[k] && !opt.all) stop = true;  // cases before k were all started already
+      if (progress) progress(++done, m.cases.size());
+    }
+    mpfr_free_cache();
+  };
+  const int jobs = std::max(
+      1, std::min<int>(opt.jobs, static_cast<int>(std::max<std::size_t>(m.cases.size(), 1))));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < jobs; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+
+  for (std::size_t k = 0; k < m.cases.size(); ++k) {
+    if (!checked[k]) continue;
+    if (!found[k]) {
+      ++rep.checked;
+      continue;
+    }
+    rep.problems.push_back({m.cases[k].id, *found[k]});
+    if (!opt.all) break;
+  }
+  return rep;
+}
+
+}  // namespace attnoracle::vectors

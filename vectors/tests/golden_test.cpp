@@ -1,0 +1,128 @@
+// The checks verify makes on stored golden data: clean on reference output, and each one
+// catches its own kind of damage.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "attnoracle/oracle.hpp"
+#include "attnoracle/problem.hpp"
+#include "attnoracle/verify.hpp"
+
+namespace attnoracle::vectors {
+namespace {
+
+struct Evaluated {
+  Case c;
+  SafeTensorsFile f;
+};
+
+Evaluated evaluated(ProblemSpec p) {
+  Evaluated e;
+  e.c = case_from_file("t", make_problem(p, 3));
+  e.f = golden_file(e.c, oracle::certified_evaluate(e.c, EvalOptions{}, oracle::CheckOptions{}));
+  return e;
+}
+
+ProblemSpec spec(DType t, MaskKind mask = MaskKind::FullyMaskedRows) {
+  ProblemSpec p;
+  p.dtype = t;
+  p.B = 2, p.Hq = 2, p.Hkv = 1, p.Nq = 5, p.Nk = 7, p.Dk = 4, p.Dv = 3;
+  p.mask = mask;
+  p.masked_rows = MaskedRows::Zero;
+  p.want_weights = p.want_lse = true;
+  return p;
+}
+
+void set(SafeTensorsFile& f, const std::string& name, std::size_t e, double v) {
+  RawTensor* t = f.find(name);
+  encode_float(t->dtype, v, t->data.data() + e * dtype_size(t->dtype));
+}
+double get(const SafeTensorsFile& f, const std::string& name, std::size_t e) {
+  const RawTensor* t = f.find(name);
+  return decode_float(t->dtype, t->data.data() + e * dtype_size(t->dtype));
+}
+
+std::string problem(const Evaluated& e, const std::function<void(SafeTensorsFile&)>& edit) {
+  SafeTensorsFile f = e.f;
+  edit(f);
+  if (auto p = golden_layout_problem(e.c, f)) return *p;
+  if (auto p = golden_invariant_problem(e.c, f)) return *p;
+  return "";
+}
+
+// A flat index of `name` in an invalid (fully masked) row, or in a valid one.
+std::size_t row_where(const SafeTensorsFile& f, bool valid) {
+  const RawTensor* rv = f.find("row.valid");
+  for (std::size_t r = 0; r < rv->data.size(); ++r)
+    if ((rv->data[r] != 0) == valid) return r;
+  ADD_FAILURE() << "no such row";
+  return 0;
+}
+
+TEST(VectorsGoldenChecks, ReferenceOutputIsClean) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::F64})
+    for (MaskKind m : {MaskKind::FullyMaskedRows, MaskKind::Random}) {
+      const Evaluated e = evaluated(spec(t, m));
+      EXPECT_EQ(problem(e, [](SafeTensorsFile&) {}), "") << dtype_name(t);
+    }
+  ProblemSpec p = spec(DType::F32);
+  p.kind = Kind::Mha;
+  p.Hkv = p.Hq;
+  p.D = 6;
+  p.Dout = 4;
+  EXPECT_EQ(problem(evaluated(p), [](SafeTensorsFile&) {}), "");
+}
+
+TEST(VectorsGoldenChecks, EachDamageIsCaught) {
+  const Evaluated e = evaluated(spec(DType::F32));
+  const std::size_t bad_row = row_where(e.f, false), good_row = row_where(e.f, true);
+  const std::size_t Nk = 7, Dv = 3;
+  auto expect = [&](const std::function<void(SafeTensorsFile&)>& edit, const std::string& want) {
+    const std::string p = problem(e, edit);
+    EXPECT_NE(p.find(want), std::string::npos) << "got: " << p << "\nwanted: " << want;
+  };
+  expect([&](SafeTensorsFile& f) { set(f, "weights.ref", bad_row * Nk, 0.5); },
+         "for a key that is not allowed");
+  expect(
+      [&](SafeTensorsFile& f) {
+        set(f, "weights.ref", good_row * Nk, get(f, "weights.ref", good_row * Nk) * 1.5);
+        set(f, "weights", good_row * Nk, get(f, "weights", good_row * Nk) * 1.5);
+      },
+      "allowed weights sum to");
+  expect([&](SafeTensorsFile& f) { set(f, "weights.ref", good_row * Nk + 1, -0.25); },
+         "not within [0, 1]");
+  expect([&](SafeTensorsFile& f) { f.find("row.valid")->data[bad_row] = 1; }, "row.valid[");
+  expect([&](SafeTensorsFile& f) { set(f, "lse.ref", bad_row, 0.0); }, "on a fully masked row");
+  expect(
+      [&](SafeTensorsFile& f) {
+        set(f, "out.ref", good_row * Dv, 1e3);
+        set(f, "out", good_row * Dv, 1e3);
+        set(f, "out.bound", good_row * Dv, 1e4);
+      },
+      "of the allowed values");
+  expect([&](SafeTensorsFile& f) { set(f, "out.bound", good_row * Dv, 0.0); }, "exceeds out.bound");
+  expect(
+      [&](SafeTensorsFile& f) {
+        const double x = get(f, "out", good_row * Dv);
+        set(f, "out", good_row * Dv, std::nextafter(static_cast<float>(x), 1e30f));
+      },
+      "is not a rounding of out.ref");
+  expect([&](SafeTensorsFile& f) { set(f, "out", bad_row * Dv, 0.5); }, "out[");
+  expect(
+      [&](SafeTensorsFile& f) {
+        std::erase_if(f.tensors, [](const RawTensor& t) { return t.name == "lse"; });
+      },
+      "lse: missing");
+  expect(
+      [&](SafeTensorsFile& f) {
+        f.put(RawTensor{"out.ref_lo", DType::F64, {1}, std::vector<unsigned char>(8)});
+      },
+      "out.ref_lo: present but the case does not call for it");
+  expect([&](SafeTensorsFile& f) { f.metadata["attn.undecided"] = "2"; }, "attn.undecided");
+  expect([&](SafeTensorsFile& f) { f.find("out")->dtype = DType::F16; }, "out: F16");
+}
+
+}  // namespace
+}  // namespace attnoracle::vectors

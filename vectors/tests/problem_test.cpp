@@ -1,0 +1,390 @@
+// The PRNG, the data generators, masks and biases of make_problem: determinism, exactness, and
+// the property each generator is there for.
+#include "attnoracle/problem.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "attnoracle/case_file.hpp"
+#include "attnoracle/safetensors.hpp"
+#include "numbers.hpp"
+#include "prng.hpp"
+
+namespace attnoracle::vectors {
+namespace {
+
+constexpr DType kDtypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64};
+
+ProblemSpec sdpa(std::string generator, DType t, std::int64_t B = 1, std::int64_t Hq = 2,
+                 std::int64_t Hkv = 2, std::int64_t Nq = 8, std::int64_t Nk = 16,
+                 std::int64_t Dk = 8, std::int64_t Dv = 8) {
+  ProblemSpec p;
+  p.generator = std::move(generator);
+  p.dtype = t;
+  p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Nq = Nq, p.Nk = Nk, p.Dk = Dk, p.Dv = Dv;
+  return p;
+}
+
+ProblemSpec mha(std::string generator, DType t) {
+  ProblemSpec p = sdpa(std::move(generator), t, 2, 2, 2, 6, 8, 4, 4);
+  p.kind = Kind::Mha;
+  p.D = 8;
+  p.Dout = 6;
+  return p;
+}
+
+Case make_case(const ProblemSpec& p, std::uint64_t seed = 42) {
+  return case_from_file("test", make_problem(p, seed));
+}
+
+// Scaled scores in double: close enough to judge the sizes a generator aims at.
+double score(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  const std::int64_t g = h / (c.Hq / c.Hkv);
+  double s = 0;
+  for (std::int64_t d = 0; d < c.Dk; ++d)
+    s += c.q.values[static_cast<std::size_t>(((b * c.Hq + h) * c.Nq + i) * c.Dk + d)] *
+         c.k.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + j) * c.Dk + d)];
+  return s / std::sqrt(static_cast<double>(c.Dk));
+}
+
+std::vector<double> key_row(const Case& c, std::int64_t g, std::int64_t j) {
+  const auto* p = c.k.values.data() + (g * c.Nk + j) * c.Dk;
+  return {p, p + c.Dk};
+}
+
+TEST(VectorsPrng, SplitMix64MatchesTheReferenceSequence) {
+  std::uint64_t s = 0;  // Vigna's splitmix64.c from state 0
+  EXPECT_EQ(splitmix64(s), 0xe220a8397b1dcdafULL);
+  EXPECT_EQ(splitmix64(s), 0x6e789e6aa1b965f4ULL);
+  EXPECT_EQ(splitmix64(s), 0x06c45d188009454fULL);
+}
+
+TEST(VectorsPrng, SameSeedSameStreamAndPinnedValues) {
+  Rng a(123), b(123), c(124);
+  std::vector<std::uint64_t> xa, xb, xc;
+  for (int k = 0; k < 100; ++k)
+    xa.push_back(a.next()), xb.push_back(b.next()), xc.push_back(c.next());
+  EXPECT_EQ(xa, xb);
+  EXPECT_NE(xa, xc);
+  // Pinned: a change here changes every generated suite.
+  Rng r(1);
+  EXPECT_EQ(r.next(), 0xb3f2af6d0fc710c5ULL);
+  EXPECT_EQ(r.uniform(), 0x1.0a76ab2c8e6c9p-1);
+}
+
+TEST(VectorsPrng, DistributionsStayInRange) {
+  Rng r(7);
+  double sum = 0, sq = 0;
+  const int n = 20000;
+  for (int k = 0; k < n; ++k) {
+    const double u = r.uniform();
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    const double x = r.normal();
+    ASSERT_LE(std::fabs(x), 6.0);
+    sum += x;
+    sq += x * x;
+    ASSERT_LT(r.below(7), 7u);
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.05);
+  EXPECT_NEAR(sq / n, 1.0, 0.05);
+}
+
+TEST(VectorsNumbers, RoundIntoAndUlps) {
+  EXPECT_EQ(round_into(1.0 + 0x1p-30, DType::F32), 1.0);
+  EXPECT_EQ(round_into(1.0 + 0x1p-11, DType::F16), 1.0);  // tie to even
+  EXPECT_EQ(round_into(0x1p-30, DType::F16), 0.0);
+  EXPECT_THROW(round_into(1e6, DType::F16), std::invalid_argument);
+  EXPECT_EQ(away_ulp(1.0, DType::F16), 1.0 + 0x1p-10);
+  EXPECT_EQ(away_ulp(-1.0, DType::BF16), -1.0 - 0x1p-7);
+  EXPECT_EQ(away_ulp(0x1p-24, DType::F16), 0x1p-23);  // subnormal spacing
+  EXPECT_EQ(limits(DType::F32).min_sub_exp, -149);
+  EXPECT_EQ(limits(DType::F16).min_normal_exp, -14);
+  EXPECT_EQ(limits(DType::BF16).max_exp, 128);
+}
+
+TEST(VectorsMakeProblem, DeterministicAndSeedSensitive) {
+  for (const auto& g : generators())
+    for (DType t : kDtypes) {
+      const ProblemSpec p = sdpa(std::string(g.name), t);
+      const auto a = serialize_safetensors(make_problem(p, 5));
+      EXPECT_EQ(a, serialize_safetensors(make_problem(p, 5))) << g.name;
+      EXPECT_NE(a, serialize_safetensors(make_problem(p, 6))) << g.name;
+    }
+}
+
+TEST(VectorsMakeProblem, EveryGeneratorGivesValidFiniteCasesInEveryDtype) {
+  for (const auto& g : generators())
+    for (DType t : kDtypes)
+      for (const ProblemSpec& p : {sdpa(std::string(g.name), t), mha(std::string(g.name), t)}) {
+        const Case c = make_case(p);  // the reference's reader: finite, shapes, metadata
+        EXPECT_EQ(c.input_dtype, t);
+        EXPECT_EQ(c.file.metadata.at("gen.generator"), g.name);
+        for (const FloatTensor* x :
+             {&c.q, &c.k, &c.v, &c.x_q, &c.x_kv, &c.w_q, &c.w_k, &c.w_v, &c.w_o})
+          for (double v : x->values) ASSERT_TRUE(std::isfinite(v)) << g.name;
+      }
+}
+
+TEST(VectorsMakeProblem, IndependentStreams) {
+  // The mask's draws do not move the data.
+  ProblemSpec a = sdpa("normal", DType::F32), b = a;
+  b.mask = MaskKind::Random;
+  b.query_mask = true;
+  EXPECT_EQ(make_case(a).q.values, make_case(b).q.values);
+  EXPECT_EQ(make_case(a).v.values, make_case(b).v.values);
+}
+
+TEST(VectorsGenerators, UniformWithinBounds) {
+  const Case c = make_case(sdpa("uniform", DType::F32));
+  for (double x : c.q.values) {
+    EXPECT_GE(x, -1.0);
+    EXPECT_LT(x, 1.0);
+  }
+}
+
+TEST(VectorsGenerators, LargeScoresPassTheExpOverflowThresholds) {
+  // exp overflows past 88.7 in F32 and 11.1 in F16; rows are near +offset or -offset.
+  for (DType t : kDtypes) {
+    ProblemSpec p = sdpa("large_scores", t);
+    p.params["offset"] = 100;
+    const Case c = make_case(p);
+    int positive = 0, negative = 0;
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        const double s = score(c, 0, h, i, 0);
+        EXPECT_GT(std::fabs(s), 88.7) << dtype_name(t);
+        EXPECT_LT(std::fabs(s), 130.0) << dtype_name(t);
+        (s > 0 ? positive : negative)++;
+      }
+    EXPECT_GT(positive, 0);
+    EXPECT_GT(negative, 0);
+  }
+  ProblemSpec p = sdpa("large_scores", DType::F16);
+  p.params["offset"] = 10000;
+  const Case c = make_case(p);
+  EXPECT_GT(std::fabs(score(c, 0, 0, 0, 0)), 9000.0);
+}
+
+TEST(VectorsGenerators, TiesRepeatKeyRowsExactly) {
+  for (DType t : kDtypes) {
+    const Case c = make_case(sdpa("ties", t));
+    std::set<std::vector<double>> rows;
+    for (std::int64_t j = 0; j < c.Nk; ++j) rows.insert(key_row(c, 0, j));
+    EXPECT_LE(rows.size(), 4u);  // a pool of Nk/4 rows
+    ProblemSpec one = sdpa("ties", t);
+    one.params["distinct"] = 1;
+    const Case d = make_case(one);
+    for (std::int64_t j = 1; j < d.Nk; ++j) EXPECT_EQ(key_row(d, 1, j), key_row(d, 1, 0));
+  }
+}
+
+TEST(VectorsGenerators, NearTiesDifferInOneLastBit) {
+  for (DType t : kDtypes) {
+    const Case c = make_case(sdpa("near_ties", t));
+    const auto base = key_row(c, 0, 0);
+    for (std::int64_t j = 1; j < c.Nk; ++j) {
+      const auto row = key_row(c, 0, j);
+      int differing = 0;
+      for (std::size_t d = 0; d < row.size(); ++d)
+        if (row[d] != base[d]) {
+          ++differing;
+          EXPECT_EQ(row[d], away_ulp(base[d] == 0 ? round_into(0.5, t) : base[d], t));
+        }
+      EXPECT_EQ(differing, 1);
+    }
+  }
+}
+
+TEST(VectorsGenerators, DominantPutsOtherWeightsInTheSubnormalRange) {
+  for (DType t : {DType::F32, DType::F16, DType::F64}) {
+    const Case c = make_case(sdpa("dominant", t));
+    const Limits l = limits(t);
+    int subnormal = 0;
+    for (std::int64_t i = 0; i < c.Nq; ++i) {
+      std::vector<double> s(static_cast<std::size_t>(c.Nk));
+      for (std::int64_t j = 0; j < c.Nk; ++j) s[static_cast<std::size_t>(j)] = score(c, 0, 0, i, j);
+      const double top = *std::max_element(s.begin(), s.end());
+      double z = 0;
+      for (double x : s) z += std::exp(x - top);
+      EXPECT_LE(z, t == DType::F16 ? 1.05 : 1.0 + 1e-9);  // one weight near 1
+      for (double x : s) {
+        const double w = std::exp(x - top);  // the others, relative to the dominant one
+        if (w < std::ldexp(1.0, l.min_normal_exp) && w > std::ldexp(1.0, l.min_sub_exp))
+          ++subnormal;
+      }
+    }
+    EXPECT_GT(subnormal, 0) << dtype_name(t);
+  }
+}
+
+TEST(VectorsGenerators, CancelPairsOppositeValues) {
+  const Case c = make_case(sdpa("cancel", DType::F32));
+  for (std::int64_t j = 0; j + 1 < c.Nk; j += 2)
+    for (std::int64_t d = 0; d < c.Dv; ++d)
+      EXPECT_EQ(c.v.values[static_cast<std::size_t>((j + 1) * c.Dv + d)],
+                -c.v.values[static_cast<std::size_t>(j * c.Dv + d)]);
+}
+
+TEST(VectorsGenerators, WideRangeSpreadsExponents) {
+  for (DType t : kDtypes) {
+    const Case c = make_case(sdpa("wide_range", t, 1, 2, 2, 8, 64, 8, 16));
+    int lo = 100000, hi = -100000;
+    for (double x : c.v.values) {
+      lo = std::min(lo, std::ilogb(x));
+      hi = std::max(hi, std::ilogb(x));
+    }
+    const Limits l = limits(t);
+    EXPECT_GT(hi - lo, (l.max_exp - l.min_normal_exp) * 3 / 4) << dtype_name(t);
+    EXPECT_LT(hi, l.max_exp - 1);
+  }
+}
+
+TEST(VectorsGenerators, SubnormalValues) {
+  for (DType t : kDtypes) {
+    const Case c = make_case(sdpa("subnormal", t));
+    const double min_normal = std::ldexp(1.0, limits(t).min_normal_exp);
+    for (double x : c.v.values) {
+      EXPECT_NE(x, 0.0);
+      EXPECT_LT(std::fabs(x), min_normal) << dtype_name(t);
+    }
+    int sub = 0;
+    for (double x : c.q.values) sub += std::fabs(x) < min_normal;
+    EXPECT_GT(sub, 0);
+  }
+}
+
+std::int64_t allowed_keys(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
+  std::int64_t n = 0;
+  for (std::int64_t j = 0; j < c.Nk; ++j)
+    n += c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
+  return n;
+}
+
+TEST(VectorsMasks, KeyPaddingTrailingKeysPerBatch) {
+  ProblemSpec p = sdpa("normal", DType::F32, 4, 2, 2, 5, 9);
+  p.mask = MaskKind::KeyPadding;
+  const Case c = make_case(p);
+  EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{4, 1, 5, 9}));
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    bool seen_masked = false;
+    for (std::int64_t j = 0; j < c.Nk; ++j) {
+      const bool m = c.mask_at(b, 0, 0, j);
+      if (!m) seen_masked = true;
+      EXPECT_FALSE(seen_masked && m) << "padding is trailing";
+      for (std::int64_t i = 1; i < c.Nq; ++i) EXPECT_EQ(c.mask_at(b, 1, i, j), m);
+    }
+    EXPECT_TRUE(c.mask_at(b, 0, 0, 0));
+  }
+}
+
+TEST(VectorsMasks, SingleKeyAllowsExactlyOneKeyPerRow) {
+  for (Causal causal : {Causal::None, Causal::TopLeft, Causal::BottomRight}) {
+    ProblemSpec p = sdpa("normal", DType::F32, 2, 2, 1, 6, 9);
+    p.mask = MaskKind::SingleKey;
+    p.causal = causal;
+    const Case c = make_case(p);
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i) EXPECT_EQ(allowed_keys(c, b, h, i), 1);
+  }
+}
+
+TEST(VectorsMasks, FullyMaskedRowsAndRefusal) {
+  ProblemSpec p = sdpa("normal", DType::F32, 2, 2, 2, 6, 8);
+  p.mask = MaskKind::FullyMaskedRows;
+  const Case c = make_case(p);
+  EXPECT_TRUE(has_fully_masked_row(c));
+  EXPECT_TRUE(refuses(c));
+  p.masked_rows = MaskedRows::Zero;
+  EXPECT_FALSE(refuses(make_case(p)));
+  // Random masks and random biases empty no row by themselves.
+  ProblemSpec r = sdpa("normal", DType::F32, 2, 2, 2, 6, 8);
+  r.mask = MaskKind::Random;
+  r.bias = BiasKind::Random;
+  r.causal = Causal::TopLeft;
+  for (std::uint64_t seed = 0; seed < 20; ++seed)
+    EXPECT_FALSE(has_fully_masked_row(make_case(r, seed)));
+}
+
+TEST(VectorsMasks, CausalMaskIsBottomRightAndRankTwo) {
+  ProblemSpec p = sdpa("normal", DType::F32, 1, 1, 1, 4, 6);
+  p.mask = MaskKind::CausalMask;
+  const Case c = make_case(p);
+  EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{4, 6}));
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 6; ++j) EXPECT_EQ(c.mask_at(0, 0, i, j), j <= i + 2);
+}
+
+TEST(VectorsMasks, QueryMaskKeepsAValidRowPerBatchAndPadsBatchZero) {
+  ProblemSpec p = sdpa("normal", DType::F32, 3, 1, 1, 5, 5);
+  p.query_mask = true;
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    const Case c = make_case(p, seed);
+    EXPECT_FALSE(c.query_valid(0, 4));
+    for (std::int64_t b = 0; b < 3; ++b) EXPECT_TRUE(c.query_valid(b, 0));
+  }
+}
+
+TEST(VectorsBias, AlibiSlopesAndExactValues) {
+  ProblemSpec p = sdpa("normal", DType::F32, 1, 8, 8, 4, 6);
+  p.bias = BiasKind::Alibi;
+  p.causal = Causal::BottomRight;
+  const Case c = make_case(p);
+  EXPECT_EQ(c.bias->shape, (std::vector<std::int64_t>{1, 8, 4, 6}));
+  EXPECT_EQ(c.bias->dtype, DType::F32);
+  for (std::int64_t h = 0; h < 8; ++h)
+    for (std::int64_t i = 0; i < 4; ++i)
+      for (std::int64_t j = 0; j < 6; ++j) {
+        // H = 8: slopes 2^-(h+1), exact
+        const double want =
+            -std::ldexp(1.0, -static_cast<int>(h + 1)) * static_cast<double>(std::abs(i + 2 - j));
+        EXPECT_EQ(c.bias_at(0, h, i, j), want);
+      }
+  ProblemSpec q = sdpa("normal", DType::F16, 1, 3, 3, 4, 6);
+  q.bias = BiasKind::Alibi;
+  const Case d = make_case(q);
+  for (std::int64_t h = 0; h < 3; ++h) {
+    const double slope = std::exp2(-8.0 * static_cast<double>(h + 1) / 3.0);
+    EXPECT_NEAR(d.bias_at(0, h, 0, 5), -5 * slope, 5 * slope * 0x1p-23);
+  }
+}
+
+TEST(VectorsBias, RandomHasMinusInfinityAndFiniteEntries) {
+  ProblemSpec p = sdpa("normal", DType::F32, 2, 2, 2, 8, 16);
+  p.bias = BiasKind::Random;
+  const Case c = make_case(p);
+  int inf = 0, finite = 0;
+  for (double x : c.bias->values) (x == -INFINITY ? inf : finite)++;
+  EXPECT_GT(inf, 0);
+  EXPECT_GT(finite, inf);
+}
+
+TEST(VectorsProblemError, RefusesWhatCannotBeBuilt) {
+  ProblemSpec p = sdpa("normal", DType::F32, 1, 4, 3);
+  EXPECT_NE(problem_error(p), std::nullopt);
+  p = sdpa("nosuch", DType::F32);
+  EXPECT_NE(problem_error(p), std::nullopt);
+  p = sdpa("normal", DType::F32);
+  p.params["offset"] = 1;
+  EXPECT_NE(problem_error(p), std::nullopt);
+  p = sdpa("normal", DType::F32);
+  p.softcap = "-1";
+  EXPECT_NE(problem_error(p), std::nullopt);
+  p = sdpa("uniform", DType::F16);
+  p.params["hi"] = 1e6;
+  EXPECT_NE(problem_error(p), std::nullopt);  // would overflow F16
+  EXPECT_THROW(make_problem(p, 1), std::invalid_argument);
+  p = sdpa("large_scores", DType::F16);
+  p.params["offset"] = 1e10;
+  EXPECT_NE(problem_error(p), std::nullopt);
+  p.params["offset"] = 1e4;
+  EXPECT_EQ(problem_error(p), std::nullopt);
+}
+
+}  // namespace
+}  // namespace attnoracle::vectors
