@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up, build, and evaluate the bundled example case with certified rounding.
+# The main job: set up, build, check the committed golden vectors, and gate the bundled NumPy
+# implementation on them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -7,5 +8,22 @@ bash tools/build.sh
 build=${BUILD_DIR:-build}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+
+echo "== one case, evaluated with certified rounding (vectors/examples/example.safetensors)"
 "$build/attnoracle" eval vectors/examples/example.safetensors -o "$out/example.golden.safetensors"
 python3 tools/show_case.py "$out/example.golden.safetensors"
+
+echo
+echo "== the committed core vector set: manifest, hashes, invariants of the stored golden values"
+"$build/attnoracle" verify vectors/core
+
+echo
+echo "== the conformance gate: the NumPy example implementation on vectors/core, fp32 profile"
+"$build/attnoracle" run vectors/core --profile fp32 \
+  --impl "/usr/bin/python3 conformance/adapters/numpy/attention.py" \
+  --json "$out/report.json" --junit "$out/report.xml"
+
+echo
+echo "== metamorphic checks of the same implementation, no golden data"
+"$build/attnoracle" invariants --problems 24 --dtypes F32,F16,BF16 \
+  --impl "/usr/bin/python3 conformance/adapters/numpy/attention.py" --failures "$out/failures"

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnoracle/adapter.hpp"
+#include "attnoracle/case_file.hpp"
 #include "attnoracle/dtype.hpp"
 #include "attnoracle/error.hpp"
 #include "attnoracle/plugin.h"
@@ -178,6 +179,10 @@ void run_job(const Plugin& plugin, const std::string& id, const std::string& inp
     write_text(output + ".error", "plugin host: out of memory reading the case " + input);
     return;
   }
+  // As the reference reads a case: golden tensors and keys (an evaluated file) are dropped.
+  std::erase_if(file.tensors, [](const RawTensor& t) { return is_golden_tensor_name(t.name); });
+  file.metadata.erase("attn.reference");
+  file.metadata.erase("attn.undecided");
   CaseView view;
   make_view(id, file, view);
   Sink sink;

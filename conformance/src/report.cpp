@@ -1,6 +1,7 @@
 // Reports of the gate: for people (terminal), for tools (JSON) and for CI dashboards (JUnit).
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -43,8 +44,10 @@ std::string text_report(const GateReport& r, bool all_cases) {
   os << "suite " << r.suite << " (" << r.dir << "), implementation: " << r.implementation << ", profile " << r.profile
      << "\n";
   if (!r.adapter_note.empty()) os << "note: " << r.adapter_note << "\n";
+  std::map<std::string, std::size_t> skips;  // reason -> count, when skips are not listed
   for (const auto& c : r.cases) {
-    if (!all_cases && c.status == CaseStatus::Pass) continue;
+    if (!all_cases && c.status == CaseStatus::Skip) ++skips[c.reason];
+    if (!all_cases && c.status != CaseStatus::Fail) continue;
     char head[256];
     std::snprintf(head, sizeof head, "%-4s  %-40s %-4s  worst %10.3g ulp  %10.3g bound", 
                   c.status == CaseStatus::Pass ? "PASS" : c.status == CaseStatus::Fail ? "FAIL" : "SKIP", c.id.c_str(),
@@ -54,6 +57,7 @@ std::string text_report(const GateReport& r, bool all_cases) {
     if (!c.reason.empty()) os << "      " << c.reason << "\n";
     if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
   }
+  for (const auto& [reason, n] : skips) os << "skipped " << n << ": " << reason << "\n";
   char tail[200];
   std::snprintf(tail, sizeof tail, "%zu cases in %.2f s: %zu passed, %zu failed, %zu skipped\n", r.cases.size(), r.seconds,
                 r.passed, r.failed, r.skipped);

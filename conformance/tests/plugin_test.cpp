@@ -258,8 +258,9 @@ class PluginTest : public ::testing::Test {
   }
 
   // Runs `lib` on the good problems (those of `dtype` when given) against eval's golden data.
+  // With on_golden, the plugin is given the evaluated files (the host drops the golden data).
   void check_against_eval(const std::string& lib, const std::vector<Problem>& problems,
-                          double eps32, double eps64) {
+                          double eps32, double eps64, bool on_golden = false) {
     std::vector<std::string> inputs;
     std::vector<SafeTensorsFile> golden;
     for (std::size_t k = 0; k < problems.size(); ++k) {
@@ -267,6 +268,8 @@ class PluginTest : public ::testing::Test {
           write_case(problems[k].id, make_case(problems[k], 100 + static_cast<unsigned>(k))));
       golden.push_back(eval(inputs.back()));
     }
+    if (on_golden)
+      for (auto& in : inputs) in += ".golden";
     const auto js = jobs_for(inputs);
     const AdapterRun r = host(lib, js);
     EXPECT_EQ(r.exit_status, 0) << r.stderr_tail;
@@ -288,6 +291,10 @@ constexpr double kEps32 = 0x1p-24, kEps64 = 0x1p-53;
 
 TEST_F(PluginTest, NaiveCMatchesTheReference) {
   check_against_eval(NAIVE_C_PLUGIN, good_problems(), kEps32, kEps64);
+}
+
+TEST_F(PluginTest, EvaluatedFilesAreReadAsInputs) {
+  check_against_eval(NAIVE_C_PLUGIN, {good_problems()[0]}, kEps32, kEps64, true);
 }
 
 TEST_F(PluginTest, NaiveCRefusesAndReportsUnsupported) {

@@ -52,7 +52,8 @@ typedef struct attnoracle_kv {
   const char* value;  /* NUL-terminated */
 } attnoracle_kv;
 
-/* One case: the input tensors and metadata of a case file (no golden tensors). */
+/* One case: the input tensors and metadata of a case file (golden tensors, attn.reference and
+ * attn.undecided, which an evaluated file holds, are left out). */
 typedef struct attnoracle_case {
   const char* id;                   /* the job's id, for messages */
   const attnoracle_tensor* tensors; /* num_tensors tensors, sorted by name */
