@@ -108,6 +108,7 @@ struct Magnitudes {
 };
 
 double unit_roundoff(DType t) { return std::ldexp(1.0, -float_format(t).precision); }
+double finite_abs(double x) { return std::isfinite(x) ? std::fabs(x) : 0; }
 
 struct Tensor {
   std::vector<double> v;
@@ -224,7 +225,7 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
           const auto at = static_cast<std::size_t>((mha ? (b * ca.Nq + i) : ((b * H + h) * ca.Nq + i)) * W + e);
           const double vm = mha ? m.vmax[static_cast<std::size_t>(b * W + e)] : m.vmax[static_cast<std::size_t>((b * H + h) * W + e)];
           // each side within (K u vmax + uo |y|) of the exact value, times the safety factor
-          const double tol = S * (2 * k * u * vm + uo * (std::fabs(oa.v[at]) + std::fabs(ob.v[at]))) + 1e-300;
+          const double tol = S * (2 * k * u * vm + uo * (finite_abs(oa.v[at]) + finite_abs(ob.v[at]))) + 1e-300;
           cmp.element("out", mha ? idx({b, i, e}) : idx({b, h, i, e}), oa.v[at], ob.v[at], tol, same_bits(oa, at, ob, at));
         }
       }
@@ -247,7 +248,7 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
             const std::int64_t jt = p.perm.empty() ? j : p.perm[static_cast<std::size_t>(j)];
             const auto ia = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * ca.Nk + j);
             const auto ib = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + jt);
-            const double tol = S * (2 * k * u + uo * (std::fabs(wa.v[ia]) + std::fabs(wb.v[ib]))) + 1e-300;
+            const double tol = S * (2 * k * u + uo * (finite_abs(wa.v[ia]) + finite_abs(wb.v[ib]))) + 1e-300;
             cmp.element("weights", idx({b, h, i, j}), wa.v[ia], wb.v[ib], tol, same_bits(wa, ia, wb, ib));
           }
           if (p.extra_key) {  // a masked key's weight is exactly 0 in any sane implementation
@@ -273,7 +274,7 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
           const auto at = static_cast<std::size_t>((b * H + h) * ca.Nq + i);
           if (!p.rows[at]) continue;
           const double a = la.v[at] + p.lse_shift, b2 = lb.v[at];
-          const double tol = S * (2 * K(b, h, i) * u * (1 + std::fabs(a)) + uo * (std::fabs(a) + std::fabs(b2))) + 1e-300;
+          const double tol = S * (2 * K(b, h, i) * u * (1 + finite_abs(a)) + uo * (finite_abs(a) + finite_abs(b2))) + 1e-300;
           cmp.element("lse", idx({b, h, i}), a, b2, tol, p.lse_shift == 0 && same_bits(la, at, lb, at));
         }
   }
