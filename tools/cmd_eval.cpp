@@ -18,6 +18,7 @@ struct EvalArgs {
   long max_precision = 2048;
   std::int64_t twin_units = 16;
   bool quiet = false;
+  bool no_fast_path = false;
 };
 
 int run_eval(const EvalArgs& a) {
@@ -26,6 +27,7 @@ int run_eval(const EvalArgs& a) {
   EvalOptions opt;
   opt.threads = a.threads;
   opt.max_precision = a.max_precision;
+  opt.fast_path = !a.no_fast_path;
   oracle::CheckOptions check;
   check.twin_units = a.twin_units;
   EvalResult r;
@@ -39,14 +41,19 @@ int run_eval(const EvalArgs& a) {
   }
   write_file_atomic(a.output, serialize_safetensors(golden_file(c, r)));
   if (!a.quiet) {
+    const EvalStats& st = r.stats;
+    std::string fast = st.fast_path_note.empty()
+                           ? std::to_string(st.rows_fast) + " by the fast path, " +
+                                 std::to_string(st.rows - st.rows_fast) + " by MPFR (" +
+                                 std::to_string(st.rows_fallback) + " fell back)"
+                           : "all by MPFR (fast path: " + st.fast_path_note + ")";
     std::fprintf(stderr,
-                 "%s: %llu golden elements, %llu undecided; %llu rows, %llu needed more "
+                 "%s: %llu golden elements, %llu undecided; %llu rows, %s, %llu needed more "
                  "precision (up to %ld bits); %.3f s on %d thread%s\n",
-                 a.output.c_str(), static_cast<unsigned long long>(r.stats.elements),
-                 static_cast<unsigned long long>(r.stats.undecided),
-                 static_cast<unsigned long long>(r.stats.rows),
-                 static_cast<unsigned long long>(r.stats.rows_raised),
-                 static_cast<long>(r.stats.max_precision_reached), r.stats.seconds, a.threads,
+                 a.output.c_str(), static_cast<unsigned long long>(st.elements),
+                 static_cast<unsigned long long>(st.undecided), static_cast<unsigned long long>(st.rows),
+                 fast.c_str(), static_cast<unsigned long long>(st.rows_raised),
+                 static_cast<long>(st.max_precision_reached), st.seconds, a.threads,
                  a.threads == 1 ? "" : "s");
   }
   return 0;
@@ -66,6 +73,7 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--oracle-rows", a->twin_units,
                   "row units given the oracle's metamorphic checks (every row gets the others)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  sub->add_flag("--no-fast-path", a->no_fast_path, "evaluate every row with MPFR (same bytes, slower)");
   sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");
   return {sub, [a] { return run_eval(*a); }};
 }

@@ -12,6 +12,7 @@
 
 #include "attnoracle/evaluate.hpp"
 #include "attnoracle/round.hpp"
+#include "fast/fast_row.hpp"
 
 #ifndef ATTNORACLE_VERSION
 #define ATTNORACLE_VERSION "0"
@@ -71,6 +72,62 @@ mpfr_prec_t start_precision(const Case& c) {
   return p;
 }
 
+// A double-double as an MPFR enclosure end, rounded the given way at 128 bits.
+void set_dd(mpfr_ptr x, fast::DD d, mpfr_rnd_t rnd) {
+  mpfr_set_d(x, d.hi, rnd);
+  mpfr_add_d(x, x, d.lo, rnd);
+}
+Enclosure ball_enclosure(const fast::Ball& b) {
+  Enclosure e(128);
+  set_dd(e.lo, fast::lower(b), MPFR_RNDD);
+  set_dd(e.hi, fast::upper(b), MPFR_RNDU);
+  return e;
+}
+Enclosure point_enclosure(double lo, double hi) {
+  Enclosure e(128);
+  mpfr_set_d(e.lo, lo, MPFR_RNDD);
+  mpfr_set_d(e.hi, hi, MPFR_RNDU);
+  return e;
+}
+
+// The fast row as the enclosures the oracle checks.
+RowEnclosures fast_enclosures(const fast::FastRow& fr, const Enclosure& lse, const Case& c,
+                              std::int64_t, std::int64_t) {
+  RowEnclosures r;
+  r.valid = true;
+  HeadDetail d;
+  d.allowed = fr.allowed;
+  std::vector<Enclosure> w;
+  for (std::size_t j = 0; j < fr.weights.size(); ++j) {
+    d.dots.push_back(ball_enclosure(fr.dots[j]));
+    w.push_back(ball_enclosure(fr.weights[j]));
+  }
+  for (std::size_t e = 0; e < fr.out.size(); ++e) {
+    d.raw_out.push_back(ball_enclosure(fr.out[e]));
+    d.hull.push_back(point_enclosure(fr.vmin[e], fr.vmax[e]));
+    fast::DD lo, hi;
+    fast::ends(fr.out[e], lo, hi, fr.vmin[e], fr.vmax[e]);
+    Enclosure o(128);
+    set_dd(o.lo, lo, MPFR_RNDD);
+    set_dd(o.hi, hi, MPFR_RNDU);
+    r.out.push_back(std::move(o));
+    r.bound.push_back(ball_enclosure(fr.bound[e]));
+    Enclosure oc(128);
+    mpfr_set(oc.lo, r.out.back().lo, MPFR_RNDD);
+    mpfr_set(oc.hi, r.out.back().hi, MPFR_RNDU);
+    d.out.push_back(std::move(oc));
+  }
+  (void)c;
+  Enclosure l(128);
+  mpfr_set(l.lo, lse.lo, MPFR_RNDD);
+  mpfr_set(l.hi, lse.hi, MPFR_RNDU);
+  r.weights.push_back(std::move(w));
+  r.lse.push_back(std::move(l));
+  r.head_valid.push_back(true);
+  r.heads.push_back(std::move(d));
+  return r;
+}
+
 }  // namespace
 
 EvalResult evaluate(const Case& c, const EvalOptions& opt) {
@@ -125,6 +182,96 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   std::atomic<std::uint64_t> n_elements{0}, n_undecided{0}, n_raised{0};
   std::atomic<mpfr_prec_t> max_reached{0};
 
+  // The fast path: the row in double-double balls; committed only when every element of it is
+  // decided (the same values the MPFR path proves, since a correct rounding is unique).
+  const fast::Setup fast_setup = opt.fast_path ? fast::prepare(c) : fast::Setup{};
+  std::atomic<std::uint64_t> n_fast{0}, n_fallback{0};
+  auto try_fast = [&](std::int64_t b, std::int64_t h, std::int64_t i) -> bool {
+    const fast::FastRow fr = fast::fast_row(c, fast_setup, b, h, i);
+    if (!fr.ok) return false;
+    struct Item {
+      GoldenBuffer* buf;
+      std::int64_t idx;
+      double value;
+    };
+    std::vector<Item> items;
+    // Both ends round alike: the rounding is proven (zeros: +0 unless the whole ball is < 0).
+    auto decide = [&](GoldenBuffer* buf, std::int64_t idx, fast::DD lo, fast::DD hi, double& value) {
+      const double a = fast::round_dd(lo, buf->dtype), z = fast::round_dd(hi, buf->dtype);
+      if (a == 0 && z == 0) value = (hi.hi < 0 || (hi.hi == 0 && hi.lo < 0)) ? -0.0 : 0.0;
+      else if (a == z) value = a;
+      else return false;
+      items.push_back({buf, idx, value});
+      return true;
+    };
+    const std::int64_t obase = ((b * H + h) * Nq + i) * width;
+    std::vector<double> bounds(static_cast<std::size_t>(width));
+    for (std::int64_t e = 0; e < width; ++e) {
+      const auto ei = static_cast<std::size_t>(e);
+      fast::DD lo, hi;
+      fast::ends(fr.out[ei], lo, hi, fr.vmin[ei], fr.vmax[ei]);
+      double v, ref;
+      if (!decide(bufs.out.get(), obase + e, lo, hi, v)) return false;
+      if (!decide(bufs.out_ref.get(), obase + e, lo, hi, ref)) return false;
+      if (bufs.out_ref_lo) {  // exact - ref: x.hi - ref is exact (Sterbenz) or we give up
+        const fast::DD dl = fast::two_sum(lo.hi, -ref), dh = fast::two_sum(hi.hi, -ref);
+        if (dl.lo != 0 || dh.lo != 0) return false;
+        if (!decide(bufs.out_ref_lo.get(), obase + e, fast::DD{dl.hi, lo.lo}, fast::DD{dh.hi, hi.lo}, v))
+          return false;
+      }
+      double amin = INFINITY, amax = 0;  // the bound lies in the allowed |v|'s range
+      for (std::int64_t j = 0; j < Nk; ++j)
+        if (fr.allowed[static_cast<std::size_t>(j)]) {
+          const double x = std::fabs(c.v.values[static_cast<std::size_t>(((b * c.Hkv + h / (H / c.Hkv)) * Nk + j) * width + e)]);
+          amin = std::min(amin, x);
+          amax = std::max(amax, x);
+        }
+      fast::ends(fr.bound[ei], lo, hi, amin, amax);
+      bounds[ei] = fast::round_up_dd(hi);
+      if (fast::round_up_dd(lo) != bounds[ei]) return false;
+    }
+    const std::int64_t rbase = (b * H + h) * Nq + i;
+    if (c.want_weights)
+      for (std::int64_t j = 0; j < Nk; ++j) {
+        if (!fr.allowed[static_cast<std::size_t>(j)]) {  // exactly 0
+          items.push_back({bufs.weights.get(), rbase * Nk + j, 0.0});
+          items.push_back({bufs.weights_ref.get(), rbase * Nk + j, 0.0});
+          continue;
+        }
+        fast::DD lo, hi;
+        fast::ends(fr.weights[static_cast<std::size_t>(j)], lo, hi, 0, 1);
+        double v;
+        if (!decide(bufs.weights.get(), rbase * Nk + j, lo, hi, v)) return false;
+        if (!decide(bufs.weights_ref.get(), rbase * Nk + j, lo, hi, v)) return false;
+      }
+    // lse = m + log Z, enclosed with MPFR from the ends of Z's ball (one log per row).
+    Enclosure lse(128);
+    {
+      const fast::DD zl = fast::lower(fr.z), zh = fast::upper(fr.z);
+      mpfr_set_d(lse.lo, zl.hi, MPFR_RNDD);
+      mpfr_add_d(lse.lo, lse.lo, zl.lo, MPFR_RNDD);
+      mpfr_log(lse.lo, lse.lo, MPFR_RNDD);
+      mpfr_add_d(lse.lo, lse.lo, fr.m, MPFR_RNDD);
+      mpfr_set_d(lse.hi, zh.hi, MPFR_RNDU);
+      mpfr_add_d(lse.hi, lse.hi, zh.lo, MPFR_RNDU);
+      mpfr_log(lse.hi, lse.hi, MPFR_RNDU);
+      mpfr_add_d(lse.hi, lse.hi, fr.m, MPFR_RNDU);
+    }
+    if (c.want_lse) {
+      for (GoldenBuffer* buf : {bufs.lse.get(), bufs.lse_ref.get()}) {
+        const RoundedEnclosure re = round_enclosure(lse.lo, lse.hi, buf->dtype);
+        if (!re.decided) return false;
+        items.push_back({buf, rbase, re.value});
+      }
+    }
+    if (opt.row_check) opt.row_check(b, h, i, fast_enclosures(fr, lse, c, b, h));
+    for (const Item& it : items) it.buf->set(it.idx, it.value);
+    for (std::int64_t e = 0; e < width; ++e) bufs.out_bound->set(obase + e, bounds[static_cast<std::size_t>(e)]);
+    bufs.row_valid[static_cast<std::size_t>(rbase)] = 1;
+    n_elements.fetch_add(items.size());
+    return true;
+  };
+
   auto work = [&]() {
     std::vector<Pending> pend;
     while (!stop.load(std::memory_order_relaxed)) {
@@ -134,6 +281,10 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
       const std::int64_t h = mha ? 0 : (u / Nq) % H;
       const std::int64_t i = u % Nq;
       try {
+        if (fast_setup.applies && !mha && try_fast(b, h, i)) {
+          n_fast.fetch_add(1);
+          continue;
+        }
         for (mpfr_prec_t p = p0;; p = std::min(2 * p, cap)) {
           RowEnclosures r = ev.row(b, h, i, p);
           pend.clear();
@@ -169,6 +320,15 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
                     r.weights[hh][static_cast<std::size_t>(j)]);
               }
           }
+          // out.bound: the exact bound rounded up, decided the same way (at the cap, the upper
+          // end rounded up: still an upper bound).
+          std::vector<double> bounds(static_cast<std::size_t>(width));
+          for (std::int64_t e = 0; e < width; ++e) {
+            const Enclosure& bd = r.bound[static_cast<std::size_t>(e)];
+            const double blo = mpfr_get_d(bd.lo, MPFR_RNDU), bhi = mpfr_get_d(bd.hi, MPFR_RNDU);
+            all = all && blo == bhi;
+            bounds[static_cast<std::size_t>(e)] = bhi;
+          }
           if (!all && p < cap) continue;
           if (opt.row_check) opt.row_check(b, h, i, r);
           // Commit: every element is proven, or the cap is reached and the rest is recorded.
@@ -187,9 +347,9 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
           }
           n_elements.fetch_add(pend.size());
           n_undecided.fetch_add(und);
-          for (std::int64_t e = 0; e < width; ++e)  // an upper bound, rounded up
-            bufs.out_bound->set(obase + e,
-                                mpfr_get_d(r.bound[static_cast<std::size_t>(e)].hi, MPFR_RNDU));
+          for (std::int64_t e = 0; e < width; ++e)
+            bufs.out_bound->set(obase + e, bounds[static_cast<std::size_t>(e)]);
+          if (fast_setup.applies && !mha) n_fallback.fetch_add(1);
           for (std::size_t hh = 0; hh < r.head_valid.size(); ++hh) {
             const std::int64_t head = mha ? static_cast<std::int64_t>(hh) : h;
             bufs.row_valid[static_cast<std::size_t>((b * H + head) * Nq + i)] =
@@ -252,6 +412,9 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   res.stats.undecided = n_undecided.load();
   res.stats.rows = static_cast<std::uint64_t>(units);
   res.stats.rows_raised = n_raised.load();
+  res.stats.rows_fast = n_fast.load();
+  res.stats.rows_fallback = n_fallback.load();
+  res.stats.fast_path_note = opt.fast_path ? (fast_setup.applies ? "" : fast_setup.why_not) : "off";
   res.stats.max_precision_reached = max_reached.load();
   res.stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

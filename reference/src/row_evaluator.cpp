@@ -425,6 +425,23 @@ struct RowEvaluator::Impl {
       Enclosure& bd = row.bound[static_cast<std::size_t>(cc)];
       mpfr_div(bd.lo, nlo, zhi, MPFR_RNDD);
       mpfr_div(bd.hi, nhi, zlo, MPFR_RNDU);
+      // The bound is a convex combination of the |v_jc| too: intersect with their range.
+      std::size_t bmin = 0, bmax = 0;
+      for (std::size_t a = 1; a < n; ++a) {
+        V.get(tmp, allowed[a], cc, MPFR_RNDN);  // exact: tmp has the precision of V's values
+        V.get(tmp2, allowed[bmin], cc, MPFR_RNDN);
+        if (mpfr_cmpabs(tmp, tmp2) < 0) bmin = a;
+        V.get(tmp2, allowed[bmax], cc, MPFR_RNDN);
+        if (mpfr_cmpabs(tmp, tmp2) > 0) bmax = a;
+      }
+      V.get(tmp, allowed[bmin], cc, MPFR_RNDZ);  // |v| rounded down
+      mpfr_abs(tmp, tmp, MPFR_RNDN);
+      V.get(tmp2, allowed[bmax], cc, MPFR_RNDA);  // |v| rounded up
+      mpfr_abs(tmp2, tmp2, MPFR_RNDN);
+      if (mpfr_lessequal_p(tmp, bd.hi) && mpfr_lessequal_p(bd.lo, tmp2)) {
+        if (mpfr_less_p(bd.lo, tmp)) mpfr_set(bd.lo, tmp, MPFR_RNDD);
+        if (mpfr_greater_p(bd.hi, tmp2)) mpfr_set(bd.hi, tmp2, MPFR_RNDU);
+      }
     }
     mpfr_clears(sclo, schi, tmp, tmp2, m, cl, ch, zlo, zhi, nlo, nhi,
                 static_cast<mpfr_ptr>(nullptr));

@@ -20,6 +20,7 @@ struct EvalOptions {
   int threads = 1;
   mpfr_prec_t start_precision = 0;    // 0: chosen from the output format and the row length
   mpfr_prec_t max_precision = 2048;   // Ziv's cap; past it an element is recorded undecided
+  bool fast_path = true;              // try the double-double path first (same golden bytes)
   // Called from the worker threads on the final enclosures of every row unit, before they are
   // rounded; an exception thrown here refuses the case (the first failing unit is reported).
   std::function<void(std::int64_t b, std::int64_t h, std::int64_t i, const RowEnclosures&)>
@@ -31,6 +32,9 @@ struct EvalStats {
   std::uint64_t undecided = 0;        // of which could not be proven correctly rounded
   std::uint64_t rows = 0;
   std::uint64_t rows_raised = 0;      // rows that needed more than the starting precision
+  std::uint64_t rows_fast = 0;        // rows decided entirely by the fast path
+  std::uint64_t rows_fallback = 0;    // rows the fast path applied to but could not decide
+  std::string fast_path_note;         // why the fast path did not apply, if it did not
   mpfr_prec_t max_precision_reached = 0;
   double seconds = 0;
 };

@@ -1,0 +1,38 @@
+// Every error constant of the fast path, in one place. Each is a power of two above the bound
+// it covers; the comment cites where that bound comes from. u = 2^-53, the unit roundoff of F64.
+#pragma once
+
+namespace attnoracle::fast {
+
+inline constexpr double kU = 0x1p-53;
+
+// Double-double operations, relative to the exact result of the operation on their operands
+// (Joldes, Muller, Popescu 2017, see dd.hpp).
+inline constexpr double kAddFP = 0x1p-104;  // DWPlusFP: 2u^2 = 2^-105
+inline constexpr double kAddDD = 0x1p-103;  // AccurateDWPlusDW: 3u^2 / (1 - 4u) < 2^-104.4
+inline constexpr double kMulFP = 0x1p-104;  // DWTimesFP3: 2u^2 = 2^-105
+inline constexpr double kMulDD = 0x1p-103;  // DWTimesDW3: 5u^2 < 2^-103.6
+inline constexpr double kDivDD = 0x1p-101;  // DWDivDW2: 15u^2 + 56u^3 < 2^-102.0
+
+// exp_dd on [-620, 8], relative: reduction 2^-94.8, polynomial 2^-103.7 then ten squarings
+// 2^-92.7, truncation 2^-136 (exp_dd.cpp tallies it); a factor 16 above the sum.
+inline constexpr double kExpRel = 0x1p-88;
+
+// Radii are computed in F64 with rounding to nearest, by formulas of at most 15 operations on
+// nonnegative numbers: their relative error is below gamma_15 < 2^-48.9, so each radius is
+// multiplied by 1 + kRadiusSlack; kRadiusFloor absorbs underflow in those formulas.
+inline constexpr double kRadiusSlack = 0x1p-45;
+inline constexpr double kRadiusFloor = 0x1p-1020;
+
+// Dot2 (Ogita, Rump, Oishi 2005, Theorem 5.3): s + c encloses x.y within gamma_n^2 sum |x_i y_i|
+// (before the final rounding, which is not done here); the code uses 2 gamma_n^2.
+
+// Inputs the fast path accepts (else the row goes to MPFR): nonzero magnitudes within
+// [kMinInput, kMaxInput], so that products neither underflow (TwoProd stays exact above 2^-969)
+// nor overflow, and exp's argument range, below which a weight is enclosed by [0, kTinyExp].
+inline constexpr double kMinInput = 0x1p-480;
+inline constexpr double kMaxInput = 0x1p+480;
+inline constexpr double kExpMin = -620;
+inline constexpr double kTinyExp = 0x1p-894;  // exp(-620) < 2^-894.4
+
+}  // namespace attnoracle::fast

@@ -1,0 +1,261 @@
+// One row in double-double ball arithmetic. Each operation's midpoint error comes from its
+// published bound (error_bounds.hpp); each radius formula says in a comment why it holds.
+#include "fast_row.hpp"
+
+#include <mpfr.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "error_bounds.hpp"
+#include "exp_dd.hpp"
+
+namespace attnoracle::fast {
+namespace {
+
+// A radius computed with rounding to nearest, made an upper bound (error_bounds.hpp).
+inline double up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
+// |x| <= |hi| (1 + u) for a normalised double-double.
+inline double mag(DD x) { return std::fabs(x.hi) * (1 + 0x1p-52); }
+
+// Sums and products of balls: the midpoint's own error plus the radii carried through.
+inline Ball add(const Ball& a, const Ball& b) {
+  const DD m = fast::add(a.mid, b.mid);
+  return {m, up(a.rad + b.rad + kAddDD * mag(m))};
+}
+inline Ball add(const Ball& a, double y) {
+  const DD m = fast::add(a.mid, y);
+  return {m, up(a.rad + kAddFP * mag(m))};
+}
+inline Ball mul(const Ball& a, double y) {
+  const DD m = fast::mul(a.mid, y);
+  return {m, up(a.rad * std::fabs(y) + kMulFP * mag(m))};
+}
+// |a b - am bm| <= |am| rb + |bm| ra + ra rb
+inline Ball mul(const Ball& a, const Ball& b) {
+  const DD m = fast::mul(a.mid, b.mid);
+  return {m, up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
+}
+// For bm > 2 rb > 0: |a/b - am/bm| <= (ra + |am/bm| rb) / (bm - rb).
+inline Ball div(const Ball& a, const Ball& b) {
+  const DD m = fast::div(a.mid, b.mid);
+  const double q = mag(m) * (1 + 0x1p-100);  // |am/bm| <= |m| (1 + kDivDD)
+  const double den = std::fabs(b.mid.hi) * (1 - 0x1p-52) - b.rad;  // >= bm/2: rounding relative
+  return {m, up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
+}
+// exp(am + d) = exp(am) e^d and |e^d - 1| <= r (1 + r) for |d| <= r <= 1.
+inline Ball exp(const Ball& a) {
+  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(-620 + 2^-20) < 2^-894
+  const DD m = exp_dd(a.mid);
+  const double e = mag(m) * (1 + 0x1p-80);  // exp(am) <= |m| / (1 - kExpRel)
+  return {m, up(e * (a.rad * (1 + a.rad) + kExpRel))};
+}
+
+bool in_range(double x) {
+  const double a = std::fabs(x);
+  return a == 0 || (a >= kMinInput && a <= kMaxInput);
+}
+bool all_in_range(const std::vector<double>& v) { return std::all_of(v.begin(), v.end(), in_range); }
+
+// x compared with y: -1, 0, 1.
+int cmp(DD x, double y) {
+  if (x.hi != y) return x.hi < y ? -1 : 1;
+  return (x.lo > 0) - (x.lo < 0);
+}
+
+// Rounds a double to nearest-even in a narrower format (p bits, emin the exponent of its
+// smallest normal, emax of its largest binade): scaling by the quantum is exact, nearbyint
+// rounds to nearest-even, and a result reaching 2^(emax+1) has overflowed.
+double round_double(double r, int p, int emin, int emax) {
+  if (r == 0 || !std::isfinite(r)) return r;
+  const int e = std::max(std::ilogb(r), emin);
+  const double quantum = std::ldexp(1.0, e - p + 1);
+  const double y = std::nearbyint(r / quantum) * quantum;
+  return std::fabs(y) >= std::ldexp(1.0, emax + 1) ? std::copysign(INFINITY, r) : y;
+}
+
+}  // namespace
+
+DD lower(const Ball& b) {
+  if (b.rad == 0) return b.mid;  // an exact ball (a masked key's weight)
+  // mid - rad, computed in double-double, then moved down by that subtraction's own error
+  // (2u^2 of a result at most |mid| + rad in size).
+  const double s = up(b.rad + 0x1p-102 * (mag(b.mid) + b.rad));
+  return fast::add(b.mid, -s);
+}
+DD upper(const Ball& b) {
+  if (b.rad == 0) return b.mid;
+  const double s = up(b.rad + 0x1p-102 * (mag(b.mid) + b.rad));
+  return fast::add(b.mid, s);
+}
+
+double round_dd(DD x, DType t) {
+  const DD s = two_sum(x.hi, x.lo);
+  if (t == DType::F64) return s.hi;  // one addition rounds the exact sum correctly
+  // Round to odd in F64: when inexact, step from an even result to the odd neighbour on the
+  // side of the exact value. With 53 >= p + 2 bits, rounding that to p bits is correct.
+  double r = s.hi;
+  if (s.lo != 0) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &r, 8);
+    if ((bits & 1) == 0) r = std::nextafter(r, s.lo > 0 ? INFINITY : -INFINITY);
+  }
+  const FloatFormat f = float_format(t);
+  return round_double(r, f.precision, 1 - f.bias, f.bias);
+}
+
+Setup prepare(const Case& c) {
+  Setup s;
+  if (c.kind != Kind::Sdpa) {
+    s.why_not = "kind mha";
+    return s;
+  }
+  if (c.softcap) {
+    s.why_not = "softcap";
+    return s;
+  }
+  if (!all_in_range(c.q.values) || !all_in_range(c.k.values) || !all_in_range(c.v.values)) {
+    s.why_not = "inputs outside [2^-480, 2^480]";
+    return s;
+  }
+  if (c.bias)
+    for (double x : c.bias->values)
+      if (x != -INFINITY && !in_range(x)) {
+        s.why_not = "bias outside [2^-480, 2^480]";
+        return s;
+      }
+  // The scale, enclosed at 256 bits by MPFR, as a double-double ball.
+  mpfr_t lo, hi, t;
+  mpfr_inits2(256, lo, hi, t, static_cast<mpfr_ptr>(nullptr));
+  if (c.scale) {
+    mpfr_strtofr(lo, c.scale->c_str(), nullptr, 0, MPFR_RNDD);
+    mpfr_strtofr(hi, c.scale->c_str(), nullptr, 0, MPFR_RNDU);
+  } else {
+    mpfr_set_si(t, c.Dk, MPFR_RNDN);
+    mpfr_rec_sqrt(lo, t, MPFR_RNDD);
+    mpfr_rec_sqrt(hi, t, MPFR_RNDU);
+  }
+  s.scale.mid.hi = mpfr_get_d(lo, MPFR_RNDN);
+  mpfr_sub_d(t, lo, s.scale.mid.hi, MPFR_RNDN);  // exact at 256 bits
+  s.scale.mid.lo = mpfr_get_d(t, MPFR_RNDN);
+  // rad >= max(|lo - mid|, |hi - mid|), both computed upward
+  mpfr_sub_d(t, lo, s.scale.mid.hi, MPFR_RNDU);
+  mpfr_sub_d(t, t, s.scale.mid.lo, MPFR_RNDU);
+  mpfr_abs(t, t, MPFR_RNDU);
+  double rad = mpfr_get_d(t, MPFR_RNDU);
+  mpfr_sub_d(t, hi, s.scale.mid.hi, MPFR_RNDU);
+  mpfr_sub_d(t, t, s.scale.mid.lo, MPFR_RNDU);
+  mpfr_abs(t, t, MPFR_RNDU);
+  rad = std::max(rad, mpfr_get_d(t, MPFR_RNDU));
+  s.scale.rad = up(rad);
+  mpfr_clears(lo, hi, t, static_cast<mpfr_ptr>(nullptr));
+  if (!(std::fabs(s.scale.mid.hi) <= kMaxInput) || (s.scale.mid.hi != 0 && std::fabs(s.scale.mid.hi) < kMinInput)) {
+    s.why_not = "scale out of range";
+    return s;
+  }
+  if (!__builtin_cpu_supports("fma")) {
+    s.why_not = "no fma on this processor";
+    return s;
+  }
+  s.applies = true;
+  return s;
+}
+
+FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i) {
+  FastRow r;
+  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = h / (c.Hq / c.Hkv);
+  const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + i) * Dk;
+  const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
+  const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
+  r.allowed.assign(static_cast<std::size_t>(Nk), 0);
+  r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
+  r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
+  std::vector<std::int64_t> keys;
+  for (std::int64_t j = 0; j < Nk; ++j)
+    if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY) {
+      keys.push_back(j);
+      r.allowed[static_cast<std::size_t>(j)] = 1;
+    }
+  if (keys.empty()) return r;  // a fully masked row: the MPFR path applies the policy
+
+  // Dot2: s + c = q.k within gamma_Dk^2 sum |q_d k_d| (Ogita, Rump, Oishi), used with factor 2;
+  // sum |q_d k_d| is itself rounded, by at most gamma_Dk relative.
+  const double n = static_cast<double>(Dk);
+  const double gam = n * kU / (1 - n * kU);
+  const double dot_factor = 2 * gam * gam * (1 + 2 * gam);
+  std::vector<Ball> S(keys.size());
+  double m = -INFINITY;
+  for (std::size_t a = 0; a < keys.size(); ++a) {
+    const double* k = K + keys[a] * Dk;
+    double sh = 0, sl = 0, sabs = 0;
+    for (std::int64_t d = 0; d < Dk; ++d) {
+      const DD p = two_prod(q[d], k[d]);
+      const DD t = two_sum(sh, p.hi);
+      sh = t.hi;
+      sl += t.lo + p.lo;
+      sabs += std::fabs(p.hi);
+    }
+    const Ball dot{two_sum(sh, sl), up(dot_factor * sabs)};
+    r.dots[static_cast<std::size_t>(keys[a])] = dot;
+    Ball sc = mul(s.scale, dot);
+    const double bias = c.bias_at(b, h, i, keys[a]);
+    if (bias != 0) sc = add(sc, bias);
+    S[a] = sc;
+    m = std::max(m, sc.mid.hi);
+  }
+  r.m = m;
+  // e_j = exp(S_j - m) with m any number (the identity is exact); then Z, the weights.
+  std::vector<Ball> e(keys.size());
+  Ball z{};
+  for (std::size_t a = 0; a < keys.size(); ++a) {
+    const Ball x = add(S[a], -m);
+    if (x.rad > 0x1p-20 || x.mid.hi > 8) return r;  // outside exp's ball rule: MPFR
+    e[a] = exp(x);
+    z = add(z, e[a]);
+  }
+  if (!(z.mid.hi > 2 * z.rad)) return r;
+  r.z = z;
+  for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = div(e[a], z);
+
+  // Output and bound: N_c = sum_j e_j v_jc, B_c = sum_j e_j |v_jc|, each a sum of balls.
+  r.out.resize(static_cast<std::size_t>(Dv));
+  r.bound.resize(static_cast<std::size_t>(Dv));
+  r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
+  r.vmax.assign(static_cast<std::size_t>(Dv), -INFINITY);
+  std::vector<Ball> N(static_cast<std::size_t>(Dv)), B(static_cast<std::size_t>(Dv));
+  for (std::size_t a = 0; a < keys.size(); ++a) {
+    const double* v = V + keys[a] * Dv;
+    for (std::int64_t cc = 0; cc < Dv; ++cc) {
+      const auto ci = static_cast<std::size_t>(cc);
+      N[ci] = add(N[ci], mul(e[a], v[cc]));
+      B[ci] = add(B[ci], mul(e[a], std::fabs(v[cc])));
+      r.vmin[ci] = std::min(r.vmin[ci], v[cc]);
+      r.vmax[ci] = std::max(r.vmax[ci], v[cc]);
+    }
+  }
+  for (std::size_t ci = 0; ci < static_cast<std::size_t>(Dv); ++ci) {
+    r.out[ci] = div(N[ci], z);
+    r.bound[ci] = div(B[ci], z);
+  }
+  r.ok = true;
+  return r;
+}
+
+void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo, double clamp_hi) {
+  lo = lower(b);
+  hi = upper(b);
+  const DD l = cmp(lo, clamp_lo) < 0 ? DD{clamp_lo, 0} : lo;
+  const DD u = cmp(hi, clamp_hi) > 0 ? DD{clamp_hi, 0} : hi;
+  if (cmp(l, u.hi) < 0 || (l.hi == u.hi && l.lo <= u.lo)) {  // not empty
+    lo = l;
+    hi = u;
+  }
+}
+
+double round_up_dd(DD x) {
+  const DD s = two_sum(x.hi, x.lo);
+  return s.lo > 0 ? std::nextafter(s.hi, INFINITY) : s.hi;
+}
+
+}  // namespace attnoracle::fast

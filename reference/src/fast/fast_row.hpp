@@ -1,0 +1,63 @@
+// The fast certified path: one row of attention in double-double ball arithmetic (a
+// double-double midpoint and an F64 radius that bounds the distance to the exact value),
+// from a-priori error bounds of every step. Where its enclosures decide every rounding the row
+// is done; otherwise (or where the path does not apply) the row goes to the MPFR path.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnoracle/case_file.hpp"
+#include "dd.hpp"
+
+namespace attnoracle::fast {
+
+// The exact value lies in [mid - rad, mid + rad].
+struct Ball {
+  DD mid;
+  double rad = 0;
+};
+
+// Lower and upper ends of a ball as double-doubles no further in than the exact ends.
+DD lower(const Ball& b);
+DD upper(const Ball& b);
+
+// What a case needs for the fast path, checked once.
+struct Setup {
+  bool applies = false;
+  std::string why_not;  // when it does not apply
+  Ball scale;
+};
+// Applies to kind sdpa without softcap, with every input of magnitude 0 or within
+// [kMinInput, kMaxInput], on a processor with fma.
+Setup prepare(const Case& c);
+
+struct FastRow {
+  bool ok = false;                 // false: the row goes to the MPFR path
+  std::vector<char> allowed;       // [Nk]
+  std::vector<Ball> dots;          // [Nk] q.k (0 where not allowed)
+  std::vector<Ball> weights;       // [Nk] (exact 0 where not allowed)
+  std::vector<Ball> out;           // [Dv] before the intersection with the hull
+  std::vector<double> vmin, vmax;  // [Dv] the allowed values' range
+  std::vector<Ball> bound;         // [Dv] sum_j A_j |v_jc|
+  Ball z;                          // sum_j exp(S_j - m)
+  double m = 0;                    // the row constant
+};
+
+FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i);
+
+// The ends of a ball, intersected with [clamp_lo, clamp_hi] (which must hold the exact value;
+// an empty intersection, a broken evaluation, keeps the ball's own ends).
+void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo = -INFINITY, double clamp_hi = INFINITY);
+
+// The smallest F64 number >= x.
+double round_up_dd(DD x);
+
+// Rounding a double-double to nearest-even in an output format: F64 directly (one IEEE
+// addition of the two parts is the correctly rounded sum), the narrower formats through
+// rounding to odd in F64 first (which leaves no double-rounding error).
+double round_dd(DD x, DType t);
+
+}  // namespace attnoracle::fast
