@@ -218,25 +218,43 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.z = z;
   for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = div(e[a], z);
 
-  // Output and bound: N_c = sum_j e_j v_jc, B_c = sum_j e_j |v_jc|, each a sum of balls.
+  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc|, accumulated like Dot2 on
+  // the midpoints' high parts (TwoProd, TwoSum) plus their low parts in plain F64. With
+  // A = sum_j |e_j.hi v_jc| (|e.lo| <= u |e.hi|): the Dot2 error gamma_n^2 A, the low parts'
+  // products and sum (1 + gamma_n) u A <= gamma_n^2 A for n >= 2 (else exact), and the balls'
+  // radii sum_j e_j.rad |v_jc|; A and that sum are themselves rounded (gamma_n relative).
   r.out.resize(static_cast<std::size_t>(Dv));
   r.bound.resize(static_cast<std::size_t>(Dv));
   r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
   r.vmax.assign(static_cast<std::size_t>(Dv), -INFINITY);
-  std::vector<Ball> N(static_cast<std::size_t>(Dv)), B(static_cast<std::size_t>(Dv));
+  const auto nd = static_cast<std::size_t>(Dv);
+  std::vector<double> nh(nd, 0), nl(nd, 0), bh(nd, 0), bl(nd, 0), absum(nd, 0), radsum(nd, 0);
   for (std::size_t a = 0; a < keys.size(); ++a) {
     const double* v = V + keys[a] * Dv;
-    for (std::int64_t cc = 0; cc < Dv; ++cc) {
-      const auto ci = static_cast<std::size_t>(cc);
-      N[ci] = add(N[ci], mul(e[a], v[cc]));
-      B[ci] = add(B[ci], mul(e[a], std::fabs(v[cc])));
-      r.vmin[ci] = std::min(r.vmin[ci], v[cc]);
-      r.vmax[ci] = std::max(r.vmax[ci], v[cc]);
+    const double eh = e[a].mid.hi, el = e[a].mid.lo, er = e[a].rad;
+    for (std::size_t ci = 0; ci < nd; ++ci) {
+      const double x = v[ci], ax = std::fabs(x);
+      const DD p = two_prod(eh, x);
+      const DD t = two_sum(nh[ci], p.hi);
+      nh[ci] = t.hi;
+      nl[ci] += t.lo + p.lo + el * x;
+      const DD pb = two_prod(eh, ax);
+      const DD tb = two_sum(bh[ci], pb.hi);
+      bh[ci] = tb.hi;
+      bl[ci] += tb.lo + pb.lo + el * ax;
+      absum[ci] += pb.hi;
+      radsum[ci] += er * ax;
+      r.vmin[ci] = std::min(r.vmin[ci], x);
+      r.vmax[ci] = std::max(r.vmax[ci], x);
     }
   }
-  for (std::size_t ci = 0; ci < static_cast<std::size_t>(Dv); ++ci) {
-    r.out[ci] = div(N[ci], z);
-    r.bound[ci] = div(B[ci], z);
+  const double nk = static_cast<double>(keys.size());
+  const double gk = nk * kU / (1 - nk * kU);
+  const double pv_factor = 3 * gk * gk + 2 * kU * kU;  // 2 gamma_n^2 + the low parts, with room
+  for (std::size_t ci = 0; ci < nd; ++ci) {
+    const double err = up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
+    r.out[ci] = div(Ball{two_sum(nh[ci], nl[ci]), err}, z);
+    r.bound[ci] = div(Ball{two_sum(bh[ci], bl[ci]), err}, z);
   }
   r.ok = true;
   return r;
