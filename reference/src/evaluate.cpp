@@ -227,7 +227,7 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
           amax = std::max(amax, x);
         }
       fast::ends(fr.bound[ei], lo, hi, amin, amax);
-      bounds[ei] = fast::round_up_dd(hi);
+      bounds[ei] = fast::round_up_dd(hi) + 0.0;  // a zero bound is +0
       if (fast::round_up_dd(lo) != bounds[ei]) return false;
     }
     const std::int64_t rbase = (b * H + h) * Nq + i;
@@ -327,7 +327,7 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
             const Enclosure& bd = r.bound[static_cast<std::size_t>(e)];
             const double blo = mpfr_get_d(bd.lo, MPFR_RNDU), bhi = mpfr_get_d(bd.hi, MPFR_RNDU);
             all = all && blo == bhi;
-            bounds[static_cast<std::size_t>(e)] = bhi;
+            bounds[static_cast<std::size_t>(e)] = bhi == 0 ? 0.0 : bhi;  // a zero bound is +0
           }
           if (!all && p < cap) continue;
           if (opt.row_check) opt.row_check(b, h, i, r);
