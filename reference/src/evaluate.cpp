@@ -90,6 +90,37 @@ Enclosure point_enclosure(double lo, double hi) {
   return e;
 }
 
+// Rounded down and up to F64.
+double down(fast::DD x) {
+  const fast::DD s = fast::two_sum(x.hi, x.lo);
+  return s.lo < 0 ? std::nextafter(s.hi, -INFINITY) : s.hi;
+}
+double up(fast::DD x) {
+  const fast::DD s = fast::two_sum(x.hi, x.lo);
+  return s.lo > 0 ? std::nextafter(s.hi, INFINITY) : s.hi;
+}
+
+RowIntervals fast_intervals(const fast::FastRow& fr, const Enclosure& lse) {
+  RowIntervals r;
+  r.allowed = fr.allowed;
+  const std::size_t n = fr.weights.size(), m = fr.out.size();
+  r.dot_lo.resize(n), r.dot_hi.resize(n), r.w_lo.resize(n), r.w_hi.resize(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    r.dot_lo[j] = down(fast::lower(fr.dots[j]));
+    r.dot_hi[j] = up(fast::upper(fr.dots[j]));
+    r.w_lo[j] = down(fast::lower(fr.weights[j]));
+    r.w_hi[j] = up(fast::upper(fr.weights[j]));
+  }
+  r.out_lo.resize(m), r.out_hi.resize(m);
+  for (std::size_t e = 0; e < m; ++e) {
+    r.out_lo[e] = down(fast::lower(fr.out[e]));
+    r.out_hi[e] = up(fast::upper(fr.out[e]));
+  }
+  r.lse_lo = mpfr_get_d(lse.lo, MPFR_RNDD);
+  r.lse_hi = mpfr_get_d(lse.hi, MPFR_RNDU);
+  return r;
+}
+
 // The fast row as the enclosures the oracle checks.
 RowEnclosures fast_enclosures(const fast::FastRow& fr, const Enclosure& lse, const Case& c,
                               std::int64_t, std::int64_t) {
@@ -264,7 +295,8 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
         items.push_back({buf, rbase, re.value});
       }
     }
-    if (opt.row_check) opt.row_check(b, h, i, fast_enclosures(fr, lse, c, b, h));
+    if (opt.row_check_fast) opt.row_check_fast(b, h, i, fast_intervals(fr, lse));
+    else if (opt.row_check) opt.row_check(b, h, i, fast_enclosures(fr, lse, c, b, h));
     for (const Item& it : items) it.buf->set(it.idx, it.value);
     for (std::int64_t e = 0; e < width; ++e) bufs.out_bound->set(obase + e, bounds[static_cast<std::size_t>(e)]);
     bufs.row_valid[static_cast<std::size_t>(rbase)] = 1;

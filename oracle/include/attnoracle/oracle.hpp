@@ -64,6 +64,10 @@ RowSourceFactory reference_rows(mpfr_prec_t p = 128);
 std::vector<Violation> check_row(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                  const RowEnclosures& r);
 
+// The same checks on a fast-path row's F64 intervals (kind sdpa).
+std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                      const RowIntervals& r);
+
 // The metamorphic relations on one row unit: its evaluation is compared with evaluations of
 // twin cases (shifted bias, perturbed future keys, permuted keys, one head changed).
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,

@@ -15,6 +15,7 @@
 namespace attnoracle {
 
 struct RowEnclosures;
+struct RowIntervals;
 
 struct EvalOptions {
   int threads = 1;
@@ -25,6 +26,19 @@ struct EvalOptions {
   // rounded; an exception thrown here refuses the case (the first failing unit is reported).
   std::function<void(std::int64_t b, std::int64_t h, std::int64_t i, const RowEnclosures&)>
       row_check;
+  // The same for rows the fast path decided, on F64 intervals; when unset, those rows are
+  // converted to RowEnclosures for row_check.
+  std::function<void(std::int64_t b, std::int64_t h, std::int64_t i, const RowIntervals&)>
+      row_check_fast;
+};
+
+// One sdpa row as the fast path encloses it, in F64 intervals rounded outward.
+struct RowIntervals {
+  std::vector<char> allowed;           // [Nk]
+  std::vector<double> dot_lo, dot_hi;  // [Nk] q_i . k_j
+  std::vector<double> w_lo, w_hi;      // [Nk] weights (exactly 0 where not allowed)
+  std::vector<double> out_lo, out_hi;  // [Dv] before the intersection with the values' range
+  double lse_lo = 0, lse_hi = 0;
 };
 
 struct EvalStats {
