@@ -273,3 +273,38 @@ TEST(Oracle, InvariantNamesAreDistinct) {
 
 }  // namespace
 }  // namespace attnoracle::oracle
+
+namespace attnoracle::oracle {
+namespace {
+
+// The interval form of the row checks (fast-path rows) catches the same breakages.
+TEST(OracleFast, IntervalChecksCatchBrokenRows) {
+  std::vector<int> pattern;
+  for (int r = 0; r < 5; ++r) pattern.insert(pattern.end(), {1, 0, 1, 1, 1, 1});
+  Case c = sdpa({}, {bools("mask", {5, 6}, pattern)});
+  for (std::int64_t d = 0; d < c.Dk; ++d)  // keys 2 and 3 equal
+    c.k.values[static_cast<std::size_t>(3 * c.Dk + d)] = c.k.values[static_cast<std::size_t>(2 * c.Dk + d)];
+  // A consistent row: allowed weights 0.25 each, outputs inside the values' range [1, 2].
+  RowIntervals good;
+  good.allowed = {1, 0, 1, 1, 1, 1};
+  good.w_lo = {0.2, 0, 0.2, 0.2, 0.2, 0.2};
+  good.w_hi = {0.2, 0, 0.2, 0.2, 0.2, 0.2};
+  good.dot_lo = good.dot_hi = std::vector<double>(6, 0.0);
+  good.out_lo = {1.5, 1.5};
+  good.out_hi = {1.5, 1.5};
+  EXPECT_TRUE(check_row_fast(c, 0, 0, 0, good).empty()) << list(check_row_fast(c, 0, 0, 0, good));
+  auto with = [&](const std::function<void(RowIntervals&)>& f, Invariant inv) {
+    RowIntervals r = good;
+    f(r);
+    const auto v = check_row_fast(c, 0, 0, 0, r);
+    EXPECT_TRUE(names(v, inv)) << invariant_name(inv) << ": " << list(v);
+  };
+  with([](RowIntervals& r) { r.w_lo[0] = r.w_hi[0] = 0.3; }, Invariant::RowSum);
+  with([](RowIntervals& r) { r.w_lo[4] = -0.2, r.w_hi[4] = -0.1; }, Invariant::WeightRange);
+  with([](RowIntervals& r) { r.w_hi[1] = 1e-30; }, Invariant::MaskedZero);
+  with([](RowIntervals& r) { r.out_lo[1] = r.out_hi[1] = 3; }, Invariant::ConvexHull);
+  with([](RowIntervals& r) { r.w_lo[3] = r.w_hi[3] = 0.1, r.w_lo[4] = r.w_hi[4] = 0.3; }, Invariant::EqualScores);
+}
+
+}  // namespace
+}  // namespace attnoracle::oracle
