@@ -39,7 +39,7 @@ int run_eval(const EvalArgs& a) {
     print_violations(a.input, e);
     return 1;
   }
-  write_file_atomic(a.output, serialize_safetensors(golden_file(c, r)));
+  write_golden_file(a.output, c, r);
   if (!a.quiet) {
     const EvalStats& st = r.stats;
     std::string fast = st.fast_path_note.empty()

@@ -7,7 +7,9 @@ packages=(
   libmpfr-dev libgmp-dev libboost-dev
   libgtest-dev librapidcheck-dev nlohmann-json3-dev libcli11-dev nettle-dev
   python3 python3-numpy
+  libbenchmark-dev python3-mpmath time  # bench/: Google Benchmark, the mpmath reference, GNU time
   libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
+  gappa sollya  # reference/proofs: the fast path's machine-checked error bounds
 )
 # Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

@@ -107,7 +107,11 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
     }
     mpfr_free_cache();
   };
-  const int n = std::max(1, std::min<int>(eval.threads, static_cast<int>(units.size())));
+  // Each twin copies the inputs: above 16 MB of them, one thread keeps the peak memory down.
+  std::size_t input_bytes = 0;
+  for (const RawTensor& t : c.file.tensors) input_bytes += t.data.size();
+  const int want = input_bytes > (16u << 20) ? 1 : eval.threads;
+  const int n = std::max(1, std::min<int>(want, static_cast<int>(units.size())));
   std::vector<std::thread> pool;
   for (int t = 1; t < n; ++t) pool.emplace_back(work);
   work();

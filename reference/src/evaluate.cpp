@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <cmath>
 #include <exception>
@@ -451,6 +452,18 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   res.stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+void write_golden_file(const std::string& path, const Case& c, const EvalResult& r) {
+  std::map<std::string, std::string> md = c.file.metadata;
+  md["attn.reference"] = std::string("attnoracle ") + ATTNORACLE_VERSION;
+  md["attn.undecided"] = std::to_string(r.stats.undecided);
+  std::vector<const RawTensor*> tensors;
+  for (const RawTensor& t : r.golden) tensors.push_back(&t);
+  for (const RawTensor& t : c.file.tensors)  // inputs, unless a golden tensor replaces one
+    if (std::none_of(r.golden.begin(), r.golden.end(), [&](const RawTensor& g) { return g.name == t.name; }))
+      tensors.push_back(&t);
+  write_safetensors_atomic(path, md, std::move(tensors));
 }
 
 SafeTensorsFile golden_file(const Case& c, const EvalResult& r) {

@@ -288,14 +288,15 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   return parse_safetensors(path, bytes);
 }
 
-std::vector<unsigned char> serialize_safetensors(const SafeTensorsFile& f) {
-  std::vector<const RawTensor*> sorted;
-  for (const auto& t : f.tensors) sorted.push_back(&t);
+namespace {
+
+// Tensors sorted by name, checked, and the file's first part: the 8-byte length and the header.
+std::vector<unsigned char> header_bytes(const std::map<std::string, std::string>& metadata,
+                                        std::vector<const RawTensor*>& sorted) {
   std::sort(sorted.begin(), sorted.end(),
             [](const RawTensor* a, const RawTensor* b) { return a->name < b->name; });
-
   json header = json::object();
-  if (!f.metadata.empty()) header["__metadata__"] = f.metadata;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (std::size_t i = 0; i < sorted.size(); ++i) {
     const RawTensor& t = *sorted[i];
@@ -310,18 +311,18 @@ std::vector<unsigned char> serialize_safetensors(const SafeTensorsFile& f) {
                       {"data_offsets", {offset, offset + t.data.size()}}};
     offset += t.data.size();
   }
-
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::vector<unsigned char> out;
-  out.reserve(8 + text.size() + offset);
+  out.reserve(8 + text.size());
   for (int b = 0; b < 8; ++b) out.push_back(static_cast<unsigned char>(text.size() >> (8 * b)));
   out.insert(out.end(), text.begin(), text.end());
-  for (const RawTensor* t : sorted) out.insert(out.end(), t->data.begin(), t->data.end());
   return out;
 }
 
-void write_file_atomic(const std::string& path, const std::vector<unsigned char>& bytes) {
+// Writes the parts one after the other to a temporary name beside `path`, then renames it.
+void write_parts_atomic(const std::string& path,
+                        const std::vector<std::pair<const unsigned char*, std::size_t>>& parts) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   auto fail = [&](int err, bool remove_tmp) {
     if (remove_tmp) ::unlink(tmp.c_str());
@@ -329,19 +330,43 @@ void write_file_atomic(const std::string& path, const std::vector<unsigned char>
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) fail(errno, false);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      fail(err, true);
+  for (const auto& [data, size] : parts) {
+    std::size_t done = 0;
+    while (done < size) {
+      const ssize_t w = ::write(fd, data + done, size - done);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        fail(err, true);
+      }
+      done += static_cast<std::size_t>(w);
     }
-    done += static_cast<std::size_t>(w);
   }
   if (::close(fd) != 0) fail(errno, true);
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, true);
+}
+
+}  // namespace
+
+std::vector<unsigned char> serialize_safetensors(const SafeTensorsFile& f) {
+  std::vector<const RawTensor*> sorted;
+  for (const auto& t : f.tensors) sorted.push_back(&t);
+  std::vector<unsigned char> out = header_bytes(f.metadata, sorted);
+  for (const RawTensor* t : sorted) out.insert(out.end(), t->data.begin(), t->data.end());
+  return out;
+}
+
+void write_safetensors_atomic(const std::string& path, const std::map<std::string, std::string>& metadata,
+                              std::vector<const RawTensor*> tensors) {
+  const std::vector<unsigned char> head = header_bytes(metadata, tensors);
+  std::vector<std::pair<const unsigned char*, std::size_t>> parts{{head.data(), head.size()}};
+  for (const RawTensor* t : tensors) parts.emplace_back(t->data.data(), t->data.size());
+  write_parts_atomic(path, parts);
+}
+
+void write_file_atomic(const std::string& path, const std::vector<unsigned char>& bytes) {
+  write_parts_atomic(path, {{bytes.data(), bytes.size()}});
 }
 
 }  // namespace attnoracle

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,8 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt);
 
 // The case file with its golden tensors and metadata added (attn.reference, attn.undecided).
 SafeTensorsFile golden_file(const Case& c, const EvalResult& r);
+// The same, written to `path` (atomically) without copying the tensors.
+void write_golden_file(const std::string& path, const Case& c, const EvalResult& r);
 
 // ---- Row-level access, for tests and for the oracle ----
 

@@ -41,6 +41,11 @@ SafeTensorsFile parse_safetensors(const std::string& path_for_messages,
 // spaces to a multiple of 8 bytes.
 std::vector<unsigned char> serialize_safetensors(const SafeTensorsFile& f);
 
+// The bytes serialize_safetensors would give for these metadata and tensors, written straight
+// to `path` the way write_file_atomic does, without assembling the file in memory.
+void write_safetensors_atomic(const std::string& path, const std::map<std::string, std::string>& metadata,
+                              std::vector<const RawTensor*> tensors);
+
 // Writes to a temporary name beside `path` and renames it into place, so that a reader never
 // sees a half-written file. Throws InputError(path, "", ...) when the file cannot be written.
 void write_file_atomic(const std::string& path, const std::vector<unsigned char>& bytes);

@@ -1,0 +1,609 @@
+#!/usr/bin/python3
+"""Whole-process benchmarks of `attnoracle eval` against the usual references, in one run.
+
+    bash bench/compare.sh [--large] [options]          (set-up, build, then this script)
+    /usr/bin/python3 bench/compare.py --attnoracle build/attnoracle [--large] [options]
+
+On the same case files (bench/make_case.py: sdpa, B = H = 1, Nq = Nk = N, Dk = Dv = D, F32
+inputs and outputs, seeded normal data, `out` only) it times, alternating the commands round by
+round (A B C D A B C D ...) so that machine noise spreads over all of them:
+
+  - attnoracle eval --threads 1 and --threads 2 (the certified reference),
+  - bench/numpy_ref.py (the usual uncertified float64 NumPy reference),
+  - bench/mpmath_ref.py (mpmath at 30 digits), only where its estimated time, extrapolated from
+    the previous size (or a 32 x 32 calibration), fits in --mpmath-budget seconds,
+
+at N = 64, 256, 1024 with D = 64 (--sizes, -d), and with --large `attnoracle eval` alone at
+N = 4096, 8192 with D = 128 (--large-sizes, --large-d). Each command: wall time (median of the
+runs, measured around the process), peak resident memory (GNU time's %M), and for eval the rows
+decided by the fast path, by MPFR and those that fell back (parsed from eval's summary line on
+stderr). Then the rows falling back to MPFR on random data for each output dtype of
+--fallback-dtypes (one eval each, several heads for resolution), and the issue-6 targets checked
+on what was measured. Markdown on stdout and in --output, with the command line that reproduces it.
+"""
+import argparse
+import datetime
+import os
+import platform
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import make_case  # noqa: E402
+
+TIME = "/usr/bin/time"
+MIB = 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# eval's summary line
+
+def parse_eval_summary(stderr):
+    """What eval's stderr summary says about rows, tolerantly: a dict with the counts found
+    (rows, fast, mpfr, fell_back, raised, undecided, seconds), the raw line, and the fast-path
+    note when eval says it did not apply. Works with the MPFR-only format
+    ("... N rows, M needed more precision ...") and the fast-path one
+    ("... N rows, F by the fast path, R by MPFR (X fell back), M needed more precision ...")."""
+    lines = [l for l in stderr.splitlines() if re.search(r"\d+\s+rows\b", l)]
+    line = lines[-1] if lines else ""
+    line = line.strip()
+    m = re.match(r"\S+\.safetensors\S*:\s+", line)     # the output path eval prints first
+    info = {"line": line[m.end():] if m else line}
+
+    def grab(key, pattern):
+        m = re.search(pattern, line, re.IGNORECASE)
+        if m:
+            info[key] = int(m.group(1))
+
+    grab("rows", r"(\d+)\s+rows\b")
+    grab("undecided", r"(\d+)\s+undecided")
+    grab("raised", r"(\d+)\s+(?:rows\s+)?needed more precision")
+    grab("fast", r"(\d+)\s+(?:rows\s+)?(?:decided\s+)?by the fast path")
+    grab("mpfr", r"(\d+)\s+(?:rows\s+)?(?:decided\s+)?by MPFR")
+    # "X fell back", "X rows fell back to MPFR", "fell back to MPFR: X", "fell back: X"
+    for pattern in (r"(\d+)\s+(?:rows?\s+)?fell back", r"fell back(?:\s+to\s+MPFR)?\s*[:=]\s*(\d+)"):
+        m = re.search(pattern, line, re.IGNORECASE)
+        if m:
+            info["fell_back"] = int(m.group(1))
+            break
+    m = re.search(r"all by MPFR\s*\(([^)]*)\)", line)
+    if m:
+        info["note"] = m.group(1)
+    m = re.search(r"([\d.]+)\s*s on \d+ thread", line)
+    if m:
+        info["seconds"] = float(m.group(1))
+    return info
+
+
+def describe_rows(info):
+    """A short cell for the table: how the rows were decided."""
+    rows = info.get("rows")
+    if rows is None:
+        return "?"
+    if "fell_back" in info:
+        fb = info["fell_back"]
+        cell = f"{fb}/{rows} fell back ({fb / rows:.2g})" if rows else f"{fb}/0"
+        if "mpfr" in info and info["mpfr"] != fb:
+            cell += f"; {info['mpfr']} by MPFR"
+        return cell
+    if "note" in info:
+        return f"all {rows} by MPFR ({info['note']})"
+    if "fast" in info:
+        return f"{rows - info['fast']}/{rows} by MPFR"
+    return f"all {rows} by MPFR (no fast path); {info.get('raised', '?')} raised"
+
+
+# ---------------------------------------------------------------------------------------------
+# running one command
+
+class Failure(Exception):
+    pass
+
+
+def run_once(argv, timeout, scratch):
+    """Runs argv under GNU time: (wall seconds, peak RSS bytes, stderr text).
+    Raises Failure on a non-zero exit or a timeout (the whole process group is killed)."""
+    timefile = os.path.join(scratch, "time.txt")
+    full = [TIME, "-f", "%e %M", "-o", timefile] + argv
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise Failure(f"timed out after {timeout:.0f} s")
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = " | ".join(err.strip().splitlines()[-3:])
+        raise Failure(f"exit status {proc.returncode}: {tail}")
+    with open(timefile) as f:
+        last = f.read().strip().splitlines()[-1]
+    _, kib = last.split()
+    return wall, int(kib) * 1024, err
+
+
+class Command:
+    def __init__(self, label, kind, argv_for, threads=None):
+        self.label, self.kind, self.argv_for, self.threads = label, kind, argv_for, threads
+        self.walls, self.peaks, self.infos = [], [], []
+        self.reps = None          # how many runs this command gets (None: the size's default)
+        self.note = ""            # why it was skipped or cut short
+        self.failed = None
+        self.last_output = None   # the output file of the last run (kept for the agreement check)
+
+    def median(self):
+        return statistics.median(self.walls) if self.walls else None
+
+    def peak(self):
+        return max(self.peaks) if self.peaks else None
+
+
+# ---------------------------------------------------------------------------------------------
+
+def parse_list(text, cast=int):
+    return [cast(x) for x in text.split(",") if x.strip()]
+
+
+def environment(args):
+    """Lines describing the machine and the software, for the report header."""
+    lines = []
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    lines.append(f"- machine: {platform.node()}, {cpu}, {os.cpu_count()} logical CPUs, "
+                 f"Linux {platform.release()}")
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        lines.append(f"- repository (these scripts{', and the binary built from it' if os.path.abspath(args.attnoracle).startswith(ROOT + os.sep) else ''}): "
+                     f"commit {commit}{' with uncommitted changes' if dirty else ''}")
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    build_type = "?"
+    cache = os.path.join(os.path.dirname(os.path.abspath(args.attnoracle)), "CMakeCache.txt")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    build_type = line.split("=", 1)[1].strip()
+    lines.append(f"- attnoracle: `{args.attnoracle}` (CMake build type {build_type})")
+    import numpy
+    blas_env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+                if k in os.environ}
+    lines.append(f"- Python {platform.python_version()} (`{sys.executable}`), NumPy {numpy.__version__} "
+                 f"(BLAS threads: {blas_env or 'library default'})")
+    try:
+        import mpmath
+        lines.append(f"- mpmath {mpmath.__version__}, backend {mpmath.libmp.BACKEND}, 30 digits")
+    except ImportError:
+        lines.append("- mpmath: not installed (Debian python3-mpmath)")
+    return lines
+
+
+def loadavg():
+    """The 1-minute load average, or None."""
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def agreement(golden_path, other_path):
+    """How many elements of `out` in other_path equal the golden `out` (an undecided element may
+    equal either candidate; +0 and -0 are the same value). Returns (equal, total)."""
+    import numpy as np
+    from numpy_ref import load
+    g, _ = load(golden_path)
+    o, _ = load(other_path)
+    a, b = g["out"].astype(np.float64).ravel(), o["out"].astype(np.float64).ravel()
+    same = a == b
+    if "out.undecided" in g:
+        idx = g["out.undecided"]
+        same[idx] |= g["out.alt"].astype(np.float64) == b[idx]
+    return int(same.sum()), int(a.size)
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "–"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.{digits}g}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attnoracle", default=os.environ.get("ATTNORACLE", os.path.join(ROOT, "build", "attnoracle")),
+                   help="the attnoracle binary (default $ATTNORACLE, else build/attnoracle)")
+    p.add_argument("--sizes", default="64,256,1024", help="N of the comparison cases (default 64,256,1024)")
+    p.add_argument("-d", type=int, default=64, help="D of the comparison cases (default 64)")
+    p.add_argument("--large", action="store_true", help="also eval alone at --large-sizes with --large-d")
+    p.add_argument("--large-sizes", default="4096,8192", help="default 4096,8192")
+    p.add_argument("--large-d", type=int, default=128, help="default 128")
+    p.add_argument("-k", "--reps", type=int, default=3, help="runs per command (the median is reported; default 3)")
+    p.add_argument("--large-reps", type=int, help="runs per command at the large sizes (default --reps)")
+    p.add_argument("--threads", default="1,2", help="eval thread counts (default 1,2)")
+    p.add_argument("--mpmath-budget", type=float, default=300,
+                   help="seconds one mpmath run may take (estimated beforehand); beyond, skipped (default 300)")
+    p.add_argument("--no-mpmath", action="store_true")
+    p.add_argument("--mpfr-only", action="store_true",
+                   help="also time `eval --no-fast-path` (all rows by MPFR) with the most threads, where eval has it")
+    p.add_argument("--fallback-dtypes", default="F32,F16,BF16",
+                   help="output dtypes whose MPFR fallback rate is measured (one eval each; '' for none)")
+    p.add_argument("--fallback-n", type=int, help="N of the fallback cases (default: the largest of --sizes)")
+    p.add_argument("--fallback-heads", type=int, default=10,
+                   help="heads of the fallback cases, for resolution: rows = heads * N (default 10)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take (default 3600)")
+    p.add_argument("--workdir", help="where the case and output files go (default a temporary directory)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("-o", "--output", default=os.path.join(HERE, "results.md"),
+                   help="the Markdown report (default bench/results.md)")
+    args = p.parse_args(argv)
+
+    if not os.access(args.attnoracle, os.X_OK):
+        p.error(f"{args.attnoracle}: no attnoracle binary (build with tools/build.sh, or pass --attnoracle)")
+    if not os.access(TIME, os.X_OK):
+        p.error(f"{TIME} is missing (Debian package time)")
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    threads = parse_list(args.threads)
+    sizes = sorted(parse_list(args.sizes))
+    large = sorted(parse_list(args.large_sizes)) if args.large else []
+    have_mpmath = False
+    if not args.no_mpmath:
+        import importlib.util
+        if importlib.util.find_spec("mpmath"):
+            have_mpmath = True
+        else:
+            print("compare: mpmath is not installed (Debian python3-mpmath): mpmath skipped", file=sys.stderr)
+    eval_help = subprocess.run([args.attnoracle, "eval", "--help"], capture_output=True, text=True).stdout
+    has_no_fast = "--no-fast-path" in eval_help
+
+    wrapper = os.environ.get("BENCH_WRAPPER")
+    shown = [a for a in (argv if argv is not None else sys.argv[1:])]
+    if wrapper:
+        reproduce = "bash bench/compare.sh " + shlex.join(shown)
+        if os.environ.get("BENCH_GIVEN_BINARY"):
+            reproduce = f"ATTNORACLE={shlex.quote(os.environ['BENCH_GIVEN_BINARY'])} " + reproduce
+    else:
+        reproduce = f"{sys.executable} bench/compare.py " + shlex.join(shown)
+    reproduce = reproduce.strip()
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="attnoracle-bench-")
+    os.makedirs(workdir, exist_ok=True)
+    py = sys.executable
+    numpy_ref = os.path.join(HERE, "numpy_ref.py")
+    mpmath_ref = os.path.join(HERE, "mpmath_ref.py")
+    started = datetime.datetime.now()
+    load_before = loadavg()
+    if load_before is not None and load_before > 0.5:
+        print(f"compare: warning: load average {load_before:.2f} before the start: other processes "
+              "compete for the CPUs (thread scaling and ratios will suffer)", file=sys.stderr)
+    log = lambda msg: print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    t_start = time.perf_counter()
+
+    notes = []
+    if args.mpfr_only and not has_no_fast:
+        notes.append("--mpfr-only ignored: this attnoracle eval has no --no-fast-path")
+    mp_cost = None  # seconds per unit of work Nq * Nk * (Dk + Dv), from the last mpmath run
+
+    def work(n, d):
+        return n * n * (d + d)
+
+    def eval_cmd(t, extra=()):
+        return lambda case, out: [args.attnoracle, "eval", case, "-o", out, "--threads", str(t), *extra]
+
+    def measure_size(n, d, with_refs, reps):
+        """Builds the case, runs the commands alternately, returns (case bytes, [Command])."""
+        nonlocal mp_cost
+        case = os.path.join(workdir, f"sdpa-{n}x{n}-D{d}.safetensors")
+        case_bytes = make_case.make_case(case, n, d, seed=args.seed)
+        cmds = [Command(f"attnoracle eval, {t} thread{'s' if t > 1 else ''}", "eval", eval_cmd(t), t)
+                for t in threads]
+        if args.mpfr_only and has_no_fast:
+            t = max(threads)
+            cmds.append(Command(f"attnoracle eval --no-fast-path, {t} thread{'s' if t > 1 else ''}",
+                                "eval-mpfr", eval_cmd(t, ["--no-fast-path"]), t))
+        if with_refs:
+            cmds.append(Command("numpy_ref.py (float64)", "numpy", lambda c, o: [py, numpy_ref, c, "-o", o]))
+            if have_mpmath:
+                mp = Command("mpmath_ref.py (30 digits)", "mpmath", lambda c, o: [py, mpmath_ref, c, "-o", o])
+                if mp_cost is None:  # calibrate on a 32 x 32 case
+                    cal = os.path.join(workdir, f"calibration-32x32-D{d}.safetensors")
+                    make_case.make_case(cal, 32, d, seed=args.seed)
+                    try:
+                        w, _, _ = run_once([py, mpmath_ref, cal, "-o", cal + ".out"], args.timeout, workdir)
+                        mp_cost = w / work(32, d)
+                        notes.append(f"mpmath calibration: 32x32, D={d}: {w:.2f} s")
+                    except Failure as e:
+                        notes.append(f"mpmath calibration failed: {e}")
+                        mp_cost = float("inf")
+                    for f in (cal, cal + ".out"):
+                        if os.path.exists(f):
+                            os.remove(f)
+                estimate = mp_cost * work(n, d)
+                if estimate > args.mpmath_budget:
+                    mp.reps = 0
+                    mp.note = (f"skipped: estimated {estimate:.0f} s per run (from the previous size) "
+                               f"> --mpmath-budget {args.mpmath_budget:.0f} s")
+                elif estimate * reps > args.mpmath_budget:
+                    mp.reps = 1
+                    mp.note = f"1 run only: estimated {estimate:.0f} s per run"
+                mp.estimate = estimate
+                cmds.append(mp)
+        for r in range(reps):
+            for c in cmds:
+                if c.failed or (c.reps is not None and r >= c.reps):
+                    continue
+                out = os.path.join(workdir, f"out-{c.kind}-{c.threads or 0}-{n}-{d}.safetensors")
+                timeout = args.timeout
+                if c.kind == "mpmath":
+                    timeout = min(args.timeout, max(60.0, 3 * c.estimate))
+                try:
+                    wall, peak, err = run_once(c.argv_for(case, out), timeout, workdir)
+                except Failure as e:
+                    c.failed = str(e)
+                    log(f"{n}x{n} D={d} {c.label}: FAILED {e}")
+                    continue
+                c.walls.append(wall)
+                c.peaks.append(peak)
+                if c.kind.startswith("eval"):
+                    info = parse_eval_summary(err)
+                    c.infos.append(info)
+                log(f"{n}x{n} D={d} {c.label} run {r + 1}: {wall:.3f} s, {peak / MIB:.1f} MiB"
+                    + (f"; {info['line']}" if c.kind.startswith("eval") else ""))
+                if c.last_output and c.last_output != out and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+                c.last_output = out
+        for c in cmds:  # mpmath's cost per unit of work, for the next size's estimate
+            if c.kind == "mpmath" and c.walls:
+                mp_cost = c.median() / work(n, d)
+        return case, case_bytes, cmds
+
+    results = []   # (n, d, case_bytes, cmds, agreement dict)
+    try:
+        for n in sizes:
+            case, case_bytes, cmds = measure_size(n, args.d, True, args.reps)
+            agree = {}
+            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
+            if golden:
+                for c in cmds:
+                    if c.kind in ("numpy", "mpmath", "eval-mpfr") and c.last_output:
+                        agree[c.label] = agreement(golden, c.last_output)
+            results.append((n, args.d, case_bytes, cmds, agree))
+            for c in cmds:
+                if c.last_output and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+            os.remove(case)
+        for n in large:
+            case, case_bytes, cmds = measure_size(n, args.large_d, False, args.large_reps or args.reps)
+            results.append((n, args.large_d, case_bytes, cmds, {}))
+            for c in cmds:
+                if c.last_output and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+            os.remove(case)
+
+        # Fallback rates per output dtype, on random data with several heads.
+        fallback = []
+        fb_n = args.fallback_n or (sizes[-1] if sizes else 256)
+        for dtype in parse_list(args.fallback_dtypes, str):
+            case = os.path.join(workdir, f"fallback-{dtype}.safetensors")
+            make_case.make_case(case, fb_n, args.d, heads=args.fallback_heads, seed=args.seed + 1,
+                                output_dtype=dtype)
+            out = case + ".out"
+            t = max(threads)
+            try:
+                wall, peak, err = run_once([args.attnoracle, "eval", case, "-o", out, "--threads", str(t)],
+                                           args.timeout, workdir)
+                info = parse_eval_summary(err)
+                log(f"fallback {dtype}: {wall:.2f} s; {info['line']}")
+                fallback.append((dtype, wall, info, None))
+            except Failure as e:
+                fallback.append((dtype, None, {}, str(e)))
+            for f in (case, out):
+                if os.path.exists(f):
+                    os.remove(f)
+    finally:
+        if not args.keep and not args.workdir:
+            for f in os.listdir(workdir):
+                os.remove(os.path.join(workdir, f))
+            os.rmdir(workdir)
+
+    # ---- the report ----
+    md = []
+    md.append(f"# attnoracle eval against the usual references ({started:%Y-%m-%d %H:%M})")
+    md.append("")
+    md.append("Reproduce:")
+    md.append("")
+    md.append(f"    {reproduce}")
+    md.append("")
+    md.extend(environment(args))
+    if load_before is not None:
+        md.append(f"- load average (1 min) before the start: {load_before:.2f}"
+                  + (" (other processes were competing for the CPUs: the figures are noisy)"
+                     if load_before > 0.5 else ""))
+    md.append(f"- cases: bench/make_case.py, sdpa, B = H = 1, Nq = Nk = N, Dk = Dv = D, F32 inputs and "
+              f"outputs, standard normal data (seed {args.seed}), `out` only; {args.reps} runs per command "
+              f"(alternating), median wall time measured around the process; peak = GNU time's maximum "
+              f"resident set size (MiB = 2^20 bytes)")
+    md.append("")
+    md.append("| size | command | runs | median wall s | peak MiB | vs NumPy | mpmath / this | 2 vs 1 thread "
+              "| rows by MPFR | out = golden |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|")
+    by_size = {}
+    for n, d, case_bytes, cmds, agree in results:
+        get = lambda kind, t=None: next((c for c in cmds if c.kind == kind and (t is None or c.threads == t)  # noqa: E731
+                                         and c.walls), None)
+        npy, mpm = get("numpy"), get("mpmath")
+        e1 = get("eval", min(threads)) if threads else None
+        by_size[(n, d)] = (case_bytes, cmds)
+        size = f"{n}x{n}, D={d} ({case_bytes / MIB:.2f} MiB case)"
+        for c in cmds:
+            if not c.walls:
+                why = c.failed or c.note or "not run"
+                md.append(f"| {size} | {c.label} | 0 | – | – | – | – | – | – | {why} |")
+                continue
+            med = c.median()
+            vs_np = fmt(med / npy.median()) + "x" if npy else "–"
+            vs_mp = fmt(mpm.median() / med) + "x" if (mpm and c.kind.startswith("eval")) else "–"
+            speed = "–"
+            if c.kind == "eval" and e1 and c.threads != e1.threads:
+                speed = f"{e1.median() / med:.2f}x"
+            rows = describe_rows(c.infos[-1]) if c.infos else "–"
+            if c.label in agree:
+                eq, tot = agree[c.label]
+                same = f"{eq}/{tot}"
+            else:
+                same = "–"
+            runs = str(len(c.walls)) + (f" ({c.note})" if c.note else "") + (f" ({c.failed})" if c.failed else "")
+            md.append(f"| {size} | {c.label} | {runs} | {fmt(med, 4)} | {c.peak() / MIB:.1f} | {vs_np} | {vs_mp} "
+                      f"| {speed} | {rows} | {same} |")
+    md.append("")
+    md.append("`vs NumPy`: this command's median wall time over numpy_ref.py's. `mpmath / this`: mpmath_ref.py's "
+              "median over this command's. `2 vs 1 thread`: eval's 1-thread median over this one's. "
+              "`rows by MPFR`: from eval's summary line (fast path: the rows that fell back). "
+              "`out = golden`: elements of the command's `out` equal to the golden `out` of eval (with the fast path).")
+
+    if fallback:
+        md.append("")
+        md.append(f"## Rows falling back to MPFR, random data ({fb_n}x{fb_n}, D={args.d}, "
+                  f"{args.fallback_heads} heads, F32 inputs; one eval on {max(threads)} threads)")
+        md.append("")
+        md.append("| output dtype | rows | fast path | by MPFR | fell back | fraction | wall s |")
+        md.append("|---|---|---|---|---|---|---|")
+        for dtype, wall, info, err in fallback:
+            if err:
+                md.append(f"| {dtype} | – | – | – | – | {err} | – |")
+                continue
+            rows = info.get("rows")
+            fb = info.get("fell_back")
+            frac = f"{fb / rows:.2g}" if (fb is not None and rows) else (
+                "no fast path" if "fast" not in info else "?")
+            mpfr = info.get("mpfr", rows - info["fast"] if "fast" in info and rows is not None else rows)
+            md.append(f"| {dtype} | {rows} | {info.get('fast', 0)} | {mpfr} | {fb if fb is not None else '–'} "
+                      f"| {frac} | {fmt(wall, 4)} |")
+        md.append("")
+        md.append("Summary lines: " + "; ".join(f"{dt}: `{i.get('line', '')}`" for dt, _, i, _ in fallback if i))
+
+    # ---- issue 6 targets, on what was measured ----
+    md.append("")
+    md.append("## Issue 6 targets, on this run")
+    md.append("")
+    verdict = lambda ok: "**met**" if ok else "**not met**"  # noqa: E731
+
+    def eval_at(n, d, t):
+        cmds = by_size.get((n, d), (None, []))[1]
+        return next((c for c in cmds if c.kind == "eval" and c.threads == t and c.walls), None)
+
+    def ref_at(n, d, kind):
+        cmds = by_size.get((n, d), (None, []))[1]
+        return next((c for c in cmds if c.kind == kind and c.walls), None)
+
+    npy = ref_at(1024, 64, "numpy")
+    parts = []
+    for t in threads:
+        e = eval_at(1024, 64, t)
+        if e and npy:
+            r = e.median() / npy.median()
+            parts.append(f"{t} thread{'s' if t > 1 else ''}: {r:.2f}x NumPy ({verdict(r <= 5)})")
+    md.append("- F32 at 1024x1024, D = 64, at most 5x NumPy's wall time: "
+              + ("; ".join(parts) if parts else "not measured (needs 1024 in --sizes)"))
+
+    parts = []
+    for n, d, _, cmds, _ in results:
+        mpm = ref_at(n, d, "mpmath")
+        if not mpm:
+            continue
+        for t in threads:
+            e = eval_at(n, d, t)
+            if e:
+                r = mpm.median() / e.median()
+                parts.append(f"{n}x{n} {t}t: {r:.0f}x ({verdict(r >= 1000)})")
+    skipped = [f"{n}x{n}" for n, d, _, cmds, _ in results for c in cmds if c.kind == "mpmath" and not c.walls]
+    md.append("- At least 1000x faster than mpmath wherever it finishes: "
+              + ("; ".join(parts) if parts else "not measured")
+              + (f" (mpmath skipped at {', '.join(skipped)})" if skipped else ""))
+
+    parts = []
+    for n in large:
+        case_bytes, cmds = by_size.get((n, args.large_d), (0, []))
+        limit = 2 * case_bytes + 64e6
+        for c in cmds:
+            if c.kind != "eval":
+                continue
+            if not c.walls:
+                parts.append(f"{n}x{n} {c.threads}t: did not complete ({c.failed}) (**not met**)")
+            else:
+                parts.append(f"{n}x{n} {c.threads}t: completed, peak {c.peak() / MIB:.1f} MiB vs limit "
+                             f"{limit / MIB:.1f} MiB (2 x {case_bytes / MIB:.1f} MiB + 64 MB) "
+                             f"({verdict(c.peak() <= limit)})")
+    md.append(f"- {args.large_d}-D large cases complete, peak under 2x the case file + 64 MB: "
+              + ("; ".join(parts) if parts else "not measured (run with --large)"))
+
+    parts = []
+    if 1 in threads and 2 in threads:
+        for n, d, _, cmds, _ in results:
+            e1, e2 = eval_at(n, d, 1), eval_at(n, d, 2)
+            if e1 and e2:
+                s = e1.median() / e2.median()
+                parts.append(f"{n}x{n} D={d}: {s:.2f}x ({verdict(s >= 1.7)})")
+    md.append("- 2 threads at least 1.7x faster than 1: " + ("; ".join(parts) if parts else "not measured")
+              + " (process start-up and file I/O weigh on the smallest sizes)")
+
+    parts = []
+    for dtype, _, info, err in fallback:
+        rows, fb = info.get("rows"), info.get("fell_back")
+        if fb is not None and rows:
+            if fb == 0 and rows < 10000:
+                parts.append(f"{dtype}: 0/{rows} (not resolved: fewer than 10,000 rows; raise --fallback-heads)")
+            else:
+                parts.append(f"{dtype}: {fb}/{rows} = {fb / rows:.2g} ({verdict(fb / rows < 1e-4)}"
+                             + (f"; {fb} event{'s' if fb > 1 else ''} only, a rough estimate" if 0 < fb < 10 else "")
+                             + ")")
+        elif rows:
+            parts.append(f"{dtype}: eval reports no fast-path counts (all rows by MPFR)")
+    timed = []  # the timed cases are random F32 data too: their counts, from the last eval run
+    for n, d, _, cmds, _ in results:
+        e = next((c for c in cmds if c.kind == "eval" and c.infos and "fell_back" in c.infos[-1]), None)
+        if e and e.infos[-1].get("rows"):
+            timed.append(f"{n}x{n} D={d}: {e.infos[-1]['fell_back']}/{e.infos[-1]['rows']}")
+    md.append("- Rows falling back to MPFR under 1 in 10,000 (F32, F16, BF16 outputs): "
+              + ("; ".join(parts) if parts else "not measured")
+              + (f"; F32 in the timed cases: {', '.join(timed)}" if timed else ""))
+    if notes:
+        md.append("")
+        md.append("Notes: " + "; ".join(notes) + ".")
+    md.append("")
+    md.append(f"Total benchmark time: {time.perf_counter() - t_start:.0f} s.")
+    text = "\n".join(md) + "\n"
+    sys.stdout.write(text)
+    with open(args.output, "w") as f:
+        f.write(text)
+    print(f"compare: report written to {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
