@@ -66,7 +66,9 @@ inline DD mul(DD x, DD y) {
   return fast_two_sum(c.hi, cl3);
 }
 
-// DWDivDW2 (JMP Algorithm 17): relative error <= 15u^2 + 56u^3.
+// DWDivDW2 (JMP Algorithm 17), with DWTimesFP3 inside where the paper uses DWTimesFP1: the
+// paper's 15u^2 + 56u^3 is for its variant; this one is proven within 12u^2
+// (reference/proofs/dd_div.g).
 inline DD div(DD x, DD y) {
   const double th = x.hi / y.hi;
   const DD r = mul(y, th);

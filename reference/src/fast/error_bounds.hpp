@@ -12,7 +12,7 @@ inline constexpr double kAddFP = 0x1p-104;  // DWPlusFP: 2u^2 = 2^-105
 inline constexpr double kAddDD = 0x1p-103;  // AccurateDWPlusDW: 3u^2 / (1 - 4u) < 2^-104.4
 inline constexpr double kMulFP = 0x1p-104;  // DWTimesFP3: 2u^2 = 2^-105
 inline constexpr double kMulDD = 0x1p-103;  // DWTimesDW3: 5u^2 < 2^-103.6
-inline constexpr double kDivDD = 0x1p-101;  // DWDivDW2: 15u^2 + 56u^3 < 2^-102.0
+inline constexpr double kDivDD = 0x1p-101;  // DWDivDW2 as coded: 12u^2 (proofs/dd_div.g)
 
 // exp_dd on [-620, 8], relative: reduction 2^-94.8, polynomial 2^-103.7 then ten squarings
 // 2^-92.7, truncation 2^-136 (exp_dd.cpp tallies it); a factor 16 above the sum.

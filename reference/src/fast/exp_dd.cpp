@@ -9,8 +9,9 @@
 //               (DWTimesDW 5u^2 on |p t| <= 2^-11.5 |p|, DWPlusDW 3u^2, coefficients within
 //               2^-107) leave at most 5u^2 = 2^-103.7 of the result.
 //   squarings   (1 + e)^1024 with e the polynomial's error, plus 5u^2 per squaring weighted by
-//               the squarings after it: 1024 * 5u^2 + 1023 * 5u^2 < 2^-92.7.
-//   2^k         exact: the result's parts stay normal (k >= -895, p.lo >= 2^-54 p.hi).
+//               the squarings after it: 1024 * 5u^2 + 1023 * 5u^2 < 2^-92.68.
+//   2^k         exact for the high part; a low part scaled below the normal range may round,
+//               by at most 2^-180 of the result (reference/proofs/exp_dd.g).
 // Sum < 2^-92.2; the constant used is kExpRel = 2^-88.
 #include "exp_dd.hpp"
 

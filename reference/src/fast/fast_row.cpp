@@ -201,6 +201,7 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     Ball sc = mul(s.scale, dot);
     const double bias = c.bias_at(b, h, i, keys[a]);
     if (bias != 0) sc = add(sc, bias);
+    if (!std::isfinite(sc.mid.hi) || !std::isfinite(sc.rad)) return r;  // overflow: MPFR
     S[a] = sc;
     m = std::max(m, sc.mid.hi);
   }
@@ -220,9 +221,10 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
 
   // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc|, accumulated like Dot2 on
   // the midpoints' high parts (TwoProd, TwoSum) plus their low parts in plain F64. With
-  // A = sum_j |e_j.hi v_jc| (|e.lo| <= u |e.hi|): the Dot2 error gamma_n^2 A, the low parts'
-  // products and sum (1 + gamma_n) u A <= gamma_n^2 A for n >= 2 (else exact), and the balls'
-  // radii sum_j e_j.rad |v_jc|; A and that sum are themselves rounded (gamma_n relative).
+  // A = sum_j |e_j.hi v_jc| (|e.lo| <= u |e.hi|): the Dot2 error gamma_n^2 A and the low parts'
+  // products and their sum, together within (n + 1)^2 u^2 A, which 3 gamma_n^2 + 2u^2 covers
+  // (reference/proofs/dot2_factors.sollya), and the balls' radii sum_j e_j.rad |v_jc|; A and
+  // that sum are themselves rounded (gamma_n relative).
   r.out.resize(static_cast<std::size_t>(Dv));
   r.bound.resize(static_cast<std::size_t>(Dv));
   r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
