@@ -1,12 +1,21 @@
 // Running the gate over a vector set: select cases, obtain results, compare in parallel.
 #include "attnoracle/gate.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "attnoracle/adapter.hpp"
@@ -18,11 +27,48 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<unsigned char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot read");
-  return std::vector<unsigned char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// A whole file, read in one go (its size first; a file that grows meanwhile is read to its end).
+// Failures: InputError(path, "", open_fail or read_fail [+ ": " strerror when with_errno]); with
+// no read_fail, a read error ends the file.
+constexpr std::size_t kHugeFile = std::size_t{32} << 20;
+std::vector<unsigned char> read_file(const std::string& path, const char* open_fail, const char* read_fail,
+                                     bool with_errno) {
+  auto fail = [&](const char* what, int err) {
+    throw InputError(path, "", with_errno ? std::string(what) + ": " + std::strerror(err) : std::string(what));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(open_fail, errno);
+  struct stat st {};
+  std::size_t size = 1 << 16;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) size = static_cast<std::size_t>(st.st_size) + 1;
+  std::vector<unsigned char> bytes;
+  if (size >= kHugeFile) {
+    // Untouched memory for the whole file, in huge pages where the system grants them: the
+    // 4 KiB page faults of a fresh buffer of hundreds of MB cost as much as reading it.
+    bytes.reserve(size);
+    const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
+    const std::uintptr_t page = 4096, lo = (begin + page - 1) / page * page, hi = (begin + size) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+  }
+  std::size_t got = 0;
+  while (true) {
+    if (got == bytes.size()) bytes.resize(std::max(size, 2 * bytes.size()));
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && !read_fail) break;  // what could be read (as a stream would stop)
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(read_fail, err);
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  bytes.resize(got);
+  return bytes;
 }
+std::vector<unsigned char> read_bytes(const std::string& path) { return read_file(path, "cannot read", nullptr, false); }
 
 struct Selected {
   vectors::ManifestCase mc;
@@ -62,20 +108,47 @@ bool dtype_selected(const GateOptions& opt, const SafeTensorsFile& f) {
   return t && std::find(opt.dtypes.begin(), opt.dtypes.end(), t->dtype) != opt.dtypes.end();
 }
 
-// Compares every case in parallel; results[k] is the implementation's result for cases[k].
+// Golden files parsed while selecting cases, handed to the comparison so that it need not read
+// and hash them again; kept up to a total size, beyond which they are read again.
+struct KeptGoldens {
+  static constexpr std::size_t kBudget = std::size_t{256} << 20;
+  std::vector<std::unique_ptr<SafeTensorsFile>> files;
+  std::size_t bytes = 0;
+  explicit KeptGoldens(std::size_t n) : files(n) {}
+  void keep(std::size_t k, SafeTensorsFile&& f) {
+    std::size_t size = 0;
+    for (const auto& t : f.tensors) size += t.data.size();
+    if (bytes + size > kBudget) return;
+    bytes += size;
+    files[k] = std::make_unique<SafeTensorsFile>(std::move(f));
+  }
+};
+
+// Compares every case in parallel; result_of(k) is the implementation's result for cases[k]
+// (called once, in the worker that compares the case).
 void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
-                 const std::vector<JobResult>& results, const std::vector<char>& chosen, GateReport& rep) {
+                 const std::function<JobResult(std::size_t)>& result_of, const std::vector<char>& chosen,
+                 KeptGoldens& kept, GateReport& rep) {
   std::vector<CaseReport> reports(cases.size());
   std::vector<double> bytes(cases.size(), 0);
+  std::vector<std::exception_ptr> thrown(cases.size());  // by result_of: rethrown below
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t k = next++; k < cases.size(); k = next++) {
       if (!chosen[k]) continue;
       CaseReport& r = reports[k];
+      JobResult result;
       try {
-        const SafeTensorsFile golden = golden_of(cases[k]);
-        r = compare_case(cases[k].mc.id, golden, cases[k].mc.expect, results[k], opt.profile);
-        for (const auto& t : results[k].output.tensors) bytes[k] += static_cast<double>(t.data.size());
+        result = result_of(k);
+      } catch (...) {
+        thrown[k] = std::current_exception();
+        continue;
+      }
+      try {
+        std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
+        if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
+        r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, opt.profile);
+        for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
       } catch (const InputError& e) {
         r.id = cases[k].mc.id;
         r.status = CaseStatus::Fail;
@@ -89,6 +162,8 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
   for (int t = 1; t < n; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  for (const auto& e : thrown)
+    if (e) std::rethrow_exception(e);  // the first case's, as when the results were read first
   for (std::size_t k = 0; k < cases.size(); ++k) {
     if (!chosen[k]) continue;
     rep.compared_bytes += bytes[k];
@@ -118,24 +193,23 @@ GateReport run_gate(const GateOptions& opt) {
   std::vector<AdapterJob> jobs;
   std::vector<std::size_t> job_of(cases.size(), 0);
   std::vector<char> chosen(cases.size(), 0);
+  KeptGoldens kept(cases.size());
   for (std::size_t k = 0; k < cases.size(); ++k) {
-    const SafeTensorsFile golden = golden_of(cases[k]);
+    SafeTensorsFile golden = golden_of(cases[k]);
     if (!dtype_selected(opt, golden)) continue;
     chosen[k] = 1;
     const std::string in = (work / "inputs" / (cases[k].mc.id + ".safetensors")).string();
     write_file_atomic(in, serialize_safetensors(strip_golden(golden)));
     job_of[k] = jobs.size();
     jobs.push_back({cases[k].mc.id, in, (work / "outputs" / (cases[k].mc.id + ".safetensors")).string()});
+    kept.keep(k, std::move(golden));
   }
   AdapterRun run;
   if (!jobs.empty()) run = run_adapter(opt.impl, jobs, (work / "run").string(), opt.timeout);
   if (run.timed_out) rep.adapter_note = "the implementation timed out after " + std::to_string(opt.timeout) + " s";
   else if (run.exit_status != 0) rep.adapter_note = "the implementation exited with status " + std::to_string(run.exit_status);
   if (!rep.adapter_note.empty() && !run.stderr_tail.empty()) rep.adapter_note += "; its last output:\n" + run.stderr_tail;
-  std::vector<JobResult> results(cases.size());
-  for (std::size_t k = 0; k < cases.size(); ++k)
-    if (chosen[k]) results[k] = std::move(run.results[job_of[k]]);
-  compare_all(opt, cases, results, chosen, rep);
+  compare_all(opt, cases, [&](std::size_t k) { return std::move(run.results[job_of[k]]); }, chosen, kept, rep);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }
@@ -150,15 +224,22 @@ GateReport check_gate(const GateOptions& opt) {
   rep.implementation = "results in " + opt.results;
   rep.profile = opt.profile.name;
   if (!fs::is_directory(opt.results)) throw InputError(opt.results, "", "not a directory");
-  std::vector<JobResult> results(cases.size());
   std::vector<char> chosen(cases.size(), 0);
+  KeptGoldens kept(cases.size());
   for (std::size_t k = 0; k < cases.size(); ++k) {
-    // Only the selected dtypes; reading the golden file again here is cheap next to comparing.
-    if (!opt.dtypes.empty() && !dtype_selected(opt, golden_of(cases[k]))) continue;
+    // Only the selected dtypes (the golden files read here are not read again below).
+    if (!opt.dtypes.empty()) {
+      SafeTensorsFile golden = golden_of(cases[k]);
+      if (!dtype_selected(opt, golden)) continue;
+      kept.keep(k, std::move(golden));
+    }
     chosen[k] = 1;
+  }
+  // Each result is read by the worker that compares it.
+  auto result_of = [&](std::size_t k) {
+    JobResult r;
     const fs::path out = fs::path(opt.results) / (cases[k].mc.id + ".safetensors");
     const bool o = fs::exists(out), e = fs::exists(out.string() + ".error"), u = fs::exists(out.string() + ".unsupported");
-    JobResult& r = results[k];
     auto text = [](const std::string& p) {
       std::vector<unsigned char> b = read_bytes(p);
       std::string s(b.begin(), b.end());
@@ -180,15 +261,17 @@ GateReport check_gate(const GateOptions& opt) {
       r.reason = "no result file " + out.string();
     } else {
       try {
-        r.output = read_safetensors(out.string());
+        // as read_safetensors, with its messages, in one read
+        r.output = parse_safetensors(out.string(), read_file(out.string(), "cannot open", "cannot read", true));
         r.outcome = Outcome::Output;
       } catch (const InputError& err) {
         r.outcome = Outcome::Invalid;
         r.reason = err.message();
       }
     }
-  }
-  compare_all(opt, cases, results, chosen, rep);
+    return r;
+  };
+  compare_all(opt, cases, result_of, chosen, kept, rep);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

@@ -3,6 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
+
+// Every sum in this file is rounded as written: no contraction into fused multiply-adds (which
+// -march flags or a target attribute would otherwise allow), except where a function says so.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#define ATTNORACLE_CONTRACT(mode)
+#else
+#pragma GCC optimize("fp-contract=off")
+#define ATTNORACLE_CONTRACT(mode) , optimize("fp-contract=" mode)
+#endif
 
 namespace attnoracle::conformance {
 
@@ -15,71 +27,487 @@ double min_subnormal(DType t) {
 
 namespace {
 
-bool allowed(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
-  return c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
+// ---- row_magnitudes ----
+//
+// For every row and allowed key j it needs dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd|
+// in double, summed in d order (the values the limits have always been derived from), and only
+// their maxima. Two ways, with the same results bit for bit:
+//  - exact: every (i, j) in double, vectorised across keys (each lane sums in d order, no fused
+//    multiply-add: fp-contract is off in this file);
+//  - filtered: every (i, j) in float with a rigorous error bound, which leaves as candidates for
+//    the maxima only the keys whose interval reaches the largest lower end; those few are then
+//    computed exactly as above. Taken when the float computation cannot overflow or underflow
+//    (input magnitudes in [2^-50, 2^51)) and there is no softcap (whose tanh would be needed
+//    on every key anyway).
+typedef double v2d __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));
+typedef int v4i __attribute__((vector_size(16)));
+typedef int v8i __attribute__((vector_size(32)));
+typedef int v16i __attribute__((vector_size(64)));
+typedef unsigned char v4u8 __attribute__((vector_size(4)));
+typedef unsigned char v8u8 __attribute__((vector_size(8)));
+typedef unsigned char v16u8 __attribute__((vector_size(16)));
+
+constexpr std::int64_t kKeyAlign = 32;  // keys padded to a multiple of every kernel's key block
+constexpr std::int64_t kRowBlock = 64;  // query rows per pass over the keys (a multiple of R)
+
+// Products and sums for rows [0, kRowBlock) of q (row-major [kRowBlock][Dk]) against keys
+// [j0, j1) of kt (transposed [Dk][ldk]): s[r][j] = sum_d q[r][d] kt[d][j], a[r][j] = sum_d
+// qa[r][d] kat[d][j], each summed in d order. j0 and j1 are multiples of the key block.
+template <class T, class V, int R, int KV>
+inline __attribute__((always_inline)) void dots(const T* q, const T* qa, std::int64_t Dk, const T* kt, const T* kat,
+                                                std::int64_t ldk, std::int64_t j0, std::int64_t j1, T* s, T* a) {
+  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(T)), JB = L * KV;
+  for (std::int64_t jb = j0; jb < j1; jb += JB)
+    for (std::int64_t r0 = 0; r0 < kRowBlock; r0 += R) {
+      V vs[R][KV], va[R][KV];
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < KV; ++v) vs[r][v] = va[r][v] = V{};
+      for (std::int64_t d = 0; d < Dk; ++d) {
+        V k[KV], ka[KV];
+        for (int v = 0; v < KV; ++v) {
+          std::memcpy(&k[v], kt + d * ldk + jb + v * L, sizeof(V));
+          std::memcpy(&ka[v], kat + d * ldk + jb + v * L, sizeof(V));
+        }
+        for (int r = 0; r < R; ++r) {
+          const T x = q[(r0 + r) * Dk + d], xa = qa[(r0 + r) * Dk + d];
+          for (int v = 0; v < KV; ++v) {
+            vs[r][v] = vs[r][v] + x * k[v];
+            va[r][v] = va[r][v] + xa * ka[v];
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < KV; ++v) {
+          std::memcpy(s + (r0 + r) * ldk + jb + v * L, &vs[r][v], sizeof(V));
+          std::memcpy(a + (r0 + r) * ldk + jb + v * L, &va[r][v], sizeof(V));
+        }
+    }
 }
 
-// X W per head, in double, on values (abs = false) or on magnitudes |X| |W| (abs = true).
+#define ATTNORACLE_DOTS_ARGS(T) const T *q, const T *qa, std::int64_t Dk, const T *kt, const T *kat, \
+                                std::int64_t ldk, std::int64_t j0, std::int64_t j1, T *s, T *a
+#define ATTNORACLE_DOTS_PASS q, qa, Dk, kt, kat, ldk, j0, j1, s, a
+// Exact (double, no contraction into fused multiply-adds).
+__attribute__((target("avx512f") ATTNORACLE_CONTRACT("off"))) void exact_avx512(ATTNORACLE_DOTS_ARGS(double)) {
+  dots<double, v8d, 2, 4>(ATTNORACLE_DOTS_PASS);
+}
+__attribute__((target("avx2") ATTNORACLE_CONTRACT("off"))) void exact_avx2(ATTNORACLE_DOTS_ARGS(double)) {
+  dots<double, v4d, 2, 2>(ATTNORACLE_DOTS_PASS);
+}
+void exact_sse(ATTNORACLE_DOTS_ARGS(double)) { dots<double, v2d, 2, 2>(ATTNORACLE_DOTS_PASS); }
+// Filter (float; fused multiply-adds welcome: the error bound holds with or without them).
+__attribute__((target("avx512f,fma") ATTNORACLE_CONTRACT("fast"))) void filter_avx512(ATTNORACLE_DOTS_ARGS(float)) {
+  dots<float, v16f, 4, 2>(ATTNORACLE_DOTS_PASS);
+}
+__attribute__((target("avx2,fma") ATTNORACLE_CONTRACT("fast"))) void filter_avx2(ATTNORACLE_DOTS_ARGS(float)) {
+  dots<float, v8f, 2, 2>(ATTNORACLE_DOTS_PASS);
+}
+void filter_sse(ATTNORACLE_DOTS_ARGS(float)) { dots<float, v4f, 2, 2>(ATTNORACLE_DOTS_PASS); }
+#undef ATTNORACLE_DOTS_ARGS
+#undef ATTNORACLE_DOTS_PASS
+
+using ExactFn = void (*)(const double*, const double*, std::int64_t, const double*, const double*, std::int64_t,
+                         std::int64_t, std::int64_t, double*, double*);
+using FilterFn = void (*)(const float*, const float*, std::int64_t, const float*, const float*, std::int64_t,
+                          std::int64_t, std::int64_t, float*, float*);
+ExactFn exact_kernel() {
+  if (__builtin_cpu_supports("avx512f")) return exact_avx512;
+  if (__builtin_cpu_supports("avx2")) return exact_avx2;
+  return exact_sse;
+}
+FilterFn filter_kernel() {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return filter_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return filter_avx2;
+  return filter_sse;
+}
+
+// A BOOL or float tensor broadcast to [B, Hq, Nq, Nk]: element (b, h, i, j) at
+// data[b sb + h sh + i si + j sj] (a stride is 0 along a broadcast dimension).
+template <class T>
+struct Broadcast {
+  const T* data = nullptr;
+  std::int64_t sb = 0, sh = 0, si = 0, sj = 0;
+  Broadcast(const std::vector<std::int64_t>& shape, const T* p) : data(p) {
+    std::int64_t* s[4] = {&sb, &sh, &si, &sj};
+    const std::size_t r = shape.size();
+    std::int64_t stride = 1;
+    for (std::size_t a = r; a-- > 0;) {
+      *s[4 - r + a] = shape[a] == 1 ? 0 : stride;
+      stride *= shape[a];
+    }
+  }
+  const T* row(std::int64_t b, std::int64_t h, std::int64_t i) const { return data + b * sb + h * sh + i * si; }
+};
+
+// The filter's scan of one row over the allowed keys j in [lo, hi] (flags[j] != 0, or all when
+// flags is null), on the float products s_j, a_j: with la = max a_j, thr_a = la (1 - 4R) and
+// (when scores) ls = max (|s_j| - c8 a_j), writes to cand the keys with a_j >= thr_a or
+// (when scores) |s_j| + c8 a_j >= ls, and returns their number; thr_a is returned too.
+// A macro rather than a template: the compiler lowers vector comparisons with the instructions
+// of the function it meets them in, and a template's are those of the default target (scalar).
+#define ATTNORACLE_SCAN_BODY \
+  constexpr int L = static_cast<int>(sizeof(V) / sizeof(float));                                     \
+  const V ninf = V{} - INFINITY, vc8 = V{} + c8;                                                     \
+  V vla = ninf, vls = ninf;                                                                          \
+  std::int64_t j = lo;                                                                               \
+  for (; j + L <= hi + 1; j += L) {                                                                  \
+    V vs, va, l;                                                                                     \
+    std::memcpy(&vs, s + j, sizeof vs);                                                              \
+    std::memcpy(&va, a + j, sizeof va);                                                              \
+    VI bits; /* |s_j| */                                                                             \
+    std::memcpy(&bits, &vs, sizeof vs);                                                              \
+    bits &= 0x7fffffff;                                                                              \
+    std::memcpy(&l, &bits, sizeof l);                                                                \
+    l = l - vc8 * va;                                                                                \
+    if (flags) {                                                                                     \
+      VU8 f8;                                                                                        \
+      std::memcpy(&f8, flags + j, sizeof f8);                                                        \
+      const VI on = __builtin_convertvector(f8, VI) != 0;                                            \
+      va = on ? va : ninf;                                                                           \
+      l = on ? l : ninf;                                                                             \
+    }                                                                                                \
+    vla = va > vla ? va : vla;                                                                       \
+    vls = l > vls ? l : vls;                                                                         \
+  }                                                                                                  \
+  float la = -INFINITY, ls = -INFINITY;                                                              \
+  for (int v = 0; v < L; ++v) {                                                                      \
+    la = std::max(la, vla[v]);                                                                       \
+    ls = std::max(ls, vls[v]);                                                                       \
+  }                                                                                                  \
+  for (std::int64_t t = j; t <= hi; ++t)                                                             \
+    if (!flags || flags[t]) {                                                                        \
+      la = std::max(la, a[t]);                                                                       \
+      ls = std::max(ls, std::fabs(s[t]) - c8 * a[t]);                                                \
+    }                                                                                                \
+  const auto thr = static_cast<float>(static_cast<double>(la) * (1 - 4 * R));                        \
+  thr_out = thr;                                                                                     \
+  if (!scores) return 0;                                                                             \
+  const V vthr = V{} + thr, vls_all = V{} + ls;                                                      \
+  std::int64_t n = 0;                                                                                \
+  for (j = lo; j + L <= hi + 1; j += L) {                                                            \
+    V vs, va, as;                                                                                    \
+    std::memcpy(&vs, s + j, sizeof vs);                                                              \
+    std::memcpy(&va, a + j, sizeof va);                                                              \
+    VI bits;                                                                                         \
+    std::memcpy(&bits, &vs, sizeof vs);                                                              \
+    bits &= 0x7fffffff;                                                                              \
+    std::memcpy(&as, &bits, sizeof as);                                                              \
+    const VI hit = (va >= vthr) | (as + vc8 * va >= vls_all);                                        \
+    std::uint64_t words[sizeof(VI) / 8];                                                             \
+    std::memcpy(words, &hit, sizeof hit);                                                            \
+    std::uint64_t any = 0;                                                                           \
+    for (const std::uint64_t w : words) any |= w;                                                    \
+    if (!any) continue;                                                                              \
+    for (std::int64_t t = j; t < j + L; ++t)                                                         \
+      if ((!flags || flags[t]) && (a[t] >= thr || std::fabs(s[t]) + c8 * a[t] >= ls)) cand[n++] = t; \
+  }                                                                                                  \
+  for (; j <= hi; ++j)                                                                               \
+    if ((!flags || flags[j]) && (a[j] >= thr || std::fabs(s[j]) + c8 * a[j] >= ls)) cand[n++] = j;   \
+  return n;                                                                                          \
+  /* end of ATTNORACLE_SCAN_BODY */
+
+#define ATTNORACLE_SCAN_ARGS const float *s, const float *a, const unsigned char *flags, std::int64_t lo, \
+                             std::int64_t hi, float c8, double R, bool scores, float &thr_out, std::int64_t *cand
+__attribute__((target("avx512f,avx512bw"))) std::int64_t scan_avx512(ATTNORACLE_SCAN_ARGS) {
+  using V = v16f;
+  using VI = v16i;
+  using VU8 = v16u8;
+  ATTNORACLE_SCAN_BODY
+}
+__attribute__((target("avx2"))) std::int64_t scan_avx2(ATTNORACLE_SCAN_ARGS) {
+  using V = v8f;
+  using VI = v8i;
+  using VU8 = v8u8;
+  ATTNORACLE_SCAN_BODY
+}
+std::int64_t scan_sse(ATTNORACLE_SCAN_ARGS) {
+  using V = v4f;
+  using VI = v4i;
+  using VU8 = v4u8;
+  ATTNORACLE_SCAN_BODY
+}
+#undef ATTNORACLE_SCAN_ARGS
+#undef ATTNORACLE_SCAN_BODY
+using ScanFn = std::int64_t (*)(const float*, const float*, const unsigned char*, std::int64_t, std::int64_t, float,
+                                double, bool, float&, std::int64_t*);
+ScanFn scan_kernel() {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return scan_avx512;
+  if (__builtin_cpu_supports("avx2")) return scan_avx2;
+  return scan_sse;
+}
+
+// X W per head, in double, on values (abs = false) or on magnitudes |X| |W| (abs = true); each
+// element summed in d order.
 std::vector<double> project(const Case& c, const FloatTensor& x, const FloatTensor& w, std::int64_t N,
                             std::int64_t E, bool abs) {
   std::vector<double> p(static_cast<std::size_t>(c.B * c.Hq * N * E));
+  std::vector<double> wa(abs ? w.values.size() : 0);
+  for (std::size_t k = 0; k < wa.size(); ++k) wa[k] = std::fabs(w.values[k]);
+  const double* W = abs ? wa.data() : w.values.data();
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t r = 0; r < c.Hq; ++r)
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t e = 0; e < E; ++e) {
-          double s = 0;
-          for (std::int64_t d = 0; d < c.D; ++d) {
-            const double a = x.values[static_cast<std::size_t>((b * N + n) * c.D + d)];
-            const double z = w.values[static_cast<std::size_t>((r * c.D + d) * E + e)];
-            s += abs ? std::fabs(a) * std::fabs(z) : a * z;
-          }
-          p[static_cast<std::size_t>(((b * c.Hq + r) * N + n) * E + e)] = s;
+      for (std::int64_t n = 0; n < N; ++n) {
+        double* s = &p[static_cast<std::size_t>(((b * c.Hq + r) * N + n) * E)];
+        for (std::int64_t d = 0; d < c.D; ++d) {
+          const double xv = x.values[static_cast<std::size_t>((b * N + n) * c.D + d)];
+          const double a = abs ? std::fabs(xv) : xv;
+          const double* wr = W + (r * c.D + d) * E;
+          for (std::int64_t e = 0; e < E; ++e) s[e] += a * wr[e];
         }
+      }
   return p;
+}
+
+// Magnitudes in [2^-50, 2^51) (or zero), and (below) a bound on the dot products far from
+// float's overflow: the float filter's products, sums and c8 a_j are then normal or exact.
+// On the upper 32 bits of each value: biased exponent within 50 of 1023, or a zero; `top`
+// becomes the largest biased exponent (every magnitude is below 2^(top - 1022)).
+bool float_safe(const std::vector<double>& v, std::uint32_t& top) {
+  std::uint32_t bad = 0;
+  for (const double x : v) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &x, 8);
+    const auto hi = static_cast<std::uint32_t>(bits >> 32) & 0x7fff'ffffu, lo = static_cast<std::uint32_t>(bits);
+    const std::uint32_t e = hi >> 20;
+    bad |= static_cast<std::uint32_t>((hi | lo) != 0) & static_cast<std::uint32_t>(e - (1023 - 50) > 100);
+    top = std::max(top, e);
+  }
+  return bad == 0;
 }
 
 }  // namespace
 
 std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   const bool mha = c.kind == Kind::Mha;
-  const std::int64_t H = c.Hq, Hk = mha ? c.Hq : c.Hkv;
+  const std::int64_t H = c.Hq, Hk = mha ? c.Hq : c.Hkv, Dk = c.Dk, Nq = c.Nq, Nk = c.Nk;
   std::vector<double> Q, K, Qa, Ka;
   if (mha) {
-    Q = project(c, c.x_q, c.w_q, c.Nq, c.Dk, false);
-    K = project(c, c.x_kv, c.w_k, c.Nk, c.Dk, false);
-    Qa = project(c, c.x_q, c.w_q, c.Nq, c.Dk, true);
-    Ka = project(c, c.x_kv, c.w_k, c.Nk, c.Dk, true);
+    Q = project(c, c.x_q, c.w_q, Nq, Dk, false);
+    K = project(c, c.x_kv, c.w_k, Nk, Dk, false);
+    Qa = project(c, c.x_q, c.w_q, Nq, Dk, true);
+    Ka = project(c, c.x_kv, c.w_k, Nk, Dk, true);
   }
   const std::vector<double>& q = mha ? Q : c.q.values;
   const std::vector<double>& k = mha ? K : c.k.values;
   const std::vector<double>& qa = mha ? Qa : c.q.values;
   const std::vector<double>& ka = mha ? Ka : c.k.values;
   const double scale = c.scale ? std::fabs(std::strtod(c.scale->c_str(), nullptr))
-                               : 1 / std::sqrt(static_cast<double>(c.Dk));
+                               : 1 / std::sqrt(static_cast<double>(Dk));
   const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
-  std::vector<RowMagnitudes> out(static_cast<std::size_t>(mha ? c.B * c.Nq : c.B * H * c.Nq));
+  std::vector<RowMagnitudes> out(static_cast<std::size_t>(mha ? c.B * Nq : c.B * H * Nq));
+
+  // The filter's relative error bound (see above): float products and sums, the conversion of
+  // the inputs to float, the double sums, and for mha |Q| <= Qa (1 + gamma_D) / (1 - gamma_D);
+  // twice the first-order term, and used doubled again below.
+  std::uint32_t eq = 0, ek = 0;  // biased exponents bounding |q| and |k|
+  const bool filtered = cap <= 0 && Dk <= 4096 && c.D <= (1 << 20) && float_safe(q, eq) && float_safe(k, ek) &&
+                        (!mha || (float_safe(qa, eq) && float_safe(ka, ek))) &&
+                        static_cast<double>(Dk) * std::ldexp(1.0, static_cast<int>(eq + ek) - 2044) <= 0x1p100 &&
+                        std::isfinite(scale);
+  const double R = 2 * (static_cast<double>(Dk) + 8) * 0x1p-24 + (mha ? 8 * (static_cast<double>(c.D) + 2) * 0x1p-53 : 0);
+  const auto c8 = static_cast<float>(8 * R);
+
+  const std::int64_t Nkp = (Nk + kKeyAlign - 1) / kKeyAlign * kKeyAlign;
+  const auto nkp = static_cast<std::size_t>(Nkp), dk = static_cast<std::size_t>(Dk);
+  const std::size_t block = static_cast<std::size_t>(kRowBlock);
+  // Keys of the current kv head, transposed [Dk][Nkp] (zero padded), values and magnitudes;
+  // query rows of the current block [kRowBlock][Dk]; products [kRowBlock][Nkp].
+  std::vector<double> ktd, katd, qd, qad, sd, ad;
+  std::vector<float> ktf, katf, qf, qaf, sf, af;
+  if (filtered) {
+    ktf.assign(dk * nkp, 0);
+    katf.assign(dk * nkp, 0);
+    qf.assign(block * dk, 0);
+    qaf.assign(block * dk, 0);
+    sf.assign(block * nkp, 0);
+    af.assign(block * nkp, 0);
+  } else {
+    ktd.assign(dk * nkp, 0);
+    katd.assign(dk * nkp, 0);
+    qd.assign(block * dk, 0);
+    qad.assign(block * dk, 0);
+    sd.assign(block * nkp, 0);
+    ad.assign(block * nkp, 0);
+  }
+  const ExactFn exact = exact_kernel();
+  const FilterFn filter = filter_kernel();
+
+  std::optional<Broadcast<unsigned char>> mask;
+  std::optional<Broadcast<double>> bias;
+  if (c.mask) mask.emplace(c.mask->shape, c.mask->values.data());
+  if (c.bias) bias.emplace(c.bias->shape, c.bias->values.data());
+  std::vector<unsigned char> allow(static_cast<std::size_t>(Nk));
+  std::vector<std::int64_t> cand(static_cast<std::size_t>(Nk));
+  const ScanFn scan_row = scan_kernel();
+
+  // Row (b, h, i)'s exact dot and dabs for key j: the original d-order loop.
+  auto exact_pair = [&](std::int64_t b, std::int64_t h, std::int64_t g, std::int64_t i, std::int64_t j, double& dot,
+                        double& dabs) {
+    dot = 0;
+    dabs = 0;
+    const double* qi = &q[static_cast<std::size_t>(((b * H + h) * Nq + i) * Dk)];
+    const double* qai = &qa[static_cast<std::size_t>(((b * H + h) * Nq + i) * Dk)];
+    const double* kj = &k[static_cast<std::size_t>(((b * Hk + g) * Nk + j) * Dk)];
+    const double* kaj = &ka[static_cast<std::size_t>(((b * Hk + g) * Nk + j) * Dk)];
+    for (std::int64_t d = 0; d < Dk; ++d) {
+      dot += qi[d] * kj[d];
+      dabs += std::fabs(qai[d]) * std::fabs(kaj[d]);
+    }
+  };
+
+  std::int64_t packed = -1;  // the kv head (b * Hk + g) in ktd/ktf
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = h / (H / Hk);
-      for (std::int64_t i = 0; i < c.Nq; ++i) {
-        RowMagnitudes& m = out[static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i)];
-        std::int64_t keys = 0;
-        for (std::int64_t j = 0; j < c.Nk; ++j) {
-          if (!allowed(c, b, h, i, j)) continue;
-          ++keys;
-          double dot = 0, dabs = 0;
-          for (std::int64_t d = 0; d < c.Dk; ++d) {
-            const auto iq = static_cast<std::size_t>(((b * H + h) * c.Nq + i) * c.Dk + d);
-            const auto ik = static_cast<std::size_t>(((b * Hk + g) * c.Nk + j) * c.Dk + d);
-            dot += q[iq] * k[ik];
-            dabs += std::fabs(qa[iq]) * std::fabs(ka[ik]);
+      if (packed != b * Hk + g) {
+        packed = b * Hk + g;
+        for (std::int64_t jb = 0; jb < Nk; jb += 16)  // transposed by blocks of keys
+          for (std::int64_t d = 0; d < Dk; ++d)
+            for (std::int64_t j = jb; j < std::min(jb + 16, Nk); ++j) {
+              const auto from = static_cast<std::size_t>((packed * Nk + j) * Dk + d);
+              const auto to = static_cast<std::size_t>(d * Nkp + j);
+              if (filtered) {
+                ktf[to] = static_cast<float>(k[from]);
+                katf[to] = static_cast<float>(std::fabs(ka[from]));
+              } else {
+                ktd[to] = k[from];
+                katd[to] = std::fabs(ka[from]);
+              }
+            }
+      }
+      for (std::int64_t i0 = 0; i0 < Nq; i0 += kRowBlock) {
+        const std::int64_t rows = std::min(kRowBlock, Nq - i0);
+        // The keys any row of the block may attend by position (causal, window).
+        std::int64_t jlo = Nk, jhi = -1;
+        for (std::int64_t i = i0; i < i0 + rows; ++i) {
+          const std::int64_t aligned = c.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
+          std::int64_t lo = 0, hi = Nk - 1;
+          if (c.causal != Causal::None) hi = std::min(hi, aligned);
+          if (c.window) {
+            lo = std::max(lo, aligned - c.window_left);
+            hi = std::min(hi, aligned + c.window_right);
           }
-          double t = dot * scale;
-          if (cap > 0) t = cap * std::tanh(t / cap);
-          m.dot_abs = std::max(m.dot_abs, dabs * scale);
-          m.score_abs = std::max(m.score_abs, std::fabs(t + c.bias_at(b, h, i, j)));
+          if (lo <= hi) {
+            jlo = std::min(jlo, lo);
+            jhi = std::max(jhi, hi);
+          }
         }
-        m.keys = std::max(m.keys, keys);
+        const std::int64_t j0 = jlo > jhi ? 0 : jlo / kKeyAlign * kKeyAlign;
+        const std::int64_t j1 = jlo > jhi ? 0 : (jhi / kKeyAlign + 1) * kKeyAlign;
+        for (std::int64_t r = 0; r < kRowBlock; ++r)
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            const auto to = static_cast<std::size_t>(r * Dk + d);
+            const auto from = static_cast<std::size_t>(((b * H + h) * Nq + i0 + r) * Dk + d);
+            const double x = r < rows ? q[from] : 0, xa = r < rows ? std::fabs(qa[from]) : 0;
+            if (filtered) {
+              qf[to] = static_cast<float>(x);
+              qaf[to] = static_cast<float>(xa);
+            } else {
+              qd[to] = x;
+              qad[to] = xa;
+            }
+          }
+        if (j1 > j0) {
+          if (filtered) filter(qf.data(), qaf.data(), Dk, ktf.data(), katf.data(), Nkp, j0, j1, sf.data(), af.data());
+          else exact(qd.data(), qad.data(), Dk, ktd.data(), katd.data(), Nkp, j0, j1, sd.data(), ad.data());
+        }
+
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t i = i0 + r;
+          RowMagnitudes& m = out[static_cast<std::size_t>(mha ? b * Nq + i : (b * H + h) * Nq + i)];
+          // Allowed keys: j in [lo, hi] by position, and by mask and bias (-inf) when given.
+          const std::int64_t aligned = c.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
+          std::int64_t lo = 0, hi = Nk - 1;
+          if (c.causal != Causal::None) hi = std::min(hi, aligned);
+          if (c.window) {
+            lo = std::max(lo, aligned - c.window_left);
+            hi = std::min(hi, aligned + c.window_right);
+          }
+          if (lo > hi) continue;  // no key: keys stays as it is (max with 0)
+          const unsigned char* mrow = mask ? mask->row(b, h, i) : nullptr;
+          const double* brow = bias ? bias->row(b, h, i) : nullptr;
+          const std::int64_t msj = mask ? mask->sj : 0, bsj = bias ? bias->sj : 0;
+          const unsigned char* flags = nullptr;  // allow[j] for j in [lo, hi] when masked
+          std::int64_t keys = hi - lo + 1;
+          if (mrow || brow) {
+            keys = 0;
+            for (std::int64_t j = lo; j <= hi; ++j) {
+              const bool ok = (!mrow || mrow[j * msj]) && (!brow || brow[j * bsj] != -INFINITY);
+              allow[static_cast<std::size_t>(j)] = ok;
+              keys += ok;
+            }
+            flags = allow.data();
+          }
+          m.keys = std::max(m.keys, keys);
+          auto allowed_key = [&](std::int64_t j) { return !flags || flags[j]; };
+          auto bias_of = [&](std::int64_t j) { return brow ? brow[j * bsj] : 0.0; };
+
+          if (!filtered) {
+            const double* srow = &sd[static_cast<std::size_t>(r * Nkp)];
+            const double* arow = &ad[static_cast<std::size_t>(r * Nkp)];
+            for (std::int64_t j = lo; j <= hi; ++j) {
+              if (!allowed_key(j)) continue;
+              double t = srow[j] * scale;
+              if (cap > 0) t = cap * std::tanh(t / cap);
+              m.dot_abs = std::max(m.dot_abs, arow[j] * scale);
+              m.score_abs = std::max(m.score_abs, std::fabs(t + bias_of(j)));
+            }
+            continue;
+          }
+
+          // Filtered. With s_j, a_j the float dot and dabs: dabs_j in a_j [1 - R, 1 + R] and
+          // |dot_j - s_j| <= R a_j (dot_j, dabs_j: the double values of exact_pair).
+          const float* srow = &sf[static_cast<std::size_t>(r * Nkp)];
+          const float* arow = &af[static_cast<std::size_t>(r * Nkp)];
+          // dabs's maximum is at a key with a_j >= max a (1 - R) / (1 + R) > thr_a. Without a
+          // bias, |dot_j| is at most |s_j| + 6R a_j and at least |s_j| - 6R a_j (float rounding
+          // included, with c8 = 8R), and the score |fl(dot_j scale)| is monotone in |dot_j|: its
+          // maximum is at a key with |s_j| + c8 a_j >= max (|s_i| - c8 a_i).
+          float thr_a;
+          const std::int64_t n = scan_row(srow, arow, flags, lo, hi, c8, R, !brow, thr_a, cand.data());
+          if (!brow) {
+            for (std::int64_t t = 0; t < n; ++t) {
+              double dot, dabs;
+              exact_pair(b, h, g, i, cand[static_cast<std::size_t>(t)], dot, dabs);
+              const double st = dot * scale;
+              m.dot_abs = std::max(m.dot_abs, dabs * scale);
+              m.score_abs = std::max(m.score_abs, std::fabs(st + 0.0));
+            }
+            continue;
+          }
+          // With a bias, the score |dot_j scale + bias_j| is within `rad` of |c_j| (the
+          // roundings of both computations are in the relative term).
+          auto score_interval = [&](std::int64_t j, double& ca, double& rad) {
+            const double st = static_cast<double>(srow[j]) * scale, bj = brow[j * bsj];
+            ca = std::fabs(st + bj);
+            rad = 4 * R * static_cast<double>(arow[j]) * scale + 0x1p-44 * (std::fabs(st) + std::fabs(bj)) + 0x1p-1000;
+          };
+          double lsb = -INFINITY;
+          bool finite = true;
+          for (std::int64_t j = lo; j <= hi; ++j) {
+            if (!allowed_key(j)) continue;
+            double ca, rad;
+            score_interval(j, ca, rad);
+            finite = finite && std::isfinite(ca) && std::isfinite(rad);
+            lsb = std::max(lsb, std::max(0.0, ca - rad));
+          }
+          for (std::int64_t j = lo; j <= hi; ++j) {
+            if (!allowed_key(j)) continue;
+            double ca, rad;
+            score_interval(j, ca, rad);
+            if (finite && arow[j] < thr_a && ca + rad < lsb) continue;  // not a candidate
+            double dot, dabs;
+            exact_pair(b, h, g, i, j, dot, dabs);
+            const double t = dot * scale;
+            m.dot_abs = std::max(m.dot_abs, dabs * scale);
+            m.score_abs = std::max(m.score_abs, std::fabs(t + bias_of(j)));
+          }
+        }
       }
     }
   return out;
