@@ -48,18 +48,12 @@ double value_of(const RawTensor& t, std::size_t k) {
   return decode_float(t.dtype, t.data.data() + k * dtype_size(t.dtype));
 }
 
-bool row_allowed_any(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
-  for (std::int64_t j = 0; j < c.Nk; ++j)
-    if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY) return true;
-  return false;
-}
-
 // A fully masked row that is not padding: the contract refuses it under policy error.
 bool has_refusable_row(const Case& c) {
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < c.Hq; ++h)
       for (std::int64_t i = 0; i < c.Nq; ++i)
-        if (c.query_valid(b, i) && !row_allowed_any(c, b, h, i)) return true;
+        if (c.query_valid(b, i) && !c.row_has_key(b, h, i)) return true;
   return false;
 }
 
@@ -588,7 +582,7 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
     for (std::int64_t b = 0; b < c.B && !mha; ++b)
       for (std::int64_t h = 0; h < c.Hq; ++h)
         for (std::int64_t i = 0; i < c.Nq; ++i) {
-          if (!c.query_valid(b, i) || row_allowed_any(c, b, h, i)) continue;
+          if (!c.query_valid(b, i) || c.row_has_key(b, h, i)) continue;
           for (std::int64_t e = 0; e < W; ++e) {
             const auto k = static_cast<std::size_t>(((b * c.Hq + h) * c.Nq + i) * W + e);
             if (k >= out->data.size() / dtype_size(out->dtype)) break;

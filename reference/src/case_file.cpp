@@ -22,21 +22,6 @@ constexpr std::array<std::string_view, 9> kMetadataKeys = {
 // Written by the reference beside golden tensors; dropped on reading, like those tensors.
 constexpr std::array<std::string_view, 2> kReferenceKeys = {"attn.reference", "attn.undecided"};
 
-// User text made safe for a one-line message: control bytes escaped, long text cut.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (unsigned char ch : s.substr(0, 60)) {
-    if (ch < 0x20 || ch == 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[ch >> 4];
-      out += hex[ch & 15];
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  return s.size() > 60 ? out + "..." : out;
-}
 std::string quoted(std::string_view s) { return "\"" + printable(s) + "\""; }
 
 std::string shape_string(const Shape& shape) {

@@ -122,11 +122,19 @@ RowIntervals fast_intervals(const fast::FastRow& fr, const Enclosure& lse) {
   return r;
 }
 
-// The fast row as the enclosures the oracle checks.
-RowEnclosures fast_enclosures(const fast::FastRow& fr, const Enclosure& lse, const Case& c,
-                              std::int64_t, std::int64_t) {
+// The ends of a ball intersected with [lo, hi], as an enclosure.
+Enclosure clamped_enclosure(const fast::Ball& b, double lo, double hi) {
+  fast::DD l, h;
+  fast::ends(b, l, h, lo, hi);
+  Enclosure e(128);
+  set_dd(e.lo, l, MPFR_RNDD);
+  set_dd(e.hi, h, MPFR_RNDU);
+  return e;
+}
+
+// The fast row as the enclosures the oracle checks (used when no interval check is given).
+RowEnclosures fast_enclosures(const fast::FastRow& fr, const Enclosure& lse) {
   RowEnclosures r;
-  r.valid = true;
   HeadDetail d;
   d.allowed = fr.allowed;
   std::vector<Enclosure> w;
@@ -137,19 +145,10 @@ RowEnclosures fast_enclosures(const fast::FastRow& fr, const Enclosure& lse, con
   for (std::size_t e = 0; e < fr.out.size(); ++e) {
     d.raw_out.push_back(ball_enclosure(fr.out[e]));
     d.hull.push_back(point_enclosure(fr.vmin[e], fr.vmax[e]));
-    fast::DD lo, hi;
-    fast::ends(fr.out[e], lo, hi, fr.vmin[e], fr.vmax[e]);
-    Enclosure o(128);
-    set_dd(o.lo, lo, MPFR_RNDD);
-    set_dd(o.hi, hi, MPFR_RNDU);
-    r.out.push_back(std::move(o));
+    d.out.push_back(clamped_enclosure(fr.out[e], fr.vmin[e], fr.vmax[e]));
+    r.out.push_back(clamped_enclosure(fr.out[e], fr.vmin[e], fr.vmax[e]));
     r.bound.push_back(ball_enclosure(fr.bound[e]));
-    Enclosure oc(128);
-    mpfr_set(oc.lo, r.out.back().lo, MPFR_RNDD);
-    mpfr_set(oc.hi, r.out.back().hi, MPFR_RNDU);
-    d.out.push_back(std::move(oc));
   }
-  (void)c;
   Enclosure l(128);
   mpfr_set(l.lo, lse.lo, MPFR_RNDD);
   mpfr_set(l.hi, lse.hi, MPFR_RNDU);
@@ -192,14 +191,8 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   if (c.masked_rows == MaskedRows::Error)
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < Nq; ++i) {
-          if (!c.query_valid(b, i)) continue;
-          bool any = false;
-          for (std::int64_t j = 0; j < Nk && !any; ++j)
-            any = c.position_allowed(i, j) && c.mask_at(b, h, i, j) &&
-                  c.bias_at(b, h, i, j) != -INFINITY;
-          if (!any) throw FullyMaskedRow(b, h, i);
-        }
+        for (std::int64_t i = 0; i < Nq; ++i)
+          if (c.query_valid(b, i) && !c.row_has_key(b, h, i)) throw FullyMaskedRow(b, h, i);
 
   RowEvaluator ev(c);
   const std::int64_t units = mha ? c.B * Nq : c.B * H * Nq;
@@ -251,14 +244,7 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
         if (!decide(bufs.out_ref_lo.get(), obase + e, fast::DD{dl.hi, lo.lo}, fast::DD{dh.hi, hi.lo}, v))
           return false;
       }
-      double amin = INFINITY, amax = 0;  // the bound lies in the allowed |v|'s range
-      for (std::int64_t j = 0; j < Nk; ++j)
-        if (fr.allowed[static_cast<std::size_t>(j)]) {
-          const double x = std::fabs(c.v.values[static_cast<std::size_t>(((b * c.Hkv + h / (H / c.Hkv)) * Nk + j) * width + e)]);
-          amin = std::min(amin, x);
-          amax = std::max(amax, x);
-        }
-      fast::ends(fr.bound[ei], lo, hi, amin, amax);
+      fast::ends(fr.bound[ei], lo, hi, fr.absmin[ei], fr.absmax[ei]);  // within the |v| range
       bounds[ei] = fast::round_up_dd(hi) + 0.0;  // a zero bound is +0
       if (fast::round_up_dd(lo) != bounds[ei]) return false;
     }
@@ -297,7 +283,7 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
       }
     }
     if (opt.row_check_fast) opt.row_check_fast(b, h, i, fast_intervals(fr, lse));
-    else if (opt.row_check) opt.row_check(b, h, i, fast_enclosures(fr, lse, c, b, h));
+    else if (opt.row_check) opt.row_check(b, h, i, fast_enclosures(fr, lse));
     for (const Item& it : items) it.buf->set(it.idx, it.value);
     for (std::int64_t e = 0; e < width; ++e) bufs.out_bound->set(obase + e, bounds[static_cast<std::size_t>(e)]);
     bufs.row_valid[static_cast<std::size_t>(rbase)] = 1;

@@ -88,6 +88,13 @@ struct ExactMatrix {
     if (d) return (d[i1] > d[i2]) - (d[i1] < d[i2]);
     return mpfr_cmp((*m)[offset + i1], (*m)[offset + i2]);
   }
+  // The same on magnitudes.
+  int cmpabs(std::int64_t r1, std::int64_t c1, std::int64_t r2, std::int64_t c2) const {
+    const auto i1 = static_cast<std::size_t>(r1 * cols + c1);
+    const auto i2 = static_cast<std::size_t>(r2 * cols + c2);
+    if (d) return (std::fabs(d[i1]) > std::fabs(d[i2])) - (std::fabs(d[i1]) < std::fabs(d[i2]));
+    return mpfr_cmpabs((*m)[offset + i1], (*m)[offset + i2]);
+  }
 };
 
 // Encloses the exact decimal or hexadecimal value of a metadata number.
@@ -274,7 +281,7 @@ struct RowEvaluator::Impl {
 
     std::vector<std::int64_t> allowed;
     for (std::int64_t j = 0; j < Nk; ++j)
-      if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY) {
+      if (c.allowed(b, h, i, j)) {
         allowed.push_back(j);
         det.allowed[static_cast<std::size_t>(j)] = 1;
       }
@@ -400,10 +407,13 @@ struct RowEvaluator::Impl {
       const auto ci = static_cast<std::size_t>(cc);
       Enclosure& raw = det.raw_out[ci];
       detail::div_by_positive(raw.lo, raw.hi, nlo, nhi, zlo, zhi);
-      std::size_t amin = 0, amax = 0;
+      // The allowed values' range, and that of their magnitudes (for the bound below).
+      std::size_t amin = 0, amax = 0, bmin = 0, bmax = 0;
       for (std::size_t a = 1; a < n; ++a) {
         if (V.cmp(allowed[a], cc, allowed[amin], cc) < 0) amin = a;
         if (V.cmp(allowed[a], cc, allowed[amax], cc) > 0) amax = a;
+        if (V.cmpabs(allowed[a], cc, allowed[bmin], cc) < 0) bmin = a;
+        if (V.cmpabs(allowed[a], cc, allowed[bmax], cc) > 0) bmax = a;
       }
       V.get(det.hull[ci].lo, allowed[amin], cc, MPFR_RNDD);
       V.get(det.hull[ci].hi, allowed[amax], cc, MPFR_RNDU);
@@ -426,14 +436,6 @@ struct RowEvaluator::Impl {
       mpfr_div(bd.lo, nlo, zhi, MPFR_RNDD);
       mpfr_div(bd.hi, nhi, zlo, MPFR_RNDU);
       // The bound is a convex combination of the |v_jc| too: intersect with their range.
-      std::size_t bmin = 0, bmax = 0;
-      for (std::size_t a = 1; a < n; ++a) {
-        V.get(tmp, allowed[a], cc, MPFR_RNDN);  // exact: tmp has the precision of V's values
-        V.get(tmp2, allowed[bmin], cc, MPFR_RNDN);
-        if (mpfr_cmpabs(tmp, tmp2) < 0) bmin = a;
-        V.get(tmp2, allowed[bmax], cc, MPFR_RNDN);
-        if (mpfr_cmpabs(tmp, tmp2) > 0) bmax = a;
-      }
       V.get(tmp, allowed[bmin], cc, MPFR_RNDZ);  // |v| rounded down
       mpfr_abs(tmp, tmp, MPFR_RNDN);
       V.get(tmp2, allowed[bmax], cc, MPFR_RNDA);  // |v| rounded up

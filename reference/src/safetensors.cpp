@@ -22,23 +22,6 @@ namespace {
 using nlohmann::json;
 
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
-constexpr std::size_t kMaxQuoted = 60;  // longest piece of user text quoted in a message
-
-// Makes user text safe for a one-line message: control bytes escaped, long text cut.
-std::string printable(std::string_view s, std::size_t limit = kMaxQuoted) {
-  std::string out;
-  for (unsigned char ch : s.substr(0, limit)) {
-    if (ch < 0x20 || ch == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
-      out += buf;
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  if (s.size() > limit) out += "...";
-  return out;
-}
 
 std::string brief(const json& j) { return printable(j.dump()); }
 

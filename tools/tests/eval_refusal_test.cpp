@@ -1,8 +1,5 @@
 // End to end: `attnoracle eval BAD -o OUT` refuses bad case files with exit status 2, exactly one
 // line on stderr naming the file and the tensor or key at fault, and no output file.
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -21,8 +17,7 @@
 
 #include "attnoracle/dtype.hpp"
 #include "attnoracle/safetensors.hpp"
-
-extern char** environ;
+#include "cli_run.hpp"
 
 namespace attnoracle {
 namespace {
@@ -72,11 +67,6 @@ Bytes edit_header(const Bytes& file, const std::function<void(json&)>& edit) {
   return out;
 }
 
-struct CliResult {
-  int status = -1;  // exit status, or -1 if killed by a signal
-  std::string err;  // all of stderr
-};
-
 class EvalRefusal : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -87,36 +77,7 @@ class EvalRefusal : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  CliResult run(const std::vector<std::string>& args) const {
-    const std::string err_path = dir_ / "stderr.txt";
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    std::vector<std::string> all = {ATTNORACLE_CLI};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    const int spawned = posix_spawn(&pid, ATTNORACLE_CLI, &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    CliResult r;
-    if (spawned != 0) {
-      ADD_FAILURE() << "cannot run " << ATTNORACLE_CLI << ": " << std::strerror(spawned);
-      return r;
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_path, std::ios::binary);
-    r.err.assign(std::istreambuf_iterator<char>(in), {});
-    fs::remove(err_path);
-    return r;
-  }
+  static testing::CliResult run(const std::vector<std::string>& args) { return testing::run_cli(args); }
 
   // Runs eval on `bytes` and checks the refusal: status 2, one line naming file and field.
   void expect_refused(const Bytes& bytes, const std::string& field, const std::string& what) {
@@ -126,7 +87,7 @@ class EvalRefusal : public ::testing::Test {
       std::ofstream f(in, std::ios::binary | std::ios::trunc);
       f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
     }
-    const CliResult r = run({"eval", in, "-o", out});
+    const testing::CliResult r = run({"eval", in, "-o", out});
     EXPECT_EQ(r.status, 2) << r.err;
     const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
     EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
@@ -147,7 +108,7 @@ TEST_F(EvalRefusal, ValidCaseEvaluates) {
   const Bytes bytes = bytes_of(valid_case());
   std::ofstream(in, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
-  const CliResult r = run({"eval", in, "-o", out});
+  const testing::CliResult r = run({"eval", in, "-o", out});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(fs::exists(out));
 }
@@ -158,7 +119,7 @@ TEST_F(EvalRefusal, OutputDirectoryMissing) {
   const Bytes bytes = bytes_of(valid_case());
   std::ofstream(in, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
-  const CliResult r = run({"eval", in, "-o", out});
+  const testing::CliResult r = run({"eval", in, "-o", out});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_EQ(r.err.rfind("attnoracle: error: " + out + ": ", 0), 0u) << r.err;
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
@@ -167,7 +128,7 @@ TEST_F(EvalRefusal, OutputDirectoryMissing) {
 
 TEST_F(EvalRefusal, MissingInput) {
   const std::string in = dir_ / "none.safetensors";
-  const CliResult r = run({"eval", in, "-o", dir_ / "out.safetensors"});
+  const testing::CliResult r = run({"eval", in, "-o", dir_ / "out.safetensors"});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_EQ(r.err.rfind("attnoracle: error: " + in + ": cannot open", 0), 0u) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "out.safetensors"));

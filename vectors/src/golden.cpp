@@ -128,9 +128,7 @@ class Checker {
           const std::int64_t row = (b * c_.Hq + h) * c_.Nq + i;
           std::vector<std::int64_t> keys;
           for (std::int64_t j = 0; j < c_.Nk; ++j)
-            if (c_.position_allowed(i, j) && c_.mask_at(b, h, i, j) &&
-                c_.bias_at(b, h, i, j) != -INFINITY)
-              keys.push_back(j);
+            if (c_.allowed(b, h, i, j)) keys.push_back(j);
           const bool is_valid = rv->data[sz(row)] != 0;
           any_head_valid = any_head_valid || !keys.empty();
           if (is_valid != !keys.empty())

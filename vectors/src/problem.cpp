@@ -373,19 +373,12 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
 
 namespace {
 
-bool row_empty(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
-  for (std::int64_t j = 0; j < c.Nk; ++j)
-    if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY)
-      return false;
-  return true;
-}
-
 template <class F>
 bool any_empty_row(const Case& c, F&& consider) {
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < c.Hq; ++h)
       for (std::int64_t i = 0; i < c.Nq; ++i)
-        if (consider(b, i) && row_empty(c, b, h, i)) return true;
+        if (consider(b, i) && !c.row_has_key(b, h, i)) return true;
   return false;
 }
 

@@ -24,20 +24,6 @@ constexpr std::array<std::string_view, 16> kOptions = {
     "kind", "dtype", "output_dtype", "shape",      "causal",      "window",  "softcap", "scale",
     "mask", "bias",  "bias_dtype",   "query_mask", "masked_rows", "outputs", "self",    "params"};
 
-std::string printable(std::string_view s) {
-  std::string out;
-  for (unsigned char ch : s.substr(0, 60)) {
-    if (ch < 0x20 || ch == 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[ch >> 4];
-      out += hex[ch & 15];
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  return s.size() > 60 ? out + "..." : out;
-}
 std::string brief(const json& j) { return printable(j.dump()); }
 
 bool name_ok(const std::string& s) {

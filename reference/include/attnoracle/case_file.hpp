@@ -1,6 +1,7 @@
 // A validated attention case (CONTRACT sections 1 and 2).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -62,6 +63,16 @@ struct Case {
   bool query_valid(std::int64_t b, std::int64_t i) const;
   // causal and window rules of CONTRACT section 1
   bool position_allowed(std::int64_t i, std::int64_t j) const;
+  // Whether query i of head h attends key j: position, mask, and a bias other than -inf.
+  bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return position_allowed(i, j) && mask_at(b, h, i, j) && bias_at(b, h, i, j) != -INFINITY;
+  }
+  // Whether the row has any allowed key (else it is fully masked).
+  bool row_has_key(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    for (std::int64_t j = 0; j < Nk; ++j)
+      if (allowed(b, h, i, j)) return true;
+    return false;
+  }
 };
 
 // Validates a parsed file as a case. Golden tensors already present (out, out.ref, ...) are

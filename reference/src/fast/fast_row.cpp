@@ -173,7 +173,7 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
   std::vector<std::int64_t> keys;
   for (std::int64_t j = 0; j < Nk; ++j)
-    if (c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY) {
+    if (c.allowed(b, h, i, j)) {
       keys.push_back(j);
       r.allowed[static_cast<std::size_t>(j)] = 1;
     }
@@ -229,6 +229,8 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.bound.resize(static_cast<std::size_t>(Dv));
   r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
   r.vmax.assign(static_cast<std::size_t>(Dv), -INFINITY);
+  r.absmin.assign(static_cast<std::size_t>(Dv), INFINITY);
+  r.absmax.assign(static_cast<std::size_t>(Dv), 0);
   const auto nd = static_cast<std::size_t>(Dv);
   std::vector<double> nh(nd, 0), nl(nd, 0), bh(nd, 0), bl(nd, 0), absum(nd, 0), radsum(nd, 0);
   for (std::size_t a = 0; a < keys.size(); ++a) {
@@ -248,6 +250,8 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
       radsum[ci] += er * ax;
       r.vmin[ci] = std::min(r.vmin[ci], x);
       r.vmax[ci] = std::max(r.vmax[ci], x);
+      r.absmin[ci] = std::min(r.absmin[ci], ax);
+      r.absmax[ci] = std::max(r.absmax[ci], ax);
     }
   }
   const double nk = static_cast<double>(keys.size());

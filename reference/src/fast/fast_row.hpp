@@ -41,6 +41,7 @@ struct FastRow {
   std::vector<Ball> weights;       // [Nk] (exact 0 where not allowed)
   std::vector<Ball> out;           // [Dv] before the intersection with the hull
   std::vector<double> vmin, vmax;  // [Dv] the allowed values' range
+  std::vector<double> absmin, absmax;  // [Dv] the range of their magnitudes
   std::vector<Ball> bound;         // [Dv] sum_j A_j |v_jc|
   Ball z;                          // sum_j exp(S_j - m)
   double m = 0;                    // the row constant

@@ -1,4 +1,5 @@
-// Running the attnoracle binary from end-to-end tests, and small file helpers.
+// Running the attnoracle binary from end-to-end tests, and small file helpers (on the include
+// path of every test target).
 #pragma once
 
 #include <fcntl.h>
@@ -41,7 +42,7 @@ inline void write_text(const fs::path& p, const std::string& s) {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnoracle-vectors-XXXXXX").string();
+    std::string tmpl = (fs::temp_directory_path() / "attnoracle-test-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = tmpl;
   }
