@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 // The fast path's header is private to the reference (its directory is added by
 // bench/CMakeLists.txt). Only prepare() and fast_row() are called, both compiled in the library

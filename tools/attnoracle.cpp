@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/version.hpp"
 #include "cli.hpp"
 
 namespace {
@@ -20,7 +21,7 @@ namespace {
 int main(int argc, char** argv) {
   using namespace attnoracle;
   CLI::App app{"attnoracle: certified reference and conformance oracle for attention"};
-  app.set_version_flag("--version", std::string("attnoracle ") + ATTNORACLE_VERSION);
+  app.set_version_flag("--version", std::string(kNameAndVersion));
   app.require_subcommand(1);
   std::vector<cli::Command> commands = {cli::add_eval(app), cli::add_gen(app),
                                         cli::add_verify(app), cli::add_invariants(app),

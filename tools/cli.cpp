@@ -4,7 +4,7 @@
 #include <iostream>
 #include <thread>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle::cli {
 

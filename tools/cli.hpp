@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 
 namespace attnoracle::cli {
 

@@ -2,11 +2,11 @@
 #include <cstdio>
 #include <memory>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/error.hpp"
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/oracle.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 #include "cli.hpp"
 
 namespace attnoracle::cli {

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/gate.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/conformance/gate.hpp"
 #include "cli.hpp"
 
 namespace attnoracle::cli {

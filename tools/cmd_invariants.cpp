@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/metamorphic.hpp"
-#include "attnoracle/problem.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/conformance/metamorphic.hpp"
+#include "attnoracle/vectors/problem.hpp"
 #include "cli.hpp"
 
 namespace attnoracle::cli {
@@ -82,7 +82,7 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t&
   return p;
 }
 
-void write_json(const std::string& path, const InvariantsArgs& a, const oracle::MetamorphicReport& r) {
+void write_json(const std::string& path, const InvariantsArgs& a, const conformance::MetamorphicReport& r) {
   nlohmann::ordered_json j;
   j["impl"] = a.impl;
   j["seed"] = a.seed;
@@ -94,8 +94,8 @@ void write_json(const std::string& path, const InvariantsArgs& a, const oracle::
   j["bitwise"] = r.bitwise;
   j["relations"] = nlohmann::ordered_json::array();
   for (const auto& x : r.results) {
-    const char* st = x.status == oracle::RelationResult::Status::Pass       ? "pass"
-                     : x.status == oracle::RelationResult::Status::Violated ? "violated"
+    const char* st = x.status == conformance::RelationResult::Status::Pass       ? "pass"
+                     : x.status == conformance::RelationResult::Status::Violated ? "violated"
                                                                             : "skipped";
     j["relations"].push_back({{"problem", x.problem},
                               {"invariant", std::string(oracle::invariant_name(x.invariant))},
@@ -119,9 +119,9 @@ int run_invariants(const InvariantsArgs& a) {
   for (const auto& k : a.kinds)
     if (k != "sdpa" && k != "mha") throw InputError("--kinds", "", "unknown kind '" + k + "' (sdpa, mha)");
   if (!a.json.empty()) require_parent_dir(a.json);
-  oracle::MetamorphicOptions opt;
+  conformance::MetamorphicOptions opt;
   opt.command = a.impl;
-  opt.profile = oracle::precision_profile(a.profile);
+  opt.profile = conformance::precision_profile(a.profile);
   opt.safety = a.safety;
   opt.timeout = a.timeout;
   opt.failures_dir = a.failures;
@@ -138,11 +138,11 @@ int run_invariants(const InvariantsArgs& a) {
                   std::string(dtype_name(spec.dtype)).c_str());
     problems.emplace_back(id, vectors::make_problem(spec, seed));
   }
-  const oracle::MetamorphicReport r = oracle::run_metamorphic(problems, opt);
+  const conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
   if (temp_work && !a.keep) fs::remove_all(opt.work_dir);
 
   for (const auto& x : r.results)
-    if (x.status == oracle::RelationResult::Status::Violated)
+    if (x.status == conformance::RelationResult::Status::Violated)
       std::printf("violated  %s  %s (%s): %s\n", x.problem.c_str(),
                   std::string(oracle::invariant_name(x.invariant)).c_str(), x.what.c_str(), x.detail.c_str());
   if (!r.adapter_note.empty()) std::printf("note: %s\n", r.adapter_note.c_str());

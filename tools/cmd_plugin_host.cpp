@@ -2,7 +2,7 @@
 // through the adapter protocol; `attnoracle run --plugin LIB` starts it. Hidden from --help.
 #include <memory>
 
-#include "attnoracle/plugin_host.hpp"
+#include "attnoracle/conformance/plugin_host.hpp"
 #include "cli.hpp"
 
 namespace attnoracle::cli {

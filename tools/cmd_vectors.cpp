@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/generate.hpp"
-#include "attnoracle/verify.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/vectors/generate.hpp"
+#include "attnoracle/vectors/verify.hpp"
 #include "cli.hpp"
 
 namespace attnoracle::cli {

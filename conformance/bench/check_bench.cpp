@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/compare.hpp"
-#include "attnoracle/gate.hpp"
-#include "attnoracle/manifest.hpp"
-#include "attnoracle/tolerance.hpp"
+#include "attnoracle/conformance/compare.hpp"
+#include "attnoracle/conformance/gate.hpp"
+#include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
 
 namespace {
 

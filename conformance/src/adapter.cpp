@@ -1,4 +1,4 @@
-#include "attnoracle/adapter.hpp"
+#include "attnoracle/conformance/adapter.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 extern char** environ;
 

@@ -1,12 +1,12 @@
 // One case's verdict: every compared element within its limit, and unbiased on average.
-#include "attnoracle/compare.hpp"
+#include "attnoracle/conformance/compare.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/tolerance.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
 
 namespace attnoracle::conformance {
 

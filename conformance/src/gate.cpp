@@ -1,5 +1,5 @@
 // Running the gate over a vector set: select cases, obtain results, compare in parallel.
-#include "attnoracle/gate.hpp"
+#include "attnoracle/conformance/gate.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,9 +18,9 @@
 #include <memory>
 #include <thread>
 
-#include "attnoracle/adapter.hpp"
-#include "attnoracle/error.hpp"
-#include "attnoracle/manifest.hpp"
+#include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/manifest.hpp"
 
 namespace attnoracle::conformance {
 namespace fs = std::filesystem;

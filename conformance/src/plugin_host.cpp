@@ -1,4 +1,4 @@
-#include "attnoracle/plugin_host.hpp"
+#include "attnoracle/conformance/plugin_host.hpp"
 
 #include <dlfcn.h>
 
@@ -14,12 +14,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/adapter.hpp"
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/error.hpp"
+#include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/error.hpp"
 #include "attnoracle/plugin.h"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
 namespace {

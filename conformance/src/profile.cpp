@@ -1,11 +1,11 @@
-#include "attnoracle/profile.hpp"
+#include "attnoracle/conformance/profile.hpp"
 
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle::conformance {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/gate.hpp"
+#include "attnoracle/conformance/gate.hpp"
 
 namespace attnoracle::conformance {
 namespace {

@@ -1,4 +1,4 @@
-#include "attnoracle/tolerance.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
 
 #include <algorithm>
 #include <cmath>

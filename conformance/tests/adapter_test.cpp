@@ -15,10 +15,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/adapter.hpp"
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/error.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
 namespace {

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/manifest.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/reference/manifest.hpp"
 
 namespace attnoracle {
 namespace {

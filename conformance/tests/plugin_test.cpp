@@ -15,10 +15,10 @@
 
 #include <gtest/gtest.h>
 
-#include "attnoracle/adapter.hpp"
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/plugin_host.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/conformance/plugin_host.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
 namespace {

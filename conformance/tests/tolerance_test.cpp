@@ -5,10 +5,10 @@
 #include <cmath>
 #include <functional>
 
-#include "attnoracle/compare.hpp"
-#include "attnoracle/error.hpp"
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/tolerance.hpp"
+#include "attnoracle/conformance/compare.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
 
 namespace attnoracle::conformance {
 namespace {

@@ -4,7 +4,7 @@
 #include <mutex>
 #include <thread>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 
 namespace attnoracle::oracle {
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <vector>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 #include "detail.hpp"
 
 namespace attnoracle::oracle {

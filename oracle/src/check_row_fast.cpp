@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <map>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 #include "detail.hpp"
 
 namespace attnoracle::oracle {

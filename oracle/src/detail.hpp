@@ -6,8 +6,8 @@
 #include <cmath>
 #include <string>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/evaluate.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 
 namespace attnoracle::oracle::detail {
 

@@ -1,6 +1,6 @@
 #include <string>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 
 namespace attnoracle::oracle {
 

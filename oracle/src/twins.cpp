@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 #include "detail.hpp"
 
 namespace attnoracle::oracle {

@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 
 namespace attnoracle::oracle {
 namespace {

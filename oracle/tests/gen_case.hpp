@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::proptest {
 

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/oracle.hpp"
+#include "attnoracle/oracle/oracle.hpp"
 #include "gen_case.hpp"
 
 namespace attnoracle::oracle {

@@ -1,4 +1,4 @@
-#include "attnoracle/case_file.hpp"
+#include "attnoracle/reference/case_file.hpp"
 
 #include <algorithm>
 #include <array>
@@ -9,7 +9,7 @@
 #include <set>
 #include <string_view>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle {
 namespace {
@@ -110,12 +110,9 @@ class CaseReader {
     if (*v != "1") fail("attn.format", "format " + quoted(*v) + " is not supported (only 1)");
 
     if ((v = get("attn.kind"))) {
-      if (*v == "sdpa")
-        c_.kind = Kind::Sdpa;
-      else if (*v == "mha")
-        c_.kind = Kind::Mha;
-      else
-        bad("attn.kind", *v, "sdpa or mha");
+      const auto k = kind_from_name(*v);
+      if (!k) bad("attn.kind", *v, "sdpa or mha");
+      c_.kind = *k;
     }
     if ((v = get("attn.scale"))) {
       auto n = parse_number(*v);
@@ -124,14 +121,9 @@ class CaseReader {
       c_.scale = *v;
     }
     if ((v = get("attn.causal"))) {
-      if (*v == "none")
-        c_.causal = Causal::None;
-      else if (*v == "top_left")
-        c_.causal = Causal::TopLeft;
-      else if (*v == "bottom_right")
-        c_.causal = Causal::BottomRight;
-      else
-        bad("attn.causal", *v, "none, top_left or bottom_right");
+      const auto k = causal_from_name(*v);
+      if (!k) bad("attn.causal", *v, "none, top_left or bottom_right");
+      c_.causal = *k;
     }
     if ((v = get("attn.window")) && *v != "none") {
       const auto comma = v->find(',');
@@ -156,12 +148,9 @@ class CaseReader {
       if (n->value != 0 || n->underflow) c_.softcap = *v;  // exactly 0 means off
     }
     if ((v = get("attn.masked_rows"))) {
-      if (*v == "error")
-        c_.masked_rows = MaskedRows::Error;
-      else if (*v == "zero")
-        c_.masked_rows = MaskedRows::Zero;
-      else
-        bad("attn.masked_rows", *v, "error or zero");
+      const auto k = masked_rows_from_name(*v);
+      if (!k) bad("attn.masked_rows", *v, "error or zero");
+      c_.masked_rows = *k;
     }
     if ((v = get("attn.output_dtype"))) {
       auto t = dtype_from_name(*v);
@@ -433,10 +422,46 @@ std::size_t broadcast_index(const Shape& shape, const std::array<std::int64_t, 4
 
 }  // namespace
 
+namespace {
+
+// Looks a name up in a table of (enum, name) pairs.
+template <class E, std::size_t N>
+std::optional<E> from_name(const std::pair<E, std::string_view> (&table)[N], std::string_view s) {
+  for (const auto& [e, n] : table)
+    if (n == s) return e;
+  return std::nullopt;
+}
+template <class E, std::size_t N>
+std::string_view to_name(const std::pair<E, std::string_view> (&table)[N], E e) {
+  for (const auto& [x, n] : table)
+    if (x == e) return n;
+  return "?";
+}
+
+constexpr std::pair<Kind, std::string_view> kKindNames[] = {{Kind::Sdpa, "sdpa"}, {Kind::Mha, "mha"}};
+constexpr std::pair<Causal, std::string_view> kCausalNames[] = {
+    {Causal::None, "none"}, {Causal::TopLeft, "top_left"}, {Causal::BottomRight, "bottom_right"}};
+constexpr std::pair<MaskedRows, std::string_view> kMaskedRowsNames[] = {
+    {MaskedRows::Error, "error"}, {MaskedRows::Zero, "zero"}};
+
+// Every golden tensor name the reference may write (CONTRACT section 3).
+constexpr std::string_view kGoldenNames[] = {"out",     "out.ref",     "out.ref_lo", "out.bound", "row.valid",
+                                             "weights", "weights.ref", "lse",        "lse.ref"};
+
+}  // namespace
+
+std::string_view kind_name(Kind k) { return to_name(kKindNames, k); }
+std::optional<Kind> kind_from_name(std::string_view s) { return from_name(kKindNames, s); }
+std::string_view causal_name(Causal c) { return to_name(kCausalNames, c); }
+std::optional<Causal> causal_from_name(std::string_view s) { return from_name(kCausalNames, s); }
+std::string_view masked_rows_name(MaskedRows m) { return to_name(kMaskedRowsNames, m); }
+std::optional<MaskedRows> masked_rows_from_name(std::string_view s) {
+  return from_name(kMaskedRowsNames, s);
+}
+
 bool is_golden_tensor_name(const std::string& name) {
-  static const std::set<std::string, std::less<>> golden = {
-      "out",     "out.ref",     "out.ref_lo", "out.bound", "row.valid",
-      "weights", "weights.ref", "lse",        "lse.ref"};
+  static const std::set<std::string_view, std::less<>> golden(std::begin(kGoldenNames),
+                                                              std::end(kGoldenNames));
   if (golden.count(name)) return true;
   for (std::string_view suffix : {".undecided", ".alt"}) {
     const std::string_view n = name;
@@ -477,12 +502,55 @@ bool Case::query_valid(std::int64_t b, std::int64_t i) const {
 }
 
 bool Case::position_allowed(std::int64_t i, std::int64_t j) const {
-  // i' = i (top_left) or i + (Nk - Nq) (bottom_right); the window follows the causal alignment.
-  const std::int64_t aligned = causal == Causal::BottomRight ? i + (Nk - Nq) : i;
-  const std::int64_t d = j - aligned;  // |d| < Nq + Nk: no overflow
+  // The window follows the causal alignment.
+  const std::int64_t d = j - aligned_position(i);  // |d| < Nq + Nk: no overflow
   if (causal != Causal::None && d > 0) return false;
   if (window && (d < -window_left || d > window_right)) return false;
   return true;
+}
+
+Case::KeyRange Case::key_range(std::int64_t i) const {
+  const std::int64_t a = aligned_position(i);
+  KeyRange r{0, Nk - 1};
+  if (causal != Causal::None) r.last = std::min(r.last, a);
+  if (window) {
+    // a - L and a + R stay far from overflow: L, R have at most 18 digits, |a| < Nq + Nk.
+    r.first = std::max(r.first, a - window_left);
+    r.last = std::min(r.last, a + window_right);
+  }
+  return r;
+}
+
+std::optional<RowIndex> Case::first_refused_row() const {
+  if (masked_rows != MaskedRows::Error) return std::nullopt;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < Hq; ++h)
+      for (std::int64_t i = 0; i < Nq; ++i)
+        if (query_valid(b, i) && !row_has_key(b, h, i)) return RowIndex{b, h, i};
+  return std::nullopt;
+}
+
+std::vector<std::int64_t> Case::out_shape() const {
+  return kind == Kind::Mha ? std::vector<std::int64_t>{B, Nq, Dout}
+                           : std::vector<std::int64_t>{B, Hq, Nq, Dv};
+}
+
+std::vector<GoldenSpec> Case::golden_tensors() const {
+  const DType o = output_dtype;
+  const std::vector<std::int64_t> out = out_shape(), rows = row_shape(), w{B, Hq, Nq, Nk};
+  std::vector<GoldenSpec> g = {{"out", o, out}, {"out.ref", DType::F64, out}};
+  if (o == DType::F64) g.push_back({"out.ref_lo", DType::F64, out});
+  g.push_back({"out.bound", DType::F64, out});
+  g.push_back({"row.valid", DType::BOOL, rows});
+  if (want_weights) {
+    g.push_back({"weights", o, w});
+    g.push_back({"weights.ref", DType::F64, w});
+  }
+  if (want_lse) {
+    g.push_back({"lse", o, rows});
+    g.push_back({"lse.ref", DType::F64, rows});
+  }
+  return g;
 }
 
 }  // namespace attnoracle

@@ -1,4 +1,4 @@
-#include "attnoracle/dtype.hpp"
+#include "attnoracle/reference/dtype.hpp"
 
 #include <array>
 #include <bit>

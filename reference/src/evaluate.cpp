@@ -11,13 +11,11 @@
 #include <mutex>
 #include <thread>
 
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/reference/round.hpp"
+#include "attnoracle/version.hpp"
 #include "fast/fast_row.hpp"
 
-#ifndef ATTNORACLE_VERSION
-#define ATTNORACLE_VERSION "0"
-#endif
 
 namespace attnoracle {
 namespace {
@@ -442,7 +440,7 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
 
 void write_golden_file(const std::string& path, const Case& c, const EvalResult& r) {
   std::map<std::string, std::string> md = c.file.metadata;
-  md["attn.reference"] = std::string("attnoracle ") + ATTNORACLE_VERSION;
+  md["attn.reference"] = std::string(kNameAndVersion);
   md["attn.undecided"] = std::to_string(r.stats.undecided);
   std::vector<const RawTensor*> tensors;
   for (const RawTensor& t : r.golden) tensors.push_back(&t);
@@ -455,7 +453,7 @@ void write_golden_file(const std::string& path, const Case& c, const EvalResult&
 SafeTensorsFile golden_file(const Case& c, const EvalResult& r) {
   SafeTensorsFile f = c.file;
   for (const RawTensor& t : r.golden) f.put(t);
-  f.metadata["attn.reference"] = std::string("attnoracle ") + ATTNORACLE_VERSION;
+  f.metadata["attn.reference"] = std::string(kNameAndVersion);
   f.metadata["attn.undecided"] = std::to_string(r.stats.undecided);
   return f;
 }

@@ -1,4 +1,4 @@
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/round.hpp"
 
 #include <cmath>
 

@@ -7,8 +7,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/evaluate.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "interval.hpp"
 
 namespace attnoracle {

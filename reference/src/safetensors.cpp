@@ -1,4 +1,4 @@
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle {
 namespace {

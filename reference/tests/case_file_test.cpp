@@ -1,6 +1,6 @@
 // Case files (CONTRACT sections 1 and 2): one test per refusal, broadcasting lookups and the
 // causal and window rules worked by hand.
-#include "attnoracle/case_file.hpp"
+#include "attnoracle/reference/case_file.hpp"
 
 #include <cmath>
 #include <limits>
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle {
 namespace {

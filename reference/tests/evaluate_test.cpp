@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/reference/round.hpp"
 
 namespace attnoracle {
 namespace {

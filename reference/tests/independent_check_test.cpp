@@ -27,9 +27,9 @@
 #include <boost/multiprecision/mpfr.hpp>
 #include <gtest/gtest.h>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/error.hpp"
-#include "attnoracle/evaluate.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "int_round.hpp"
 #include "random_case.hpp"
 

@@ -9,7 +9,7 @@
 #include <boost/multiprecision/gmp.hpp>
 #include <mpfr.h>
 
-#include "attnoracle/dtype.hpp"
+#include "attnoracle/reference/dtype.hpp"
 
 namespace attnoracle::test {
 

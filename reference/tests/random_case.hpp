@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::test {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <string>
 
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/round.hpp"
 
 namespace attnoracle {
 namespace {

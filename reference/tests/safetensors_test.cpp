@@ -1,5 +1,5 @@
 // The safetensors container: round trips, deterministic bytes, and every refusal of the reader.
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle {
 namespace {

@@ -15,8 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 #include "cli_run.hpp"
 
 namespace attnoracle {

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "attnoracle/problem.hpp"
+#include "attnoracle/vectors/problem.hpp"
 #include "prng.hpp"
 
 namespace attnoracle::vectors {

@@ -1,7 +1,7 @@
 // gen: expands a suite, builds and evaluates each case in parallel, writes case files and the
 // manifest. Every file is written under a temporary name and renamed, so a file present is
 // complete; a rerun keeps the present files that still match the spec.
-#include "attnoracle/generate.hpp"
+#include "attnoracle/vectors/generate.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -16,14 +16,12 @@
 #include <optional>
 #include <thread>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/manifest.hpp"
-#include "attnoracle/problem.hpp"
-#include "attnoracle/verify.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/version.hpp"
+#include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/vectors/problem.hpp"
+#include "attnoracle/vectors/verify.hpp"
 
-#ifndef ATTNORACLE_VERSION
-#define ATTNORACLE_VERSION "0"
-#endif
 
 namespace attnoracle::vectors {
 namespace {
@@ -79,7 +77,7 @@ struct Outcome {
 
 }  // namespace
 
-std::string generator_name() { return std::string("attnoracle ") + ATTNORACLE_VERSION; }
+std::string generator_name() { return std::string(kNameAndVersion); }
 
 GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   const auto spec_bytes = read_bytes(opt.spec_path);

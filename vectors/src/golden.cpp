@@ -7,8 +7,8 @@
 #include <cstring>
 #include <set>
 
-#include "attnoracle/round.hpp"
-#include "attnoracle/verify.hpp"
+#include "attnoracle/reference/round.hpp"
+#include "attnoracle/vectors/verify.hpp"
 
 namespace attnoracle::vectors {
 namespace {

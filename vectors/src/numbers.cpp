@@ -5,7 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/round.hpp"
 
 namespace attnoracle::vectors {
 

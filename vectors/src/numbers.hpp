@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "attnoracle/dtype.hpp"
+#include "attnoracle/reference/dtype.hpp"
 
 namespace attnoracle::vectors {
 

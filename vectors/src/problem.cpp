@@ -1,5 +1,5 @@
 // make_problem: shapes, masks, biases and metadata around the generated data.
-#include "attnoracle/problem.hpp"
+#include "attnoracle/vectors/problem.hpp"
 
 #include <mpfr.h>
 
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/round.hpp"
 #include "data.hpp"
 #include "numbers.hpp"
 #include "prng.hpp"
@@ -224,24 +224,6 @@ std::optional<BiasKind> bias_kind_from_name(std::string_view s) {
   return std::nullopt;
 }
 
-std::string_view causal_name(Causal c) {
-  switch (c) {
-    case Causal::None:
-      return "none";
-    case Causal::TopLeft:
-      return "top_left";
-    case Causal::BottomRight:
-      return "bottom_right";
-  }
-  return "?";
-}
-
-std::optional<Causal> causal_from_name(std::string_view s) {
-  for (auto c : {Causal::None, Causal::TopLeft, Causal::BottomRight})
-    if (causal_name(c) == s) return c;
-  return std::nullopt;
-}
-
 std::optional<std::string> problem_error(const ProblemSpec& p) {
   const bool mha = p.kind == Kind::Mha;
   for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
@@ -332,7 +314,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
       p.window ? std::to_string(p.window->first) + "," + std::to_string(p.window->second) : "none";
   f.metadata["attn.softcap"] = p.softcap.empty() ? "0" : p.softcap;
   if (!p.scale.empty()) f.metadata["attn.scale"] = p.scale;
-  f.metadata["attn.masked_rows"] = p.masked_rows == MaskedRows::Zero ? "zero" : "error";
+  f.metadata["attn.masked_rows"] = std::string(masked_rows_name(p.masked_rows));
   f.metadata["attn.output_dtype"] = std::string(dtype_name(p.output_dtype.value_or(p.dtype)));
   f.metadata["attn.outputs"] = outputs_text(p);
   f.metadata["gen.generator"] = p.generator;

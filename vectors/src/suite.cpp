@@ -1,5 +1,5 @@
 // Suite specs: parsing with JSON paths in every message, and expansion into cases.
-#include "attnoracle/suite.hpp"
+#include "attnoracle/vectors/suite.hpp"
 
 #include <algorithm>
 #include <array>
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 #include "prng.hpp"
 
 namespace attnoracle::vectors {

@@ -1,6 +1,6 @@
 // verify: a vector set against its manifest, its hashes, the case format, the invariants of
 // stored golden data, and (on request) a bitwise re-evaluation.
-#include "attnoracle/verify.hpp"
+#include "attnoracle/vectors/verify.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -12,10 +12,10 @@
 #include <set>
 #include <thread>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/manifest.hpp"
-#include "attnoracle/oracle.hpp"
-#include "attnoracle/problem.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/vectors/problem.hpp"
 
 namespace attnoracle::vectors {
 namespace {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "attnoracle/manifest.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 #include "cli_run.hpp"
 
 namespace attnoracle::testing {

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <functional>
 
-#include "attnoracle/oracle.hpp"
-#include "attnoracle/problem.hpp"
-#include "attnoracle/verify.hpp"
+#include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/vectors/problem.hpp"
+#include "attnoracle/vectors/verify.hpp"
 
 namespace attnoracle::vectors {
 namespace {

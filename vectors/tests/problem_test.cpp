@@ -1,6 +1,6 @@
 // The PRNG, the data generators, masks and biases of make_problem: determinism, exactness, and
 // the property each generator is there for.
-#include "attnoracle/problem.hpp"
+#include "attnoracle/vectors/problem.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <cstring>
 #include <set>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 #include "numbers.hpp"
 #include "prng.hpp"
 

@@ -1,11 +1,11 @@
 // Suite specs (expansion order, ids, seeds, tags, refusals with JSON paths), manifests and
 // SHA-256.
-#include "attnoracle/suite.hpp"
+#include "attnoracle/vectors/suite.hpp"
 
 #include <gtest/gtest.h>
 
-#include "attnoracle/error.hpp"
-#include "attnoracle/manifest.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/manifest.hpp"
 
 namespace attnoracle::vectors {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
+#include "attnoracle/reference/case_file.hpp"
 #include "dd.hpp"
 
 namespace attnoracle::fast {

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/profile.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/conformance/profile.hpp"
 
 namespace attnoracle::conformance {
 

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <random>
 
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/problem.hpp"
-#include "attnoracle/round.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/vectors/problem.hpp"
+#include "attnoracle/reference/round.hpp"
 #include "fast/error_bounds.hpp"
 #include "fast/exp_dd.hpp"
 #include "fast/fast_row.hpp"

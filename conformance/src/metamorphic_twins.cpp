@@ -5,10 +5,9 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "attnoracle/metamorphic.hpp"
-#include "detail.hpp"
+#include "attnoracle/conformance/metamorphic.hpp"
 
-namespace attnoracle::oracle {
+namespace attnoracle::conformance {
 namespace {
 
 RawTensor& need(SafeTensorsFile& f, const std::string& name) {
@@ -108,7 +107,7 @@ void fold_positions(const Case& c, SafeTensorsFile& f) {
     for (std::int64_t i = 0; i < c.Nq; ++i)
       for (std::int64_t j = 0; j < c.Nk; ++j) {
         const auto at = static_cast<std::size_t>((l * c.Nq + i) * c.Nk + j);
-        m.data[at] = ((!c.mask || c.mask->values[at]) && detail::positional(c, i, j)) ? 1 : 0;
+        m.data[at] = ((!c.mask || c.mask->values[at]) && c.position_allowed(i, j)) ? 1 : 0;
       }
   f.put(std::move(m));
   f.metadata["attn.causal"] = "none";
@@ -137,7 +136,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
   // Permuted keys and values (and mask and bias columns).
   if (c.Nk > 1) {
-    TwinPair p{Invariant::KeyPermutation, "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    TwinPair p{oracle::Invariant::KeyPermutation, "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
     p.perm.resize(static_cast<std::size_t>(c.Nk));
     std::iota(p.perm.begin(), p.perm.end(), 0);
     std::reverse(p.perm.begin(), p.perm.end());
@@ -161,7 +160,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
           break;
         }
     if (!exact) continue;
-    TwinPair p{Invariant::ShiftInvariance, "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
+    TwinPair p{oracle::Invariant::ShiftInvariance, "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
                inputs, inputs, {}, cst, false, all_rows(c), all_tokens(c)};
     RawTensor nb{"bias", bt, c.bias ? c.bias->shape : std::vector<std::int64_t>{1}, {}};
     const std::vector<double> vals = c.bias ? c.bias->values : std::vector<double>{0.0};
@@ -178,10 +177,10 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     const std::int64_t mid = c.Nq / 2;
     std::int64_t last = -1;
     for (std::int64_t j = 0; j < c.Nk; ++j)
-      if (detail::positional(c, mid, j)) last = j;
+      if (c.position_allowed(mid, j)) last = j;
     const std::int64_t from = last + 1;
     if (from < c.Nk) {
-      TwinPair p{Invariant::CausalDependence, "future",
+      TwinPair p{oracle::Invariant::CausalDependence, "future",
                  "keys " + std::to_string(from) + ".." + std::to_string(c.Nk - 1) + " changed",
                  inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
       for (auto& [name, dim] : key_tensors(c)) negate_range(need(p.b, name), dim, from, c.Nk);
@@ -190,7 +189,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
           for (std::int64_t i = 0; i < c.Nq; ++i) {
             std::int64_t li = -1;
             for (std::int64_t j = 0; j < c.Nk; ++j)
-              if (detail::positional(c, i, j)) li = j;
+              if (c.position_allowed(i, j)) li = j;
             p.rows[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = li < from;
             p.out_rows[static_cast<std::size_t>(b * c.Nq + i)] = li < from;
           }
@@ -200,7 +199,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
   // A padding key appended and masked out: its values must not matter.
   {
-    TwinPair p{Invariant::MaskedZero, "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c)};
+    TwinPair p{oracle::Invariant::MaskedZero, "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c)};
     fold_positions(c, p.b);
     for (auto& [name, dim] : key_tensors(c)) append_dim(need(p.b, name), dim, 0, true);
     RawTensor& m = need(p.b, "mask");
@@ -218,7 +217,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
   // One head changed.
   if (c.kind == Kind::Sdpa && c.Hq > 1) {
     const std::int64_t r = c.Hq - 1;
-    TwinPair p{Invariant::HeadIndependence, "head", "queries of head " + std::to_string(r) + " changed",
+    TwinPair p{oracle::Invariant::HeadIndependence, "head", "queries of head " + std::to_string(r) + " changed",
                inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
     RawTensor& q = need(p.b, "q");
     for (std::int64_t b = 0; b < c.B; ++b) {  // q[b, r] negated: the block of head r in batch b
@@ -236,7 +235,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     // W_o's rows of head r zeroed in both, so that out no longer depends on head r; then head
     // r's projections change in one of them.
     const std::int64_t r = c.Hq - 1;
-    TwinPair p{Invariant::HeadIndependence, "head", "projections of head " + std::to_string(r) + " changed",
+    TwinPair p{oracle::Invariant::HeadIndependence, "head", "projections of head " + std::to_string(r) + " changed",
                inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
     RawTensor& wo = need(p.a, "w_o");
     const std::size_t es = dtype_size(wo.dtype);
@@ -253,4 +252,4 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
   return out;
 }
 
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::conformance

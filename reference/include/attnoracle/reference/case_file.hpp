@@ -5,16 +5,37 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle {
 
 enum class Kind { Sdpa, Mha };
 enum class Causal { None, TopLeft, BottomRight };
 enum class MaskedRows { Error, Zero };
+
+// The metadata names of the enums (CONTRACT section 2), one table each.
+std::string_view kind_name(Kind k);
+std::optional<Kind> kind_from_name(std::string_view s);
+std::string_view causal_name(Causal c);
+std::optional<Causal> causal_from_name(std::string_view s);
+std::string_view masked_rows_name(MaskedRows m);
+std::optional<MaskedRows> masked_rows_from_name(std::string_view s);
+
+// One row of one head: batch b, query head h, query i.
+struct RowIndex {
+  std::int64_t b = 0, h = 0, i = 0;
+};
+
+// A golden tensor the reference adds to a case (CONTRACT section 3).
+struct GoldenSpec {
+  std::string name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+};
 
 // A floating input decoded exactly into doubles, row-major.
 struct FloatTensor {
@@ -61,18 +82,42 @@ struct Case {
   bool mask_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   double bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   bool query_valid(std::int64_t b, std::int64_t i) const;
+  // GQA/MQA: the kv head query head h reads (CONTRACT section 1); h itself for kind mha.
+  std::int64_t kv_head(std::int64_t h) const { return h / (Hq / Hkv); }
+  // The position of query i on the key axis: i (top_left, none) or i + (Nk - Nq) (bottom_right).
+  std::int64_t aligned_position(std::int64_t i) const {
+    return causal == Causal::BottomRight ? i + (Nk - Nq) : i;
+  }
   // causal and window rules of CONTRACT section 1
   bool position_allowed(std::int64_t i, std::int64_t j) const;
+  // The keys [first, last] that causal and window leave to query i, clipped to [0, Nk - 1];
+  // empty when first > last. Every allowed key of row i lies in it.
+  struct KeyRange {
+    std::int64_t first = 0, last = -1;
+  };
+  KeyRange key_range(std::int64_t i) const;
   // Whether query i of head h attends key j: position, mask, and a bias other than -inf.
   bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     return position_allowed(i, j) && mask_at(b, h, i, j) && bias_at(b, h, i, j) != -INFINITY;
   }
   // Whether the row has any allowed key (else it is fully masked).
   bool row_has_key(std::int64_t b, std::int64_t h, std::int64_t i) const {
-    for (std::int64_t j = 0; j < Nk; ++j)
+    const KeyRange r = key_range(i);
+    for (std::int64_t j = r.first; j <= r.last; ++j)
       if (allowed(b, h, i, j)) return true;
     return false;
   }
+  // The first row, in (b, h, i) order, that evaluation refuses: a fully masked row that is
+  // not padding, under policy error. None under policy zero.
+  std::optional<RowIndex> first_refused_row() const;
+
+  // Shapes of the golden tensors: out ([B, Hq, Nq, Dv], or [B, Nq, Dout] for mha) and the rows
+  // ([B, Hq, Nq]: row.valid, lse).
+  std::vector<std::int64_t> out_shape() const;
+  std::vector<std::int64_t> row_shape() const { return {B, Hq, Nq}; }
+  // The golden tensors the reference adds to this case, in the order it writes them (without
+  // the .undecided and .alt companions).
+  std::vector<GoldenSpec> golden_tensors() const;
 };
 
 // Validates a parsed file as a case. Golden tensors already present (out, out.ref, ...) are

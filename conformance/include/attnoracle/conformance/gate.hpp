@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/compare.hpp"
-#include "attnoracle/profile.hpp"
+#include "attnoracle/conformance/compare.hpp"
+#include "attnoracle/conformance/profile.hpp"
 
 namespace attnoracle::conformance {
 

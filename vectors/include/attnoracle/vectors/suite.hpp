@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "attnoracle/problem.hpp"
+#include "attnoracle/vectors/problem.hpp"
 
 namespace attnoracle::vectors {
 

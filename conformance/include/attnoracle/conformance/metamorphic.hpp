@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/oracle.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
-namespace attnoracle::oracle {
+namespace attnoracle::conformance {
 
 // The arithmetic an implementation declares: the unit roundoff of the dtype it computes in.
 struct PrecisionProfile {
@@ -23,7 +23,7 @@ PrecisionProfile precision_profile(const std::string& name);
 
 // One relation instance: two case files (inputs only) whose results must agree.
 struct TwinPair {
-  Invariant invariant;
+  oracle::Invariant invariant;
   std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "head"
   std::string what;  // what the twin changes, for reports
   SafeTensorsFile a, b;
@@ -40,7 +40,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
 struct RelationResult {
   std::string problem;
-  Invariant invariant;
+  oracle::Invariant invariant;
   std::string what;
   enum class Status { Pass, Violated, Skipped } status = Status::Pass;
   bool bitwise = false;     // every compared element had identical bits
@@ -68,4 +68,4 @@ struct MetamorphicReport {
 MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeTensorsFile>>& problems,
                                   const MetamorphicOptions& opt);
 
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::conformance

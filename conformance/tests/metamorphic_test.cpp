@@ -12,11 +12,11 @@
 #include <unistd.h>
 #include <string>
 
-#include "attnoracle/evaluate.hpp"
-#include "attnoracle/metamorphic.hpp"
-#include "attnoracle/problem.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/conformance/metamorphic.hpp"
+#include "attnoracle/vectors/problem.hpp"
 
-namespace attnoracle::oracle {
+namespace attnoracle::conformance {
 namespace {
 
 const RawTensor& get(const std::vector<RawTensor>& g, const std::string& name) {
@@ -163,4 +163,4 @@ TEST_F(InvariantsCommand, BadOptionsAreRefused) {
 }
 
 }  // namespace
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::conformance

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/dtype.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::vectors {
 
@@ -64,8 +64,6 @@ std::string_view mask_kind_name(MaskKind m);
 std::optional<MaskKind> mask_kind_from_name(std::string_view s);
 std::string_view bias_kind_name(BiasKind b);
 std::optional<BiasKind> bias_kind_from_name(std::string_view s);
-std::string_view causal_name(Causal c);
-std::optional<Causal> causal_from_name(std::string_view s);
 
 // Checks a spec for what make_problem cannot build (sizes, generator parameters, dtypes);
 // returns the first problem as text, or nothing.

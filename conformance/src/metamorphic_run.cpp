@@ -6,12 +6,11 @@
 #include <filesystem>
 #include <map>
 
-#include "attnoracle/adapter.hpp"
-#include "attnoracle/error.hpp"
-#include "attnoracle/metamorphic.hpp"
-#include "detail.hpp"
+#include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "attnoracle/conformance/metamorphic.hpp"
 
-namespace attnoracle::oracle {
+namespace attnoracle::conformance {
 
 PrecisionProfile precision_profile(const std::string& name) {
   if (name == "fp64") return {name, 0x1p-53};
@@ -65,7 +64,7 @@ struct Magnitudes {
         for (std::int64_t i = 0; i < c.Nq; ++i) {
           double m = 0;
           for (std::int64_t j = 0; j < c.Nk; ++j) {
-            if (!detail::allowed(c, b, h, i, j)) continue;
+            if (!c.allowed(b, h, i, j)) continue;
             double t = 0;
             for (std::int64_t d = 0; d < c.Dk; ++d)
               t += Q[static_cast<std::size_t>(((b * H + h) * c.Nq + i) * c.Dk + d)] *
@@ -352,4 +351,4 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
   return rep;
 }
 
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::conformance

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/adapter.hpp"
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/profile.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/conformance/profile.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
 

@@ -8,8 +8,8 @@
 #include <functional>
 #include <string>
 
-#include "attnoracle/oracle.hpp"
-#include "attnoracle/suite.hpp"
+#include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/vectors/suite.hpp"
 
 namespace attnoracle::vectors {
 

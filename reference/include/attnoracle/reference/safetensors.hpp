@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "attnoracle/dtype.hpp"
+#include "attnoracle/reference/dtype.hpp"
 
 namespace attnoracle {
 

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/evaluate.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 
 namespace attnoracle::oracle {
 

@@ -10,8 +10,8 @@
 
 #include <mpfr.h>
 
-#include "attnoracle/case_file.hpp"
-#include "attnoracle/safetensors.hpp"
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle {
 

@@ -3,7 +3,7 @@
 
 #include <mpfr.h>
 
-#include "attnoracle/dtype.hpp"
+#include "attnoracle/reference/dtype.hpp"
 
 namespace attnoracle {
 

@@ -1,5 +1,5 @@
 // Manifest text and parsing; SHA-256 from nettle.
-#include "attnoracle/manifest.hpp"
+#include "attnoracle/reference/manifest.hpp"
 
 #include <nettle/sha2.h>
 
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "attnoracle/error.hpp"
+#include "attnoracle/reference/error.hpp"
 
 namespace attnoracle::vectors {
 
