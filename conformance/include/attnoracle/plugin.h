@@ -6,7 +6,7 @@
  * attnoracle_plugin_abi() == ATTNORACLE_PLUGIN_ABI (else: one line on stderr, exit status 2,
  * nothing written), then for every job reads the case file and calls attnoracle_plugin_run()
  * once, from one thread, one case after the other. What the tensors and metadata mean is in
- * CONTRACT.md (sections 1 and 2) and vectors/FORMAT.md.
+ * docs/CONTRACT.md (sections 1 and 2) and vectors/FORMAT.md.
  *
  * Ownership: everything the host passes (the case, its tensors, strings, shapes and data) is
  * read-only and valid only during the call; copy what you keep. Everything the plugin passes to
