@@ -271,7 +271,7 @@ class Contract(unittest.TestCase):
         self.assertFalse(code - self.keys, "keys of the case reader missing from the tables")
 
     def test_manifest_fields_are_known_to_the_reader(self):
-        reader = literals(sources("vectors", ".cpp", skip={"tests"}))
+        reader = literals(sources("reference", ".cpp", skip={"tests"}) + sources("vectors", ".cpp", skip={"tests"}))
         fields = [name.split(".")[-1] for header, rows in tables(self.sections[4][1])
                   if header[0] == "field" for row in rows
                   for name in re.findall(r"`([^`]+)`", row[0])]
