@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <set>
 #include <string_view>
@@ -23,12 +24,6 @@ constexpr std::array<std::string_view, 9> kMetadataKeys = {
 constexpr std::array<std::string_view, 2> kReferenceKeys = {"attn.reference", "attn.undecided"};
 
 std::string quoted(std::string_view s) { return "\"" + printable(s) + "\""; }
-
-std::string shape_string(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t a = 0; a < shape.size(); ++a) s += (a ? "," : "") + std::to_string(shape[a]);
-  return s + "]";
-}
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -109,22 +104,25 @@ class CaseReader {
     if (!v) fail("attn.format", "missing (required; this reader knows format 1)");
     if (*v != "1") fail("attn.format", "format " + quoted(*v) + " is not supported (only 1)");
 
-    if ((v = get("attn.kind"))) {
-      const auto k = kind_from_name(*v);
-      if (!k) bad("attn.kind", *v, "sdpa or mha");
-      c_.kind = *k;
-    }
-    if ((v = get("attn.scale"))) {
-      auto n = parse_number(*v);
-      if (!n) bad("attn.scale", *v, "a number (decimal or C hex float)");
-      if (!std::isfinite(n->value)) bad("attn.scale", *v, "a finite number");
-      c_.scale = *v;
-    }
-    if ((v = get("attn.causal"))) {
-      const auto k = causal_from_name(*v);
-      if (!k) bad("attn.causal", *v, "none, top_left or bottom_right");
-      c_.causal = *k;
-    }
+    // An enum by its name, and a finite number, when the key is present.
+    auto named = [&](const char* key, auto from_name, const char* expected, auto& field) {
+      if (const std::string* s = get(key)) {
+        const auto e = from_name(*s);
+        if (!e) bad(key, *s, expected);
+        field = *e;
+      }
+    };
+    auto number = [&](const char* key) -> std::optional<Number> {
+      const std::string* s = get(key);
+      if (!s) return std::nullopt;
+      const auto n = parse_number(*s);
+      if (!n) bad(key, *s, "a number (decimal or C hex float)");
+      if (!std::isfinite(n->value)) bad(key, *s, "a finite number");
+      return n;
+    };
+    named("attn.kind", kind_from_name, "sdpa or mha", c_.kind);
+    if (number("attn.scale")) c_.scale = *get("attn.scale");
+    named("attn.causal", causal_from_name, "none, top_left or bottom_right", c_.causal);
     if ((v = get("attn.window")) && *v != "none") {
       const auto comma = v->find(',');
       std::optional<std::int64_t> left, right;
@@ -139,19 +137,13 @@ class CaseReader {
       c_.window_left = *left;
       c_.window_right = *right;
     }
-    if ((v = get("attn.softcap"))) {
-      auto n = parse_number(*v);
-      if (!n) bad("attn.softcap", *v, "a number (decimal or C hex float)");
-      if (!std::isfinite(n->value)) bad("attn.softcap", *v, "a finite number");
-      if (std::signbit(n->value) && (n->value != 0 || n->underflow))
-        bad("attn.softcap", *v, "a number >= 0");
-      if (n->value != 0 || n->underflow) c_.softcap = *v;  // exactly 0 means off
+    if (const auto n = number("attn.softcap")) {
+      const bool nonzero = n->value != 0 || n->underflow;
+      if (std::signbit(n->value) && nonzero)
+        bad("attn.softcap", *get("attn.softcap"), "a number >= 0");
+      if (nonzero) c_.softcap = *get("attn.softcap");  // exactly 0 means off
     }
-    if ((v = get("attn.masked_rows"))) {
-      const auto k = masked_rows_from_name(*v);
-      if (!k) bad("attn.masked_rows", *v, "error or zero");
-      c_.masked_rows = *k;
-    }
+    named("attn.masked_rows", masked_rows_from_name, "error or zero", c_.masked_rows);
     if ((v = get("attn.output_dtype"))) {
       auto t = dtype_from_name(*v);
       if (!t || !is_float_format(*t)) bad("attn.output_dtype", *v, "F64, F32, F16 or BF16");
@@ -290,12 +282,20 @@ class CaseReader {
            "shape " + shape_string(t.shape) + " is not " + layout + " = " + shape_string(want));
   }
 
-  // dimension `axis` of t, named `dim`, must equal that of `other`
-  void expect_same(const RawTensor& t, std::size_t axis, const char* dim, const RawTensor& other,
-                   std::size_t other_axis) const {
-    if (t.shape[axis] != other.shape[other_axis])
-      fail(t.name, std::string(dim) + " is " + std::to_string(t.shape[axis]) + " but " +
-                       other.name + " has " + dim + " " + std::to_string(other.shape[other_axis]));
+  // Dimension `axis` of t, named `dim`, must equal dimension `other_axis` of `other`.
+  struct Same {
+    const RawTensor& t;
+    std::size_t axis;
+    const char* dim;
+    const RawTensor& other;
+    std::size_t other_axis;
+  };
+  void expect_same(std::initializer_list<Same> checks) const {
+    for (const Same& s : checks)
+      if (s.t.shape[s.axis] != s.other.shape[s.other_axis])
+        fail(s.t.name, std::string(s.dim) + " is " + std::to_string(s.t.shape[s.axis]) +
+                           " but " + s.other.name + " has " + s.dim + " " +
+                           std::to_string(s.other.shape[s.other_axis]));
   }
 
   // Right-aligned broadcasting: each dimension 1 or the full size.
@@ -344,28 +344,23 @@ class CaseReader {
     return out;
   }
 
+  // Decodes each input into its field of the case, in order.
+  void decode(std::initializer_list<std::pair<const RawTensor*, FloatTensor*>> inputs) const {
+    for (const auto& [t, field] : inputs) *field = floats(*t, false);
+  }
+
   void sdpa_inputs() {
     const RawTensor& q = input("q", 4, "[B,Hq,Nq,Dk]");
     const RawTensor& k = input("k", 4, "[B,Hkv,Nk,Dk]");
     const RawTensor& v = input("v", 4, "[B,Hkv,Nk,Dv]");
-    expect_same(k, 0, "B", q, 0);
-    expect_same(k, 3, "Dk", q, 3);
-    expect_same(v, 0, "B", q, 0);
-    expect_same(v, 1, "Hkv", k, 1);
-    expect_same(v, 2, "Nk", k, 2);
+    expect_same({{k, 0, "B", q, 0}, {k, 3, "Dk", q, 3}, {v, 0, "B", q, 0}, {v, 1, "Hkv", k, 1},
+                 {v, 2, "Nk", k, 2}});
     if (q.shape[1] % k.shape[1] != 0)
       fail("k", "Hkv is " + std::to_string(k.shape[1]) + ", which does not divide Hq " +
                     std::to_string(q.shape[1]) + " of q");
-    c_.B = q.shape[0];
-    c_.Hq = q.shape[1];
-    c_.Nq = q.shape[2];
-    c_.Dk = q.shape[3];
-    c_.Hkv = k.shape[1];
-    c_.Nk = k.shape[2];
-    c_.Dv = v.shape[3];
-    c_.q = floats(q, false);
-    c_.k = floats(k, false);
-    c_.v = floats(v, false);
+    c_.B = q.shape[0], c_.Hq = q.shape[1], c_.Nq = q.shape[2], c_.Dk = q.shape[3];
+    c_.Hkv = k.shape[1], c_.Nk = k.shape[2], c_.Dv = v.shape[3];
+    decode({{&q, &c_.q}, {&k, &c_.k}, {&v, &c_.v}});
   }
 
   void mha_inputs() {
@@ -375,33 +370,18 @@ class CaseReader {
     const RawTensor& w_k = input("w_k", 3, "[H,D,Dk]");
     const RawTensor& w_v = input("w_v", 3, "[H,D,Dv]");
     const RawTensor& w_o = input("w_o", 2, "[H*Dv,Dout]");
-    expect_same(x_kv, 0, "B", x_q, 0);
-    expect_same(x_kv, 2, "D", x_q, 2);
-    expect_same(w_q, 1, "D", x_q, 2);
-    expect_same(w_k, 0, "H", w_q, 0);
-    expect_same(w_k, 1, "D", x_q, 2);
-    expect_same(w_k, 2, "Dk", w_q, 2);
-    expect_same(w_v, 0, "H", w_q, 0);
-    expect_same(w_v, 1, "D", x_q, 2);
+    expect_same({{x_kv, 0, "B", x_q, 0}, {x_kv, 2, "D", x_q, 2}, {w_q, 1, "D", x_q, 2},
+                 {w_k, 0, "H", w_q, 0}, {w_k, 1, "D", x_q, 2}, {w_k, 2, "Dk", w_q, 2},
+                 {w_v, 0, "H", w_q, 0}, {w_v, 1, "D", x_q, 2}});
     const std::int64_t h = w_q.shape[0], dv = w_v.shape[2];
     if (w_o.shape[0] != h * dv)  // h * dv <= numel of w_v: no overflow
       fail("w_o", "dimension 0 is " + std::to_string(w_o.shape[0]) +
                       " but H*Dv = " + std::to_string(h) + "*" + std::to_string(dv) + " = " +
                       std::to_string(h * dv));
-    c_.B = x_q.shape[0];
-    c_.Nq = x_q.shape[1];
-    c_.D = x_q.shape[2];
-    c_.Nk = x_kv.shape[1];
-    c_.Hq = c_.Hkv = h;
-    c_.Dk = w_q.shape[2];
-    c_.Dv = dv;
-    c_.Dout = w_o.shape[1];
-    c_.x_q = floats(x_q, false);
-    c_.x_kv = floats(x_kv, false);
-    c_.w_q = floats(w_q, false);
-    c_.w_k = floats(w_k, false);
-    c_.w_v = floats(w_v, false);
-    c_.w_o = floats(w_o, false);
+    c_.B = x_q.shape[0], c_.Nq = x_q.shape[1], c_.D = x_q.shape[2], c_.Nk = x_kv.shape[1];
+    c_.Hq = c_.Hkv = h, c_.Dk = w_q.shape[2], c_.Dv = dv, c_.Dout = w_o.shape[1];
+    decode({{&x_q, &c_.x_q}, {&x_kv, &c_.x_kv}, {&w_q, &c_.w_q}, {&w_k, &c_.w_k},
+            {&w_v, &c_.w_v}, {&w_o, &c_.w_o}});
   }
 
   const std::string& path_;
@@ -424,20 +404,6 @@ std::size_t broadcast_index(const Shape& shape, const std::array<std::int64_t, 4
 
 namespace {
 
-// Looks a name up in a table of (enum, name) pairs.
-template <class E, std::size_t N>
-std::optional<E> from_name(const std::pair<E, std::string_view> (&table)[N], std::string_view s) {
-  for (const auto& [e, n] : table)
-    if (n == s) return e;
-  return std::nullopt;
-}
-template <class E, std::size_t N>
-std::string_view to_name(const std::pair<E, std::string_view> (&table)[N], E e) {
-  for (const auto& [x, n] : table)
-    if (x == e) return n;
-  return "?";
-}
-
 constexpr std::pair<Kind, std::string_view> kKindNames[] = {{Kind::Sdpa, "sdpa"}, {Kind::Mha, "mha"}};
 constexpr std::pair<Causal, std::string_view> kCausalNames[] = {
     {Causal::None, "none"}, {Causal::TopLeft, "top_left"}, {Causal::BottomRight, "bottom_right"}};
@@ -450,13 +416,13 @@ constexpr std::string_view kGoldenNames[] = {"out",     "out.ref",     "out.ref_
 
 }  // namespace
 
-std::string_view kind_name(Kind k) { return to_name(kKindNames, k); }
-std::optional<Kind> kind_from_name(std::string_view s) { return from_name(kKindNames, s); }
-std::string_view causal_name(Causal c) { return to_name(kCausalNames, c); }
-std::optional<Causal> causal_from_name(std::string_view s) { return from_name(kCausalNames, s); }
-std::string_view masked_rows_name(MaskedRows m) { return to_name(kMaskedRowsNames, m); }
+std::string_view kind_name(Kind k) { return table_name(kKindNames, k); }
+std::optional<Kind> kind_from_name(std::string_view s) { return table_from_name(kKindNames, s); }
+std::string_view causal_name(Causal c) { return table_name(kCausalNames, c); }
+std::optional<Causal> causal_from_name(std::string_view s) { return table_from_name(kCausalNames, s); }
+std::string_view masked_rows_name(MaskedRows m) { return table_name(kMaskedRowsNames, m); }
 std::optional<MaskedRows> masked_rows_from_name(std::string_view s) {
-  return from_name(kMaskedRowsNames, s);
+  return table_from_name(kMaskedRowsNames, s);
 }
 
 bool is_golden_tensor_name(const std::string& name) {
@@ -485,6 +451,12 @@ Case case_from_file(const std::string& path, SafeTensorsFile file) {
 }
 
 Case read_case(const std::string& path) { return case_from_file(path, read_safetensors(path)); }
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t a = 0; a < shape.size(); ++a) s += (a ? "," : "") + std::to_string(shape[a]);
+  return s + "]";
+}
 
 bool Case::mask_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
   if (!mask) return true;

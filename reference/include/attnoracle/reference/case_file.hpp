@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "attnoracle/reference/dtype.hpp"
@@ -16,6 +17,21 @@ namespace attnoracle {
 enum class Kind { Sdpa, Mha };
 enum class Causal { None, TopLeft, BottomRight };
 enum class MaskedRows { Error, Zero };
+
+// A table of (enum, name) pairs read both ways: the name of e ("?" if absent), the enum of s.
+template <class E, std::size_t N>
+std::string_view table_name(const std::pair<E, std::string_view> (&table)[N], E e) {
+  for (const auto& [x, n] : table)
+    if (x == e) return n;
+  return "?";
+}
+template <class E, std::size_t N>
+std::optional<E> table_from_name(const std::pair<E, std::string_view> (&table)[N],
+                                 std::string_view s) {
+  for (const auto& [e, n] : table)
+    if (n == s) return e;
+  return std::nullopt;
+}
 
 // The metadata names of the enums (CONTRACT section 2), one table each.
 std::string_view kind_name(Kind k);
@@ -125,6 +141,9 @@ struct Case {
 // Throws InputError(path, <tensor or key>, <what>).
 Case case_from_file(const std::string& path, SafeTensorsFile file);
 Case read_case(const std::string& path);
+
+// A shape as the messages write it: "[2,3,4]".
+std::string shape_string(const std::vector<std::int64_t>& shape);
 
 // Names of the tensors that the reference adds (CONTRACT section 3), and their companions.
 bool is_golden_tensor_name(const std::string& name);
