@@ -1,10 +1,6 @@
 // The oracle over a whole case, and the reference with the oracle wired in.
-#include <algorithm>
-#include <atomic>
-#include <mutex>
-#include <thread>
-
 #include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/parallel.hpp"
 
 namespace attnoracle::oracle {
 
@@ -98,24 +94,14 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   const std::vector<std::int64_t> units = sample_units(unit_count(c), check.twin_units);
   const RowSourceFactory rows = reference_rows(check.twin_precision);
   std::vector<std::vector<Violation>> found(units.size());
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t k = next++; k < units.size(); k = next++) {
-      std::int64_t b, h, i;
-      unit_position(c, units[k], b, h, i);
-      found[k] = check_twins(c, b, h, i, rows);
-    }
-    mpfr_free_cache();
-  };
   // Each twin copies the inputs: above 16 MB of them, one thread keeps the peak memory down.
   std::size_t input_bytes = 0;
   for (const RawTensor& t : c.file.tensors) input_bytes += t.data.size();
-  const int want = input_bytes > (16u << 20) ? 1 : eval.threads;
-  const int n = std::max(1, std::min<int>(want, static_cast<int>(units.size())));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  parallel_for(units.size(), input_bytes > (16u << 20) ? 1 : eval.threads, [&](std::size_t k) {
+    std::int64_t b, h, i;
+    unit_position(c, units[k], b, h, i);
+    found[k] = check_twins(c, b, h, i, rows);
+  });
   std::vector<Violation> all;
   for (auto& f : found) all.insert(all.end(), f.begin(), f.end());
   if (!all.empty()) throw InvariantViolation(std::move(all));

@@ -101,7 +101,7 @@ struct RowChecker {
       const Enclosure& raw = hd.raw_out.at(static_cast<std::size_t>(col));
       Enclosure hull(64);
       if (c.kind == Kind::Sdpa) {
-        const std::int64_t g = h / (c.Hq / c.Hkv);
+        const std::int64_t g = c.kv_head(h);
         double mn = INFINITY, mx = -INFINITY;
         for (auto j : keys) {
           const double x = c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + j) * c.Dv + col)];
@@ -137,7 +137,7 @@ struct RowChecker {
                 ") have weights " + show(a) + " and " + show(e));
     };
     if (c.kind == Kind::Sdpa) {
-      const std::int64_t g = h / (c.Hq / c.Hkv);
+      const std::int64_t g = c.kv_head(h);
       for (auto j : keys) {
         const double* k = c.k.values.data() + ((b * c.Hkv + g) * c.Nk + j) * c.Dk;
         std::vector<double> id(k, k + c.Dk);

@@ -142,8 +142,8 @@ struct TwinChecker {
       }
       RowEnclosures r;
       if (!eval(t, r)) return;
-      char what[64];
-      std::snprintf(what, sizeof what, "when %.17g is added to every score", cst);
+      char what[96];
+      std::snprintf(what, sizeof what, "when %.17g (%a) is added to every score", cst, cst);
       agree(Invariant::ShiftInvariance, r, heads(), what, nullptr, cst);
       return;
     }
@@ -249,7 +249,7 @@ struct TwinChecker {
           agree(Invariant::HeadIndependence, r, {h},
                 "when the queries of head " + std::to_string(other) + " change");
       }
-      const std::int64_t g = h / (c.Hq / c.Hkv);
+      const std::int64_t g = c.kv_head(h);
       if (c.Hkv > 1) {  // another kv head's keys and values
         const std::int64_t og = (g + 1) % c.Hkv;
         Case t = inputs_of(c);

@@ -4,21 +4,19 @@
 #include "attnoracle/vectors/generate.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/version.hpp"
 #include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "attnoracle/vectors/verify.hpp"
 
@@ -111,12 +109,8 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   sum.suite_cases = suite.cases.size();
   sum.selected = selected.size();
   std::vector<Outcome> outcome(suite.cases.size());
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::mutex mu;  // progress, counters, first error
+  std::mutex mu;  // progress, counters
   std::size_t done = 0;
-  std::exception_ptr error;
-  std::size_t error_at = SIZE_MAX;
 
   EvalOptions eval;
   eval.threads = opt.threads_per_case;
@@ -146,7 +140,7 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
     }
     const Case c = case_from_file(cs.id, inputs);
     Outcome& out = outcome[k];
-    out.refused = refuses(c);
+    out.refused = c.first_refused_row().has_value();
     out.fully_masked = has_fully_masked_row(c);
     const fs::path path = cases_dir / (cs.id + ".safetensors");
     if (const auto old = read_bytes(path);
@@ -182,30 +176,8 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
     report(CaseEvent::Written, cs, seconds());
   };
 
-  auto worker = [&] {
-    while (!stop.load()) {
-      const std::size_t s = next.fetch_add(1);
-      if (s >= selected.size()) break;
-      try {
-        one(selected[s]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(mu);
-        if (selected[s] < error_at) {  // the first failing case, whatever the scheduling
-          error_at = selected[s];
-          error = std::current_exception();
-        }
-        stop = true;
-      }
-    }
-    mpfr_free_cache();
-  };
-  const int jobs = std::max(
-      1, std::min<int>(opt.jobs, static_cast<int>(std::max<std::size_t>(selected.size(), 1))));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < jobs; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  // The first failing case is the one reported, whatever the scheduling.
+  parallel_for(selected.size(), opt.jobs, [&](std::size_t s) { one(selected[s]); });
 
   for (std::size_t k = 0; k < suite.cases.size(); ++k)
     if (!outcome[k].done && !fs::exists(cases_dir / (suite.cases[k].id + ".safetensors")))

@@ -9,6 +9,7 @@
 
 #include "attnoracle/reference/round.hpp"
 #include "attnoracle/vectors/verify.hpp"
+#include "numbers.hpp"
 
 namespace attnoracle::vectors {
 namespace {
@@ -16,43 +17,6 @@ namespace {
 using Shape = std::vector<std::int64_t>;
 
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-std::string shape_string(const Shape& s) {
-  std::string out = "[";
-  for (std::size_t a = 0; a < s.size(); ++a) out += (a ? "," : "") + std::to_string(s[a]);
-  return out + "]";
-}
-
-std::string hexf(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%a", x);
-  return buf;
-}
-
-struct Expected {
-  std::string name;
-  DType dtype;
-  Shape shape;
-};
-
-std::vector<Expected> expected_golden(const Case& c) {
-  const DType o = c.output_dtype;
-  const Shape out = c.kind == Kind::Mha ? Shape{c.B, c.Nq, c.Dout} : Shape{c.B, c.Hq, c.Nq, c.Dv};
-  const Shape rows{c.B, c.Hq, c.Nq}, w{c.B, c.Hq, c.Nq, c.Nk};
-  std::vector<Expected> e = {{"out", o, out}, {"out.ref", DType::F64, out}};
-  if (o == DType::F64) e.push_back({"out.ref_lo", DType::F64, out});
-  e.push_back({"out.bound", DType::F64, out});
-  e.push_back({"row.valid", DType::BOOL, rows});
-  if (c.want_weights) {
-    e.push_back({"weights", o, w});
-    e.push_back({"weights.ref", DType::F64, w});
-  }
-  if (c.want_lse) {
-    e.push_back({"lse", o, rows});
-    e.push_back({"lse.ref", DType::F64, rows});
-  }
-  return e;
-}
 
 // A stored tensor decoded to doubles, with the flat indices of its undecided elements.
 struct Values {
@@ -223,7 +187,7 @@ class Checker {
   std::optional<std::string> hull(const Values& out, const Values& ref, std::int64_t b,
                                   std::int64_t h, std::int64_t base,
                                   const std::vector<std::int64_t>& keys) const {
-    const std::int64_t g = h / (c_.Hq / c_.Hkv);
+    const std::int64_t g = c_.kv_head(h);
     for (std::int64_t col = 0; col < c_.Dv; ++col) {
       double mn = INFINITY, mx = -INFINITY;
       for (auto j : keys) {
@@ -250,9 +214,9 @@ class Checker {
 }  // namespace
 
 std::optional<std::string> golden_layout_problem(const Case& c, const SafeTensorsFile& f) {
-  const std::vector<Expected> want = expected_golden(c);
+  const std::vector<GoldenSpec> want = c.golden_tensors();
   std::uint64_t undecided = 0;
-  for (const Expected& e : want) {
+  for (const GoldenSpec& e : want) {
     const RawTensor* t = f.find(e.name);
     if (!t) return e.name + ": missing";
     if (t->dtype != e.dtype || t->shape != e.shape)
@@ -286,7 +250,7 @@ std::optional<std::string> golden_layout_problem(const Case& c, const SafeTensor
           base.compare(base.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
         base.resize(base.size() - std::strlen(suffix));
     bool wanted = false;
-    for (const Expected& e : want) wanted = wanted || e.name == base;
+    for (const GoldenSpec& e : want) wanted = wanted || e.name == base;
     if (!wanted) return t.name + ": present but the case does not call for it";
   }
   const auto ref = f.metadata.find("attn.reference");

@@ -3,6 +3,7 @@
 #include <mpfr.h>
 
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "attnoracle/reference/round.hpp"
@@ -38,6 +39,12 @@ double away_ulp(double x, DType t) {
   const int ulp_exp = e - l.precision < l.min_sub_exp ? l.min_sub_exp : e - l.precision;
   const double u = std::ldexp(1.0, ulp_exp);
   return round_into(x < 0 ? x - u : x + u, t);  // exact: moving away from zero stays in t
+}
+
+std::string hexf(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", x);
+  return buf;
 }
 
 double sqrt_rn(double x) {

@@ -22,6 +22,9 @@ double round_into(double x, DType t);
 // The neighbour of x (a value of t, x != 0) one unit in the last place further from zero.
 double away_ulp(double x, DType t);
 
+// x in C hex float ("%a"), exactly.
+std::string hexf(double x);
+
 // Correctly rounded double results, computed with MPFR.
 double sqrt_rn(double x);
 double exp2_rn(double num, double den);                      // 2^(num/den)

@@ -181,47 +181,27 @@ std::string outputs_text(const ProblemSpec& p) {
 
 }  // namespace
 
-std::string_view mask_kind_name(MaskKind m) {
-  switch (m) {
-    case MaskKind::None:
-      return "none";
-    case MaskKind::KeyPadding:
-      return "key_padding";
-    case MaskKind::Random:
-      return "random";
-    case MaskKind::SingleKey:
-      return "single_key";
-    case MaskKind::FullyMaskedRows:
-      return "fully_masked_rows";
-    case MaskKind::CausalMask:
-      return "causal_mask";
-  }
-  return "?";
-}
+namespace {
 
+constexpr std::pair<MaskKind, std::string_view> kMaskKindNames[] = {
+    {MaskKind::None, "none"},
+    {MaskKind::KeyPadding, "key_padding"},
+    {MaskKind::Random, "random"},
+    {MaskKind::SingleKey, "single_key"},
+    {MaskKind::FullyMaskedRows, "fully_masked_rows"},
+    {MaskKind::CausalMask, "causal_mask"}};
+constexpr std::pair<BiasKind, std::string_view> kBiasKindNames[] = {
+    {BiasKind::None, "none"}, {BiasKind::Alibi, "alibi"}, {BiasKind::Random, "random"}};
+
+}  // namespace
+
+std::string_view mask_kind_name(MaskKind m) { return table_name(kMaskKindNames, m); }
 std::optional<MaskKind> mask_kind_from_name(std::string_view s) {
-  for (auto m : {MaskKind::None, MaskKind::KeyPadding, MaskKind::Random, MaskKind::SingleKey,
-                 MaskKind::FullyMaskedRows, MaskKind::CausalMask})
-    if (mask_kind_name(m) == s) return m;
-  return std::nullopt;
+  return table_from_name(kMaskKindNames, s);
 }
-
-std::string_view bias_kind_name(BiasKind b) {
-  switch (b) {
-    case BiasKind::None:
-      return "none";
-    case BiasKind::Alibi:
-      return "alibi";
-    case BiasKind::Random:
-      return "random";
-  }
-  return "?";
-}
-
+std::string_view bias_kind_name(BiasKind b) { return table_name(kBiasKindNames, b); }
 std::optional<BiasKind> bias_kind_from_name(std::string_view s) {
-  for (auto b : {BiasKind::None, BiasKind::Alibi, BiasKind::Random})
-    if (bias_kind_name(b) == s) return b;
-  return std::nullopt;
+  return table_from_name(kBiasKindNames, s);
 }
 
 std::optional<std::string> problem_error(const ProblemSpec& p) {
@@ -353,26 +333,12 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   return f;
 }
 
-namespace {
-
-template <class F>
-bool any_empty_row(const Case& c, F&& consider) {
+bool has_fully_masked_row(const Case& c) {
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < c.Hq; ++h)
       for (std::int64_t i = 0; i < c.Nq; ++i)
-        if (consider(b, i) && !c.row_has_key(b, h, i)) return true;
+        if (!c.row_has_key(b, h, i)) return true;
   return false;
-}
-
-}  // namespace
-
-bool refuses(const Case& c) {
-  return c.masked_rows == MaskedRows::Error &&
-         any_empty_row(c, [&](std::int64_t b, std::int64_t i) { return c.query_valid(b, i); });
-}
-
-bool has_fully_masked_row(const Case& c) {
-  return any_empty_row(c, [](std::int64_t, std::int64_t) { return true; });
 }
 
 }  // namespace attnoracle::vectors

@@ -160,6 +160,16 @@ class SpecReader {
       fail(path, brief(j) + " is not one of " + list);
     return j.get<std::string>();
   }
+  // An enum given by its metadata name; `values` lists the choices for the message.
+  template <class E>
+  E named(const json& j, const std::string& path, std::optional<E> (*from)(std::string_view),
+          std::string_view (*name)(E), std::initializer_list<E> values) const {
+    if (j.is_string())
+      if (const std::optional<E> e = from(j.get<std::string>())) return *e;
+    std::string list;
+    for (E e : values) list += (list.empty() ? "" : ", ") + std::string(name(e));
+    fail(path, brief(j) + " is not one of " + list);
+  }
   DType dtype(const json& j, const std::string& path) const {
     const std::string s = choice(j, path, {"F64", "F32", "F16", "BF16"});
     return *dtype_from_name(s);
@@ -175,7 +185,7 @@ class SpecReader {
   void apply(ProblemSpec& p, std::string_view key, const json& v, const std::string& path,
              std::vector<std::int64_t>& shape, std::string& shape_path) const {
     if (key == "kind") {
-      p.kind = choice(v, path, {"sdpa", "mha"}) == "mha" ? Kind::Mha : Kind::Sdpa;
+      p.kind = named(v, path, kind_from_name, kind_name, {Kind::Sdpa, Kind::Mha});
     } else if (key == "dtype") {
       p.dtype = dtype(v, path);
     } else if (key == "output_dtype") {
@@ -192,7 +202,8 @@ class SpecReader {
         shape.push_back(integer(v[a], path + "[" + std::to_string(a) + "]", 1, 1 << 24));
       shape_path = path;
     } else if (key == "causal") {
-      p.causal = *causal_from_name(choice(v, path, {"none", "top_left", "bottom_right"}));
+      p.causal = named(v, path, causal_from_name, causal_name,
+                       {Causal::None, Causal::TopLeft, Causal::BottomRight});
     } else if (key == "window") {
       if (v.is_string() && v.get<std::string>() == "none") {
         p.window.reset();
@@ -209,18 +220,19 @@ class SpecReader {
       const std::string t = number_text(v, path);
       p.scale = t == "default" ? "" : t;
     } else if (key == "mask") {
-      p.mask = *mask_kind_from_name(choice(
-          v, path,
-          {"none", "key_padding", "random", "single_key", "fully_masked_rows", "causal_mask"}));
+      p.mask = named(v, path, mask_kind_from_name, mask_kind_name,
+                     {MaskKind::None, MaskKind::KeyPadding, MaskKind::Random, MaskKind::SingleKey,
+                      MaskKind::FullyMaskedRows, MaskKind::CausalMask});
     } else if (key == "bias") {
-      p.bias = *bias_kind_from_name(choice(v, path, {"none", "alibi", "random"}));
+      p.bias = named(v, path, bias_kind_from_name, bias_kind_name,
+                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random});
     } else if (key == "bias_dtype") {
       p.bias_dtype = dtype(v, path);
     } else if (key == "query_mask") {
       p.query_mask = boolean(v, path);
     } else if (key == "masked_rows") {
-      p.masked_rows =
-          choice(v, path, {"error", "zero"}) == "zero" ? MaskedRows::Zero : MaskedRows::Error;
+      p.masked_rows = named(v, path, masked_rows_from_name, masked_rows_name,
+                            {MaskedRows::Error, MaskedRows::Zero});
     } else if (key == "outputs") {
       std::vector<std::string> names;
       if (v.is_string()) {

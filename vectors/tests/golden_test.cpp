@@ -10,8 +10,10 @@
 #include "attnoracle/vectors/problem.hpp"
 #include "attnoracle/vectors/verify.hpp"
 
-namespace attnoracle::vectors {
+namespace attnoracle::testing {
 namespace {
+
+using namespace attnoracle::vectors;
 
 struct Evaluated {
   Case c;
@@ -125,4 +127,4 @@ TEST(VectorsGoldenChecks, EachDamageIsCaught) {
 }
 
 }  // namespace
-}  // namespace attnoracle::vectors
+}  // namespace attnoracle::testing

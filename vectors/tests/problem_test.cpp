@@ -14,8 +14,10 @@
 #include "numbers.hpp"
 #include "prng.hpp"
 
-namespace attnoracle::vectors {
+namespace attnoracle::testing {
 namespace {
+
+using namespace attnoracle::vectors;
 
 constexpr DType kDtypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64};
 
@@ -43,7 +45,7 @@ Case make_case(const ProblemSpec& p, std::uint64_t seed = 42) {
 
 // Scaled scores in double: close enough to judge the sizes a generator aims at.
 double score(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
-  const std::int64_t g = h / (c.Hq / c.Hkv);
+  const std::int64_t g = c.kv_head(h);
   double s = 0;
   for (std::int64_t d = 0; d < c.Dk; ++d)
     s += c.q.values[static_cast<std::size_t>(((b * c.Hq + h) * c.Nq + i) * c.Dk + d)] *
@@ -299,9 +301,9 @@ TEST(VectorsMasks, FullyMaskedRowsAndRefusal) {
   p.mask = MaskKind::FullyMaskedRows;
   const Case c = make_case(p);
   EXPECT_TRUE(has_fully_masked_row(c));
-  EXPECT_TRUE(refuses(c));
+  EXPECT_TRUE(c.first_refused_row().has_value());
   p.masked_rows = MaskedRows::Zero;
-  EXPECT_FALSE(refuses(make_case(p)));
+  EXPECT_FALSE(make_case(p).first_refused_row().has_value());
   // Random masks and random biases empty no row by themselves.
   ProblemSpec r = sdpa("normal", DType::F32, 2, 2, 2, 6, 8);
   r.mask = MaskKind::Random;
@@ -387,4 +389,4 @@ TEST(VectorsProblemError, RefusesWhatCannotBeBuilt) {
 }
 
 }  // namespace
-}  // namespace attnoracle::vectors
+}  // namespace attnoracle::testing

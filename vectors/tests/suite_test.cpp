@@ -7,8 +7,10 @@
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/manifest.hpp"
 
-namespace attnoracle::vectors {
+namespace attnoracle::testing {
 namespace {
+
+using namespace attnoracle::vectors;
 
 std::string error_of(const std::string& text) {
   try {
@@ -179,4 +181,4 @@ TEST(VectorsSha256, KnownVectors) {
 }
 
 }  // namespace
-}  // namespace attnoracle::vectors
+}  // namespace attnoracle::testing

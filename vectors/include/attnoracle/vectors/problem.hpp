@@ -75,9 +75,8 @@ std::optional<std::string> problem_error(const ProblemSpec& p);
 // large for the dtype, say).
 SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed);
 
-// True when evaluation refuses the case: policy error and a fully masked row that is not padding.
-bool refuses(const Case& c);
-// True when some row (padding or not) has no allowed key.
+// True when some row (padding or not) has no allowed key, whatever the policy; whether
+// evaluation refuses the case is Case::first_refused_row.
 bool has_fully_masked_row(const Case& c);
 
 }  // namespace attnoracle::vectors
