@@ -2,22 +2,13 @@
 // violation reported here is one of the exact enclosure too).
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "attnoracle/oracle/oracle.hpp"
 #include "detail.hpp"
 
 namespace attnoracle::oracle {
-namespace {
-
-std::string show(double lo, double hi) {
-  char buf[80];
-  std::snprintf(buf, sizeof buf, "[%.17g, %.17g]", lo, hi);
-  return buf;
-}
-
-}  // namespace
+using detail::show;
 
 std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                       const RowIntervals& r) {
@@ -53,7 +44,7 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
   if (lo / (1 + g) > 1 || hi * (1 + g) < 1)
     add(Invariant::RowSum, -1, -1, "weights of the " + std::to_string(keys.size()) + " allowed keys sum to " + show(lo, hi));
   // convex hull, with the oracle's own reading of the values
-  const std::int64_t gk = h / (c.Hq / c.Hkv);
+  const std::int64_t gk = c.kv_head(h);
   for (std::int64_t col = 0; col < c.Dv; ++col) {
     double mn = INFINITY, mx = -INFINITY;
     for (auto j : keys) {

@@ -4,6 +4,7 @@
 #include <mpfr.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "attnoracle/reference/case_file.hpp"
@@ -11,13 +12,19 @@
 
 namespace attnoracle::oracle::detail {
 
-// "[lo, hi]" with 17 significant digits each.
+// "[lo, hi]" with 17 significant digits each, then in hex to be replayed exactly.
 inline std::string show(const Enclosure& e) {
   char* s = nullptr;
-  if (mpfr_asprintf(&s, "[%.17Rg, %.17Rg]", e.lo, e.hi) < 0) return "[?]";
+  if (mpfr_asprintf(&s, "[%.17Rg, %.17Rg] (hex [%Ra, %Ra])", e.lo, e.hi, e.lo, e.hi) < 0)
+    return "[?]";
   std::string r(s);
   mpfr_free_str(s);
   return r;
+}
+inline std::string show(double lo, double hi) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "[%.17g, %.17g] (hex [%a, %a])", lo, hi, lo, hi);
+  return buf;
 }
 
 inline bool overlap(const Enclosure& a, const Enclosure& b) {
@@ -26,7 +33,8 @@ inline bool overlap(const Enclosure& a, const Enclosure& b) {
 
 inline bool exactly_zero(const Enclosure& e) { return mpfr_zero_p(e.lo) && mpfr_zero_p(e.hi); }
 
-// The oracle's own reading of the contract's positional rules (CONTRACT section 1).
+// The oracle's own reading of the contract's positional rules (CONTRACT section 1), a
+// deliberate second reading beside Case::position_allowed: a bug in either shows as a violation.
 inline bool positional(const Case& c, std::int64_t i, std::int64_t j) {
   const bool bottom = c.causal == Causal::BottomRight;
   const std::int64_t ip = bottom ? i + (c.Nk - c.Nq) : i;  // the query's aligned position
