@@ -9,8 +9,10 @@
 
 #include "attnoracle/oracle/oracle.hpp"
 
-namespace attnoracle::oracle {
+namespace attnoracle::testing {
 namespace {
+
+using namespace attnoracle::oracle;
 
 RawTensor floats(const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
   RawTensor r{name, DType::F64, std::move(shape), {}};
@@ -206,7 +208,7 @@ TEST(Oracle, CausalDependenceCatchesALeakFromTheFuture) {
   auto v = check_case(c, broken([](const Case& cs, RowEvaluator& ev, auto b, auto h, auto i) {
                         auto r = ev.row(b, h, i, 128);
                         if (i + 1 < cs.Nk) {
-                          const std::int64_t g = h / (cs.Hq / cs.Hkv);
+                          const std::int64_t g = cs.kv_head(h);
                           for (std::int64_t col = 0; col < cs.Dv; ++col) {
                             const double leak = 1e-3 * cs.v.values[static_cast<std::size_t>(((b * cs.Hkv + g) * cs.Nk + i + 1) * cs.Dv + col)];
                             for (auto* e : {&r.heads[0].out[static_cast<std::size_t>(col)], &r.heads[0].raw_out[static_cast<std::size_t>(col)]}) {
@@ -272,10 +274,12 @@ TEST(Oracle, InvariantNamesAreDistinct) {
 }
 
 }  // namespace
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::testing
 
-namespace attnoracle::oracle {
+namespace attnoracle::testing {
 namespace {
+
+using namespace attnoracle::oracle;
 
 // The interval form of the row checks (fast-path rows) catches the same breakages.
 TEST(OracleFast, IntervalChecksCatchBrokenRows) {
@@ -307,4 +311,4 @@ TEST(OracleFast, IntervalChecksCatchBrokenRows) {
 }
 
 }  // namespace
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::testing

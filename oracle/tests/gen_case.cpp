@@ -8,7 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace attnoracle::proptest {
+namespace attnoracle::testing {
 
 namespace gen = rc::gen;
 using I = std::int64_t;
@@ -643,13 +643,13 @@ std::string summary(const Spec& s) {
 
 void showValue(const Spec& s, std::ostream& os) { os << summary(s); }
 
-}  // namespace attnoracle::proptest
+}  // namespace attnoracle::testing
 
 namespace attnoracle {
-void showValue(const SafeTensorsFile& f, std::ostream& os) { os << proptest::describe(f, 256); }
+void showValue(const SafeTensorsFile& f, std::ostream& os) { os << testing::describe(f, 256); }
 void showValue(const RawTensor& t, std::ostream& os) {
   SafeTensorsFile f;
   f.tensors.push_back(t);
-  os << proptest::describe(f, 256);
+  os << testing::describe(f, 256);
 }
 }  // namespace attnoracle

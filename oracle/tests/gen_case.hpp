@@ -17,7 +17,7 @@
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
-namespace attnoracle::proptest {
+namespace attnoracle::testing {
 
 // How the elements of one floating tensor are drawn. Every element is a finite value of the
 // tensor's dtype, generated as a bit pattern.
@@ -144,7 +144,7 @@ std::string summary(const SafeTensorsFile& f);
 // Options and sizes of a case, then every tensor (dtype, shape, elements as C hex floats).
 std::string describe(const SafeTensorsFile& f, std::size_t max_elements = 64);
 
-}  // namespace attnoracle::proptest
+}  // namespace attnoracle::testing
 
 namespace attnoracle {
 // How RapidCheck shows a generated case file and tensor.

@@ -36,11 +36,12 @@
 #include "attnoracle/oracle/oracle.hpp"
 #include "gen_case.hpp"
 
-namespace attnoracle::oracle {
+namespace attnoracle::testing {
 namespace {
 
+using namespace attnoracle::oracle;
+
 namespace gen = rc::gen;
-namespace pt = attnoracle::proptest;
 using I = std::int64_t;
 
 const char* const kPath = "generated.safetensors";
@@ -84,12 +85,12 @@ Golden golden_of(const std::vector<RawTensor>& tensors) {
     if (ends_with(name, kUndecided)) {
       std::set<I> s;
       for (std::size_t k = 0; k < t.data.size() / 8; ++k)
-        s.insert(static_cast<I>(pt::bits_of(DType::I64, t.data.data() + 8 * k)));
+        s.insert(static_cast<I>(bits_of(DType::I64, t.data.data() + 8 * k)));
       g.undecided[name.substr(0, name.size() - kUndecided.size())] = s;
     } else if (ends_with(name, kAlt)) {
-      g.alt[name.substr(0, name.size() - kAlt.size())] = pt::decode_all(t);
+      g.alt[name.substr(0, name.size() - kAlt.size())] = decode_all(t);
     } else if (is_float_format(t.dtype)) {
-      g.v[name] = pt::decode_all(t);
+      g.v[name] = decode_all(t);
     }
   }
   return g;
@@ -147,7 +148,7 @@ void expect_same(const Golden& a, I ia, const Golden& b, I ib, const std::string
 }
 
 // Output elements of a row unit: (b, h, i) for sdpa, (b, i) for mha.
-void compare_out(const pt::Reading& r, const Golden& a, I ba, I ha, I ia, const Golden& z, I bz, I hz,
+void compare_out(const Reading& r, const Golden& a, I ba, I ha, I ia, const Golden& z, I bz, I hz,
                  I iz, const std::string& relation) {
   const bool mha = r.kind == Kind::Mha;
   const I width = mha ? r.Dout : r.Dv;
@@ -159,7 +160,7 @@ void compare_out(const pt::Reading& r, const Golden& a, I ba, I ha, I ia, const 
 }
 
 // Per-head elements of a row: row.valid, weights (key j of a is key perm[j] of z), lse.
-void compare_head_row(const pt::Reading& r, const Golden& a, I ba, I h, I ia, const Golden& z, I bz,
+void compare_head_row(const Reading& r, const Golden& a, I ba, I h, I ia, const Golden& z, I bz,
                       I iz, const std::vector<I>* perm, const std::string& relation) {
   const I ra = (ba * r.Hq + h) * r.Nq + ia, rz = (bz * r.Hq + h) * r.Nq + iz;
   const std::string rel = relation + " (at " + where(ba, h, ia) + ")";
@@ -171,7 +172,7 @@ void compare_head_row(const pt::Reading& r, const Golden& a, I ba, I h, I ia, co
   }
 }
 
-void log_case(const SafeTensorsFile& f) { RC_LOG() << "case: " << pt::summary(f) << "\n"; }
+void log_case(const SafeTensorsFile& f) { RC_LOG() << "case: " << summary(f) << "\n"; }
 
 // Fails the case unless cond holds, saying what and where; the message is built on failure only.
 #define CHECK_OR_FAIL(cond, what) \
@@ -183,10 +184,10 @@ void log_case(const SafeTensorsFile& f) { RC_LOG() << "case: " << pt::summary(f)
 // 1. The oracle passes the reference; refusals happen exactly on fully masked rows.
 
 RC_GTEST_PROP(OracleProperties, OracleFindsNoViolationInTheReference, ()) {
-  const SafeTensorsFile f = *pt::gen_case();
+  const SafeTensorsFile f = *gen_case();
   log_case(f);
   const Case c = case_from_file(kPath, f);
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
 
   const std::vector<Violation> v = check_case(c, reference_rows(), {});
   for (const Violation& x : v) RC_LOG() << "violation: " << x.message() << "\n";
@@ -221,7 +222,7 @@ RC_GTEST_PROP(OracleProperties, OracleFindsNoViolationInTheReference, ()) {
 
 // Keys j1 and j2 seen by head h of batch b are the same vector: rows of k (sdpa, kv head g(h))
 // or of x_kv (mha, projected alike by every head).
-bool same_key(const pt::Reading& rd, const std::vector<double>& keys, I b, I h, I j1, I j2) {
+bool same_key(const Reading& rd, const std::vector<double>& keys, I b, I h, I j1, I j2) {
   const bool mha = rd.kind == Kind::Mha;
   const I E = mha ? rd.D : rd.Dk;
   const I base = mha ? b * rd.Nk : (b * rd.Hkv + rd.group(h)) * rd.Nk;
@@ -235,15 +236,15 @@ bool same_key(const pt::Reading& rd, const std::vector<double>& keys, I b, I h, 
 // y64, when that neighbourhood rounds to one value of t (else nothing: a double rounding could
 // decide).
 std::optional<double> unambiguous(DType t, double y64, bool exact) {
-  if (exact) return pt::round_to(t, y64);
-  const double a = pt::round_to(t, std::nextafter(y64, -INFINITY));
-  const double z = pt::round_to(t, std::nextafter(y64, INFINITY));
+  if (exact) return round_to(t, y64);
+  const double a = round_to(t, std::nextafter(y64, -INFINITY));
+  const double z = round_to(t, std::nextafter(y64, INFINITY));
   if (a == z) return a;
   return std::nullopt;
 }
 
 // An exact tie in row (b, h, i) of an sdpa case over the allowed keys `on`.
-void exact_tie(const pt::Reading& rd, const Golden& g, I b, I h, I i, const std::vector<I>& on) {
+void exact_tie(const Reading& rd, const Golden& g, I b, I h, I i, const std::vector<I>& on) {
   const I row = (b * rd.Hq + h) * rd.Nq + i;
   const auto n = static_cast<unsigned long>(on.size());
   const std::string rel = "in an exact tie of " + std::to_string(n) + " keys (" + where(b, h, i) + ")";
@@ -285,13 +286,13 @@ void exact_tie(const pt::Reading& rd, const Golden& g, I b, I h, I i, const std:
 // 2. certified_evaluate: refusal as the reading says; golden tensors obey rounded relations.
 
 RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) {
-  pt::Spec spec = *pt::gen_spec();
+  Spec spec = *gen_spec();
   if (*gen::weightedElement<bool>({{1, false}, {3, true}})) spec.outputs = "out,weights,lse";
-  RC_LOG() << "spec: " << pt::summary(spec) << "\n";
-  const SafeTensorsFile f = *pt::gen_file(spec);
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  const SafeTensorsFile f = *gen_file(spec);
   log_case(f);
   const Case c = case_from_file(kPath, f);
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
   const auto refuse = rd.first_refused();
 
   EvalResult res;
@@ -344,7 +345,7 @@ RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) 
     RC_ASSERT(g.alt.at(name).size() == idx.size());
     std::vector<I> order;
     for (std::size_t k = 0; k < idx.size(); ++k)
-      order.push_back(static_cast<I>(pt::bits_of(DType::I64, g.raw.at(name + ".undecided").data.data() + 8 * k)));
+      order.push_back(static_cast<I>(bits_of(DType::I64, g.raw.at(name + ".undecided").data.data() + 8 * k)));
     RC_ASSERT(std::is_sorted(order.begin(), order.end()));
     std::size_t k = 0;
     for (I e : idx) {
@@ -370,14 +371,14 @@ RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) 
       CHECK_OR_FAIL(same_golden_value(x, y), at);
       return;
     }
-    const double a = pt::round_to(odt, std::nextafter(y, -INFINITY));
-    const double z = pt::round_to(odt, std::nextafter(y, INFINITY));
+    const double a = round_to(odt, std::nextafter(y, -INFINITY));
+    const double z = round_to(odt, std::nextafter(y, INFINITY));
     if (!(a <= x && x <= z))
       RC_FAIL(lo + "[" + std::to_string(idx) + "] = " + hex(x) + " is not the rounding of a value near " + ref +
               " = " + hex(y));
   };
 
-  const std::vector<double> keys = pt::decode_all(*f.find(mha ? "x_kv" : "k"));
+  const std::vector<double> keys = decode_all(*f.find(mha ? "x_kv" : "k"));
   for (I b = 0; b < rd.B; ++b)
     for (I h = 0; h < H; ++h)
       for (I i = 0; i < rd.Nq; ++i) {
@@ -463,7 +464,7 @@ RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) 
               lo = std::min(lo, rd.value(b, rd.group(h), j, col));
               hi = std::max(hi, rd.value(b, rd.group(h), j, col));
             }
-          const double rlo = pt::round_to(odt, lo), rhi = pt::round_to(odt, hi);
+          const double rlo = round_to(odt, lo), rhi = round_to(odt, hi);
           const std::string atc = "out " + hex(o) + ", out.ref " + hex(oref) + " at column " + std::to_string(col) +
                                   " with the allowed values in [" + hex(lo) + ", " + hex(hi) + "] " + at;
           CHECK_OR_FAIL(rlo <= o && o <= rhi, atc);
@@ -478,7 +479,7 @@ RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) 
     rounded_from_ref("out", "out.ref", e);
     if (odt == DType::F64) {
       const double lo = g.at("out.ref_lo")[static_cast<std::size_t>(e)];
-      CHECK_OR_FAIL(std::fabs(lo) <= pt::spacing(DType::F64, oref) / 2,
+      CHECK_OR_FAIL(std::fabs(lo) <= spacing(DType::F64, oref) / 2,
                     "out.ref_lo[" + std::to_string(e) + "] = " + hex(lo) + " for out.ref " + hex(oref));
     }
   }
@@ -509,7 +510,7 @@ RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) 
           hi = std::max(hi, rd.value(b, rd.group(h), j, col));
         }
       const double a = g.alt.at("out")[k++];
-      CHECK_OR_FAIL(pt::round_to(odt, lo) <= a && a <= pt::round_to(odt, hi),
+      CHECK_OR_FAIL(round_to(odt, lo) <= a && a <= round_to(odt, hi),
                     "out.alt " + hex(a) + " of out[" + std::to_string(e) + "], values in [" + hex(lo) + ", " + hex(hi) + "]");
     }
   }
@@ -519,7 +520,7 @@ RC_GTEST_PROP(OracleProperties, CertifiedGoldenTensorsObeyRoundedRelations, ()) 
 // 3. Determinism: byte-identical files, evaluated twice and with 1 or 2 threads.
 
 RC_GTEST_PROP(OracleProperties, EvaluationIsDeterministic, ()) {
-  const SafeTensorsFile f = *pt::gen_case();
+  const SafeTensorsFile f = *gen_case();
   log_case(f);
   const Case c = case_from_file(kPath, f);
   auto run = [&](int threads, bool certified) -> std::vector<unsigned char> {
@@ -556,7 +557,7 @@ rc::Gen<std::vector<I>> gen_permutation(I n) {
     std::vector<I> p(static_cast<std::size_t>(n));
     std::iota(p.begin(), p.end(), I{0});
     for (I k = n - 1; k > 0; --k)  // shrinks towards the identity
-      std::swap(p[static_cast<std::size_t>(k)], p[static_cast<std::size_t>(k - *pt::uniform<I>(0, k + 1))]);
+      std::swap(p[static_cast<std::size_t>(k)], p[static_cast<std::size_t>(k - *uniform<I>(0, k + 1))]);
     return p;
   });
 }
@@ -570,29 +571,29 @@ RawTensor& tensor(SafeTensorsFile& f, const char* name) {
 // Permuting keys and values (with the mask's and bias's key columns) permutes the weights and
 // leaves out and lse alone. Without causal or window, whose rules do not follow the keys.
 RC_GTEST_PROP(OracleProperties, KeyPermutationPermutesWeightsOnly, ()) {
-  pt::Spec spec = *pt::gen_spec();
+  Spec spec = *gen_spec();
   spec.causal = *gen::element(std::string(), std::string("none"));
   spec.window = *gen::element(std::string(), std::string("none"));
   spec.outputs = "out,weights,lse";
-  RC_LOG() << "spec: " << pt::summary(spec) << "\n";
-  const SafeTensorsFile f = *pt::gen_file(spec);
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  const SafeTensorsFile f = *gen_file(spec);
   const std::vector<I> perm = *gen_permutation(spec.Nk);
   log_case(f);
   SafeTensorsFile t = f;
   if (spec.kind == Kind::Sdpa) {
-    t.put(pt::permute_axis(tensor(t, "k"), 2, perm));
-    t.put(pt::permute_axis(tensor(t, "v"), 2, perm));
+    t.put(permute_axis(tensor(t, "k"), 2, perm));
+    t.put(permute_axis(tensor(t, "v"), 2, perm));
   } else {
-    t.put(pt::permute_axis(tensor(t, "x_kv"), 1, perm));
+    t.put(permute_axis(tensor(t, "x_kv"), 1, perm));
   }
-  if (RawTensor* m = t.find("mask")) t.put(pt::permute_axis(*m, m->shape.size() - 1, perm));
+  if (RawTensor* m = t.find("mask")) t.put(permute_axis(*m, m->shape.size() - 1, perm));
   if (RawTensor* b = t.find("bias"); b && b->shape.back() == spec.Nk)
-    t.put(pt::permute_axis(*b, b->shape.size() - 1, perm));
+    t.put(permute_axis(*b, b->shape.size() - 1, perm));
 
   const Outcome a = evaluate_file(f), z = evaluate_file(t);
   const std::string rel = "when keys and values are permuted";
   if (same_refusal(a, z, rel)) RC_SUCCEED("both refused");
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
   for (I b = 0; b < rd.B; ++b)
     for (I i = 0; i < rd.Nq; ++i)
       for (I h = 0; h < rd.Hq; ++h) {
@@ -604,16 +605,16 @@ RC_GTEST_PROP(OracleProperties, KeyPermutationPermutesWeightsOnly, ()) {
 // Adding a power of two to every score (through an F64 bias, where the addition is exact)
 // changes neither out nor weights, and shifts the exact lse by the constant.
 RC_GTEST_PROP(OracleProperties, ScoreShiftChangesOnlyLse, ()) {
-  pt::Spec spec = *pt::gen_spec();
+  Spec spec = *gen_spec();
   spec.outputs = "out,weights,lse";
-  RC_LOG() << "spec: " << pt::summary(spec) << "\n";
-  const SafeTensorsFile f = *pt::gen_file(spec);
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  const SafeTensorsFile f = *gen_file(spec);
   double cst = *gen::element(1.0, 0.5, 2.0, 0.25, -1.0, -0.5, 4.0, 0x1p-6);
   log_case(f);
   std::vector<double> bias;
   std::vector<I> shape = {1};
   if (const RawTensor* b = f.find("bias")) {
-    bias = pt::decode_all(*b);
+    bias = decode_all(*b);
     shape = b->shape;
   } else {
     bias = {0.0};
@@ -632,13 +633,13 @@ RC_GTEST_PROP(OracleProperties, ScoreShiftChangesOnlyLse, ()) {
   RC_LOG() << "constant " << hex(cst) << "\n";
   SafeTensorsFile t = f;
   RawTensor nb{"bias", DType::F64, shape, std::vector<unsigned char>(bias.size() * 8)};
-  for (std::size_t k = 0; k < bias.size(); ++k) pt::store_bits(DType::F64, pt::encode(DType::F64, bias[k] + cst), nb.data.data() + 8 * k);
+  for (std::size_t k = 0; k < bias.size(); ++k) store_bits(DType::F64, encode(DType::F64, bias[k] + cst), nb.data.data() + 8 * k);
   t.put(std::move(nb));
 
   const Outcome a = evaluate_file(f), z = evaluate_file(t);
   const std::string rel = "when " + hex(cst) + " is added to every score";
   if (same_refusal(a, z, rel)) RC_SUCCEED("both refused");
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
   mpfr_t d, u, x;
   mpfr_inits2(2200, d, u, x, static_cast<mpfr_ptr>(nullptr));
   for (I b = 0; b < rd.B; ++b)
@@ -663,8 +664,8 @@ RC_GTEST_PROP(OracleProperties, ScoreShiftChangesOnlyLse, ()) {
         mpfr_sub_d(d, d, l0, MPFR_RNDN);
         mpfr_sub_d(d, d, cst, MPFR_RNDN);  // exact at 2200 bits
         mpfr_abs(d, d, MPFR_RNDN);
-        mpfr_set_d(u, pt::spacing(DType::F64, l0), MPFR_RNDN);
-        mpfr_set_d(x, pt::spacing(DType::F64, l1), MPFR_RNDN);
+        mpfr_set_d(u, spacing(DType::F64, l0), MPFR_RNDN);
+        mpfr_set_d(x, spacing(DType::F64, l1), MPFR_RNDN);
         mpfr_add(u, u, x, MPFR_RNDN);
         mpfr_div_2ui(u, u, 1, MPFR_RNDN);
         const bool ok = mpfr_lessequal_p(d, u);
@@ -679,31 +680,31 @@ RC_GTEST_PROP(OracleProperties, ScoreShiftChangesOnlyLse, ()) {
 // Under causal, changing the keys and values after key J (or the inputs they are projected
 // from) leaves every row whose last visible key is at most J unchanged.
 RC_GTEST_PROP(OracleProperties, CausalRowsIgnoreLaterKeys, ()) {
-  pt::Spec spec = *pt::gen_spec();
+  Spec spec = *gen_spec();
   spec.causal = *gen::element(std::string("top_left"), std::string("bottom_right"));
   spec.outputs = "out,weights,lse";
   spec.Nk = std::max<I>(spec.Nk, 2);
-  RC_LOG() << "spec: " << pt::summary(spec) << "\n";
-  const SafeTensorsFile f = *pt::gen_file(spec);
-  const I J = *pt::uniform<I>(0, spec.Nk - 1);
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  const SafeTensorsFile f = *gen_file(spec);
+  const I J = *uniform<I>(0, spec.Nk - 1);
   log_case(f);
   RC_LOG() << "keys " << J + 1 << ".." << spec.Nk - 1 << " change\n";
   SafeTensorsFile t = f;
   if (spec.kind == Kind::Sdpa) {
     for (const char* name : {"k", "v"}) {
       const RawTensor& old = tensor(t, name);
-      const RawTensor fresh = *pt::gen_float_tensor(name, old.dtype, old.shape, name[0] == 'k' ? spec.k_values : spec.v_values);
-      pt::splice_axis(tensor(t, name), fresh, 2, J + 1, spec.Nk);
+      const RawTensor fresh = *gen_float_tensor(name, old.dtype, old.shape, name[0] == 'k' ? spec.k_values : spec.v_values);
+      splice_axis(tensor(t, name), fresh, 2, J + 1, spec.Nk);
     }
   } else {
     const RawTensor& old = tensor(t, "x_kv");
-    const RawTensor fresh = *pt::gen_float_tensor("x_kv", old.dtype, old.shape, spec.x_values);
-    pt::splice_axis(tensor(t, "x_kv"), fresh, 1, J + 1, spec.Nk);
+    const RawTensor fresh = *gen_float_tensor("x_kv", old.dtype, old.shape, spec.x_values);
+    splice_axis(tensor(t, "x_kv"), fresh, 1, J + 1, spec.Nk);
   }
   const Outcome a = evaluate_file(f), z = evaluate_file(t);
   const std::string rel = "when keys after " + std::to_string(J) + " change";
   if (same_refusal(a, z, rel)) RC_SUCCEED("both refused");
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
   for (I i = 0; i < rd.Nq; ++i) {
     I last = -1;
     for (I j = 0; j < rd.Nk; ++j)
@@ -720,27 +721,27 @@ RC_GTEST_PROP(OracleProperties, CausalRowsIgnoreLaterKeys, ()) {
 // sdpa: changing one query head's queries leaves the other heads alone; changing one kv head's
 // keys and values leaves the query heads of the other groups alone (g(h) = h / (Hq/Hkv)).
 RC_GTEST_PROP(OracleProperties, HeadsAreIndependent, ()) {
-  pt::Spec spec = *pt::gen_spec();
+  Spec spec = *gen_spec();
   spec.kind = Kind::Sdpa;
   spec.Hq = *gen::weightedElement<I>({{1, 2}, {1, 3}, {2, 4}});
   spec.Hkv = *gen::weightedElement<I>({{1, 1}, {1, spec.Hq}, {2, spec.Hq == 4 ? 2 : 1}});  // GQA, MHA, MQA
   spec.outputs = "out,weights,lse";
-  RC_LOG() << "spec: " << pt::summary(spec) << "\n";
-  const SafeTensorsFile f = *pt::gen_file(spec);
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  const SafeTensorsFile f = *gen_file(spec);
   const bool kv = spec.Hkv > 1 && *gen::element(false, true);
-  const I changed = *pt::uniform<I>(0, kv ? spec.Hkv : spec.Hq);
+  const I changed = *uniform<I>(0, kv ? spec.Hkv : spec.Hq);
   log_case(f);
   SafeTensorsFile t = f;
   for (const char* name : kv ? std::vector<const char*>{"k", "v"} : std::vector<const char*>{"q"}) {
     const RawTensor& old = tensor(t, name);
-    const pt::Values style = name[0] == 'q' ? spec.q_values : name[0] == 'k' ? spec.k_values : spec.v_values;
-    const RawTensor fresh = *pt::gen_float_tensor(name, old.dtype, old.shape, style);
-    pt::splice_axis(tensor(t, name), fresh, 1, changed, changed + 1);
+    const Values style = name[0] == 'q' ? spec.q_values : name[0] == 'k' ? spec.k_values : spec.v_values;
+    const RawTensor fresh = *gen_float_tensor(name, old.dtype, old.shape, style);
+    splice_axis(tensor(t, name), fresh, 1, changed, changed + 1);
   }
   const Outcome a = evaluate_file(f), z = evaluate_file(t);
   const std::string rel = std::string("when the ") + (kv ? "keys and values of kv head " : "queries of head ") +
                           std::to_string(changed) + " change";
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
   if (same_refusal(a, z, rel)) RC_SUCCEED("both refused");
   for (I h = 0; h < rd.Hq; ++h) {
     if (kv ? rd.group(h) == changed : h == changed) continue;
@@ -754,21 +755,21 @@ RC_GTEST_PROP(OracleProperties, HeadsAreIndependent, ()) {
 
 // The problem twice along the batch dimension: each copy gets the original's golden values.
 RC_GTEST_PROP(OracleProperties, BatchCopiesAreIdentical, ()) {
-  pt::Spec spec = *pt::gen_spec();
+  Spec spec = *gen_spec();
   spec.outputs = "out,weights,lse";
-  RC_LOG() << "spec: " << pt::summary(spec) << "\n";
-  const SafeTensorsFile f = *pt::gen_file(spec);
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  const SafeTensorsFile f = *gen_file(spec);
   log_case(f);
   SafeTensorsFile t = f;
   for (const char* name : {"q", "k", "v", "x_q", "x_kv", "query_mask"})
-    if (const RawTensor* x = t.find(name)) t.put(pt::repeat_axis0(*x));
+    if (const RawTensor* x = t.find(name)) t.put(repeat_axis0(*x));
   for (const char* name : {"mask", "bias"})
     if (const RawTensor* x = t.find(name); x && x->shape.size() == 4 && x->shape[0] == spec.B && spec.B > 1)
-      t.put(pt::repeat_axis0(*x));
+      t.put(repeat_axis0(*x));
   const Outcome a = evaluate_file(f), z = evaluate_file(t);
   const std::string rel = "in a copy along the batch dimension";
   if (same_refusal(a, z, rel)) RC_SUCCEED("both refused");
-  const pt::Reading rd = pt::read(f);
+  const Reading rd = read(f);
   for (I bz = 0; bz < 2 * rd.B; ++bz)
     for (I i = 0; i < rd.Nq; ++i)
       for (I h = 0; h < rd.Hq; ++h) {
@@ -779,4 +780,4 @@ RC_GTEST_PROP(OracleProperties, BatchCopiesAreIdentical, ()) {
 }
 
 }  // namespace
-}  // namespace attnoracle::oracle
+}  // namespace attnoracle::testing

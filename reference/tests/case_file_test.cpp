@@ -11,7 +11,7 @@
 
 #include "attnoracle/reference/error.hpp"
 
-namespace attnoracle {
+namespace attnoracle::testing {
 namespace {
 
 using Shape = std::vector<std::int64_t>;
@@ -647,4 +647,4 @@ TEST(CasePosition, HugeWindowNoOverflow) {
 }
 
 }  // namespace
-}  // namespace attnoracle
+}  // namespace attnoracle::testing

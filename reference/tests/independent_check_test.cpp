@@ -33,7 +33,7 @@
 #include "int_round.hpp"
 #include "random_case.hpp"
 
-namespace attnoracle::test {
+namespace attnoracle::testing {
 namespace {
 
 namespace bmp = boost::multiprecision;
@@ -157,6 +157,8 @@ struct Spec {
   bool padding(std::int64_t b, std::int64_t i) const {
     return query_mask && query_mask->at(b * Nq + i) == 0;
   }
+  // A deliberate second reading of the positional rules, beside Case's: the check stays
+  // independent of the reader it judges.
   bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     if (mask && bcast_at(*mask, b, h, i, j) == 0) return false;
     const std::int64_t aligned = causal == "bottom_right" ? i + (Nk - Nq) : i;
@@ -1181,4 +1183,4 @@ TEST(RandomCase, CoversTheFeatures) {
 }
 
 }  // namespace
-}  // namespace attnoracle::test
+}  // namespace attnoracle::testing

@@ -6,7 +6,7 @@
 #include <limits>
 #include <stdexcept>
 
-namespace attnoracle::test {
+namespace attnoracle::testing {
 
 using boost::multiprecision::mpz_int;
 
@@ -152,4 +152,4 @@ void store_bits(std::uint64_t bits, DType t, unsigned char* p) {
   for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(bits >> (8 * i));
 }
 
-}  // namespace attnoracle::test
+}  // namespace attnoracle::testing

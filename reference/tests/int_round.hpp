@@ -11,7 +11,7 @@
 
 #include "attnoracle/reference/dtype.hpp"
 
-namespace attnoracle::test {
+namespace attnoracle::testing {
 
 // The discarded part of a rounded value, against half a unit in the last kept place.
 enum class Discarded { None, BelowHalf, Half, AboveHalf };
@@ -45,4 +45,4 @@ bool bits_are_nan(std::uint64_t bits, DType t);
 std::uint64_t load_bits(const unsigned char* p, DType t);
 void store_bits(std::uint64_t bits, DType t, unsigned char* p);
 
-}  // namespace attnoracle::test
+}  // namespace attnoracle::testing

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-namespace attnoracle::test {
+namespace attnoracle::testing {
 namespace {
 
 using boost::multiprecision::mpz_int;
@@ -197,4 +197,4 @@ TEST(IntRound, RandomAgainstMpfr) {
 }
 
 }  // namespace
-}  // namespace attnoracle::test
+}  // namespace attnoracle::testing

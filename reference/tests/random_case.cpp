@@ -10,7 +10,7 @@
 
 #include "int_round.hpp"
 
-namespace attnoracle::test {
+namespace attnoracle::testing {
 namespace {
 
 using Shape = std::vector<std::int64_t>;
@@ -519,4 +519,4 @@ std::string describe_case(const SafeTensorsFile& f) {
   return s;
 }
 
-}  // namespace attnoracle::test
+}  // namespace attnoracle::testing

@@ -12,7 +12,7 @@
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
-namespace attnoracle::test {
+namespace attnoracle::testing {
 
 // How the floating inputs are drawn.
 enum class DataFamily {
@@ -68,4 +68,4 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
 // One line describing a case file: metadata, then each tensor's dtype and shape.
 std::string describe_case(const SafeTensorsFile& f);
 
-}  // namespace attnoracle::test
+}  // namespace attnoracle::testing

@@ -7,7 +7,7 @@
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/round.hpp"
 
-namespace attnoracle {
+namespace attnoracle::testing {
 namespace {
 
 // Rounds the exact value of a decimal or hex-float string.
@@ -118,4 +118,4 @@ TEST(Encode, F16AndBF16BitPatterns) {
 }
 
 }  // namespace
-}  // namespace attnoracle
+}  // namespace attnoracle::testing

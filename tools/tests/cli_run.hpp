@@ -38,6 +38,11 @@ inline void write_text(const fs::path& p, const std::string& s) {
   std::ofstream(p, std::ios::binary | std::ios::trunc).write(s.data(), static_cast<long>(s.size()));
 }
 
+inline void write_bytes(const fs::path& p, const std::vector<unsigned char>& b) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<long>(b.size()));
+}
+
 // A temporary directory, removed with its contents at the end of the test.
 class TempDir {
  public:

@@ -1,6 +1,5 @@
 // End to end: `attnoracle eval BAD -o OUT` refuses bad case files with exit status 2, exactly one
 // line on stderr naming the file and the tensor or key at fault, and no output file.
-#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -19,7 +18,7 @@
 #include "attnoracle/reference/safetensors.hpp"
 #include "cli_run.hpp"
 
-namespace attnoracle {
+namespace attnoracle::testing {
 namespace {
 
 namespace fs = std::filesystem;
@@ -67,27 +66,25 @@ Bytes edit_header(const Bytes& file, const std::function<void(json&)>& edit) {
   return out;
 }
 
+RawTensor mask_of(std::vector<std::int64_t> shape, std::size_t from = 0, std::size_t to = 0) {
+  RawTensor mask{"mask", DType::BOOL, std::move(shape), {}};
+  mask.data.assign(static_cast<std::size_t>(mask.numel()), 1);
+  for (std::size_t j = from; j < to; ++j) mask.data[j] = 0;
+  return mask;
+}
+
 class EvalRefusal : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "attnoracle-e2e-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-    fs::create_directory(dir_ / "work");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { fs::create_directory(dir_ / "work"); }
 
-  static testing::CliResult run(const std::vector<std::string>& args) { return testing::run_cli(args); }
+  static CliResult run(const std::vector<std::string>& args) { return run_cli(args); }
 
   // Runs eval on `bytes` and checks the refusal: status 2, one line naming file and field.
   void expect_refused(const Bytes& bytes, const std::string& field, const std::string& what) {
     const std::string in = dir_ / "work" / "bad.safetensors";
     const std::string out = dir_ / "work" / "out.safetensors";
-    {
-      std::ofstream f(in, std::ios::binary | std::ios::trunc);
-      f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
-    }
-    const testing::CliResult r = run({"eval", in, "-o", out});
+    write_bytes(in, bytes);
+    const CliResult r = run({"eval", in, "-o", out});
     EXPECT_EQ(r.status, 2) << r.err;
     const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
     EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
@@ -98,17 +95,15 @@ class EvalRefusal : public ::testing::Test {
       EXPECT_EQ(e.path().filename().string(), "bad.safetensors") << "left behind: " << e.path();
   }
 
-  fs::path dir_;
+  TempDir dir_;
 };
 
 TEST_F(EvalRefusal, ValidCaseEvaluates) {
   // The baseline the refusals below start from; run into a non-existent directory, see below.
   const std::string in = dir_ / "ok.safetensors";
   const std::string out = dir_ / "ok.out.safetensors";
-  const Bytes bytes = bytes_of(valid_case());
-  std::ofstream(in, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
-  const testing::CliResult r = run({"eval", in, "-o", out});
+  write_bytes(in, bytes_of(valid_case()));
+  const CliResult r = run({"eval", in, "-o", out});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(fs::exists(out));
 }
@@ -116,10 +111,8 @@ TEST_F(EvalRefusal, ValidCaseEvaluates) {
 TEST_F(EvalRefusal, OutputDirectoryMissing) {
   const std::string in = dir_ / "ok.safetensors";
   const std::string out = dir_ / "missing" / "out.safetensors";
-  const Bytes bytes = bytes_of(valid_case());
-  std::ofstream(in, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
-  const testing::CliResult r = run({"eval", in, "-o", out});
+  write_bytes(in, bytes_of(valid_case()));
+  const CliResult r = run({"eval", in, "-o", out});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_EQ(r.err.rfind("attnoracle: error: " + out + ": ", 0), 0u) << r.err;
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
@@ -128,7 +121,7 @@ TEST_F(EvalRefusal, OutputDirectoryMissing) {
 
 TEST_F(EvalRefusal, MissingInput) {
   const std::string in = dir_ / "none.safetensors";
-  const testing::CliResult r = run({"eval", in, "-o", dir_ / "out.safetensors"});
+  const CliResult r = run({"eval", in, "-o", dir_ / "out.safetensors"});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_EQ(r.err.rfind("attnoracle: error: " + in + ": cannot open", 0), 0u) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "out.safetensors"));
@@ -199,12 +192,7 @@ TEST_F(EvalRefusal, HqNotMultipleOfHkv) {
 
 TEST_F(EvalRefusal, MaskNotBroadcastable) {
   SafeTensorsFile f = valid_case();
-  RawTensor mask;
-  mask.name = "mask";
-  mask.dtype = DType::BOOL;
-  mask.shape = {3, 3, 5};
-  mask.data.assign(45, 1);
-  f.put(mask);
+  f.put(mask_of({3, 3, 5}));
   expect_refused(bytes_of(f), "mask", "does not broadcast");
 }
 
@@ -228,15 +216,9 @@ TEST_F(EvalRefusal, UnknownAttnKey) {
 
 TEST_F(EvalRefusal, FullyMaskedRow) {
   SafeTensorsFile f = valid_case();
-  RawTensor mask;
-  mask.name = "mask";
-  mask.dtype = DType::BOOL;
-  mask.shape = {3, 5};
-  mask.data.assign(15, 1);
-  for (std::size_t j = 5; j < 10; ++j) mask.data[j] = 0;  // row 1
-  f.put(mask);
+  f.put(mask_of({3, 5}, 5, 10));  // row 1 masked
   expect_refused(bytes_of(f), "mask", "");
 }
 
 }  // namespace
-}  // namespace attnoracle
+}  // namespace attnoracle::testing
