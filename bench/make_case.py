@@ -10,57 +10,14 @@ Default scale 1/sqrt(D), no mask, no causal option. The case asks for `out` only
 and `weights` with --weights. Standard library and NumPy only (/usr/bin/python3 on Debian).
 """
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
 
-STORED = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}  # BF16 handled apart (upper half of an F32)
-
-
-def bf16_bits(a32):
-    """BF16 bit patterns of float32 values, rounded to nearest-even (inputs are finite)."""
-    bits = np.ascontiguousarray(a32, np.float32).view(np.uint32).astype(np.uint64)
-    half = bits >> np.uint64(16)
-    return ((bits + np.uint64(0x7FFF) + (half & np.uint64(1))) >> np.uint64(16)).astype("<u2")
-
-
-def encode(a, dtype):
-    """The little-endian bytes of `a` (float64) stored as `dtype`."""
-    if dtype == "BF16":
-        # float64 -> float32 -> bf16 may round twice; harmless for benchmark data (the stored
-        # value is what the case means, whatever way it was obtained).
-        return bf16_bits(a.astype(np.float32)).tobytes()
-    return np.ascontiguousarray(a, STORED[dtype]).tobytes()
-
-
-def write_safetensors(path, tensors, metadata):
-    """tensors: name -> (dtype name, shape, bytes). Written sorted by name, header padded to 8,
-    to a temporary name and renamed into place."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        dtype, shape, data = tensors[name]
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = dict(metadata)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(len(text).to_bytes(8, "little"))
-            f.write(text)
-            for blob in blobs:
-                f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance",
+                                "adapters", "numpy"))
+import safetensors_np  # noqa: E402  (the adapter's writer)
 
 def make_case(path, n, d, heads=1, batch=1, seed=1, input_dtype="F32", output_dtype="F32",
               weights=False, nk=None):
@@ -68,9 +25,9 @@ def make_case(path, n, d, heads=1, batch=1, seed=1, input_dtype="F32", output_dt
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, rows in (("q", nq), ("k", nk), ("v", nk)):
-        shape = (batch, heads, rows, d)
-        a = rng.standard_normal(shape)
-        tensors[name] = (input_dtype, shape, encode(a, input_dtype))
+        a = rng.standard_normal((batch, heads, rows, d))
+        # BF16 through float32 (two roundings; the stored value is what the case means)
+        tensors[name] = a.astype(np.float32) if input_dtype == "BF16" else a
     metadata = {
         "attn.format": "1",
         "attn.kind": "sdpa",
@@ -79,7 +36,7 @@ def make_case(path, n, d, heads=1, batch=1, seed=1, input_dtype="F32", output_dt
         "bench.generator": f"bench/make_case.py n={nq} nk={nk} d={d} heads={heads} batch={batch} "
                            f"seed={seed} normal",
     }
-    write_safetensors(path, tensors, metadata)
+    safetensors_np.save(path, tensors, metadata, dtypes={n: input_dtype for n in tensors})
     return os.path.getsize(path)
 
 

@@ -21,6 +21,10 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance",
+                                "adapters", "numpy"))
+import safetensors_np  # noqa: E402  (the adapter's reader and writer)
+
 
 # ---- vectors/FORMAT.md, "Reading a case without AttnOracle", verbatim ----
 def load(path):
@@ -39,41 +43,11 @@ def load(path):
 # ---- end of the snippet ----
 
 
-def bf16_bytes(a64):
-    """float64 -> BF16 bytes, rounded once to nearest-even (through float32 rounded to odd)."""
-    flat = a64.reshape(-1)
-    f = flat.astype(np.float32)
-    too_far = np.abs(f.astype(np.float64)) > np.abs(flat)
-    f = np.where(too_far, np.nextafter(f, np.float32(0)), f)
-    bits = (f.view(np.uint32) | (f.astype(np.float64) != flat).astype(np.uint32)).astype(np.uint64)
-    half = bits >> np.uint64(16)
-    return ((bits + np.uint64(0x7FFF) + (half & np.uint64(1))) >> np.uint64(16)).astype("<u2").tobytes()
-
-
-def encode(a64, dtype):
-    if dtype == "BF16":
-        return bf16_bytes(a64)
-    return np.ascontiguousarray(a64, {"F64": "<f8", "F32": "<f4", "F16": "<f2"}[dtype]).tobytes()
-
-
 def save(path, tensors, metadata):
-    """tensors: name -> (dtype, float64 array). Sorted by name, header padded to 8, atomic."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        dtype, a = tensors[name]
-        data = encode(a, dtype)
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = metadata
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(len(text).to_bytes(8, "little") + text)
-        for blob in blobs:
-            f.write(blob)
-    os.replace(tmp, path)
+    """tensors: name -> (dtype, float64 array), written by the NumPy adapter's writer (BF16
+    rounded once to nearest-even)."""
+    safetensors_np.save(path, {n: a for n, (_, a) in tensors.items()}, metadata,
+                        dtypes={n: d for n, (d, _) in tensors.items()})
 
 
 def input_dtype(path):
