@@ -14,11 +14,14 @@
 namespace attnoracle::cli {
 namespace {
 
+// The options bound straight to the library's, with the command's defaults.
 struct GenArgs {
-  std::string spec, out, shard;
-  int jobs = default_threads();
-  int threads_per_case = 1;
-  long max_precision = 2048;
+  vectors::GenOptions o = [] {
+    vectors::GenOptions d;
+    d.jobs = default_threads();
+    return d;
+  }();
+  std::string shard;
   bool quiet = false;
 };
 
@@ -44,14 +47,9 @@ void parse_shard(const std::string& text, vectors::GenOptions& o) {
 }
 
 int run_gen(const GenArgs& a) {
-  vectors::GenOptions o;
-  o.spec_path = a.spec;
-  o.out_dir = a.out;
-  o.jobs = a.jobs;
-  o.threads_per_case = a.threads_per_case;
-  o.max_precision = a.max_precision;
+  vectors::GenOptions o = a.o;
   if (!a.shard.empty()) parse_shard(a.shard, o);
-  require_parent_dir(a.out);
+  require_parent_dir(o.out_dir);
 
   const bool tty = ::isatty(2) != 0;
   vectors::GenCallbacks cb;
@@ -72,8 +70,8 @@ int run_gen(const GenArgs& a) {
     };
   const vectors::GenSummary s = vectors::generate(o, cb);
   if (!a.quiet || s.failed) {
-    std::fprintf(stderr, "%s: %zu cases written, %zu already present, %zu failed", a.out.c_str(),
-                 s.written, s.present, s.failed);
+    std::fprintf(stderr, "%s: %zu cases written, %zu already present, %zu failed",
+                 o.out_dir.c_str(), s.written, s.present, s.failed);
     if (s.manifest_written)
       std::fprintf(stderr, "; manifest written (%zu cases)\n", s.suite_cases);
     else if (o.sharded)
@@ -88,25 +86,22 @@ int run_gen(const GenArgs& a) {
 }
 
 struct VerifyArgs {
-  std::string dir;
-  bool recompute = false, all = false, quiet = false;
-  int jobs = default_threads();
-  long max_precision = 2048;
+  vectors::VerifyOptions o = [] {
+    vectors::VerifyOptions d;
+    d.jobs = default_threads();
+    return d;
+  }();
+  bool quiet = false;
 };
 
 int run_verify(const VerifyArgs& a) {
-  vectors::VerifyOptions o;
-  o.dir = a.dir;
-  o.recompute = a.recompute;
-  o.all = a.all;
-  o.jobs = a.jobs;
-  o.max_precision = a.max_precision;
+  const vectors::VerifyOptions& o = a.o;
   const vectors::VerifyReport r = vectors::verify(o);
   for (const auto& p : r.problems) std::printf("%s: %s\n", p.where.c_str(), p.reason.c_str());
   std::fflush(stdout);
   if (!a.quiet)
-    std::fprintf(stderr, "%s: %zu cases, %zu checked%s, %zu problem%s\n", a.dir.c_str(), r.cases,
-                 r.checked, a.recompute ? " and recomputed" : "", r.problems.size(),
+    std::fprintf(stderr, "%s: %zu cases, %zu checked%s, %zu problem%s\n", o.dir.c_str(), r.cases,
+                 r.checked, o.recompute ? " and recomputed" : "", r.problems.size(),
                  r.problems.size() == 1 ? "" : "s");
   return r.problems.empty() ? 0 : 1;
 }
@@ -116,14 +111,14 @@ int run_verify(const VerifyArgs& a) {
 Command add_gen(CLI::App& app) {
   auto a = std::make_shared<GenArgs>();
   CLI::App* sub = app.add_subcommand("gen", "generates a vector set from a suite spec");
-  sub->add_option("SPEC", a->spec, "suite spec (JSON)")->required();
-  sub->add_option("-o,--output", a->out, "output directory (manifest.json, cases/)")->required();
-  sub->add_option("--jobs", a->jobs, "cases evaluated in parallel")->check(CLI::Range(1, 1024));
+  sub->add_option("SPEC", a->o.spec_path, "suite spec (JSON)")->required();
+  sub->add_option("-o,--output", a->o.out_dir, "output directory (manifest.json, cases/)")->required();
+  sub->add_option("--jobs", a->o.jobs, "cases evaluated in parallel")->check(CLI::Range(1, 1024));
   sub->add_option("--shard", a->shard,
                   "k/n: only cases with index % n == k, no manifest (finish with a run without)");
-  sub->add_option("--threads-per-case", a->threads_per_case, "threads of each evaluation")
+  sub->add_option("--threads-per-case", a->o.threads_per_case, "threads of each evaluation")
       ->check(CLI::Range(1, 1024));
-  sub->add_option("--max-precision", a->max_precision, "Ziv's cap in bits")
+  sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits")
       ->check(CLI::Range(64L, 1L << 20));
   sub->add_flag("-q,--quiet", a->quiet, "no progress on stderr");
   return {sub, [a] { return run_gen(*a); }};
@@ -132,12 +127,12 @@ Command add_gen(CLI::App& app) {
 Command add_verify(CLI::App& app) {
   auto a = std::make_shared<VerifyArgs>();
   CLI::App* sub = app.add_subcommand("verify", "checks a vector set");
-  sub->add_option("DIR", a->dir, "vector set directory")->required();
-  sub->add_flag("--recompute", a->recompute,
+  sub->add_option("DIR", a->o.dir, "vector set directory")->required();
+  sub->add_flag("--recompute", a->o.recompute,
                 "evaluate every case again and compare the golden tensors bit for bit");
-  sub->add_flag("--all", a->all, "report every problem, not only the first");
-  sub->add_option("--jobs", a->jobs, "cases checked in parallel")->check(CLI::Range(1, 1024));
-  sub->add_option("--max-precision", a->max_precision, "Ziv's cap in bits (as in gen)")
+  sub->add_flag("--all", a->o.all, "report every problem, not only the first");
+  sub->add_option("--jobs", a->o.jobs, "cases checked in parallel")->check(CLI::Range(1, 1024));
+  sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits (as in gen)")
       ->check(CLI::Range(64L, 1L << 20));
   sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");
   return {sub, [a] { return run_verify(*a); }};

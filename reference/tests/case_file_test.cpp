@@ -100,6 +100,9 @@ void expect_refused(SafeTensorsFile f, const std::string& field, const std::stri
 
 // ---- Valid cases ----
 
+// B, Hq, Hkv, Nq, Nk, Dk, Dv, D, Dout
+Shape sizes(const Case& c) { return {c.B, c.Hq, c.Hkv, c.Nq, c.Nk, c.Dk, c.Dv, c.D, c.Dout}; }
+
 TEST(CaseAccept, SdpaDefaults) {
   const Case c = accept(sdpa());
   EXPECT_EQ(c.path, kPath);
@@ -113,13 +116,7 @@ TEST(CaseAccept, SdpaDefaults) {
   EXPECT_EQ(c.masked_rows, MaskedRows::Error);
   EXPECT_FALSE(c.want_weights);
   EXPECT_FALSE(c.want_lse);
-  EXPECT_EQ(c.B, 2);
-  EXPECT_EQ(c.Hq, 4);
-  EXPECT_EQ(c.Hkv, 2);
-  EXPECT_EQ(c.Nq, 3);
-  EXPECT_EQ(c.Nk, 5);
-  EXPECT_EQ(c.Dk, 2);
-  EXPECT_EQ(c.Dv, 3);
+  EXPECT_EQ(sizes(c), (Shape{2, 4, 2, 3, 5, 2, 3, 0, 0}));
   EXPECT_EQ(c.q.shape, (Shape{2, 4, 3, 2}));
   EXPECT_EQ(c.v.values.size(), 60u);
   EXPECT_EQ(c.q.values[5], 0.25);
@@ -131,15 +128,7 @@ TEST(CaseAccept, Mha) {
   const Case c = accept(mha(DType::BF16));
   EXPECT_EQ(c.kind, Kind::Mha);
   EXPECT_EQ(c.input_dtype, DType::BF16);
-  EXPECT_EQ(c.B, 2);
-  EXPECT_EQ(c.Hq, 3);
-  EXPECT_EQ(c.Hkv, 3);
-  EXPECT_EQ(c.Nq, 4);
-  EXPECT_EQ(c.Nk, 5);
-  EXPECT_EQ(c.D, 6);
-  EXPECT_EQ(c.Dk, 2);
-  EXPECT_EQ(c.Dv, 3);
-  EXPECT_EQ(c.Dout, 7);
+  EXPECT_EQ(sizes(c), (Shape{2, 3, 3, 4, 5, 2, 3, 6, 7}));
   EXPECT_EQ(c.w_o.values.size(), 63u);
   const Case m = accept(with(mha(), bools("mask", {3, 4, 5})));
   EXPECT_TRUE(m.mask);
