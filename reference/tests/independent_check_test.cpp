@@ -187,33 +187,17 @@ Spec read_spec(const SafeTensorsFile& f) {
   };
   s.mha = meta("attn.kind", "sdpa") == "mha";
   if (!s.mha) {
-    s.q = get("q");
-    s.k = get("k");
-    s.v = get("v");
+    s.q = get("q"), s.k = get("k"), s.v = get("v");
     s.in = s.q.dtype;
-    s.B = s.q.shape[0];
-    s.H = s.q.shape[1];
-    s.Nq = s.q.shape[2];
-    s.Dk = s.q.shape[3];
-    s.Hkv = s.k.shape[1];
-    s.Nk = s.k.shape[2];
-    s.Dv = s.v.shape[3];
+    s.B = s.q.shape[0], s.H = s.q.shape[1], s.Nq = s.q.shape[2], s.Dk = s.q.shape[3];
+    s.Hkv = s.k.shape[1], s.Nk = s.k.shape[2], s.Dv = s.v.shape[3];
   } else {
-    s.x_q = get("x_q");
-    s.x_kv = get("x_kv");
-    s.w_q = get("w_q");
-    s.w_k = get("w_k");
-    s.w_v = get("w_v");
-    s.w_o = get("w_o");
+    s.x_q = get("x_q"), s.x_kv = get("x_kv");
+    s.w_q = get("w_q"), s.w_k = get("w_k"), s.w_v = get("w_v"), s.w_o = get("w_o");
     s.in = s.x_q.dtype;
-    s.B = s.x_q.shape[0];
-    s.Nq = s.x_q.shape[1];
-    s.D = s.x_q.shape[2];
-    s.Nk = s.x_kv.shape[1];
+    s.B = s.x_q.shape[0], s.Nq = s.x_q.shape[1], s.D = s.x_q.shape[2], s.Nk = s.x_kv.shape[1];
     s.H = s.Hkv = s.w_q.shape[0];
-    s.Dk = s.w_q.shape[2];
-    s.Dv = s.w_v.shape[2];
-    s.Dout = s.w_o.shape[1];
+    s.Dk = s.w_q.shape[2], s.Dv = s.w_v.shape[2], s.Dout = s.w_o.shape[1];
   }
   if (f.find("mask")) s.mask = get("mask");
   if (f.find("bias")) s.bias = get("bias");
@@ -1014,19 +998,6 @@ TEST(IndependentCheck, RandomProblems) {
 
 // ---- hand-made cases ----
 
-RawTensor tensor_of(const std::string& name, DType t, Shape shape,
-                    const std::vector<double>& values) {
-  RawTensor r;
-  r.name = name;
-  r.dtype = t;
-  r.shape = std::move(shape);
-  const auto size = static_cast<std::size_t>(format_width(t) / 8);
-  r.data.resize(values.size() * size);
-  for (std::size_t e = 0; e < values.size(); ++e)
-    store_bits(round_double(values[e], t), t, r.data.data() + e * size);
-  return r;
-}
-
 Outcome run_hand_case(const std::string& name, const SafeTensorsFile& f) {
   Outcome o = run_problem(name, f, 0, name + ": " + describe_case(f));
   report(o);
@@ -1039,9 +1010,9 @@ TEST(IndependentCheck, MidpointOfEqualScoresIsDecided) {
   SafeTensorsFile f;
   f.metadata = {{"attn.format", "1"}, {"attn.outputs", "out,weights,lse"}};
   const double a = 1.0, b = 1.0 + std::ldexp(1.0, -10);  // adjacent F16 values
-  f.put(tensor_of("q", DType::F16, {1, 1, 2, 2}, {0.5, -0.25, 0, 0}));
-  f.put(tensor_of("k", DType::F16, {1, 1, 2, 2}, {1, 2, 1, 2}));
-  f.put(tensor_of("v", DType::F16, {1, 1, 2, 3}, {a, b, -b, b, a, std::ldexp(1.0, -24)}));
+  f.put(float_tensor("q", DType::F16, {1, 1, 2, 2}, {0.5, -0.25, 0, 0}));
+  f.put(float_tensor("k", DType::F16, {1, 1, 2, 2}, {1, 2, 1, 2}));
+  f.put(float_tensor("v", DType::F16, {1, 1, 2, 3}, {a, b, -b, b, a, std::ldexp(1.0, -24)}));
   const Outcome o = run_hand_case("midpoint", f);
   EXPECT_GE(o.counts.exact_ties, 4u);  // out[0,0,0,0:2] and out.ref (F64 decides them too)
   // (a+b)/2 in F16 is the midpoint: ties to even give a (0x3C00), b is odd (0x3C01)
@@ -1055,9 +1026,9 @@ TEST(IndependentCheck, MaskedRowsAndPadding) {
   SafeTensorsFile f;
   f.metadata = {{"attn.format", "1"}, {"attn.masked_rows", "zero"},
                 {"attn.causal", "bottom_right"}, {"attn.outputs", "lse,out,weights"}};
-  f.put(tensor_of("q", DType::F32, {1, 1, 3, 2}, {1, 2, 3, 4, 5, 6}));
-  f.put(tensor_of("k", DType::F32, {1, 1, 2, 2}, {0.5, 0.25, -1, 2}));
-  f.put(tensor_of("v", DType::F32, {1, 1, 2, 1}, {3, -7}));
+  f.put(float_tensor("q", DType::F32, {1, 1, 3, 2}, {1, 2, 3, 4, 5, 6}));
+  f.put(float_tensor("k", DType::F32, {1, 1, 2, 2}, {0.5, 0.25, -1, 2}));
+  f.put(float_tensor("v", DType::F32, {1, 1, 2, 1}, {3, -7}));
   EXPECT_GT(run_hand_case("masked-zero", f).counts.elements, 0u);
   f.metadata["attn.masked_rows"] = "error";
   RawTensor qm;

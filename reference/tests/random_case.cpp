@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "attnoracle/reference/case_file.hpp"
 #include "int_round.hpp"
 
 namespace attnoracle::testing {
@@ -297,6 +298,23 @@ Masking random_masking(Rng& rng, const Problem& p, const RandomCaseOptions& opt,
 
 // ---- file assembly ----
 
+RawTensor bool_tensor(const std::string& name, Shape shape, std::vector<unsigned char> values) {
+  RawTensor r;
+  r.name = name;
+  r.dtype = DType::BOOL;
+  r.shape = std::move(shape);
+  r.data = std::move(values);
+  return r;
+}
+
+std::string hex_float(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", x);
+  return buf;
+}
+
+}  // namespace
+
 RawTensor float_tensor(const std::string& name, DType t, Shape shape,
                        const std::vector<double>& values) {
   RawTensor r;
@@ -314,41 +332,13 @@ RawTensor float_tensor(const std::string& name, DType t, Shape shape,
   return r;
 }
 
-RawTensor bool_tensor(const std::string& name, Shape shape, std::vector<unsigned char> values) {
-  RawTensor r;
-  r.name = name;
-  r.dtype = DType::BOOL;
-  r.shape = std::move(shape);
-  r.data = std::move(values);
-  return r;
-}
+constexpr std::pair<DataFamily, std::string_view> kFamilyNames[] = {
+    {DataFamily::Uniform, "uniform"},     {DataFamily::Normal, "normal"},
+    {DataFamily::LargeScores, "large_scores"}, {DataFamily::Ties, "ties"},
+    {DataFamily::Subnormal, "subnormal"}, {DataFamily::WideRange, "wide_range"},
+    {DataFamily::Cancel, "cancel"}};
 
-std::string hex_float(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%a", x);
-  return buf;
-}
-
-std::string shape_text(const Shape& s) {
-  std::string t = "[";
-  for (std::size_t a = 0; a < s.size(); ++a) t += (a ? "," : "") + std::to_string(s[a]);
-  return t + "]";
-}
-
-}  // namespace
-
-std::string_view family_name(DataFamily f) {
-  switch (f) {
-    case DataFamily::Uniform: return "uniform";
-    case DataFamily::Normal: return "normal";
-    case DataFamily::LargeScores: return "large_scores";
-    case DataFamily::Ties: return "ties";
-    case DataFamily::Subnormal: return "subnormal";
-    case DataFamily::WideRange: return "wide_range";
-    case DataFamily::Cancel: return "cancel";
-  }
-  return "?";
-}
+std::string_view family_name(DataFamily f) { return table_name(kFamilyNames, f); }
 
 SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
                             RandomCaseInfo* info) {
@@ -515,7 +505,7 @@ std::string describe_case(const SafeTensorsFile& f) {
   std::string s;
   for (const auto& [k, v] : f.metadata) s += (s.empty() ? "" : " ") + k + "=" + v;
   for (const auto& t : f.tensors)
-    s += " " + t.name + ":" + std::string(dtype_name(t.dtype)) + shape_text(t.shape);
+    s += " " + t.name + ":" + std::string(dtype_name(t.dtype)) + shape_string(t.shape);
   return s;
 }
 

@@ -65,6 +65,10 @@ struct RandomCaseInfo {
 SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
                             RandomCaseInfo* info = nullptr);
 
+// A floating tensor holding `values`, each of which must be exact in t.
+RawTensor float_tensor(const std::string& name, DType t, std::vector<std::int64_t> shape,
+                       const std::vector<double>& values);
+
 // One line describing a case file: metadata, then each tensor's dtype and shape.
 std::string describe_case(const SafeTensorsFile& f);
 
