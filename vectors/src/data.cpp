@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <stdexcept>
+#include <string_view>
+#include <utility>
 
 #include "numbers.hpp"
 
@@ -105,22 +108,17 @@ class Gen {
     } else if (g == "normal") {
       const double sigma = param(p_, "sigma");
       all([&] { return normal(sigma); });
-    } else if (g == "large_scores") {
-      large_scores();
-    } else if (g == "ties") {
-      ties();
-    } else if (g == "near_ties") {
-      near_ties();
-    } else if (g == "dominant") {
-      dominant();
-    } else if (g == "cancel") {
-      cancel();
-    } else if (g == "wide_range") {
-      wide_range();
-    } else if (g == "subnormal") {
-      subnormal();
     } else {
-      throw std::invalid_argument("unknown generator " + std::string(g));
+      static constexpr std::pair<std::string_view, void (Gen::*)()> kGenerators[] = {
+          {"large_scores", &Gen::large_scores}, {"ties", &Gen::ties},
+          {"near_ties", &Gen::near_ties},       {"dominant", &Gen::dominant},
+          {"cancel", &Gen::cancel},             {"wide_range", &Gen::wide_range},
+          {"subnormal", &Gen::subnormal}};
+      const auto it = std::find_if(std::begin(kGenerators), std::end(kGenerators),
+                                   [&](const auto& e) { return e.first == g; });
+      if (it == std::end(kGenerators))
+        throw std::invalid_argument("unknown generator " + std::string(g));
+      (this->*(it->second))();
     }
     if (L_.mha() && p_.self_attention) d_.x_q = d_.x_kv;
   }
