@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -150,6 +152,24 @@ TEST(Oracle, ConvexHullCatchesAnOutputOutsideTheValues) {
                         return r;
                       }));
   EXPECT_TRUE(names(v, Invariant::ConvexHull)) << list(v);
+}
+
+TEST(Oracle, ViolationsGiveTheirValuesInHexToo) {
+  auto v = check_case(sdpa(), broken([](const Case&, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        for (auto& e : r.heads[0].raw_out) scale_enclosure(e, 2);
+                        return r;
+                      }));
+  ASSERT_FALSE(v.empty());
+  // "[lo, hi] (hex [lo, hi])": each value twice, the hex one exact
+  const std::regex pair(R"(\[([^,\]]+), ([^\]]+)\] \(hex \[(0x[^,]+), (0x[^\]]+)\]\))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(v.front().detail, m, pair)) << v.front().detail;
+  for (int k : {1, 2}) {
+    const double dec = std::strtod(m[k].str().c_str(), nullptr);
+    const double hex = std::strtod(m[k + 2].str().c_str(), nullptr);
+    EXPECT_LE(std::fabs(dec - hex), 1e-15 * std::fabs(hex)) << v.front().detail;
+  }
 }
 
 TEST(Oracle, EqualScoresCatchesTwoEqualKeysWeightedDifferently) {
