@@ -9,6 +9,7 @@ packages=(
   python3 python3-numpy
   libbenchmark-dev python3-mpmath time  # bench/: Google Benchmark, the mpmath reference, GNU time
   libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
+  python3-torch  # the PyTorch adapter (conformance/adapters/torch) and its tests
   gappa sollya  # reference/proofs: the fast path's machine-checked error bounds
 )
 # Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.

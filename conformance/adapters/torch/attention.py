@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Attention in PyTorch on the CPU, as an AttnOracle adapter (CONTRACT section 5).
+
+    /usr/bin/python3 attention.py [--mode ops|mha] [--threads N] JOBS.jsonl
+
+--mode ops (default): kind sdpa written with plain tensor ops in the input dtype (matmul,
+masked_fill, softmax, matmul), as PyTorch users write it. --mode mha: kind mha through
+torch.nn.functional.multi_head_attention_forward. The case files, the job loop and the .error /
+.unsupported files are those of the NumPy adapter (../numpy/attention.py), loaded by path.
+"""
+import argparse
+import importlib.util
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+_spec = importlib.util.spec_from_file_location(
+    "attnoracle_numpy_adapter_for_torch",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "numpy", "attention.py"))
+nx = importlib.util.module_from_spec(_spec)   # a private instance: its job loop, reader, exceptions
+_spec.loader.exec_module(nx)
+
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16}
+
+
+def torch_dtype(name):
+    if name == "F16":
+        raise nx.Unsupported("F16 inputs: PyTorch 1.13 on the CPU has no Half matmul or softmax "
+                             "(\"bmm\" not implemented for 'Half')")
+    if name not in DTYPES:
+        raise nx.Unsupported(f"input dtype {name}")
+    return DTYPES[name]
+
+
+def tensor(a, dtype=None):
+    """A NumPy array (float64 from the reader, or bool) as a torch tensor, converted to dtype."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if dtype is None else t.to(dtype)
+
+
+def allowed_keys(meta, shape, mask, bias):
+    """Bool [B, H, Nq, Nk]: the boolean mask, causal (either alignment), window, bias != -inf."""
+    Nq, Nk = shape[-2], shape[-1]
+    causal = meta.get("attn.causal", "none")
+    shift = Nk - Nq if causal == "bottom_right" else 0           # i' = i + shift
+    ones = torch.ones(Nq, Nk, dtype=torch.bool)
+    allowed = ones.tril(diagonal=shift) if causal != "none" else ones
+    window = meta.get("attn.window", "none")
+    if window != "none":
+        left, right = (int(x) for x in window.split(","))
+        allowed = allowed & ones.tril(diagonal=shift + right) & ones.triu(diagonal=shift - left)
+    allowed = allowed.expand(*shape)
+    if mask is not None:
+        allowed = allowed & tensor(mask)
+    if bias is not None:
+        allowed = allowed & (tensor(bias) != -math.inf)
+    return allowed
+
+
+def refuse_masked_rows(meta, live, query_mask):
+    """Under attn.masked_rows=error, a row with no allowed key that is not padding is refused."""
+    if meta.get("attn.masked_rows", "error") != "error":
+        return
+    is_query = torch.ones(live.shape[0], live.shape[2], dtype=torch.bool) if query_mask is None \
+        else tensor(query_mask)
+    bad = (~live & is_query[:, None, :]).nonzero()
+    if len(bad):
+        b, h, i = bad[0].tolist()
+        raise nx.Refused(f"fully masked row: b={b}, h={h}, i={i} has no allowed key (attn.masked_rows=error)")
+
+
+def scale_of(meta, head_dim):
+    return nx.number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(head_dim)
+
+
+def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None, in_dtype=None):
+    """Called as the NumPy adapter's `attention` (float64 arrays in, float64 arrays out)."""
+    if meta.get("attn.kind", "sdpa") != "sdpa":
+        raise nx.Unsupported("attn.kind mha in --mode ops (--mode mha runs it)")
+    dt = torch_dtype(in_dtype)
+    q, k, v = tensor(q, dt), tensor(k, dt), tensor(v, dt)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:                                               # GQA / MQA
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * scale_of(meta, q.shape[-1])
+    cap = nx.number(meta.get("attn.softcap", "0"))
+    if cap != 0:
+        scores = cap * torch.tanh(scores / cap)
+    if bias is not None:
+        scores = scores + tensor(bias, dt)
+    allowed = allowed_keys(meta, scores.shape, mask, bias)
+    live = allowed.any(dim=-1)
+    refuse_masked_rows(meta, live, query_mask)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    weights = weights.masked_fill(~live[..., None], 0)          # policy zero: no NaN from 0/0
+    out = weights @ v
+    lse = torch.logsumexp(scores, dim=-1)                        # -inf on fully masked rows
+    return tuple(t.double().numpy() for t in (out, weights, lse))
+
+
+def mha_case(path, compute=None, bug=None):
+    """Called as the NumPy adapter's `run_case`: one case of kind mha -> (tensors, dtypes)."""
+    try:
+        x, meta, dtypes = nx.safetensors_np.read(path)
+    except nx.safetensors_np.UnsupportedDtype as e:
+        raise nx.Unsupported(str(e))
+    for key in meta:
+        if key.startswith("attn.") and key not in nx.KEYS | {"attn.reference", "attn.undecided"}:
+            raise nx.Unsupported(f"metadata key {key}")
+    if meta.get("attn.kind", "sdpa") != "mha":
+        raise nx.Unsupported("attn.kind sdpa in --mode mha (--mode ops runs it)")
+    if meta.get("attn.masked_rows", "error") not in ("error", "zero"):
+        raise nx.Unsupported(f"attn.masked_rows {meta['attn.masked_rows']}")
+    in_dtype = dtypes["x_q"]
+    out_dtype = meta.get("attn.output_dtype", in_dtype)
+    dt = torch_dtype(in_dtype)
+    H, D, Dk = x["w_q"].shape
+    Dv = x["w_v"].shape[2]
+    if H * Dk != D or Dv != Dk:
+        raise nx.Unsupported(f"head sizes: multi_head_attention_forward needs Dk = Dv = D / H "
+                             f"(D={D}, H={H}, Dk={Dk}, Dv={Dv})")
+    if "attn.scale" in meta and nx.number(meta["attn.scale"]) != 1.0 / math.sqrt(Dk):
+        raise nx.Unsupported("attn.scale other than 1/sqrt(head_dim)")
+    if nx.number(meta.get("attn.softcap", "0")) != 0:
+        raise nx.Unsupported("attn.softcap")
+    B, Nq, Nk = x["x_q"].shape[0], x["x_q"].shape[1], x["x_kv"].shape[1]
+    bias = x.get("bias")
+    allowed = allowed_keys(meta, (B, H, Nq, Nk), x.get("mask"), bias)
+    live = allowed.any(dim=-1)
+    refuse_masked_rows(meta, live, x.get("query_mask"))
+    padding = torch.zeros(B, Nq, dtype=torch.bool) if "query_mask" not in x else ~tensor(x["query_mask"])
+    if (~live & ~padding[:, None, :]).any():
+        raise nx.Unsupported("fully masked rows under attn.masked_rows=zero: the softmax of a row of "
+                             "-inf is NaN, and out_proj mixes it into every feature of the row")
+    allowed = allowed | ~live[..., None]          # padding rows with no key: anything (not compared)
+    additive = torch.zeros(B, H, Nq, Nk, dtype=dt) if bias is None else tensor(bias, dt).expand(B, H, Nq, Nk)
+    attn_mask = additive.masked_fill(~allowed, -math.inf).reshape(B * H, Nq, Nk)
+
+    def per_head(w):                              # [H, D, d] -> [H * d, D], row r * d + e
+        return tensor(w, dt).permute(0, 2, 1).reshape(-1, D)
+
+    want_weights = "weights" in meta.get("attn.outputs", "out").split(",")
+    out, weights = F.multi_head_attention_forward(
+        tensor(x["x_q"], dt).transpose(0, 1), tensor(x["x_kv"], dt).transpose(0, 1),
+        tensor(x["x_kv"], dt).transpose(0, 1), D, H, None, None, None, None, False, 0.0,
+        tensor(x["w_o"], dt).t(), None, training=False, need_weights=want_weights, attn_mask=attn_mask,
+        use_separate_proj_weight=True, q_proj_weight=per_head(x["w_q"]), k_proj_weight=per_head(x["w_k"]),
+        v_proj_weight=per_head(x["w_v"]), average_attn_weights=False)
+    result = {"out": out.transpose(0, 1)}         # [Nq, B, Dout] -> [B, Nq, Dout]
+    if want_weights:
+        result["weights"] = weights               # [B, H, Nq, Nk]
+    numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}.get(out_dtype)
+    result = {name: t.double().numpy() for name, t in result.items()}
+    if numpy_type is not None:                    # BF16 is rounded by the writer
+        result = {name: a.astype(numpy_type) for name, a in result.items()}
+    return result, {name: out_dtype for name in result}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["ops", "mha"], default="ops",
+                        help="ops: kind sdpa in plain tensor ops; mha: kind mha through "
+                             "multi_head_attention_forward")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("jobs", help="jobs file, one JSON object a line")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.mode == "ops":
+        nx.attention = ops_attention
+    else:
+        nx.run_case = mha_case
+    # The NumPy adapter's job loop; float64 carries every input dtype exactly (converted back here).
+    with torch.no_grad():
+        return nx.main(["--dtype", "float64", args.jobs])
+
+if __name__ == "__main__":
+    sys.exit(main())
