@@ -8,6 +8,7 @@
 #include <set>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/limits.hpp"
 
 namespace attnoracle::vectors {
 
@@ -58,13 +59,19 @@ std::string manifest_text(const Manifest& m) {
 }
 
 Manifest parse_manifest(const std::string& path, std::string_view text, std::string& problem) {
+  if (text.size() > limits::kManifestBytes)
+    throw InputError(path, "", "is " + std::to_string(text.size()) + " bytes, over the limit of " +
+                                   std::to_string(limits::kManifestBytes));
+  if (limits::json_depth(text) > limits::kJsonDepth)
+    throw InputError(path, "", "invalid JSON: nested deeper than " +
+                                   std::to_string(limits::kJsonDepth) + " levels");
   json j;
   try {
     j = json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what.erase(0, pos + 2);
-    throw InputError(path, "", "invalid JSON: " + what);
+    throw InputError(path, "", "invalid JSON: " + printable(what, 200));
   }
   Manifest m;
   problem.clear();
@@ -81,10 +88,10 @@ Manifest parse_manifest(const std::string& path, std::string_view text, std::str
   for (const auto& [k, v] : j.items())
     if (k != "format" && k != "suite" && k != "generator" && k != "seed" && k != "spec_sha256" &&
         k != "cases")
-      return bad(k, "unknown key");
+      return bad(printable(k), "unknown key");
   if (!str(j, "format", m.format)) return bad("format", "missing or not a string");
   if (m.format != kManifestFormat)
-    return bad("format", "\"" + m.format + "\" is not \"" + std::string(kManifestFormat) + "\"");
+    return bad("format", "\"" + printable(m.format) + "\" is not \"" + std::string(kManifestFormat) + "\"");
   if (!str(j, "suite", m.suite)) return bad("suite", "missing or not a string");
   if (!str(j, "generator", m.generator)) return bad("generator", "missing or not a string");
   if (!j.contains("seed") || !j["seed"].is_number_unsigned())
@@ -99,13 +106,16 @@ Manifest parse_manifest(const std::string& path, std::string_view text, std::str
     return bad("cases", "missing or not an array");
   std::set<std::string> ids;
   const json& cases = j["cases"];
+  if (cases.size() > limits::kCases)
+    return bad("cases", std::to_string(cases.size()) + " cases, over the limit of " +
+                            std::to_string(limits::kCases));
   for (std::size_t k = 0; k < cases.size(); ++k) {
     const std::string where = "cases[" + std::to_string(k) + "]";
     const json& c = cases[k];
     if (!c.is_object()) return bad(where, "not an object");
     for (const auto& [key, v] : c.items())
       if (key != "id" && key != "file" && key != "sha256" && key != "expect" && key != "tags")
-        return bad(where + "." + key, "unknown key");
+        return bad(where + "." + printable(key), "unknown key");
     ManifestCase mc;
     if (!str(c, "id", mc.id) || !valid_case_id(mc.id))
       return bad(where + ".id", "missing or not a name of letters, digits, _ - .");

@@ -1,6 +1,7 @@
 #include "attnoracle/reference/safetensors.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,13 +16,15 @@
 #include <nlohmann/json.hpp>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/limits.hpp"
 
 namespace attnoracle {
 namespace {
 
 using nlohmann::json;
 
-constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::uint64_t kMaxHeaderBytes = limits::kHeaderBytes;
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -76,6 +79,18 @@ class HeaderParser {
       }
       return true;
     };
+    // The header may be padded with spaces only (as the safetensors writer pads it).
+    const std::size_t end = text.find_last_not_of(' ');
+    if (end != std::string_view::npos)
+      for (std::size_t k = 0; k <= end; ++k)
+        if (text[k] == '\0')
+          fail("header", "invalid JSON: a NUL byte at offset " + std::to_string(k));
+    if (limits::json_depth(text) > limits::kJsonDepth)
+      fail("header", "JSON nested deeper than " + std::to_string(limits::kJsonDepth) + " levels");
+    // Counted before parsing: the parser's callback mode costs time quadratic in the members.
+    if (const auto n = limits::json_top_level_members(text); n > limits::kTensors + 1)
+      fail("header", std::to_string(n) + " entries, over the limit of " +
+                         std::to_string(limits::kTensors) + " tensors");
     json header;
     try {
       header = json::parse(text.begin(), text.end(), callback);
@@ -258,17 +273,7 @@ SafeTensorsFile parse_safetensors(const std::string& path,
 }
 
 SafeTensorsFile read_safetensors(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-  std::vector<unsigned char> bytes;
-  unsigned char buf[1 << 16];
-  std::size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + got);
-  const bool failed = std::ferror(f) != 0;
-  const int err = errno;
-  std::fclose(f);
-  if (failed) throw InputError(path, "", std::string("cannot read: ") + std::strerror(err));
-  return parse_safetensors(path, bytes);
+  return parse_safetensors(path, read_regular_file(path));
 }
 
 namespace {
@@ -303,16 +308,39 @@ std::vector<unsigned char> header_bytes(const std::map<std::string, std::string>
   return out;
 }
 
+// The process's umask, read without changing it (umask(2) would, for every thread).
+mode_t process_umask() {
+  static const mode_t mask = [] {
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    unsigned m = 022;
+    if (f) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "Umask: %o", &m) == 1) break;
+      std::fclose(f);
+    }
+    return static_cast<mode_t>(m);
+  }();
+  return mask;
+}
+
 // Writes the parts one after the other to a temporary name beside `path`, then renames it.
 void write_parts_atomic(const std::string& path,
                         const std::vector<std::pair<const unsigned char*, std::size_t>>& parts) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // mkstemp creates the name exclusively: nothing planted there is written through.
+  std::string tmp = path + ".tmp.XXXXXX";
   auto fail = [&](int err, bool remove_tmp) {
     if (remove_tmp) ::unlink(tmp.c_str());
     throw InputError(path, "", std::string("cannot write: ") + std::strerror(err));
   };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) fail(errno, false);
+  // mkstemp gives 0600; a finished file gets the usual 0666 less the umask.
+  if (::fchmod(fd, 0666 & ~process_umask()) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(err, true);
+  }
   for (const auto& [data, size] : parts) {
     std::size_t done = 0;
     while (done < size) {

@@ -1,0 +1,20 @@
+// Reading input files: one reader for every file the commands read whole.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnoracle/reference/limits.hpp"
+
+namespace attnoracle {
+
+// The bytes of a regular file of at most `max_bytes`. Refuses directories, FIFOs, devices and
+// sockets without blocking on them. Throws InputError(path, "", what).
+std::vector<unsigned char> read_regular_file(const std::string& path,
+                                             std::uint64_t max_bytes = limits::kFileBytes);
+
+// Whether `path` names a regular file (following links); false when it cannot be looked at.
+bool is_regular_file(const std::string& path);
+
+}  // namespace attnoracle

@@ -1,0 +1,60 @@
+#include "attnoracle/reference/file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "attnoracle/reference/error.hpp"
+
+namespace attnoracle {
+namespace {
+
+std::string kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::vector<unsigned char> read_regular_file(const std::string& path, std::uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw InputError(path, "", "is " + kind_of(st.st_mode) + ", not a regular file");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > max_bytes)
+    throw InputError(path, "", "is " + std::to_string(size) + " bytes, over the limit of " +
+                                   std::to_string(max_bytes));
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
+    if (r == 0) break;  // the file shrank while it was read
+    done += static_cast<std::size_t>(r);
+  }
+  bytes.resize(done);
+  // A file that grew while it was read is taken as its first `size` bytes, never past the limit.
+  return bytes;
+}
+
+}  // namespace attnoracle
