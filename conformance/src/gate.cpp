@@ -2,7 +2,6 @@
 #include "attnoracle/conformance/gate.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,48 +26,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A whole file, read in one go (its size first; a file that grows meanwhile is read to its end).
-// Failures: InputError(path, "", open_fail or read_fail [+ ": " strerror when with_errno]); with
-// no read_fail, a read error ends the file.
-constexpr std::size_t kHugeFile = std::size_t{32} << 20;
-std::vector<unsigned char> read_file(const std::string& path, const char* open_fail, const char* read_fail,
-                                     bool with_errno) {
-  auto fail = [&](const char* what, int err) {
-    throw InputError(path, "", with_errno ? std::string(what) + ": " + std::strerror(err) : std::string(what));
-  };
+// A whole file, read in one go (its size first; a file that grows meanwhile is read to its end;
+// a read error ends it). InputError(path, "", "cannot read") when it cannot be opened.
+std::vector<unsigned char> read_bytes(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(open_fail, errno);
+  if (fd < 0) throw InputError(path, "", "cannot read");
   struct stat st {};
   std::size_t size = 1 << 16;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) size = static_cast<std::size_t>(st.st_size) + 1;
   std::vector<unsigned char> bytes;
-  if (size >= kHugeFile) {
-    // Untouched memory for the whole file, in huge pages where the system grants them: the
-    // 4 KiB page faults of a fresh buffer of hundreds of MB cost as much as reading it.
-    bytes.reserve(size);
-    const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
-    const std::uintptr_t page = 4096, lo = (begin + page - 1) / page * page, hi = (begin + size) / page * page;
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  }
+  reserve_for_read(bytes, size);
   std::size_t got = 0;
   while (true) {
     if (got == bytes.size()) bytes.resize(std::max(size, 2 * bytes.size()));
     const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && !read_fail) break;  // what could be read (as a stream would stop)
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail(read_fail, err);
-    }
-    if (n == 0) break;
+    if (n <= 0) break;  // end of file, or what could be read (as a stream would stop)
     got += static_cast<std::size_t>(n);
   }
   ::close(fd);
   bytes.resize(got);
   return bytes;
 }
-std::vector<unsigned char> read_bytes(const std::string& path) { return read_file(path, "cannot read", nullptr, false); }
 
 struct Selected {
   vectors::ManifestCase mc;
@@ -237,38 +216,9 @@ GateReport check_gate(const GateOptions& opt) {
   }
   // Each result is read by the worker that compares it.
   auto result_of = [&](std::size_t k) {
-    JobResult r;
-    const fs::path out = fs::path(opt.results) / (cases[k].mc.id + ".safetensors");
-    const bool o = fs::exists(out), e = fs::exists(out.string() + ".error"), u = fs::exists(out.string() + ".unsupported");
-    auto text = [](const std::string& p) {
-      std::vector<unsigned char> b = read_bytes(p);
-      std::string s(b.begin(), b.end());
-      for (char& ch : s)
-        if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-      return s.substr(0, 500);
-    };
-    if (o + e + u > 1) {
-      r.outcome = Outcome::Invalid;
-      r.reason = "more than one of output, .error and .unsupported";
-    } else if (u) {
-      r.outcome = Outcome::Unsupported;
-      r.reason = text(out.string() + ".unsupported");
-    } else if (e) {
-      r.outcome = Outcome::Refused;
-      r.reason = text(out.string() + ".error");
-    } else if (!o) {
-      r.outcome = Outcome::Missing;
-      r.reason = "no result file " + out.string();
-    } else {
-      try {
-        // as read_safetensors, with its messages, in one read
-        r.output = parse_safetensors(out.string(), read_file(out.string(), "cannot open", "cannot read", true));
-        r.outcome = Outcome::Output;
-      } catch (const InputError& err) {
-        r.outcome = Outcome::Invalid;
-        r.reason = err.message();
-      }
-    }
+    const std::string out = (fs::path(opt.results) / (cases[k].mc.id + ".safetensors")).string();
+    JobResult r = read_job_result(out);
+    if (r.outcome == Outcome::Missing) r.reason = "no result file " + out + ", .error or .unsupported";
     return r;
   };
   compare_all(opt, cases, result_of, chosen, kept, rep);

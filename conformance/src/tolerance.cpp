@@ -513,6 +513,45 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   return out;
 }
 
+std::vector<double> out_bound_above(const Case& c) {
+  const std::int64_t H = c.Hq, Nk = c.Nk, Dv = c.Dv;
+  if (c.kind == Kind::Sdpa) {
+    std::vector<double> out(static_cast<std::size_t>(c.B * H * c.Nq * Dv), 0);
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i) {
+          double* o = &out[static_cast<std::size_t>(((b * H + h) * c.Nq + i) * Dv)];
+          const Case::KeyRange r = c.key_range(i);
+          for (std::int64_t j = r.first; j <= r.last; ++j) {
+            if (!c.allowed(b, h, i, j)) continue;
+            const double* v = &c.v.values[static_cast<std::size_t>(((b * c.Hkv + c.kv_head(h)) * Nk + j) * Dv)];
+            for (std::int64_t e = 0; e < Dv; ++e) o[e] = std::max(o[e], std::fabs(v[e]));
+          }
+        }
+    return out;
+  }
+  // |V_r| <= |X| |W_v| element by element; its largest over the keys, through |W_o|.
+  const std::vector<double> va = project(c, c.x_kv, c.w_v, Nk, Dv, true);
+  std::vector<double> vmax(static_cast<std::size_t>(c.B * H * Dv), 0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t r = 0; r < H; ++r)
+      for (std::int64_t j = 0; j < Nk; ++j)
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          double& m = vmax[static_cast<std::size_t>((b * H + r) * Dv + e)];
+          m = std::max(m, std::fabs(va[static_cast<std::size_t>(((b * H + r) * Nk + j) * Dv + e)]));
+        }
+  std::vector<double> out(static_cast<std::size_t>(c.B * c.Nq * c.Dout), 0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t e = 0; e < c.Dout; ++e) {
+      double s = 0;
+      for (std::int64_t rc = 0; rc < H * Dv; ++rc)
+        s += vmax[static_cast<std::size_t>(b * H * Dv + rc)] *
+             std::fabs(c.w_o.values[static_cast<std::size_t>(rc * c.Dout + e)]);
+      for (std::int64_t i = 0; i < c.Nq; ++i) out[static_cast<std::size_t>((b * c.Nq + i) * c.Dout + e)] = s;
+    }
+  return out;
+}
+
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
   const double upv = unit_roundoff(p.pv_accum);
@@ -545,20 +584,36 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   return r;
 }
 
-double ulp_error(double y, double x_hi, double x_lo, DType t) {
-  if (std::isnan(y) || std::isinf(y) || std::isinf(x_hi))
-    return (y == x_hi) ? 0 : INFINITY;
+double ulp_of(double x_hi, double x_lo, DType t) {
   const FloatFormat f = float_format(t);
-  const double d = std::fabs((y - x_hi) - x_lo);
-  const int e = x_hi == 0 ? -100000 : std::ilogb(x_hi);
-  const int emin = 1 - f.bias;  // binade of the smallest normal
-  return d / std::ldexp(1.0, std::max(e, emin) - f.precision + 1);
+  return ulp_of(x_hi, x_lo, 1 - f.bias, f.precision);
 }
 
-double signed_bound_error(double y, double x_hi, double x_lo, double bound, DType t) {
-  if (std::isnan(y) || std::isinf(y) || std::isinf(x_hi)) return (y == x_hi) ? 0 : INFINITY;
-  const double denom = std::max(bound * unit_roundoff(t), min_normal(t));
-  return ((y - x_hi) - x_lo) / denom;
+double abs_error(double y, double x_hi, double x_lo, DType t) {
+  if (std::isnan(x_hi)) return std::isnan(y) ? 0 : INFINITY;
+  if (std::isnan(y)) return INFINITY;
+  if (std::isinf(x_hi)) return y == x_hi ? 0 : INFINITY;
+  if (std::isinf(y)) {
+    // Round to nearest overflows from halfway between the largest finite value and 2^(emax + 1).
+    const FloatFormat f = float_format(t);
+    const double big = std::ldexp(2 - std::ldexp(1.0, 1 - f.precision), f.bias);  // largest finite
+    const double half = std::ldexp(1.0, f.bias - f.precision);                      // half its ulp
+    const double ax = std::fabs(x_hi), axl = std::signbit(x_hi) ? -x_lo : x_lo;
+    // ax - big is exact (Sterbenz: big <= ax <= 2 big)
+    const bool overflows = ax > big ? (ax - big) + axl >= half : ax == big && axl >= half;
+    return overflows && std::signbit(y) == std::signbit(x_hi) ? 0 : INFINITY;
+  }
+  return std::fabs((y - x_hi) - x_lo);
+}
+
+double ulp_error(double y, double x_hi, double x_lo, DType t) {
+  const double d = abs_error(y, x_hi, x_lo, t);
+  return d == 0 || std::isinf(d) ? d : d / ulp_of(x_hi, x_lo, t);
+}
+
+double bound_error(double y, double x_hi, double x_lo, double bound, DType t) {
+  const double d = abs_error(y, x_hi, x_lo, t);
+  return d == 0 || std::isinf(d) ? d : d / std::max(bound * unit_roundoff(t), min_normal(t));
 }
 
 }  // namespace attnoracle::conformance
