@@ -124,9 +124,38 @@ class InvariantsCommand : public ::testing::Test {
 };
 
 TEST_F(InvariantsCommand, ExampleAdapterPasses) {
+  // each dtype under its gate profile; a profile skips the dtypes it does not cover
+  for (const char* dp : {"F32 fp32", "F16 fp16", "BF16 bf16"}) {
+    const std::string d(dp), dtype = d.substr(0, d.find(' ')), profile = d.substr(d.find(' ') + 1);
+    std::string out;
+    EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes " + dtype + " --profile " + profile, out), 0)
+        << out;
+    EXPECT_NE(out.find(" 0 violated, 0 skipped"), std::string::npos) << out;
+  }
   std::string out;
-  EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes F32,F16,BF16", out), 0) << out;
-  EXPECT_NE(out.find(" 0 violated"), std::string::npos) << out;
+  EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes F32,F16", out), 0) << out;
+  EXPECT_NE(out.find(" 0 violated, 32 skipped"), std::string::npos) << out;  // the F16 problems' relations
+}
+
+TEST_F(InvariantsCommand, FailuresGoToAFreshTemporaryDirectory) {
+  // no --failures: a new directory under the temporary one, printed; nothing in the current one
+  std::string out;
+  const std::string cmd = "cd " + dir_.string() + " && " + std::string(ATTNORACLE_CLI) + " invariants --impl " +
+                          numpy_adapter(" --bug causal_leak") + " --problems 6 --work " + (dir_ / "work").string() +
+                          " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  pclose(p);
+  const std::string tag = "the failing cases are in ";
+  const auto at = out.find(tag);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string failures = out.substr(at + tag.size(), out.find(';', at) - at - tag.size());
+  EXPECT_EQ(std::filesystem::path(failures).parent_path(), std::filesystem::temp_directory_path()) << failures;
+  EXPECT_FALSE(std::filesystem::is_empty(failures)) << failures;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "attnoracle-invariants-failures")) << out;
+  std::filesystem::remove_all(failures);
 }
 
 TEST_F(InvariantsCommand, CausalLeakIsNamed) {
@@ -160,6 +189,8 @@ TEST_F(InvariantsCommand, BadOptionsAreRefused) {
   EXPECT_EQ(run("invariants --impl true --profile fp7" + common(), out), 2) << out;
   EXPECT_NE(out.find("attnoracle: error: --profile"), std::string::npos) << out;
   EXPECT_EQ(run("invariants --impl true --dtypes F12" + common(), out), 2) << out;
+  EXPECT_EQ(run("invariants --impl true --profile " + (dir_ / "none.json").string() + common(), out), 2) << out;
+  EXPECT_NE(out.find("attnoracle: error: " + (dir_ / "none.json").string()), std::string::npos) << out;
 }
 
 }  // namespace
