@@ -413,7 +413,7 @@ struct Comparer {
             }
             if (masked && conv == MaskedRowConvention::Mean) {
               if (mha) continue;  // the mean of one head's values, mixed by W_o: not compared
-              const std::int64_t gk = h / (H / c.Hkv);
+              const std::int64_t gk = c.kv_head(h);
               double s = 0, sa = 0;
               for (std::int64_t j = 0; j < c.Nk; ++j) {
                 const double v = c.v.values[static_cast<std::size_t>(((b * c.Hkv + gk) * c.Nk + j) * c.Dv + e)];

@@ -6,20 +6,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <thread>
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/parallel.hpp"
 
 namespace attnoracle::conformance {
 namespace fs = std::filesystem;
@@ -110,39 +108,24 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
                  KeptGoldens& kept, GateReport& rep) {
   std::vector<CaseReport> reports(cases.size());
   std::vector<double> bytes(cases.size(), 0);
-  std::vector<std::exception_ptr> thrown(cases.size());  // by result_of: rethrown below
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t k = next++; k < cases.size(); k = next++) {
-      if (!chosen[k]) continue;
-      CaseReport& r = reports[k];
-      JobResult result;
-      try {
-        result = result_of(k);
-      } catch (...) {
-        thrown[k] = std::current_exception();
-        continue;
-      }
-      try {
-        std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
-        if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
-        r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, opt.profile);
-        for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
-      } catch (const InputError& e) {
-        r.id = cases[k].mc.id;
-        r.status = CaseStatus::Fail;
-        r.reason = "bad golden file: " + e.message();
-      }
-      r.tags = cases[k].mc.tags;
+  // A throw of result_of stops the loop; the smallest case's is rethrown, as when the results
+  // were read first.
+  parallel_for(cases.size(), std::max(1, opt.threads), [&](std::size_t k) {
+    if (!chosen[k]) return;
+    CaseReport& r = reports[k];
+    JobResult result = result_of(k);
+    try {
+      std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
+      if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
+      r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, opt.profile);
+      for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
+    } catch (const InputError& e) {
+      r.id = cases[k].mc.id;
+      r.status = CaseStatus::Fail;
+      r.reason = "bad golden file: " + e.message();
     }
-  };
-  const int n = std::max(1, opt.threads);
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  for (const auto& e : thrown)
-    if (e) std::rethrow_exception(e);  // the first case's, as when the results were read first
+    r.tags = cases[k].mc.tags;
+  });
   for (std::size_t k = 0; k < cases.size(); ++k) {
     if (!chosen[k]) continue;
     rep.compared_bytes += bytes[k];

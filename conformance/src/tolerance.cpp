@@ -363,7 +363,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   std::int64_t packed = -1;  // the kv head (b * Hk + g) in ktd/ktf
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t g = h / (H / Hk);
+      const std::int64_t g = mha ? h : c.kv_head(h);
       if (packed != b * Hk + g) {
         packed = b * Hk + g;
         for (std::int64_t jb = 0; jb < Nk; jb += 16)  // transposed by blocks of keys
@@ -385,13 +385,8 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
         // The keys any row of the block may attend by position (causal, window).
         std::int64_t jlo = Nk, jhi = -1;
         for (std::int64_t i = i0; i < i0 + rows; ++i) {
-          const std::int64_t aligned = c.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
-          std::int64_t lo = 0, hi = Nk - 1;
-          if (c.causal != Causal::None) hi = std::min(hi, aligned);
-          if (c.window) {
-            lo = std::max(lo, aligned - c.window_left);
-            hi = std::min(hi, aligned + c.window_right);
-          }
+          const Case::KeyRange kr = c.key_range(i);
+          const std::int64_t lo = kr.first, hi = kr.last;
           if (lo <= hi) {
             jlo = std::min(jlo, lo);
             jhi = std::max(jhi, hi);
@@ -421,13 +416,8 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
           const std::int64_t i = i0 + r;
           RowMagnitudes& m = out[static_cast<std::size_t>(mha ? b * Nq + i : (b * H + h) * Nq + i)];
           // Allowed keys: j in [lo, hi] by position, and by mask and bias (-inf) when given.
-          const std::int64_t aligned = c.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
-          std::int64_t lo = 0, hi = Nk - 1;
-          if (c.causal != Causal::None) hi = std::min(hi, aligned);
-          if (c.window) {
-            lo = std::max(lo, aligned - c.window_left);
-            hi = std::min(hi, aligned + c.window_right);
-          }
+          const Case::KeyRange kr = c.key_range(i);
+          const std::int64_t lo = kr.first, hi = kr.last;
           if (lo > hi) continue;  // no key: keys stays as it is (max with 0)
           const unsigned char* mrow = mask ? mask->row(b, h, i) : nullptr;
           const double* brow = bias ? bias->row(b, h, i) : nullptr;
