@@ -3,6 +3,8 @@
 // failed case with its reason; the runner itself always finishes and writes its reports.
 #include <gtest/gtest.h>
 
+#include "cli_args.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,20 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run(const std::string& args, std::string& out) {
-  const std::string cmd = std::string(ATTNORACLE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  out.clear();
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream(p) << s;
-}
+using testing::run;
+using testing::write_text;
 
 class Gate : public ::testing::Test {
  protected:

@@ -2,6 +2,8 @@
 // `attnoracle invariants` passes the NumPy example adapter and names the bug of a broken copy.
 #include <gtest/gtest.h>
 
+#include "cli_args.hpp"
+
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,8 @@
 
 namespace attnoracle::conformance {
 namespace {
+
+namespace fs = std::filesystem;
 
 const RawTensor& get(const std::vector<RawTensor>& g, const std::string& name) {
   for (const auto& t : g)
@@ -89,17 +93,7 @@ TEST(Twins, AreExactTransformations) {
   EXPECT_GT(pairs, 60);
 }
 
-// Runs the command line and returns its exit status, with stdout in `out`.
-int run(const std::string& args, std::string& out) {
-  const std::string cmd = std::string(ATTNORACLE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  out.clear();
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+using testing::run;
 
 std::string numpy_adapter(const std::string& extra = "") {
   return "'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
@@ -140,14 +134,11 @@ TEST_F(InvariantsCommand, ExampleAdapterPasses) {
 TEST_F(InvariantsCommand, FailuresGoToAFreshTemporaryDirectory) {
   // no --failures: a new directory under the temporary one, printed; nothing in the current one
   std::string out;
-  const std::string cmd = "cd " + dir_.string() + " && " + std::string(ATTNORACLE_CLI) + " invariants --impl " +
-                          numpy_adapter(" --bug causal_leak") + " --problems 6 --work " + (dir_ / "work").string() +
-                          " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  pclose(p);
+  const fs::path here = fs::current_path();
+  fs::current_path(dir_);
+  run("invariants --impl " + numpy_adapter(" --bug causal_leak") + " --problems 6 --work " + (dir_ / "work").string(),
+      out);
+  fs::current_path(here);
   const std::string tag = "the failing cases are in ";
   const auto at = out.find(tag);
   ASSERT_NE(at, std::string::npos) << out;
