@@ -138,17 +138,23 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
   }
 }
 
+// The selected cases, and the report's heading.
+std::vector<Selected> start(const GateOptions& opt, const std::string& implementation, GateReport& rep) {
+  vectors::Manifest m;
+  std::vector<Selected> cases = select(opt, m);
+  rep.suite = m.suite;
+  rep.dir = opt.dir;
+  rep.implementation = implementation;
+  rep.profile = opt.profile.name;
+  return cases;
+}
+
 }  // namespace
 
 GateReport run_gate(const GateOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   GateReport rep;
-  vectors::Manifest m;
-  const std::vector<Selected> cases = select(opt, m);
-  rep.suite = m.suite;
-  rep.dir = opt.dir;
-  rep.implementation = opt.impl;
-  rep.profile = opt.profile.name;
+  const std::vector<Selected> cases = start(opt, opt.impl, rep);
   const fs::path work = opt.work_dir;
   fs::create_directories(work / "inputs");
   fs::create_directories(work / "outputs");
@@ -179,12 +185,7 @@ GateReport run_gate(const GateOptions& opt) {
 GateReport check_gate(const GateOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   GateReport rep;
-  vectors::Manifest m;
-  const std::vector<Selected> cases = select(opt, m);
-  rep.suite = m.suite;
-  rep.dir = opt.dir;
-  rep.implementation = "results in " + opt.results;
-  rep.profile = opt.profile.name;
+  const std::vector<Selected> cases = start(opt, "results in " + opt.results, rep);
   if (!fs::is_directory(opt.results)) throw InputError(opt.results, "", "not a directory");
   std::vector<char> chosen(cases.size(), 0);
   KeptGoldens kept(cases.size());

@@ -319,21 +319,16 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   // query rows of the current block [kRowBlock][Dk]; products [kRowBlock][Nkp].
   std::vector<double> ktd, katd, qd, qad, sd, ad;
   std::vector<float> ktf, katf, qf, qaf, sf, af;
-  if (filtered) {
-    ktf.assign(dk * nkp, 0);
-    katf.assign(dk * nkp, 0);
-    qf.assign(block * dk, 0);
-    qaf.assign(block * dk, 0);
-    sf.assign(block * nkp, 0);
-    af.assign(block * nkp, 0);
-  } else {
-    ktd.assign(dk * nkp, 0);
-    katd.assign(dk * nkp, 0);
-    qd.assign(block * dk, 0);
-    qad.assign(block * dk, 0);
-    sd.assign(block * nkp, 0);
-    ad.assign(block * nkp, 0);
-  }
+  auto buffers = [&](auto& kt, auto& kat, auto& q_, auto& qa_, auto& s_, auto& a_) {
+    kt.assign(dk * nkp, 0);
+    kat.assign(dk * nkp, 0);
+    q_.assign(block * dk, 0);
+    qa_.assign(block * dk, 0);
+    s_.assign(block * nkp, 0);
+    a_.assign(block * nkp, 0);
+  };
+  if (filtered) buffers(ktf, katf, qf, qaf, sf, af);
+  else buffers(ktd, katd, qd, qad, sd, ad);
   const ExactFn exact = exact_kernel();
   const FilterFn filter = filter_kernel();
 
