@@ -24,16 +24,11 @@ struct GateArgs {
 };
 
 conformance::Profile profile_of(const GateArgs& a) {
-  conformance::Profile p = a.profile.size() > 5 && a.profile.substr(a.profile.size() - 5) == ".json"
-                               ? conformance::profile_from_json(a.profile)
-                               : conformance::builtin_profile(a.profile);
+  conformance::Profile p = conformance::load_profile(a.profile);
   if (!a.masked_rows.empty()) {
-    using C = conformance::MaskedRowConvention;
-    if (a.masked_rows == "error") p.masked_rows = C::Error;
-    else if (a.masked_rows == "zero") p.masked_rows = C::Zero;
-    else if (a.masked_rows == "nan") p.masked_rows = C::Nan;
-    else if (a.masked_rows == "mean") p.masked_rows = C::Mean;
-    else throw InputError("--masked-rows", "", "must be error, zero, nan or mean");
+    const auto c = conformance::convention_from_name(a.masked_rows);
+    if (!c) throw InputError("--masked-rows", "", "must be error, zero, nan or mean");
+    p.masked_rows = *c;
   }
   if (!a.returns.empty()) {
     p.returns_weights = a.returns.find("weights") != std::string::npos;

@@ -1,5 +1,7 @@
 // attnoracle invariants --impl 'CMD': metamorphic checks of an implementation, no golden data.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -27,9 +29,9 @@ struct InvariantsArgs {
   int max_len = 12;
   int dim = 8;
   std::string profile = "fp32";
-  double safety = 8;
+  double safety = 0;  // 0: the profile's
   double timeout = 600;
-  std::string work, failures = "attnoracle-invariants-failures", json;
+  std::string work, failures, json;  // failures: a fresh temporary directory when empty
   bool keep = false;
 };
 
@@ -121,10 +123,17 @@ int run_invariants(const InvariantsArgs& a) {
   if (!a.json.empty()) require_parent_dir(a.json);
   conformance::MetamorphicOptions opt;
   opt.command = a.impl;
-  opt.profile = conformance::precision_profile(a.profile);
-  opt.safety = a.safety;
+  opt.profile = conformance::load_profile(a.profile);
+  if (a.safety > 0) opt.profile.safety = a.safety;
   opt.timeout = a.timeout;
   opt.failures_dir = a.failures;
+  const bool temp_failures = a.failures.empty();
+  if (temp_failures) {
+    std::string tmpl = (fs::temp_directory_path() / "attnoracle-invariants-failures-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      throw InputError(tmpl, "", std::string("cannot create the failures directory: ") + std::strerror(errno));
+    opt.failures_dir = tmpl;
+  }
   const bool temp_work = a.work.empty();
   opt.work_dir = temp_work ? (fs::temp_directory_path() / ("attnoracle-invariants-" + std::to_string(::getpid()))).string()
                            : a.work;
@@ -140,6 +149,7 @@ int run_invariants(const InvariantsArgs& a) {
   }
   const conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
   if (temp_work && !a.keep) fs::remove_all(opt.work_dir);
+  if (temp_failures && !r.violated) fs::remove_all(opt.failures_dir);  // nothing was written there
 
   for (const auto& x : r.results)
     if (x.status == conformance::RelationResult::Status::Violated)
@@ -152,7 +162,7 @@ int run_invariants(const InvariantsArgs& a) {
               r.passed, r.bitwise, r.violated, r.skipped);
   if (r.violated)
     std::printf("replay: the failing cases are in %s; rerun with --seed %llu --problems %d\n",
-                a.failures.c_str(), static_cast<unsigned long long>(a.seed), a.problems);
+                opt.failures_dir.c_str(), static_cast<unsigned long long>(a.seed), a.problems);
   if (!a.json.empty()) write_json(a.json, a, r);
   return r.violated ? 1 : 0;
 }
@@ -169,11 +179,15 @@ Command add_invariants(CLI::App& app) {
   sub->add_option("--kinds", a->kinds, "kinds, cycled (sdpa, mha)")->delimiter(',');
   sub->add_option("--max-len", a->max_len, "largest Nq and Nk")->check(CLI::Range(1, 4096));
   sub->add_option("--dim", a->dim, "largest head and model dimension")->check(CLI::Range(1, 1024));
-  sub->add_option("--profile", a->profile, "declared arithmetic: fp64, fp32, fp16, bf16");
-  sub->add_option("--safety", a->safety, "factor on each side's error bound")->check(CLI::Range(1.0, 1e6));
+  sub->add_option("--profile", a->profile,
+                  "the gate's profile, as for run: fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON "
+                  "file; its arithmetic gives each side's limit, other input dtypes are skipped");
+  sub->add_option("--safety", a->safety, "factor on each side's error bound (default: the profile's)")
+      ->check(CLI::Range(1.0, 1e6));
   sub->add_option("--timeout", a->timeout, "seconds for the implementation's whole run")->check(CLI::Range(0.0, 1e6));
   sub->add_option("--work", a->work, "directory for the case files and results (default: a temporary one)");
-  sub->add_option("--failures", a->failures, "where failing cases are written for replay");
+  sub->add_option("--failures", a->failures,
+                  "where failing cases are written for replay (default: a fresh temporary directory, printed)");
   sub->add_option("--json", a->json, "write the report as JSON");
   sub->add_flag("--keep", a->keep, "keep the temporary work directory");
   return {sub, [a] { return run_invariants(*a); }};

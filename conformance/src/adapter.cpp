@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -355,7 +356,9 @@ std::optional<std::string> read_regular(const std::string& path, std::uint64_t l
   if (size > limit && !cut)
     return "is " + std::to_string(size) + " bytes, more than the runner reads (" +
            std::to_string(limit) + ")";
-  bytes.resize(static_cast<std::size_t>(std::min(size, limit)));
+  const auto want = static_cast<std::size_t>(std::min(size, limit));
+  reserve_for_read(bytes, want);
+  bytes.resize(want);
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t got = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
@@ -423,8 +426,28 @@ JobResult read_written(const std::string& path, int which) {
 }
 
 JobResult collect(const AdapterJob& job, const AdapterRun& run, double timeout_seconds) {
+  JobResult r = read_job_result(job.output);
+  return r.outcome == Outcome::Missing ? no_output(run, timeout_seconds) : r;
+}
+
+void remove_stale(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT && errno != ENOTDIR)
+    throw InputError(path, "", "cannot remove a stale output: " + errno_text(errno));
+}
+
+}  // namespace
+
+void reserve_for_read(std::vector<unsigned char>& bytes, std::size_t size) {
+  if (size < (std::size_t{32} << 20)) return;
+  bytes.reserve(size);
+  const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
+  const std::uintptr_t page = 4096, lo = (begin + page - 1) / page * page, hi = (begin + size) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+}
+
+JobResult read_job_result(const std::string& output) {
   static constexpr const char* kNames[3] = {"output", "output.error", "output.unsupported"};
-  const std::string paths[3] = {job.output, job.output + ".error", job.output + ".unsupported"};
+  const std::string paths[3] = {output, output + ".error", output + ".unsupported"};
   std::vector<std::string> present;
   int which = -1;
   for (int i = 0; i < 3; ++i) {
@@ -438,21 +461,13 @@ JobResult collect(const AdapterJob& job, const AdapterRun& run, double timeout_s
   if (present.size() == 3)
     return make_result(Outcome::Invalid, "wrote output, output.error and output.unsupported "
                                          "(exactly one is allowed)");
-  if (present.empty()) return no_output(run, timeout_seconds);
-
+  if (present.empty()) return make_result(Outcome::Missing, "no output, output.error or output.unsupported was written");
   try {
     return read_written(paths[which], which);
   } catch (const std::exception& e) {  // std::bad_alloc, say
     return make_result(Outcome::Invalid, paths[which] + ": " + e.what());
   }
 }
-
-void remove_stale(const std::string& path) {
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT && errno != ENOTDIR)
-    throw InputError(path, "", "cannot remove a stale output: " + errno_text(errno));
-}
-
-}  // namespace
 
 std::string_view outcome_name(Outcome o) {
   switch (o) {

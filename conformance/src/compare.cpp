@@ -145,22 +145,6 @@ void scan_elements(DType t, const unsigned char* y, const unsigned char* g, cons
   }
 }
 
-// 2^e for integer e (ldexp, with the common case built from the bits).
-double pow2(int e) {
-  if (e < -1022 || e > 1023) return std::ldexp(1.0, e);
-  const std::uint64_t bits = static_cast<std::uint64_t>(e + 1023) << 52;
-  double x;
-  std::memcpy(&x, &bits, 8);
-  return x;
-}
-// ilogb of a finite nonzero double (the exponent field for normal numbers).
-int exponent_of(double x) {
-  std::uint64_t bits;
-  std::memcpy(&bits, &x, 8);
-  const int field = static_cast<int>((bits >> 52) & 0x7ff);
-  return field == 0 ? std::ilogb(x) : field - 1023;
-}
-
 // One element: trivially equal (as in scan_elements)?
 bool trivial_at(DType t, const unsigned char* y, const unsigned char* g, const unsigned char* ref, std::size_t k) {
   std::int64_t n = 0;
@@ -188,7 +172,7 @@ double finite_value(DType t, const unsigned char* p) {
       std::uint16_t b;
       std::memcpy(&b, p, 2);
       const int e = (b >> 10) & 31, m = b & 1023;  // finite: e < 31
-      const double mag = e == 0 ? static_cast<double>(m) * 0x1p-24 : static_cast<double>(1024 + m) * pow2(e - 25);
+      const double mag = e == 0 ? static_cast<double>(m) * 0x1p-24 : static_cast<double>(1024 + m) * exp2i(e - 25);
       return (b & 0x8000) ? -mag : mag;
     }
     default: return decode_float(t, p);
@@ -270,16 +254,12 @@ struct Comparer {
                double bound, double lim, double compute, const std::uint64_t* alt = nullptr) {
     const double y = value_of(got, k);
     const std::uint64_t yb = bits_of(got, k), gb = bits_of(gold, k);
-    double d;
-    if (std::isnan(y) || std::isnan(x_hi)) d = (std::isnan(y) && std::isnan(x_hi)) ? 0 : INFINITY;
-    else if (std::isinf(y) || std::isinf(x_hi)) d = (y == x_hi) ? 0 : INFINITY;
-    else if (yb == gb || (alt && yb == *alt)) d = 0;  // the golden value (or its other candidate)
-    else d = std::fabs((y - x_hi) - x_lo);
-    const double ratio = d == 0 ? 0 : (lim > 0 ? d / lim : INFINITY);
     const DType t = got.dtype;
+    // the golden value (or its other candidate) has error 0
+    const double d = yb == gb || (alt && yb == *alt) ? 0 : abs_error(y, x_hi, x_lo, t);
+    const double ratio = d == 0 ? 0 : (lim > 0 ? d / lim : INFINITY);
     const double ulp = d == 0 ? 0 : ulp_error(y, x_hi, x_lo, t);
-    const double den = std::max(bound * unit_roundoff(t), min_normal(t));
-    const double be = d == 0 ? 0 : (std::isfinite(d) ? d / den : INFINITY);
+    const double be = d == 0 ? 0 : bound_error(y, x_hi, x_lo, bound, t);
     ++acc.t.compared;
     acc.t.worst_ulp = std::max(acc.t.worst_ulp, ulp);
     acc.t.worst_bound_error = std::max(acc.t.worst_bound_error, be);
@@ -298,7 +278,7 @@ struct Comparer {
 
   // The statistics of an element that takes part (compute >= 0, d finite, x_hi finite, nonzero).
   void statistics(Acc& acc, double y, double x_hi, double x_lo, double compute) {
-    const double ulp_x = pow2(std::max(exponent_of(x_hi), emin) - precision + 1);
+    const double ulp_x = ulp_of(x_hi, x_lo, emin, precision);
     if (compute <= kComputeShare * ulp_x) {
       const double e = ((y - x_hi) - x_lo) / ulp_x;
       acc.sum += e;
@@ -433,7 +413,7 @@ struct Comparer {
             }
             if (masked && conv == MaskedRowConvention::Mean) {
               if (mha) continue;  // the mean of one head's values, mixed by W_o: not compared
-              const std::int64_t gk = h / (H / c.Hkv);
+              const std::int64_t gk = c.kv_head(h);
               double s = 0, sa = 0;
               for (std::int64_t j = 0; j < c.Nk; ++j) {
                 const double v = c.v.values[static_cast<std::size_t>(((b * c.Hkv + gk) * c.Nk + j) * c.Dv + e)];
@@ -446,7 +426,7 @@ struct Comparer {
               continue;
             }
             const double x = value_of(*ref, k), xl = lo ? value_of(*lo, k) : 0, bd = value_of(*bound, k);
-            const double lim = S * (L.out_coef * bd + uo * std::fabs(x) + L.floor);
+            const double lim = out_limit(profile, L, uo, bd, x);
             element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : L.out_coef * bd + L.floor, und_at.find(k));
           }
         }
@@ -489,8 +469,7 @@ struct Comparer {
               if (masked && conv == MaskedRowConvention::Mean) return;   // 1/Nk or log Nk + S: not compared
               if (masked && conv == MaskedRowConvention::Error) return;  // reported on out
               const double x = value_of(*gref, k);
-              const double lim = weights ? S * (L.weight_rel * std::fabs(x) + uo * std::fabs(x) + L.floor)
-                                         : S * (L.lse_abs + uo * std::fabs(x) + L.floor);
+              const double lim = weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x);
               element(a, *got, *gg, k, x, 0, weights ? 1.0 : std::max(1.0, std::fabs(x)), lim, -1, u_at.find(k));
             };
             for (std::int64_t j = 0; j < per;) {

@@ -2,73 +2,50 @@
 #include "attnoracle/conformance/gate.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <thread>
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/parallel.hpp"
 
 namespace attnoracle::conformance {
 namespace fs = std::filesystem;
 
 namespace {
 
-// A whole file, read in one go (its size first; a file that grows meanwhile is read to its end).
-// Failures: InputError(path, "", open_fail or read_fail [+ ": " strerror when with_errno]); with
-// no read_fail, a read error ends the file.
-constexpr std::size_t kHugeFile = std::size_t{32} << 20;
-std::vector<unsigned char> read_file(const std::string& path, const char* open_fail, const char* read_fail,
-                                     bool with_errno) {
-  auto fail = [&](const char* what, int err) {
-    throw InputError(path, "", with_errno ? std::string(what) + ": " + std::strerror(err) : std::string(what));
-  };
+// A whole file, read in one go (its size first; a file that grows meanwhile is read to its end;
+// a read error ends it). InputError(path, "", "cannot read") when it cannot be opened.
+std::vector<unsigned char> read_bytes(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(open_fail, errno);
+  if (fd < 0) throw InputError(path, "", "cannot read");
   struct stat st {};
   std::size_t size = 1 << 16;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) size = static_cast<std::size_t>(st.st_size) + 1;
   std::vector<unsigned char> bytes;
-  if (size >= kHugeFile) {
-    // Untouched memory for the whole file, in huge pages where the system grants them: the
-    // 4 KiB page faults of a fresh buffer of hundreds of MB cost as much as reading it.
-    bytes.reserve(size);
-    const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
-    const std::uintptr_t page = 4096, lo = (begin + page - 1) / page * page, hi = (begin + size) / page * page;
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  }
+  reserve_for_read(bytes, size);
   std::size_t got = 0;
   while (true) {
     if (got == bytes.size()) bytes.resize(std::max(size, 2 * bytes.size()));
     const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && !read_fail) break;  // what could be read (as a stream would stop)
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail(read_fail, err);
-    }
-    if (n == 0) break;
+    if (n <= 0) break;  // end of file, or what could be read (as a stream would stop)
     got += static_cast<std::size_t>(n);
   }
   ::close(fd);
   bytes.resize(got);
   return bytes;
 }
-std::vector<unsigned char> read_bytes(const std::string& path) { return read_file(path, "cannot read", nullptr, false); }
 
 struct Selected {
   vectors::ManifestCase mc;
@@ -131,39 +108,24 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
                  KeptGoldens& kept, GateReport& rep) {
   std::vector<CaseReport> reports(cases.size());
   std::vector<double> bytes(cases.size(), 0);
-  std::vector<std::exception_ptr> thrown(cases.size());  // by result_of: rethrown below
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t k = next++; k < cases.size(); k = next++) {
-      if (!chosen[k]) continue;
-      CaseReport& r = reports[k];
-      JobResult result;
-      try {
-        result = result_of(k);
-      } catch (...) {
-        thrown[k] = std::current_exception();
-        continue;
-      }
-      try {
-        std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
-        if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
-        r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, opt.profile);
-        for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
-      } catch (const InputError& e) {
-        r.id = cases[k].mc.id;
-        r.status = CaseStatus::Fail;
-        r.reason = "bad golden file: " + e.message();
-      }
-      r.tags = cases[k].mc.tags;
+  // A throw of result_of stops the loop; the smallest case's is rethrown, as when the results
+  // were read first.
+  parallel_for(cases.size(), std::max(1, opt.threads), [&](std::size_t k) {
+    if (!chosen[k]) return;
+    CaseReport& r = reports[k];
+    JobResult result = result_of(k);
+    try {
+      std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
+      if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
+      r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, opt.profile);
+      for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
+    } catch (const InputError& e) {
+      r.id = cases[k].mc.id;
+      r.status = CaseStatus::Fail;
+      r.reason = "bad golden file: " + e.message();
     }
-  };
-  const int n = std::max(1, opt.threads);
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  for (const auto& e : thrown)
-    if (e) std::rethrow_exception(e);  // the first case's, as when the results were read first
+    r.tags = cases[k].mc.tags;
+  });
   for (std::size_t k = 0; k < cases.size(); ++k) {
     if (!chosen[k]) continue;
     rep.compared_bytes += bytes[k];
@@ -176,17 +138,23 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
   }
 }
 
+// The selected cases, and the report's heading.
+std::vector<Selected> start(const GateOptions& opt, const std::string& implementation, GateReport& rep) {
+  vectors::Manifest m;
+  std::vector<Selected> cases = select(opt, m);
+  rep.suite = m.suite;
+  rep.dir = opt.dir;
+  rep.implementation = implementation;
+  rep.profile = opt.profile.name;
+  return cases;
+}
+
 }  // namespace
 
 GateReport run_gate(const GateOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   GateReport rep;
-  vectors::Manifest m;
-  const std::vector<Selected> cases = select(opt, m);
-  rep.suite = m.suite;
-  rep.dir = opt.dir;
-  rep.implementation = opt.impl;
-  rep.profile = opt.profile.name;
+  const std::vector<Selected> cases = start(opt, opt.impl, rep);
   const fs::path work = opt.work_dir;
   fs::create_directories(work / "inputs");
   fs::create_directories(work / "outputs");
@@ -217,12 +185,7 @@ GateReport run_gate(const GateOptions& opt) {
 GateReport check_gate(const GateOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   GateReport rep;
-  vectors::Manifest m;
-  const std::vector<Selected> cases = select(opt, m);
-  rep.suite = m.suite;
-  rep.dir = opt.dir;
-  rep.implementation = "results in " + opt.results;
-  rep.profile = opt.profile.name;
+  const std::vector<Selected> cases = start(opt, "results in " + opt.results, rep);
   if (!fs::is_directory(opt.results)) throw InputError(opt.results, "", "not a directory");
   std::vector<char> chosen(cases.size(), 0);
   KeptGoldens kept(cases.size());
@@ -237,38 +200,9 @@ GateReport check_gate(const GateOptions& opt) {
   }
   // Each result is read by the worker that compares it.
   auto result_of = [&](std::size_t k) {
-    JobResult r;
-    const fs::path out = fs::path(opt.results) / (cases[k].mc.id + ".safetensors");
-    const bool o = fs::exists(out), e = fs::exists(out.string() + ".error"), u = fs::exists(out.string() + ".unsupported");
-    auto text = [](const std::string& p) {
-      std::vector<unsigned char> b = read_bytes(p);
-      std::string s(b.begin(), b.end());
-      for (char& ch : s)
-        if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-      return s.substr(0, 500);
-    };
-    if (o + e + u > 1) {
-      r.outcome = Outcome::Invalid;
-      r.reason = "more than one of output, .error and .unsupported";
-    } else if (u) {
-      r.outcome = Outcome::Unsupported;
-      r.reason = text(out.string() + ".unsupported");
-    } else if (e) {
-      r.outcome = Outcome::Refused;
-      r.reason = text(out.string() + ".error");
-    } else if (!o) {
-      r.outcome = Outcome::Missing;
-      r.reason = "no result file " + out.string();
-    } else {
-      try {
-        // as read_safetensors, with its messages, in one read
-        r.output = parse_safetensors(out.string(), read_file(out.string(), "cannot open", "cannot read", true));
-        r.outcome = Outcome::Output;
-      } catch (const InputError& err) {
-        r.outcome = Outcome::Invalid;
-        r.reason = err.message();
-      }
-    }
+    const std::string out = (fs::path(opt.results) / (cases[k].mc.id + ".safetensors")).string();
+    JobResult r = read_job_result(out);
+    if (r.outcome == Outcome::Missing) r.reason = "no result file " + out + ", .error or .unsupported";
     return r;
   };
   compare_all(opt, cases, result_of, chosen, kept, rep);

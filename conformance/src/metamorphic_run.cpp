@@ -9,105 +9,48 @@
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/conformance/metamorphic.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
 
 namespace attnoracle::conformance {
 
-PrecisionProfile precision_profile(const std::string& name) {
-  if (name == "fp64") return {name, 0x1p-53};
-  if (name == "fp32") return {name, 0x1p-24};
-  if (name == "fp16") return {name, 0x1p-11};
-  if (name == "bf16") return {name, 0x1p-8};
-  throw InputError("--profile", "", "unknown profile '" + name + "' (fp64, fp32, fp16, bf16)");
-}
-
 namespace {
 
-// Magnitudes of one problem, in double: they scale the error bound of an implementation.
-struct Magnitudes {
-  std::vector<double> smax;  // [B, H, Nq]: largest |score| over allowed keys
-  std::vector<double> vmax;  // sdpa [B, H, Dv]: largest |v_jc|; mha [B, Dout]: bound of |out_e|
-  double extra = 0;          // terms added to the row length in the bound (D for mha)
+double finite_abs(double x) { return std::isfinite(x) ? std::fabs(x) : 0; }
 
-  explicit Magnitudes(const Case& c) {
-    const std::int64_t H = c.Hq;
-    // Scores and values in double; mha projects first.
-    std::vector<double> Q, K, V;
-    if (c.kind == Kind::Sdpa) {
-      Q = c.q.values, K = c.k.values, V = c.v.values;
-    } else {
-      auto project = [&](const FloatTensor& x, const FloatTensor& w, std::int64_t N, std::int64_t E) {
-        std::vector<double> p(static_cast<std::size_t>(c.B * H * N * E));
-        for (std::int64_t b = 0; b < c.B; ++b)
-          for (std::int64_t r = 0; r < H; ++r)
-            for (std::int64_t n = 0; n < N; ++n)
-              for (std::int64_t e = 0; e < E; ++e) {
-                double s = 0;
-                for (std::int64_t d = 0; d < c.D; ++d)
-                  s += x.values[static_cast<std::size_t>((b * N + n) * c.D + d)] *
-                       w.values[static_cast<std::size_t>((r * c.D + d) * E + e)];
-                p[static_cast<std::size_t>(((b * H + r) * N + n) * E + e)] = s;
-              }
-        return p;
-      };
-      Q = project(c.x_q, c.w_q, c.Nq, c.Dk);
-      K = project(c.x_kv, c.w_k, c.Nk, c.Dk);
-      V = project(c.x_kv, c.w_v, c.Nk, c.Dv);
-      extra = static_cast<double>(c.D + H * c.Dv);
-    }
-    const std::int64_t Hk = c.kind == Kind::Sdpa ? c.Hkv : H;
-    const double scale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(c.Dk));
-    const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
-    smax.assign(static_cast<std::size_t>(c.B * H * c.Nq), 0);
-    for (std::int64_t b = 0; b < c.B; ++b)
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::int64_t g = h / (H / Hk);
-        for (std::int64_t i = 0; i < c.Nq; ++i) {
-          double m = 0;
-          for (std::int64_t j = 0; j < c.Nk; ++j) {
-            if (!c.allowed(b, h, i, j)) continue;
-            double t = 0;
-            for (std::int64_t d = 0; d < c.Dk; ++d)
-              t += Q[static_cast<std::size_t>(((b * H + h) * c.Nq + i) * c.Dk + d)] *
-                   K[static_cast<std::size_t>(((b * Hk + g) * c.Nk + j) * c.Dk + d)];
-            t = std::fabs(t * scale);
-            if (cap > 0) t = std::min(t, cap);
-            m = std::max(m, t + std::fabs(c.bias_at(b, h, i, j)));
-          }
-          smax[static_cast<std::size_t>((b * H + h) * c.Nq + i)] = m;
-        }
-      }
-    std::vector<double> vh(static_cast<std::size_t>(c.B * Hk * c.Dv), 0);  // [B, Hk, Dv]
-    for (std::int64_t b = 0; b < c.B; ++b)
-      for (std::int64_t g = 0; g < Hk; ++g)
-        for (std::int64_t j = 0; j < c.Nk; ++j)
-          for (std::int64_t col = 0; col < c.Dv; ++col) {
-            double& x = vh[static_cast<std::size_t>((b * Hk + g) * c.Dv + col)];
-            x = std::max(x, std::fabs(V[static_cast<std::size_t>(((b * Hk + g) * c.Nk + j) * c.Dv + col)]));
-          }
-    if (c.kind == Kind::Sdpa) {
-      vmax.assign(static_cast<std::size_t>(c.B * H * c.Dv), 0);
-      for (std::int64_t b = 0; b < c.B; ++b)
-        for (std::int64_t h = 0; h < H; ++h)
-          for (std::int64_t col = 0; col < c.Dv; ++col)
-            vmax[static_cast<std::size_t>((b * H + h) * c.Dv + col)] =
-                vh[static_cast<std::size_t>((b * Hk + h / (H / Hk)) * c.Dv + col)];
-    } else {
-      vmax.assign(static_cast<std::size_t>(c.B * c.Dout), 0);
-      for (std::int64_t b = 0; b < c.B; ++b)
-        for (std::int64_t e = 0; e < c.Dout; ++e) {
-          double s = 0;
-          for (std::int64_t r = 0; r < H; ++r)
-            for (std::int64_t col = 0; col < c.Dv; ++col)
-              s += vh[static_cast<std::size_t>((b * H + r) * c.Dv + col)] *
-                   std::fabs(c.w_o.values[static_cast<std::size_t>((r * c.Dv + col) * c.Dout + e)]);
-          vmax[static_cast<std::size_t>(b * c.Dout + e)] = s;
-        }
-    }
+// One side's limits, the gate's (tolerance.hpp), from its own case's magnitudes.
+struct Side {
+  const Case& c;
+  const Profile& p;
+  std::vector<RowLimits> rows;  // per row of row_magnitudes
+  std::vector<double> bound;    // out.bound from above, per element of out
+  double uo;
+  Side(const Case& c_, const Profile& p_) : c(c_), p(p_), bound(out_bound_above(c_)), uo(unit_roundoff(c_.output_dtype)) {
+    for (const auto& m : row_magnitudes(c)) rows.push_back(row_limits(p, c, m));
+  }
+  const RowLimits& row(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return rows[static_cast<std::size_t>(c.kind == Kind::Mha ? b * c.Nq + i : (b * c.Hq + h) * c.Nq + i)];
+  }
+  // The limits take |x|, the exact value; from the result y: when |y - x| <= a + r |x|,
+  // |x| <= (|y| + a) / (1 - r).
+  static double exact_above(double y, double a, double r) {
+    return r < 1 ? (finite_abs(y) + a) / (1 - r) : INFINITY;
+  }
+  double out(std::int64_t b, std::int64_t h, std::int64_t i, std::size_t at, double y) const {
+    const RowLimits& L = row(b, h, i);
+    const double bd = bound[at], S = p.safety;
+    return out_limit(p, L, uo, bd, exact_above(y, S * (L.out_coef * bd + L.floor), S * uo));
+  }
+  double weight(std::int64_t b, std::int64_t h, std::int64_t i, double y) const {
+    const RowLimits& L = row(b, h, i);
+    const double S = p.safety;
+    return weight_limit(p, L, uo, std::min(1.0, exact_above(y, S * L.floor, S * (L.weight_rel + uo))));
+  }
+  double lse(std::int64_t b, std::int64_t h, std::int64_t i, double y) const {
+    const RowLimits& L = row(b, h, i);
+    const double S = p.safety;
+    return lse_limit(p, L, uo, exact_above(y, S * (L.lse_abs + L.floor), S * uo));
   }
 };
-
-double unit_roundoff(DType t) { return std::ldexp(1.0, -float_format(t).precision); }
-double finite_abs(double x) { return std::isfinite(x) ? std::fabs(x) : 0; }
 
 struct Tensor {
   std::vector<double> v;
@@ -154,8 +97,9 @@ struct Comparison {
     else ratio = std::fabs(a - b) / tol;
     if (ratio > worst_seen) {
       worst_seen = ratio;
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%s%s: %.9g vs %.9g, tolerance %.3g", tensor, where.c_str(), a, b, tol);
+      char buf[400];
+      std::snprintf(buf, sizeof buf, "%s%s: %.9g (%a) vs %.9g (%a), tolerance %.3g (%a)", tensor, where.c_str(), a, a,
+                    b, b, tol, tol);
       r.detail = buf;
     }
   }
@@ -194,86 +138,74 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
     return;
   }
   const Case ca = case_from_file("a", p.a), cb = case_from_file("b", p.b);
-  const Magnitudes m(ca);
+  const Side sa(ca, opt.profile), sb(cb, opt.profile);
   const DType odt = ca.output_dtype;
-  const double u = opt.profile.u, uo = unit_roundoff(odt), S = opt.safety;
   const bool mha = ca.kind == Kind::Mha;
   const std::int64_t H = ca.Hq, W = mha ? ca.Dout : ca.Dv;
-  auto K = [&](std::int64_t b, std::int64_t h, std::int64_t i) {  // the bound's dimensionless size
-    return static_cast<double>(ca.Dk + ca.Nk + 4) + m.extra +
-           2 * (m.smax[static_cast<std::size_t>((b * H + h) * ca.Nq + i)] + std::fabs(p.lse_shift));
-  };
   Comparison cmp{res};
   std::string why;
   Tensor oa, ob;
-  const std::vector<std::int64_t> oshape = mha ? std::vector<std::int64_t>{ca.B, ca.Nq, W}
-                                               : std::vector<std::int64_t>{ca.B, H, ca.Nq, W};
-  if (!read_result(ra.output, "out", odt, oshape, oa, why) || !read_result(rb.output, "out", odt, oshape, ob, why)) {
+  auto unreadable = [&] {
     res.status = St::Violated;
     res.detail = why;
-    return;
-  }
+  };
+  if (!read_result(ra.output, "out", odt, ca.out_shape(), oa, why) ||
+      !read_result(rb.output, "out", odt, cb.out_shape(), ob, why))
+    return unreadable();
   for (std::int64_t b = 0; b < ca.B; ++b)
     for (std::int64_t i = 0; i < ca.Nq; ++i)
       for (std::int64_t h = 0; h < (mha ? 1 : H); ++h) {
         if (mha ? !p.out_rows[static_cast<std::size_t>(b * ca.Nq + i)] : !p.rows[static_cast<std::size_t>((b * H + h) * ca.Nq + i)])
           continue;
-        double k = 0;
-        for (std::int64_t hh = (mha ? 0 : h); hh < (mha ? H : h + 1); ++hh) k = std::max(k, K(b, hh, i));
         for (std::int64_t e = 0; e < W; ++e) {
           const auto at = static_cast<std::size_t>((mha ? (b * ca.Nq + i) : ((b * H + h) * ca.Nq + i)) * W + e);
-          const double vm = mha ? m.vmax[static_cast<std::size_t>(b * W + e)] : m.vmax[static_cast<std::size_t>((b * H + h) * W + e)];
-          // each side within (K u vmax + uo |y|) of the exact value, times the safety factor
-          const double tol = S * (2 * k * u * vm + uo * (finite_abs(oa.v[at]) + finite_abs(ob.v[at]))) + 1e-300;
+          // each side within its own limit of the same exact value
+          const double tol = sa.out(b, h, i, at, oa.v[at]) + sb.out(b, h, i, at, ob.v[at]);
           cmp.element("out", mha ? idx({b, i, e}) : idx({b, h, i, e}), oa.v[at], ob.v[at], tol, same_bits(oa, at, ob, at));
         }
       }
-  const std::string outputs = p.a.metadata.count("attn.outputs") ? p.a.metadata.at("attn.outputs") : "out";
-  if (outputs.find("weights") != std::string::npos) {
+  if (ca.want_weights && opt.profile.returns_weights) {
     Tensor wa, wb;
     const std::int64_t Nkb = cb.Nk;
     if (!read_result(ra.output, "weights", odt, {ca.B, H, ca.Nq, ca.Nk}, wa, why) ||
-        !read_result(rb.output, "weights", odt, {ca.B, H, ca.Nq, Nkb}, wb, why)) {
-      res.status = St::Violated;
-      res.detail = why;
-      return;
-    }
+        !read_result(rb.output, "weights", odt, {ca.B, H, ca.Nq, Nkb}, wb, why))
+      return unreadable();
     for (std::int64_t b = 0; b < ca.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < ca.Nq; ++i) {
           if (!p.rows[static_cast<std::size_t>((b * H + h) * ca.Nq + i)]) continue;
-          const double k = K(b, h, i);
           for (std::int64_t j = 0; j < ca.Nk; ++j) {
             const std::int64_t jt = p.perm.empty() ? j : p.perm[static_cast<std::size_t>(j)];
             const auto ia = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * ca.Nk + j);
             const auto ib = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + jt);
-            const double tol = S * (2 * k * u + uo * (finite_abs(wa.v[ia]) + finite_abs(wb.v[ib]))) + 1e-300;
+            const double tol = sa.weight(b, h, i, wa.v[ia]) + sb.weight(b, h, i, wb.v[ib]);
             cmp.element("weights", idx({b, h, i, j}), wa.v[ia], wb.v[ib], tol, same_bits(wa, ia, wb, ib));
           }
           if (p.extra_key) {  // a masked key's weight is exactly 0 in any sane implementation
             const double w = wb.v[static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + ca.Nk)];
             if (w != 0) {
               cmp.worst_seen = INFINITY;
-              res.detail = "weights" + idx({b, h, i, ca.Nk}) + " of the masked padding key is " + std::to_string(w) + ", not 0";
+              char buf[200];
+              std::snprintf(buf, sizeof buf, "weights%s of the masked padding key is %.9g (%a), not 0",
+                            idx({b, h, i, ca.Nk}).c_str(), w, w);
+              res.detail = buf;
             }
           }
         }
   }
-  if (outputs.find("lse") != std::string::npos) {
+  if (ca.want_lse && opt.profile.returns_lse) {
     Tensor la, lb;
     if (!read_result(ra.output, "lse", odt, {ca.B, H, ca.Nq}, la, why) ||
-        !read_result(rb.output, "lse", odt, {ca.B, H, ca.Nq}, lb, why)) {
-      res.status = St::Violated;
-      res.detail = why;
-      return;
-    }
+        !read_result(rb.output, "lse", odt, {ca.B, H, ca.Nq}, lb, why))
+      return unreadable();
     for (std::int64_t b = 0; b < ca.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < ca.Nq; ++i) {
           const auto at = static_cast<std::size_t>((b * H + h) * ca.Nq + i);
           if (!p.rows[at]) continue;
           const double a = la.v[at] + p.lse_shift, b2 = lb.v[at];
-          const double tol = S * (2 * K(b, h, i) * u * (1 + finite_abs(a)) + uo * (finite_abs(a) + finite_abs(b2))) + 1e-300;
+          // lse_b = lse_a + shift exactly; the addition in double rounds once (2^-53 |a|)
+          const double tol = sa.lse(b, h, i, la.v[at]) + sb.lse(b, h, i, b2) + 0x1p-53 * finite_abs(a);
           cmp.element("lse", idx({b, h, i}), a, b2, tol, p.lse_shift == 0 && same_bits(la, at, lb, at));
         }
   }
@@ -295,6 +227,7 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
     TwinPair pair;
     std::size_t ja, jb;
     std::string fa, fb;
+    std::string skip;  // why the pair is not run
   };
   std::vector<Pending> pend;
   fs::create_directories(opt.work_dir);
@@ -312,15 +245,23 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
       written.emplace(std::move(bytes), jobs.size() - 1);
       return jobs.size() - 1;
     };
+    const DType in = case_from_file(id, file).input_dtype;
+    const auto& covered = opt.profile.input_dtypes;
+    const bool skip = !covered.empty() && std::find(covered.begin(), covered.end(), in) == covered.end();
     for (TwinPair& p : make_twins(id, file)) {
-      Pending q{id, std::move(p), 0, 0, {}, {}};
+      Pending q{id, std::move(p), 0, 0, {}, {}, {}};
+      if (skip) {  // as the gate skips a case
+        q.skip = "profile " + opt.profile.name + " does not cover " + std::string(dtype_name(in)) + " inputs";
+        pend.push_back(std::move(q));
+        continue;
+      }
       q.ja = job_for(q.pair.a, q.pair.tag == "head" && q.pair.a.find("w_o") ? "base-head" : "base", q.fa);
       q.jb = job_for(q.pair.b, q.pair.tag, q.fb);
       pend.push_back(std::move(q));
     }
   }
-  const conformance::AdapterRun run =
-      conformance::run_adapter(opt.command, jobs, (fs::path(opt.work_dir) / "run").string(), opt.timeout);
+  conformance::AdapterRun run;
+  if (!jobs.empty()) run = conformance::run_adapter(opt.command, jobs, (fs::path(opt.work_dir) / "run").string(), opt.timeout);
   if (run.timed_out || run.signaled || run.exit_status != 0) {
     rep.adapter_note = run.timed_out ? "the implementation timed out"
                                      : "the implementation exited with status " + std::to_string(run.exit_status);
@@ -331,7 +272,12 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
     r.problem = q.problem;
     r.invariant = q.pair.invariant;
     r.what = q.pair.what;
-    compare_pair(q.pair, run.results[q.ja], run.results[q.jb], opt, r);
+    if (!q.skip.empty()) {
+      r.status = RelationResult::Status::Skipped;
+      r.detail = q.skip;
+    } else {
+      compare_pair(q.pair, run.results[q.ja], run.results[q.jb], opt, r);
+    }
     if (r.status == RelationResult::Status::Violated && !opt.failures_dir.empty()) {
       fs::create_directories(opt.failures_dir);
       const fs::path a = fs::path(opt.failures_dir) / fs::path(q.fa).filename();

@@ -47,6 +47,18 @@ std::string_view convention_name(MaskedRowConvention c) {
   return "?";
 }
 
+std::optional<MaskedRowConvention> convention_from_name(std::string_view s) {
+  for (MaskedRowConvention c : {MaskedRowConvention::Error, MaskedRowConvention::Zero, MaskedRowConvention::Nan,
+                                MaskedRowConvention::Mean})
+    if (convention_name(c) == s) return c;
+  return std::nullopt;
+}
+
+Profile load_profile(const std::string& name_or_path, const std::string& what) {
+  const std::string& s = name_or_path;
+  return s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0 ? profile_from_json(s) : builtin_profile(s, what);
+}
+
 Profile profile_from_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "", "cannot read the profile");
@@ -106,12 +118,9 @@ Profile profile_from_json(const std::string& path) {
   flag("returns_weights", p.returns_weights);
   flag("returns_lse", p.returns_lse);
   if (j.contains("masked_rows")) {
-    const std::string m = j["masked_rows"].is_string() ? j["masked_rows"].get<std::string>() : "";
-    if (m == "error") p.masked_rows = MaskedRowConvention::Error;
-    else if (m == "zero") p.masked_rows = MaskedRowConvention::Zero;
-    else if (m == "nan") p.masked_rows = MaskedRowConvention::Nan;
-    else if (m == "mean") p.masked_rows = MaskedRowConvention::Mean;
-    else throw InputError(path, "masked_rows", "must be error, zero, nan or mean");
+    const auto m = convention_from_name(j["masked_rows"].is_string() ? j["masked_rows"].get<std::string>() : "");
+    if (!m) throw InputError(path, "masked_rows", "must be error, zero, nan or mean");
+    p.masked_rows = *m;
   }
   return p;
 }

@@ -319,21 +319,16 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   // query rows of the current block [kRowBlock][Dk]; products [kRowBlock][Nkp].
   std::vector<double> ktd, katd, qd, qad, sd, ad;
   std::vector<float> ktf, katf, qf, qaf, sf, af;
-  if (filtered) {
-    ktf.assign(dk * nkp, 0);
-    katf.assign(dk * nkp, 0);
-    qf.assign(block * dk, 0);
-    qaf.assign(block * dk, 0);
-    sf.assign(block * nkp, 0);
-    af.assign(block * nkp, 0);
-  } else {
-    ktd.assign(dk * nkp, 0);
-    katd.assign(dk * nkp, 0);
-    qd.assign(block * dk, 0);
-    qad.assign(block * dk, 0);
-    sd.assign(block * nkp, 0);
-    ad.assign(block * nkp, 0);
-  }
+  auto buffers = [&](auto& kt, auto& kat, auto& q_, auto& qa_, auto& s_, auto& a_) {
+    kt.assign(dk * nkp, 0);
+    kat.assign(dk * nkp, 0);
+    q_.assign(block * dk, 0);
+    qa_.assign(block * dk, 0);
+    s_.assign(block * nkp, 0);
+    a_.assign(block * nkp, 0);
+  };
+  if (filtered) buffers(ktf, katf, qf, qaf, sf, af);
+  else buffers(ktd, katd, qd, qad, sd, ad);
   const ExactFn exact = exact_kernel();
   const FilterFn filter = filter_kernel();
 
@@ -363,7 +358,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   std::int64_t packed = -1;  // the kv head (b * Hk + g) in ktd/ktf
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t g = h / (H / Hk);
+      const std::int64_t g = mha ? h : c.kv_head(h);
       if (packed != b * Hk + g) {
         packed = b * Hk + g;
         for (std::int64_t jb = 0; jb < Nk; jb += 16)  // transposed by blocks of keys
@@ -385,13 +380,8 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
         // The keys any row of the block may attend by position (causal, window).
         std::int64_t jlo = Nk, jhi = -1;
         for (std::int64_t i = i0; i < i0 + rows; ++i) {
-          const std::int64_t aligned = c.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
-          std::int64_t lo = 0, hi = Nk - 1;
-          if (c.causal != Causal::None) hi = std::min(hi, aligned);
-          if (c.window) {
-            lo = std::max(lo, aligned - c.window_left);
-            hi = std::min(hi, aligned + c.window_right);
-          }
+          const Case::KeyRange kr = c.key_range(i);
+          const std::int64_t lo = kr.first, hi = kr.last;
           if (lo <= hi) {
             jlo = std::min(jlo, lo);
             jhi = std::max(jhi, hi);
@@ -421,13 +411,8 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
           const std::int64_t i = i0 + r;
           RowMagnitudes& m = out[static_cast<std::size_t>(mha ? b * Nq + i : (b * H + h) * Nq + i)];
           // Allowed keys: j in [lo, hi] by position, and by mask and bias (-inf) when given.
-          const std::int64_t aligned = c.causal == Causal::BottomRight ? i + (Nk - Nq) : i;
-          std::int64_t lo = 0, hi = Nk - 1;
-          if (c.causal != Causal::None) hi = std::min(hi, aligned);
-          if (c.window) {
-            lo = std::max(lo, aligned - c.window_left);
-            hi = std::min(hi, aligned + c.window_right);
-          }
+          const Case::KeyRange kr = c.key_range(i);
+          const std::int64_t lo = kr.first, hi = kr.last;
           if (lo > hi) continue;  // no key: keys stays as it is (max with 0)
           const unsigned char* mrow = mask ? mask->row(b, h, i) : nullptr;
           const double* brow = bias ? bias->row(b, h, i) : nullptr;
@@ -513,6 +498,45 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   return out;
 }
 
+std::vector<double> out_bound_above(const Case& c) {
+  const std::int64_t H = c.Hq, Nk = c.Nk, Dv = c.Dv;
+  if (c.kind == Kind::Sdpa) {
+    std::vector<double> out(static_cast<std::size_t>(c.B * H * c.Nq * Dv), 0);
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i) {
+          double* o = &out[static_cast<std::size_t>(((b * H + h) * c.Nq + i) * Dv)];
+          const Case::KeyRange r = c.key_range(i);
+          for (std::int64_t j = r.first; j <= r.last; ++j) {
+            if (!c.allowed(b, h, i, j)) continue;
+            const double* v = &c.v.values[static_cast<std::size_t>(((b * c.Hkv + c.kv_head(h)) * Nk + j) * Dv)];
+            for (std::int64_t e = 0; e < Dv; ++e) o[e] = std::max(o[e], std::fabs(v[e]));
+          }
+        }
+    return out;
+  }
+  // |V_r| <= |X| |W_v| element by element; its largest over the keys, through |W_o|.
+  const std::vector<double> va = project(c, c.x_kv, c.w_v, Nk, Dv, true);
+  std::vector<double> vmax(static_cast<std::size_t>(c.B * H * Dv), 0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t r = 0; r < H; ++r)
+      for (std::int64_t j = 0; j < Nk; ++j)
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          double& m = vmax[static_cast<std::size_t>((b * H + r) * Dv + e)];
+          m = std::max(m, std::fabs(va[static_cast<std::size_t>(((b * H + r) * Nk + j) * Dv + e)]));
+        }
+  std::vector<double> out(static_cast<std::size_t>(c.B * c.Nq * c.Dout), 0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t e = 0; e < c.Dout; ++e) {
+      double s = 0;
+      for (std::int64_t rc = 0; rc < H * Dv; ++rc)
+        s += vmax[static_cast<std::size_t>(b * H * Dv + rc)] *
+             std::fabs(c.w_o.values[static_cast<std::size_t>(rc * c.Dout + e)]);
+      for (std::int64_t i = 0; i < c.Nq; ++i) out[static_cast<std::size_t>((b * c.Nq + i) * c.Dout + e)] = s;
+    }
+  return out;
+}
+
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
   const double upv = unit_roundoff(p.pv_accum);
@@ -545,20 +569,36 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   return r;
 }
 
-double ulp_error(double y, double x_hi, double x_lo, DType t) {
-  if (std::isnan(y) || std::isinf(y) || std::isinf(x_hi))
-    return (y == x_hi) ? 0 : INFINITY;
+double ulp_of(double x_hi, double x_lo, DType t) {
   const FloatFormat f = float_format(t);
-  const double d = std::fabs((y - x_hi) - x_lo);
-  const int e = x_hi == 0 ? -100000 : std::ilogb(x_hi);
-  const int emin = 1 - f.bias;  // binade of the smallest normal
-  return d / std::ldexp(1.0, std::max(e, emin) - f.precision + 1);
+  return ulp_of(x_hi, x_lo, 1 - f.bias, f.precision);
 }
 
-double signed_bound_error(double y, double x_hi, double x_lo, double bound, DType t) {
-  if (std::isnan(y) || std::isinf(y) || std::isinf(x_hi)) return (y == x_hi) ? 0 : INFINITY;
-  const double denom = std::max(bound * unit_roundoff(t), min_normal(t));
-  return ((y - x_hi) - x_lo) / denom;
+double abs_error(double y, double x_hi, double x_lo, DType t) {
+  if (std::isnan(x_hi)) return std::isnan(y) ? 0 : INFINITY;
+  if (std::isnan(y)) return INFINITY;
+  if (std::isinf(x_hi)) return y == x_hi ? 0 : INFINITY;
+  if (std::isinf(y)) {
+    // Round to nearest overflows from halfway between the largest finite value and 2^(emax + 1).
+    const FloatFormat f = float_format(t);
+    const double big = std::ldexp(2 - std::ldexp(1.0, 1 - f.precision), f.bias);  // largest finite
+    const double half = std::ldexp(1.0, f.bias - f.precision);                      // half its ulp
+    const double ax = std::fabs(x_hi), axl = std::signbit(x_hi) ? -x_lo : x_lo;
+    // ax - big is exact (Sterbenz: big <= ax <= 2 big)
+    const bool overflows = ax > big ? (ax - big) + axl >= half : ax == big && axl >= half;
+    return overflows && std::signbit(y) == std::signbit(x_hi) ? 0 : INFINITY;
+  }
+  return std::fabs((y - x_hi) - x_lo);
+}
+
+double ulp_error(double y, double x_hi, double x_lo, DType t) {
+  const double d = abs_error(y, x_hi, x_lo, t);
+  return d == 0 || std::isinf(d) ? d : d / ulp_of(x_hi, x_lo, t);
+}
+
+double bound_error(double y, double x_hi, double x_lo, double bound, DType t) {
+  const double d = abs_error(y, x_hi, x_lo, t);
+  return d == 0 || std::isinf(d) ? d : d / std::max(bound * unit_roundoff(t), min_normal(t));
 }
 
 }  // namespace attnoracle::conformance

@@ -3,6 +3,8 @@
 // failed case with its reason; the runner itself always finishes and writes its reports.
 #include <gtest/gtest.h>
 
+#include "cli_args.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,20 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run(const std::string& args, std::string& out) {
-  const std::string cmd = std::string(ATTNORACLE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  out.clear();
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream(p) << s;
-}
+using testing::run;
+using testing::write_text;
 
 class Gate : public ::testing::Test {
  protected:
@@ -184,6 +174,42 @@ TEST_F(Gate, CheckOfflineResults) {
   fs::remove(res / "case1.safetensors");
   EXPECT_EQ(run("check " + (dir_ / "set").string() + " --results " + res.string(), out), 1) << out;
   EXPECT_NE(out.find("missing"), std::string::npos) << out;
+}
+
+TEST_F(Gate, CheckReadsResultsAsRunDoes) {
+  // check and run classify one job's files with the same reader, and the same messages
+  const fs::path res = dir_ / "results-states";
+  fs::create_directories(res);
+  write_text(res / "case0.safetensors.error", "refused\tfor a reason\n");
+  write_text(res / "case0.safetensors.unsupported", "no");
+  write_text(res / "case1.safetensors", "garbage");
+  write_text(res / "case2.safetensors.unsupported", "  softcap\n");
+  const fs::path json = dir_ / "states.json";
+  std::string out;
+  EXPECT_EQ(run("check " + (dir_ / "set").string() + " --results " + res.string() + " --json " + json.string(), out), 1)
+      << out;
+  const nlohmann::json r = nlohmann::json::parse(std::ifstream(json));
+  ASSERT_EQ(r["cases"].size(), 3u) << out;
+  EXPECT_NE(r["cases"][0]["reason"].get<std::string>().find(
+                "wrote both output.error and output.unsupported (exactly one is allowed)"),
+            std::string::npos) << r.dump();
+  EXPECT_NE(r["cases"][1]["reason"].get<std::string>().find("invalid"), std::string::npos) << r.dump();
+  EXPECT_EQ(r["cases"][2]["status"], "skip") << r.dump();
+  EXPECT_NE(r["cases"][2]["reason"].get<std::string>().find("unsupported: softcap"), std::string::npos) << r.dump();
+  // the same files written by an implementation under run
+  write_text(dir_ / "states.sh",
+             "while read -r l; do o=$(echo \"$l\" | sed 's/.*\"output\": *\"\\([^\"]*\\)\".*/\\1/');"
+             " case \"$o\" in *case0*) printf 'refused' > \"$o.error\"; printf no > \"$o.unsupported\";;"
+             " *case1*) printf garbage > \"$o\";; *) printf '  softcap\\n' > \"$o.unsupported\";; esac; done < \"$1\"\n");
+  nlohmann::json g;
+  EXPECT_EQ(gate("'/bin/sh " + (dir_ / "states.sh").string() + "'", g), 1) << out_;
+  ASSERT_EQ(g["cases"].size(), 3u) << out_;
+  auto text = [](const nlohmann::json& c) {  // the reason, without the directory of the file
+    const std::string s = c["reason"].get<std::string>();
+    const auto at = s.find("case1.safetensors");
+    return at == std::string::npos ? s : s.substr(at);
+  };
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(text(g["cases"][k]), text(r["cases"][k])) << g.dump() << r.dump();
 }
 
 TEST_F(Gate, BadUsageAndAlteredSetsAreRefused) {

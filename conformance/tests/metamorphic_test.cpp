@@ -2,6 +2,8 @@
 // `attnoracle invariants` passes the NumPy example adapter and names the bug of a broken copy.
 #include <gtest/gtest.h>
 
+#include "cli_args.hpp"
+
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,8 @@
 
 namespace attnoracle::conformance {
 namespace {
+
+namespace fs = std::filesystem;
 
 const RawTensor& get(const std::vector<RawTensor>& g, const std::string& name) {
   for (const auto& t : g)
@@ -89,17 +93,7 @@ TEST(Twins, AreExactTransformations) {
   EXPECT_GT(pairs, 60);
 }
 
-// Runs the command line and returns its exit status, with stdout in `out`.
-int run(const std::string& args, std::string& out) {
-  const std::string cmd = std::string(ATTNORACLE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  out.clear();
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+using testing::run;
 
 std::string numpy_adapter(const std::string& extra = "") {
   return "'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
@@ -124,9 +118,35 @@ class InvariantsCommand : public ::testing::Test {
 };
 
 TEST_F(InvariantsCommand, ExampleAdapterPasses) {
+  // each dtype under its gate profile; a profile skips the dtypes it does not cover
+  for (const char* dp : {"F32 fp32", "F16 fp16", "BF16 bf16"}) {
+    const std::string d(dp), dtype = d.substr(0, d.find(' ')), profile = d.substr(d.find(' ') + 1);
+    std::string out;
+    EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes " + dtype + " --profile " + profile, out), 0)
+        << out;
+    EXPECT_NE(out.find(" 0 violated, 0 skipped"), std::string::npos) << out;
+  }
   std::string out;
-  EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes F32,F16,BF16", out), 0) << out;
-  EXPECT_NE(out.find(" 0 violated"), std::string::npos) << out;
+  EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes F32,F16", out), 0) << out;
+  EXPECT_NE(out.find(" 0 violated, 32 skipped"), std::string::npos) << out;  // the F16 problems' relations
+}
+
+TEST_F(InvariantsCommand, FailuresGoToAFreshTemporaryDirectory) {
+  // no --failures: a new directory under the temporary one, printed; nothing in the current one
+  std::string out;
+  const fs::path here = fs::current_path();
+  fs::current_path(dir_);
+  run("invariants --impl " + numpy_adapter(" --bug causal_leak") + " --problems 6 --work " + (dir_ / "work").string(),
+      out);
+  fs::current_path(here);
+  const std::string tag = "the failing cases are in ";
+  const auto at = out.find(tag);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string failures = out.substr(at + tag.size(), out.find(';', at) - at - tag.size());
+  EXPECT_EQ(std::filesystem::path(failures).parent_path(), std::filesystem::temp_directory_path()) << failures;
+  EXPECT_FALSE(std::filesystem::is_empty(failures)) << failures;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "attnoracle-invariants-failures")) << out;
+  std::filesystem::remove_all(failures);
 }
 
 TEST_F(InvariantsCommand, CausalLeakIsNamed) {
@@ -160,6 +180,8 @@ TEST_F(InvariantsCommand, BadOptionsAreRefused) {
   EXPECT_EQ(run("invariants --impl true --profile fp7" + common(), out), 2) << out;
   EXPECT_NE(out.find("attnoracle: error: --profile"), std::string::npos) << out;
   EXPECT_EQ(run("invariants --impl true --dtypes F12" + common(), out), 2) << out;
+  EXPECT_EQ(run("invariants --impl true --profile " + (dir_ / "none.json").string() + common(), out), 2) << out;
+  EXPECT_NE(out.find("attnoracle: error: " + (dir_ / "none.json").string()), std::string::npos) << out;
 }
 
 }  // namespace

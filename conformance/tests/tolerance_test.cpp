@@ -53,8 +53,106 @@ TEST(Tolerance, UlpErrorFollowsTosa) {
 
 TEST(Tolerance, BoundErrorIsImmuneToCancellation) {
   // x near 0 from cancellation, bound 1: an error of 2^-24 is one unit of bound 2^-24 in F32.
-  EXPECT_DOUBLE_EQ(signed_bound_error(0x1p-40 + 0x1p-24, 0x1p-40, 0, 1.0, DType::F32), 1.0);
-  EXPECT_DOUBLE_EQ(signed_bound_error(0x1p-40 - 0x1p-24, 0x1p-40, 0, 1.0, DType::F32), -1.0);
+  EXPECT_DOUBLE_EQ(bound_error(0x1p-40 + 0x1p-24, 0x1p-40, 0, 1.0, DType::F32), 1.0);
+  EXPECT_DOUBLE_EQ(bound_error(0x1p-40 - 0x1p-24, 0x1p-40, 0, 1.0, DType::F32), 1.0);
+}
+
+// The formats by hand: precision p, smallest normal 2^emin, smallest subnormal, largest finite
+// value, its ulp, and half of it (round to nearest overflows from max + half).
+struct Fmt {
+  DType t;
+  int p, emin;
+  double sub, max, ulp_max, half;
+};
+const Fmt kFormats[] = {
+    {DType::F64, 53, -1022, 0x1p-1074, 0x1.fffffffffffffp1023, 0x1p971, 0x1p970},
+    {DType::F32, 24, -126, 0x1p-149, 0x1.fffffep127, 0x1p104, 0x1p103},
+    {DType::F16, 11, -14, 0x1p-24, 65504.0, 32.0, 16.0},
+    {DType::BF16, 8, -126, 0x1p-133, 0x1.fep127, 0x1p120, 0x1p119},
+};
+
+TEST(Tolerance, UlpAtPowersOfTwo) {
+  for (const Fmt& f : kFormats) {
+    SCOPED_TRACE(std::string(dtype_name(f.t)));
+    const double up = std::ldexp(1.0, 1 - f.p);  // ulp of [1, 2)
+    const double down = std::ldexp(1.0, -f.p);   // ulp of [1/2, 1)
+    // x = 1 exactly: 1's ulp from either side, so the next value below is half an ulp away.
+    EXPECT_EQ(ulp_of(1, 0, f.t), up);
+    EXPECT_EQ(ulp_error(1 + up, 1, 0, f.t), 1.0);
+    EXPECT_EQ(ulp_error(1 - down, 1, 0, f.t), 0.5);
+    EXPECT_EQ(ulp_error(-1 + down, -1, 0, f.t), 0.5);
+    EXPECT_EQ(ulp_error(-1 - up, -1, 0, f.t), 1.0);
+    // x just below 1 (x_hi = 1, x_lo pointing toward zero): the binade below, ulp `down`.
+    EXPECT_EQ(ulp_of(1, -0x1p-70, f.t), down);
+    EXPECT_EQ(ulp_of(-1, 0x1p-70, f.t), down);
+    EXPECT_EQ(ulp_of(1, 0x1p-70, f.t), up);   // just above: 1's binade
+    EXPECT_EQ(ulp_of(-1, -0x1p-70, f.t), up);
+    EXPECT_EQ(ulp_error(1 - down, 1, -0x1p-70, f.t), (down - 0x1p-70) / down);
+    // x_lo beside a value that is not a power of two changes nothing
+    EXPECT_EQ(ulp_of(1.5, -0x1p-70, f.t), up);
+    // other powers of two, the largest finite value
+    EXPECT_EQ(ulp_of(0.125, 0, f.t), std::ldexp(up, -3));
+    EXPECT_EQ(ulp_of(f.max, 0, f.t), f.ulp_max);
+    EXPECT_EQ(ulp_error(f.max - f.ulp_max, f.max, 0, f.t), 1.0);
+  }
+}
+
+TEST(Tolerance, UlpAtZeroAndSubnormals) {
+  for (const Fmt& f : kFormats) {
+    SCOPED_TRACE(std::string(dtype_name(f.t)));
+    const double normal = std::ldexp(1.0, f.emin);
+    // +0 and -0 are equal; the ulp of 0 is the smallest subnormal (the floor).
+    EXPECT_EQ(ulp_error(-0.0, 0.0, 0, f.t), 0);
+    EXPECT_EQ(ulp_error(0.0, -0.0, 0, f.t), 0);
+    EXPECT_EQ(ulp_of(0.0, 0, f.t), f.sub);
+    EXPECT_EQ(ulp_of(-0.0, 0, f.t), f.sub);
+    EXPECT_EQ(ulp_error(f.sub, -0.0, 0, f.t), 1.0);
+    EXPECT_EQ(ulp_error(-f.sub, 0.0, 0, f.t), 1.0);
+    // subnormals: the spacing is the smallest subnormal throughout
+    EXPECT_EQ(ulp_error(4 * f.sub, 3 * f.sub, 0, f.t), 1.0);
+    EXPECT_EQ(ulp_of(normal / 2, 0, f.t), f.sub);
+    // the smallest normal: its ulp is the smallest subnormal, from above and from below
+    EXPECT_EQ(ulp_of(normal, 0, f.t), f.sub);
+    EXPECT_EQ(ulp_of(normal, -f.sub / 4, f.t), f.sub);
+    EXPECT_EQ(ulp_error(normal - f.sub, normal, 0, f.t), 1.0);
+    EXPECT_EQ(ulp_of(2 * normal, 0, f.t), 2 * f.sub);
+    // bound error: 2^-p of the bound, never below the smallest normal
+    EXPECT_EQ(bound_error(f.sub, 0, 0, 0, f.t), f.sub / normal);
+    EXPECT_EQ(bound_error(-0.0, 0, 0, 1, f.t), 0);
+    EXPECT_EQ(bound_error(1 + std::ldexp(1.0, 1 - f.p), 1, 0, 1, f.t), 2.0);
+  }
+}
+
+TEST(Tolerance, InfinitiesAndNan) {
+  for (const Fmt& f : kFormats) {
+    SCOPED_TRACE(std::string(dtype_name(f.t)));
+    // the exact value overflows to +inf in the format when x >= max + half (ties go to inf)
+    const double over_hi = f.t == DType::F64 ? f.max : f.max + f.half;
+    const double over_lo = f.t == DType::F64 ? f.half : 0;
+    EXPECT_EQ(ulp_error(INFINITY, over_hi, over_lo, f.t), 0);
+    EXPECT_EQ(bound_error(INFINITY, over_hi, over_lo, 1, f.t), 0);
+    EXPECT_EQ(ulp_error(-INFINITY, -over_hi, -over_lo, f.t), 0);
+    // just below: rounds to max, so inf is infinitely wrong
+    const double under_hi = f.t == DType::F64 ? f.max : f.max + f.half / 2;
+    const double under_lo = f.t == DType::F64 ? f.half / 2 : 0;
+    EXPECT_TRUE(std::isinf(ulp_error(INFINITY, under_hi, under_lo, f.t)));
+    EXPECT_TRUE(std::isinf(ulp_error(INFINITY, f.max, 0, f.t)));
+    // the wrong sign
+    EXPECT_TRUE(std::isinf(ulp_error(-INFINITY, over_hi, over_lo, f.t)));
+    EXPECT_TRUE(std::isinf(ulp_error(-INFINITY, INFINITY, 0, f.t)));
+    EXPECT_TRUE(std::isinf(bound_error(INFINITY, -INFINITY, 0, 1, f.t)));
+    EXPECT_EQ(ulp_error(INFINITY, INFINITY, 0, f.t), 0);
+    // a finite result where the exact value overflows: measured as it is
+    EXPECT_EQ(ulp_error(f.max, over_hi, over_lo, f.t), f.half / f.ulp_max);
+    EXPECT_TRUE(std::isinf(ulp_error(f.max, INFINITY, 0, f.t)));
+    // NaN: only against NaN
+    EXPECT_TRUE(std::isinf(ulp_error(NAN, 1, 0, f.t)));
+    EXPECT_TRUE(std::isinf(ulp_error(NAN, INFINITY, 0, f.t)));
+    EXPECT_TRUE(std::isinf(ulp_error(1, NAN, 0, f.t)));
+    EXPECT_EQ(ulp_error(NAN, NAN, 0, f.t), 0);
+    EXPECT_TRUE(std::isinf(bound_error(NAN, 0, 0, 1, f.t)));
+    EXPECT_EQ(abs_error(NAN, NAN, 0, f.t), 0);
+  }
 }
 
 TEST(Tolerance, ProfilesFromNamesAndRefusals) {

@@ -54,6 +54,17 @@ struct AdapterRun {
 AdapterRun run_adapter(const std::string& command, const std::vector<AdapterJob>& jobs,
                        const std::string& work_dir, double timeout_seconds);
 
+// What was written for one job at `output` (the file itself, output.error, output.unsupported),
+// the one reader of `run` and `check`: Output (at most kMaxOutputBytes, valid safetensors),
+// Refused or Unsupported (the text, one line), Invalid (more than one written, unreadable, too
+// large, not safetensors), or Missing when none was written. Never throws.
+JobResult read_job_result(const std::string& output);
+
+// From 32 MiB: reserves `size` bytes of untouched memory in `bytes` (empty), in huge pages where
+// the system grants them: the 4 KiB page faults of a fresh buffer of hundreds of MB cost as much
+// as reading it.
+void reserve_for_read(std::vector<unsigned char>& bytes, std::size_t size);
+
 // "output", "refused", "unsupported", "missing", "crashed", "timed_out", "invalid".
 std::string_view outcome_name(Outcome o);
 

@@ -1,25 +1,19 @@
 // The oracle applied to any implementation: each problem is run beside transformed twins whose
 // results must relate (CONTRACT section 5 protocol, all in one adapter call), no golden data
-// needed. Relations are checked within a tolerance from the implementation's declared
-// precision; bitwise agreement is reported as information.
+// needed. A relation between two results a and b holds when |a - b| <= limit_a + limit_b, each
+// the gate's limit (tolerance.hpp, conformance/TOLERANCE.md) under the same profile, from its
+// own case's magnitudes; bitwise agreement is reported as information.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
-
-// The arithmetic an implementation declares: the unit roundoff of the dtype it computes in.
-struct PrecisionProfile {
-  std::string name;  // fp64, fp32, fp16, bf16
-  double u = 0x1p-24;
-};
-// Throws InputError("--profile", ...) for an unknown name.
-PrecisionProfile precision_profile(const std::string& name);
 
 // One relation instance: two case files (inputs only) whose results must agree.
 struct TwinPair {
@@ -53,8 +47,7 @@ struct MetamorphicOptions {
   std::string work_dir;      // case files, jobs and outputs go here
   std::string failures_dir;  // failing pairs are copied here for replay
   double timeout = 600;      // seconds for the whole adapter run
-  PrecisionProfile profile;
-  double safety = 8;         // factor on the error bound of each side
+  Profile profile;           // the gate's: problems of other input dtypes are skipped
 };
 
 struct MetamorphicReport {

@@ -3,7 +3,9 @@
 // conformance/TOLERANCE.md.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnoracle/reference/dtype.hpp"
@@ -37,6 +39,11 @@ std::vector<std::string> builtin_profile_names();
 // by its name, dtypes as names, "masked_rows" as error|zero|nan|mean}.
 Profile profile_from_json(const std::string& path);
 
+// What `--profile P` means for every command: a JSON file when P ends in ".json", else a
+// built-in name.
+Profile load_profile(const std::string& name_or_path, const std::string& what = "--profile");
+
 std::string_view convention_name(MaskedRowConvention c);
+std::optional<MaskedRowConvention> convention_from_name(std::string_view s);  // error|zero|nan|mean
 
 }  // namespace attnoracle::conformance

@@ -3,7 +3,10 @@
 // by step, is conformance/TOLERANCE.md; tests check the code against its worked examples.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "attnoracle/reference/case_file.hpp"
@@ -35,14 +38,63 @@ struct RowLimits {
 };
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m);
 
+// The limits of one element, the safety factor included (TOLERANCE.md, "The limits"): x the
+// exact value, bound its out.bound, out the output dtype.
+inline double out_limit(const Profile& p, const RowLimits& L, double u_out, double bound, double x) {
+  return p.safety * (L.out_coef * bound + u_out * std::fabs(x) + L.floor);
+}
+inline double weight_limit(const Profile& p, const RowLimits& L, double u_out, double x) {
+  return p.safety * (L.weight_rel * std::fabs(x) + u_out * std::fabs(x) + L.floor);
+}
+inline double lse_limit(const Profile& p, const RowLimits& L, double u_out, double x) {
+  return p.safety * (L.lse_abs + u_out * std::fabs(x) + L.floor);
+}
+
+// Without golden data: an upper bound of out.bound for every element of out (out_shape), from
+// the inputs in double: for sdpa max |v_jc| over the allowed keys (the weights sum to 1), for
+// mha sum_{r,c} max_j (|X| |W_v|)_{rjc} |W_o[r Dv + c, e]|.
+std::vector<double> out_bound_above(const Case& c);
+
 double unit_roundoff(DType t);   // 2^-p
 double min_normal(DType t);
 double min_subnormal(DType t);
 
-// TOSA's ulp: |y - x| / 2^(max(e(x), e(min normal)) - p + 1), e the binade exponent; x given as
-// a double-double x_hi + x_lo. Infinite when y is NaN or infinite and x is not that value.
+// The metrics (conformance/TOLERANCE.md, "What is reported"). x = x_hi + x_lo is the exact value
+// as a double-double, y the result.
+//
+// The binade exponent of x: x_hi's, one less when x_hi is a power of two and x_lo points toward
+// zero (x is then just below it), floored at emin = 1 - bias, the smallest normal's; for x = 0
+// (and for x_hi below F64's smallest normal, below every format's) the floor.
+inline int ulp_exponent(double x_hi, double x_lo, int emin) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &x_hi, 8);
+  const int field = static_cast<int>((bits >> 52) & 0x7ff);
+  if (field == 0) return emin;
+  int e = field - 1023;
+  if ((bits & 0x000f'ffff'ffff'ffffull) == 0 && x_lo != 0 && std::signbit(x_lo) != std::signbit(x_hi)) --e;
+  return std::max(e, emin);
+}
+// 2^e, exactly (subnormal and out-of-range results through ldexp).
+inline double exp2i(int e) {
+  if (e < -1022 || e > 1023) return std::ldexp(1.0, e);
+  const std::uint64_t bits = static_cast<std::uint64_t>(e + 1023) << 52;
+  double x;
+  std::memcpy(&x, &bits, 8);
+  return x;
+}
+// The ulp of x in a format of precision p and smallest normal 2^emin: 2^(ulp_exponent - p + 1).
+inline double ulp_of(double x_hi, double x_lo, int emin, int precision) {
+  return exp2i(ulp_exponent(x_hi, x_lo, emin) - precision + 1);
+}
+double ulp_of(double x_hi, double x_lo, DType t);
+// |y - x|, rounded to nearest in double. NaN x: 0 for a NaN y, else infinite; infinite x: 0 for
+// the same infinity, else infinite; NaN y (x not NaN): infinite; infinite y, x finite: 0 when x
+// rounds to that infinity in t (|x| >= (2 - 2^-p) 2^emax, same sign), else infinite. +0 and -0
+// are equal.
+double abs_error(double y, double x_hi, double x_lo, DType t);
+// TOSA's ulp error: abs_error / ulp_of(x).
 double ulp_error(double y, double x_hi, double x_lo, DType t);
-// (y - x) / max(bound 2^-p, min normal): immune to cancellation in x.
-double signed_bound_error(double y, double x_hi, double x_lo, double bound, DType t);
+// abs_error / max(bound 2^-p, min normal): immune to cancellation in x.
+double bound_error(double y, double x_hi, double x_lo, double bound, DType t);
 
 }  // namespace attnoracle::conformance
