@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "attnoracle/version.hpp"

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "interval.hpp"
 

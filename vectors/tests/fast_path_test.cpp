@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "attnoracle/reference/round.hpp"
