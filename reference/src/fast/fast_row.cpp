@@ -281,5 +281,9 @@ double round_up_dd(DD x) {
   const DD s = two_sum(x.hi, x.lo);
   return s.lo > 0 ? std::nextafter(s.hi, INFINITY) : s.hi;
 }
+double round_down_dd(DD x) {
+  const DD s = two_sum(x.hi, x.lo);
+  return s.lo < 0 ? std::nextafter(s.hi, -INFINITY) : s.hi;
+}
 
 }  // namespace attnoracle::fast
