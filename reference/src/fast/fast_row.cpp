@@ -164,7 +164,7 @@ Setup prepare(const Case& c) {
 
 FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i) {
   FastRow r;
-  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = h / (c.Hq / c.Hkv);
+  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
   const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + i) * Dk;
   const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
   const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
