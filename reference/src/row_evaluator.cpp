@@ -51,11 +51,7 @@ struct ExactMatrix {
 
   // dst = x * element(r, c), exact: dst's precision is at least prec(x) + prec.
   void mul_exact(mpfr_ptr dst, mpfr_srcptr x, std::int64_t r, std::int64_t c) const {
-    const std::size_t idx = static_cast<std::size_t>(r * cols + c);
-    if (d)
-      mpfr_mul_d(dst, x, d[idx], MPFR_RNDN);
-    else
-      mpfr_mul(dst, x, (*m)[offset + idx], MPFR_RNDN);
+    mul(dst, x, r, c, MPFR_RNDN);
   }
   // dst = x * element(r, c) rounded in direction rnd.
   void mul(mpfr_ptr dst, mpfr_srcptr x, std::int64_t r, std::int64_t c, mpfr_rnd_t rnd) const {
@@ -462,41 +458,31 @@ struct RowEvaluator::Impl {
     });
   }
 
-  ExactMatrix q_of(std::int64_t b, std::int64_t h) {
+  // The [rows, cols] matrix of head `head` of batch b: the input itself (sdpa) or its exact
+  // projection (mha).
+  ExactMatrix matrix(const FloatTensor& in, std::vector<mpfr_t>& proj,
+                     const std::vector<mpfr_prec_t>& prec, std::int64_t heads, std::int64_t b,
+                     std::int64_t head, std::int64_t rows, std::int64_t cols) {
     ExactMatrix m;
-    m.cols = c.Dk;
+    m.cols = cols;
+    const std::int64_t at = (b * heads + head) * rows * cols;
     if (c.kind == Kind::Sdpa) {
-      m.d = c.q.values.data() + (b * c.Hq + h) * c.Nq * c.Dk;
+      m.d = in.values.data() + at;
     } else {
-      m.m = &qp;
-      m.offset = static_cast<std::size_t>((b * c.Hq + h) * c.Nq * c.Dk);
-      m.prec = qp_prec[static_cast<std::size_t>(b)];
+      m.m = &proj;
+      m.offset = static_cast<std::size_t>(at);
+      m.prec = prec[static_cast<std::size_t>(b)];
     }
     return m;
+  }
+  ExactMatrix q_of(std::int64_t b, std::int64_t h) {
+    return matrix(c.q, qp, qp_prec, c.Hq, b, h, c.Nq, c.Dk);
   }
   ExactMatrix k_of(std::int64_t b, std::int64_t g) {
-    ExactMatrix m;
-    m.cols = c.Dk;
-    if (c.kind == Kind::Sdpa) {
-      m.d = c.k.values.data() + (b * c.Hkv + g) * c.Nk * c.Dk;
-    } else {
-      m.m = &kp;
-      m.offset = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dk);
-      m.prec = kp_prec[static_cast<std::size_t>(b)];
-    }
-    return m;
+    return matrix(c.k, kp, kp_prec, c.Hkv, b, g, c.Nk, c.Dk);
   }
   ExactMatrix v_of(std::int64_t b, std::int64_t g) {
-    ExactMatrix m;
-    m.cols = c.Dv;
-    if (c.kind == Kind::Sdpa) {
-      m.d = c.v.values.data() + (b * c.Hkv + g) * c.Nk * c.Dv;
-    } else {
-      m.m = &vp;
-      m.offset = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dv);
-      m.prec = vp_prec[static_cast<std::size_t>(b)];
-    }
-    return m;
+    return matrix(c.v, vp, vp_prec, c.Hkv, b, g, c.Nk, c.Dv);
   }
 
   // One query row of one head: scores, softmax and the weighted sum of values.
