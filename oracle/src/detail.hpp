@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 
 namespace attnoracle::oracle::detail {

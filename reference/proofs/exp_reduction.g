@@ -20,7 +20,8 @@
 # code: exp_dd.cpp: const double k = std::nearbyint(x.hi * 1.4426950408889634);
 # code: exp_dd.cpp: const DD r = add(x, mul(K.ln2, -k));
 # code: exp_dd.cpp: const DD t = scale2(r, -10);
-# code: fast_row.cpp: if (x.rad > 0x1p-20 || x.mid.hi > 8) return r;
+# covers: kExpMax <= 8
+# code: fast_row.cpp: if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;
 # code: fast_row.cpp: if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};
 @rnd = float<ieee_64, ne>;
 @rint = int<ne>;
@@ -36,7 +37,7 @@ m = mul_rel<@prec:kMulFP@>(nk, LN2);
 r = add_rel<@prec:kAddDD@>(X, m);
 tau = r + eta;                   # scale2's possible rounding of a subnormal low part
 R = X + nk * ln2;
-{ xh in [@kExpMin@, 8] /\ xl in [-0x1p-44, 0x1p-44] /\ eta in [-0x1p-1065, 0x1p-1065]
+{ xh in [@kExpMin@, @kExpMax@] /\ xl in [-0x1p-44, 0x1p-44] /\ eta in [-0x1p-1065, 0x1p-1065]
   /\ LN2 - ln2 in [-@ln2_dd_err@, @ln2_dd_err@] /\ ln2 in [0.6931471805599453, 0.6931471805599454]
   -> k in [@exp_k_min@, 12]
   /\ |tau| <= @exp_reduced_abs@

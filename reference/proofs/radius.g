@@ -1,15 +1,15 @@
 # The radius formulas of fast_row.cpp: every radius is computed in binary64 (rounding to
 # nearest) from nonnegative numbers by at most N = 15 roundings (additions, multiplications,
 # divisions; the only subtraction, div's denominator, is bounded by ball.g), then passed
-# through up(r) = RN(RN(r (1 + kRadiusSlack)) + kRadiusFloor). docs/PROOFS.md lists each
+# through radius_up(r) = RN(RN(r (1 + kRadiusSlack)) + kRadiusFloor). docs/PROOFS.md lists each
 # formula with its count (13 at most).
 # Lemma. Let E >= 0 be the formula's exact value on the same (double) operands and c its
 # computed value. Each rounding of a nonnegative y gives RN(y) >= y (1 - u) when y >= 2^-1021
 # and RN(y) >= y - 2^-1075 below (rounding.g); a divisor's rounding gives RN(y) <= y (1 + u).
 # All operations are monotone in their operands, so by induction c >= E (1 - u)^N - A, where A
 # collects the absolute terms 2^-1075, amplified by the factors they are later multiplied by.
-# The second rounding in up() has an argument >= kRadiusFloor >= 2^-1021 (relative), so
-#   up(c) >= (c (1 + s)(1 - u) - 2^-1075 + F)(1 - u)
+# The second rounding in radius_up() has an argument >= kRadiusFloor >= 2^-1021 (relative), so
+#   radius_up(c) >= (c (1 + s)(1 - u) - 2^-1075 + F)(1 - u)
 #         >= E (1 - u)^(N + 2) (1 + s) + (F - 2^-1075)(1 - u) - A (1 + s),
 # which is >= E when
 #   (a) (1 - u)^17 (1 + s) >= 1, i.e. s >= radius_slack_needed (goal 1: proven for that value;
@@ -30,16 +30,16 @@
 # covers: kRadiusSlack >= radius_slack_needed
 # covers: kRadiusFloor * (1 - u) >= radius_underflow_budget * (1 + kRadiusSlack) + 2^-1075
 # covers: kRadiusFloor >= 2^-1021
-# code: fast_row.cpp: inline double up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
-# code: fast_row.cpp: return {m, up(a.rad + b.rad + kAddDD * mag(m))};
-# code: fast_row.cpp: return {m, up(a.rad + kAddFP * mag(m))};
-# code: fast_row.cpp: return {m, up(a.rad * std::fabs(y) + kMulFP * mag(m))};
-# code: fast_row.cpp: return {m, up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
-# code: fast_row.cpp: return {m, up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
-# code: fast_row.cpp: return {m, up(e * (a.rad * (1 + a.rad) + kExpRel))};
-# code: fast_row.cpp: const Ball dot{two_sum(sh, sl), up(dot_factor * sabs)};
-# code: fast_row.cpp: const double err = up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
-# code: fast_row.cpp: const double s = up(b.rad + 0x1p-102 * (mag(b.mid) + b.rad));
+# code: fast_row.cpp: inline double radius_up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
+# code: fast_row.cpp: return {m, radius_up(a.rad + b.rad + kAddDD * mag(m))};
+# code: fast_row.cpp: return {m, radius_up(a.rad + kAddFP * mag(m))};
+# code: fast_row.cpp: return {m, radius_up(a.rad * std::fabs(y) + kMulFP * mag(m))};
+# code: fast_row.cpp: return {m, radius_up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
+# code: fast_row.cpp: return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
+# code: fast_row.cpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
+# code: fast_row.cpp: const Ball dot{two_sum(sh, sl), radius_up(dot_factor * sabs)};
+# code: fast_row.cpp: const double err = radius_up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
+# code: fast_row.cpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
 #@-Eprecision=300
 v = 1 - 0x1p-53;
 v17 = v * v * v * v * v * v * v * v * v * v * v * v * v * v * v * v * v;

@@ -21,8 +21,9 @@ print_exp_constants, which compiles exp_dd.cpp itself).
 
 The check fails if a tool is missing, if any proof fails (Gappa's exit code, Gappa warnings
 about unverified hints, a Sollya goal not PROVED), if the code's exp constants differ from the
-ones Sollya certifies, if a "code:" line is no longer in the source, or if a covers relation is
-false for the header's values.
+ones Sollya certifies, if a "code:" line is no longer in the source, if a covers relation is
+false for the header's values, or if a source of reference/src/fast/ writes a hex float literal
+outside error_bounds.hpp (every error constant and threshold is named there and covered).
 
   run_proofs.py --header H --printer P              the check (exit 0: everything holds)
   run_proofs.py ... --loosen kMulDD=0.5             the same on an edited copy of the header,
@@ -168,6 +169,7 @@ def log2_str(x: Fraction) -> str:
 # ---------------------------------------------------------------------------------------------
 # The header.
 
+HEX_LITERAL_RE = re.compile(r"\b0[xX][0-9a-fA-F.]*[pP][-+]?\d+")
 CONST_RE = re.compile(r"^\s*inline\s+constexpr\s+double\s+(k\w+)\s*=\s*([^;]+);")
 
 
@@ -348,6 +350,16 @@ class Checker:
         scripts = load_scripts()
         code_vals = self.code_values()
         self.lines.append(f"header {self.header}: {len(consts)} constants")
+
+        # no error constant written inline: a hex float literal outside the header is one
+        for src in sorted(FAST_SRC.iterdir()):
+            if src.name == "error_bounds.hpp" or src.suffix not in (".cpp", ".hpp"):
+                continue
+            for n, line in enumerate(src.read_text().splitlines(), 1):
+                code = line.split("//")[0]
+                if HEX_LITERAL_RE.search(code):
+                    self.fail(f"{src.name}:{n}: an inline constant (name it in error_bounds.hpp "
+                              f"and cover it by a proof): {line.strip()}")
 
         # code: lines still in the source
         for s in scripts:

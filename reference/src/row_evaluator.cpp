@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "interval.hpp"
 
@@ -50,11 +51,7 @@ struct ExactMatrix {
 
   // dst = x * element(r, c), exact: dst's precision is at least prec(x) + prec.
   void mul_exact(mpfr_ptr dst, mpfr_srcptr x, std::int64_t r, std::int64_t c) const {
-    const std::size_t idx = static_cast<std::size_t>(r * cols + c);
-    if (d)
-      mpfr_mul_d(dst, x, d[idx], MPFR_RNDN);
-    else
-      mpfr_mul(dst, x, (*m)[offset + idx], MPFR_RNDN);
+    mul(dst, x, r, c, MPFR_RNDN);
   }
   // dst = x * element(r, c) rounded in direction rnd.
   void mul(mpfr_ptr dst, mpfr_srcptr x, std::int64_t r, std::int64_t c, mpfr_rnd_t rnd) const {
@@ -127,6 +124,263 @@ Enclosure copy_enclosure(const Enclosure& e) {
   mpfr_set(r.lo, e.lo, MPFR_RNDD);
   mpfr_set(r.hi, e.hi, MPFR_RNDU);
   return r;
+}
+
+// A scalar MPFR number, cleared on scope exit.
+struct Mp {
+  mpfr_t x;
+  explicit Mp(mpfr_prec_t p) { mpfr_init2(x, p); }
+  ~Mp() { mpfr_clear(x); }
+  Mp(const Mp&) = delete;
+  Mp& operator=(const Mp&) = delete;
+};
+
+// n enclosures at precision p, each [0, 0].
+void zeros(std::vector<Enclosure>& v, std::int64_t n, mpfr_prec_t p) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    v.emplace_back(p);
+    mpfr_set_zero(v.back().lo, 1);
+    mpfr_set_zero(v.back().hi, 1);
+  }
+}
+
+// One head's row: its enclosures and what the oracle reads of them.
+struct HeadRow {
+  bool valid = true;
+  std::vector<Enclosure> out, bound, weights;
+  Enclosure lse;
+  HeadDetail detail;
+  HeadRow(mpfr_prec_t p, std::int64_t Nk, std::int64_t Dv) : lse(p) {
+    zeros(out, Dv, p);
+    zeros(bound, Dv, p);
+    zeros(weights, Nk, p);
+    zeros(detail.dots, Nk, p);
+    zeros(detail.raw_out, Dv, p);
+    zeros(detail.hull, Dv, p);
+    detail.allowed.assign(static_cast<std::size_t>(Nk), 0);
+  }
+};
+
+// The state of one head row between the steps of head_row.
+struct HeadWork {
+  const Case& c;
+  std::int64_t b, h, i;
+  mpfr_prec_t p;
+  ExactMatrix Q, K, V;
+  std::vector<std::int64_t> allowed;  // the allowed keys
+  MpfrVec slo, shi, elo, ehi, terms;  // scores S, exp(S - m), per allowed key
+  Mp zlo, zhi, nlo, nhi, m, tmp, tmp2;
+  bool tie = false;  // every score provably equal
+  HeadWork(const Case& cs, std::int64_t b_, std::int64_t h_, std::int64_t i_, mpfr_prec_t p_,
+           ExactMatrix q, ExactMatrix k, ExactMatrix v)
+      : c(cs), b(b_), h(h_), i(i_), p(p_), Q(q), K(k), V(v), zlo(p_), zhi(p_), nlo(p_),
+        nhi(p_), m(p_), tmp(p_), tmp2(p_) {}
+};
+
+// The allowed keys; false when there is none.
+bool find_keys(HeadWork& w, HeadDetail& det) {
+  const Case::KeyRange r = w.c.key_range(w.i);
+  for (std::int64_t j = r.first; j <= r.last; ++j)
+    if (w.c.allowed(w.b, w.h, w.i, j)) {
+      w.allowed.push_back(j);
+      det.allowed[static_cast<std::size_t>(j)] = 1;
+    }
+  return !w.allowed.empty();
+}
+
+// A fully masked row: refused under policy error (unless padding), else zeros and lse = -inf.
+void masked_row(const HeadWork& w, HeadRow& row) {
+  if (w.c.masked_rows == MaskedRows::Error && w.c.query_valid(w.b, w.i))
+    throw FullyMaskedRow(w.b, w.h, w.i);
+  row.valid = false;
+  mpfr_set_inf(row.lse.lo, -1);
+  mpfr_set_inf(row.lse.hi, -1);
+}
+
+// Exact dot products q_i . k_j into [slo, shi]: each product is exact at prec(q) + prec(k)
+// bits, and mpfr_sum rounds their sum correctly (downward), reporting exactness.
+bool exact_dots(HeadWork& w, HeadDetail& det) {
+  const std::int64_t Dk = w.c.Dk;
+  const std::size_t n = w.allowed.size();
+  MpfrVec qrow, prods;
+  qrow.resize(static_cast<std::size_t>(Dk), w.Q.prec);
+  for (std::int64_t d = 0; d < Dk; ++d) w.Q.get(qrow[d], w.i, d, MPFR_RNDN);  // exact
+  prods.resize(static_cast<std::size_t>(Dk), w.Q.prec + w.K.prec);
+  w.slo.resize(n, w.p);
+  w.shi.resize(n, w.p);
+  bool all_exact = true;
+  for (std::size_t a = 0; a < n; ++a) {
+    const std::int64_t j = w.allowed[a];
+    for (std::int64_t d = 0; d < Dk; ++d) w.K.mul_exact(prods[d], qrow[d], j, d);
+    const int t = mpfr_sum(w.slo[a], prods.ptrs(), static_cast<unsigned long>(Dk), MPFR_RNDD);
+    mpfr_set(w.shi[a], w.slo[a], MPFR_RNDN);
+    if (t != 0) {
+      mpfr_nextabove(w.shi[a]);  // exact value in (lo, next above lo)
+      all_exact = false;
+    }
+    mpfr_set(det.dots[static_cast<std::size_t>(j)].lo, w.slo[a], MPFR_RNDD);
+    mpfr_set(det.dots[static_cast<std::size_t>(j)].hi, w.shi[a], MPFR_RNDU);
+  }
+  return all_exact;
+}
+
+// Every allowed score provably equal (one key, or exact equal dots and equal bias): the
+// weights are exactly 1/n.
+bool scores_tie(const HeadWork& w, bool all_exact) {
+  const std::size_t n = w.allowed.size();
+  bool tie = all_exact || n == 1;
+  for (std::size_t a = 1; tie && a < n; ++a)
+    tie = mpfr_equal_p(w.slo[a], w.slo[0]) &&
+          w.c.bias_at(w.b, w.h, w.i, w.allowed[a]) == w.c.bias_at(w.b, w.h, w.i, w.allowed[0]);
+  return tie;
+}
+
+// Scores S = softcap(scale * dot) + bias, as intervals, in place of the dots.
+void scores(HeadWork& w) {
+  const Case& c = w.c;
+  Mp sclo(w.p), schi(w.p), cl(w.p), ch(w.p);
+  if (c.scale) {
+    enclose_text(sclo.x, schi.x, *c.scale);
+  } else {  // 1/sqrt(Dk), correctly rounded each way
+    mpfr_set_si(w.tmp.x, c.Dk, MPFR_RNDN);
+    mpfr_rec_sqrt(sclo.x, w.tmp.x, MPFR_RNDD);
+    mpfr_rec_sqrt(schi.x, w.tmp.x, MPFR_RNDU);
+  }
+  if (c.softcap) enclose_text(cl.x, ch.x, *c.softcap);
+  for (std::size_t a = 0; a < w.allowed.size(); ++a) {
+    detail::mul_interval(w.slo[a], w.shi[a], w.slo[a], w.shi[a], sclo.x, schi.x, w.tmp.x);
+    if (c.softcap) {
+      softcap_bound(w.tmp2.x, w.slo[a], cl.x, ch.x, MPFR_RNDD, w.tmp.x);
+      softcap_bound(w.shi[a], w.shi[a], cl.x, ch.x, MPFR_RNDU, w.tmp.x);
+      mpfr_set(w.slo[a], w.tmp2.x, MPFR_RNDD);
+    }
+    const double bias = c.bias_at(w.b, w.h, w.i, w.allowed[a]);
+    if (bias != 0) {
+      mpfr_add_d(w.slo[a], w.slo[a], bias, MPFR_RNDD);
+      mpfr_add_d(w.shi[a], w.shi[a], bias, MPFR_RNDU);
+    }
+  }
+}
+
+// m: any number near the row maximum; exp(S - m) then stays near 1 for the largest terms.
+void row_constant(HeadWork& w) {
+  mpfr_set(w.m.x, w.shi[0], MPFR_RNDN);
+  for (std::size_t a = 1; a < w.allowed.size(); ++a)
+    if (mpfr_greater_p(w.shi[a], w.m.x)) mpfr_set(w.m.x, w.shi[a], MPFR_RNDN);
+  mpfr_prec_round(w.m.x, 53, MPFR_RNDN);  // a short constant keeps S - m cheap; its value is free
+}
+
+// e_j = exp(S_j - m) and Z = sum_j e_j.
+void sums(HeadWork& w) {
+  const std::size_t n = w.allowed.size();
+  w.elo.resize(n, w.p);
+  w.ehi.resize(n, w.p);
+  w.terms.resize(n, w.p);
+  if (w.tie) {  // exp(S - m) is the same number e for all keys: A = e / (n e) = 1/n exactly.
+    for (std::size_t a = 0; a < n; ++a) {
+      mpfr_set_ui(w.elo[a], 1, MPFR_RNDN);
+      mpfr_set_ui(w.ehi[a], 1, MPFR_RNDN);
+    }
+    mpfr_set_ui(w.zlo.x, n, MPFR_RNDD);
+    mpfr_set_ui(w.zhi.x, n, MPFR_RNDU);
+    return;
+  }
+  for (std::size_t a = 0; a < n; ++a) {
+    mpfr_sub(w.tmp.x, w.slo[a], w.m.x, MPFR_RNDD);
+    mpfr_exp(w.elo[a], w.tmp.x, MPFR_RNDD);  // exp is increasing
+    mpfr_sub(w.tmp.x, w.shi[a], w.m.x, MPFR_RNDU);
+    mpfr_exp(w.ehi[a], w.tmp.x, MPFR_RNDU);
+  }
+  mpfr_sum(w.zlo.x, w.elo.ptrs(), n, MPFR_RNDD);  // all terms positive: sum of lows is a low
+  mpfr_sum(w.zhi.x, w.ehi.ptrs(), n, MPFR_RNDU);
+}
+
+// lse = m + log Z (tie: S + log n, the same thing).
+void lse(HeadWork& w, HeadRow& row) {
+  mpfr_log(w.tmp.x, w.zlo.x, MPFR_RNDD);
+  mpfr_add(row.lse.lo, w.tmp.x, w.tie ? w.slo[0] : w.m.x, MPFR_RNDD);
+  mpfr_log(w.tmp.x, w.zhi.x, MPFR_RNDU);
+  mpfr_add(row.lse.hi, w.tmp.x, w.tie ? w.shi[0] : w.m.x, MPFR_RNDU);
+}
+
+// Weights: A_j = e_j / Z.
+void weights(HeadWork& w, HeadRow& row) {
+  for (std::size_t a = 0; a < w.allowed.size(); ++a) {
+    Enclosure& e = row.weights[static_cast<std::size_t>(w.allowed[a])];
+    mpfr_div(e.lo, w.elo[a], w.zhi.x, MPFR_RNDD);
+    mpfr_div(e.hi, w.ehi[a], w.zlo.x, MPFR_RNDU);
+  }
+}
+
+// N_c = sum_j e_j v_jc into [nlo, nhi]: each product bounded with the end of e_j that the sign
+// of v_jc calls for.
+void numerator(HeadWork& w, std::int64_t cc) {
+  const std::size_t n = w.allowed.size();
+  for (std::size_t a = 0; a < n; ++a)
+    w.V.mul(w.terms[a], w.V.sgn(w.allowed[a], cc) >= 0 ? w.elo[a] : w.ehi[a], w.allowed[a], cc, MPFR_RNDD);
+  mpfr_sum(w.nlo.x, w.terms.ptrs(), n, MPFR_RNDD);
+  for (std::size_t a = 0; a < n; ++a)
+    w.V.mul(w.terms[a], w.V.sgn(w.allowed[a], cc) >= 0 ? w.ehi[a] : w.elo[a], w.allowed[a], cc, MPFR_RNDU);
+  mpfr_sum(w.nhi.x, w.terms.ptrs(), n, MPFR_RNDU);
+}
+
+// Keys holding the extremes of column cc over the allowed keys, by value and by magnitude.
+struct ColumnRange {
+  std::size_t min = 0, max = 0, absmin = 0, absmax = 0;
+};
+ColumnRange column_range(const HeadWork& w, std::int64_t cc) {
+  ColumnRange r;
+  const auto& k = w.allowed;
+  for (std::size_t a = 1; a < k.size(); ++a) {
+    if (w.V.cmp(k[a], cc, k[r.min], cc) < 0) r.min = a;
+    if (w.V.cmp(k[a], cc, k[r.max], cc) > 0) r.max = a;
+    if (w.V.cmpabs(k[a], cc, k[r.absmin], cc) < 0) r.absmin = a;
+    if (w.V.cmpabs(k[a], cc, k[r.absmax], cc) > 0) r.absmax = a;
+  }
+  return r;
+}
+
+// The exact O_c, a convex combination, lies in the hull too: the intersection when it is not
+// empty (an empty one is a broken evaluation, for the oracle to report).
+void intersect_hull(Enclosure& o, const Enclosure& raw, const Enclosure& hull) {
+  mpfr_set(o.lo, mpfr_greater_p(hull.lo, raw.lo) ? hull.lo : raw.lo, MPFR_RNDD);
+  mpfr_set(o.hi, mpfr_less_p(hull.hi, raw.hi) ? hull.hi : raw.hi, MPFR_RNDU);
+  if (mpfr_greater_p(o.lo, o.hi)) {
+    mpfr_set(o.lo, raw.lo, MPFR_RNDD);
+    mpfr_set(o.hi, raw.hi, MPFR_RNDU);
+  }
+}
+
+// bound_c = sum_j A_j |v_jc|, a convex combination of the |v_jc|: intersected with their range.
+void magnitude_bound(HeadWork& w, Enclosure& bd, std::int64_t cc, const ColumnRange& cr) {
+  const std::size_t n = w.allowed.size();
+  for (std::size_t a = 0; a < n; ++a) w.V.mul_abs(w.terms[a], w.elo[a], w.allowed[a], cc, MPFR_RNDD);
+  mpfr_sum(w.nlo.x, w.terms.ptrs(), n, MPFR_RNDD);
+  for (std::size_t a = 0; a < n; ++a) w.V.mul_abs(w.terms[a], w.ehi[a], w.allowed[a], cc, MPFR_RNDU);
+  mpfr_sum(w.nhi.x, w.terms.ptrs(), n, MPFR_RNDU);
+  mpfr_div(bd.lo, w.nlo.x, w.zhi.x, MPFR_RNDD);
+  mpfr_div(bd.hi, w.nhi.x, w.zlo.x, MPFR_RNDU);
+  w.V.get(w.tmp.x, w.allowed[cr.absmin], cc, MPFR_RNDZ);  // |v| rounded down
+  mpfr_abs(w.tmp.x, w.tmp.x, MPFR_RNDN);
+  w.V.get(w.tmp2.x, w.allowed[cr.absmax], cc, MPFR_RNDA);  // |v| rounded up
+  mpfr_abs(w.tmp2.x, w.tmp2.x, MPFR_RNDN);
+  if (mpfr_lessequal_p(w.tmp.x, bd.hi) && mpfr_lessequal_p(bd.lo, w.tmp2.x)) {
+    if (mpfr_less_p(bd.lo, w.tmp.x)) mpfr_set(bd.lo, w.tmp.x, MPFR_RNDD);
+    if (mpfr_greater_p(bd.hi, w.tmp2.x)) mpfr_set(bd.hi, w.tmp2.x, MPFR_RNDU);
+  }
+}
+
+// Output column c: O_c = N_c / Z within the values' hull, and its magnitude bound.
+void output_column(HeadWork& w, HeadRow& row, std::int64_t cc) {
+  const auto ci = static_cast<std::size_t>(cc);
+  HeadDetail& det = row.detail;
+  numerator(w, cc);
+  detail::div_by_positive(det.raw_out[ci].lo, det.raw_out[ci].hi, w.nlo.x, w.nhi.x, w.zlo.x, w.zhi.x);
+  const ColumnRange cr = column_range(w, cc);
+  w.V.get(det.hull[ci].lo, w.allowed[cr.min], cc, MPFR_RNDD);
+  w.V.get(det.hull[ci].hi, w.allowed[cr.max], cc, MPFR_RNDU);
+  intersect_hull(row.out[ci], det.raw_out[ci], det.hull[ci]);
+  magnitude_bound(w, row.bound[ci], cc, cr);
 }
 
 }  // namespace
@@ -204,249 +458,51 @@ struct RowEvaluator::Impl {
     });
   }
 
-  ExactMatrix q_of(std::int64_t b, std::int64_t h) {
+  // The [rows, cols] matrix of head `head` of batch b: the input itself (sdpa) or its exact
+  // projection (mha).
+  ExactMatrix matrix(const FloatTensor& in, std::vector<mpfr_t>& proj,
+                     const std::vector<mpfr_prec_t>& prec, std::int64_t heads, std::int64_t b,
+                     std::int64_t head, std::int64_t rows, std::int64_t cols) {
     ExactMatrix m;
-    m.cols = c.Dk;
+    m.cols = cols;
+    const std::int64_t at = (b * heads + head) * rows * cols;
     if (c.kind == Kind::Sdpa) {
-      m.d = c.q.values.data() + (b * c.Hq + h) * c.Nq * c.Dk;
+      m.d = in.values.data() + at;
     } else {
-      m.m = &qp;
-      m.offset = static_cast<std::size_t>((b * c.Hq + h) * c.Nq * c.Dk);
-      m.prec = qp_prec[static_cast<std::size_t>(b)];
+      m.m = &proj;
+      m.offset = static_cast<std::size_t>(at);
+      m.prec = prec[static_cast<std::size_t>(b)];
     }
     return m;
+  }
+  ExactMatrix q_of(std::int64_t b, std::int64_t h) {
+    return matrix(c.q, qp, qp_prec, c.Hq, b, h, c.Nq, c.Dk);
   }
   ExactMatrix k_of(std::int64_t b, std::int64_t g) {
-    ExactMatrix m;
-    m.cols = c.Dk;
-    if (c.kind == Kind::Sdpa) {
-      m.d = c.k.values.data() + (b * c.Hkv + g) * c.Nk * c.Dk;
-    } else {
-      m.m = &kp;
-      m.offset = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dk);
-      m.prec = kp_prec[static_cast<std::size_t>(b)];
-    }
-    return m;
+    return matrix(c.k, kp, kp_prec, c.Hkv, b, g, c.Nk, c.Dk);
   }
   ExactMatrix v_of(std::int64_t b, std::int64_t g) {
-    ExactMatrix m;
-    m.cols = c.Dv;
-    if (c.kind == Kind::Sdpa) {
-      m.d = c.v.values.data() + (b * c.Hkv + g) * c.Nk * c.Dv;
-    } else {
-      m.m = &vp;
-      m.offset = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dv);
-      m.prec = vp_prec[static_cast<std::size_t>(b)];
-    }
-    return m;
+    return matrix(c.v, vp, vp_prec, c.Hkv, b, g, c.Nk, c.Dv);
   }
-
-  struct HeadRow {
-    bool valid = true;
-    std::vector<Enclosure> out, bound, weights;
-    Enclosure lse;
-    HeadDetail detail;
-    explicit HeadRow(mpfr_prec_t p) : lse(p) {}
-  };
 
   // One query row of one head: scores, softmax and the weighted sum of values.
   HeadRow head_row(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p) {
-    const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
-    const std::int64_t g = h / (c.Hq / c.Hkv);
     if (c.kind == Kind::Mha) ensure_projected(b);
-    const ExactMatrix Q = q_of(b, h), K = k_of(b, g), V = v_of(b, g);
-    HeadRow row(p);
-    for (std::int64_t cc = 0; cc < Dv; ++cc) {
-      row.out.emplace_back(p);
-      row.bound.emplace_back(p);
-    }
-    HeadDetail& det = row.detail;
-    det.allowed.assign(static_cast<std::size_t>(Nk), 0);
-    for (std::int64_t j = 0; j < Nk; ++j) {
-      row.weights.emplace_back(p);
-      det.dots.emplace_back(p);
-      mpfr_set_zero(row.weights.back().lo, 1);
-      mpfr_set_zero(row.weights.back().hi, 1);
-      mpfr_set_zero(det.dots.back().lo, 1);
-      mpfr_set_zero(det.dots.back().hi, 1);
-    }
-    for (std::int64_t cc = 0; cc < Dv; ++cc) {
-      det.raw_out.emplace_back(p);
-      det.hull.emplace_back(p);
-      mpfr_set_zero(det.raw_out.back().lo, 1);
-      mpfr_set_zero(det.raw_out.back().hi, 1);
-      mpfr_set_zero(det.hull.back().lo, 1);
-      mpfr_set_zero(det.hull.back().hi, 1);
-    }
-
-    std::vector<std::int64_t> allowed;
-    for (std::int64_t j = 0; j < Nk; ++j)
-      if (c.allowed(b, h, i, j)) {
-        allowed.push_back(j);
-        det.allowed[static_cast<std::size_t>(j)] = 1;
-      }
-    const auto n = allowed.size();
-    if (n == 0) {
-      if (c.masked_rows == MaskedRows::Error && c.query_valid(b, i)) throw FullyMaskedRow(b, h, i);
-      row.valid = false;
-      for (auto& e : row.out) mpfr_set_zero(e.lo, 1), mpfr_set_zero(e.hi, 1);
-      for (auto& e : row.bound) mpfr_set_zero(e.lo, 1), mpfr_set_zero(e.hi, 1);
-      mpfr_set_inf(row.lse.lo, -1);
-      mpfr_set_inf(row.lse.hi, -1);
+    const std::int64_t g = c.kv_head(h);
+    HeadWork w(c, b, h, i, p, q_of(b, h), k_of(b, g), v_of(b, g));
+    HeadRow row(p, c.Nk, c.Dv);
+    if (!find_keys(w, row.detail)) {
+      masked_row(w, row);
       return row;
     }
-
-    // Exact dot products q_i . k_j: each product is exact at prec(q) + prec(k) bits, and
-    // mpfr_sum rounds their sum correctly (downward), reporting exactness.
-    MpfrVec qrow, prods, slo, shi;
-    qrow.resize(static_cast<std::size_t>(Dk), Q.prec);
-    for (std::int64_t d = 0; d < Dk; ++d) Q.get(qrow[d], i, d, MPFR_RNDN);  // exact
-    prods.resize(static_cast<std::size_t>(Dk), Q.prec + K.prec);
-    slo.resize(n, p);
-    shi.resize(n, p);
-    bool all_exact = true;
-    for (std::size_t a = 0; a < n; ++a) {
-      const std::int64_t j = allowed[a];
-      for (std::int64_t d = 0; d < Dk; ++d) K.mul_exact(prods[d], qrow[d], j, d);
-      const int t = mpfr_sum(slo[a], prods.ptrs(), static_cast<unsigned long>(Dk), MPFR_RNDD);
-      mpfr_set(shi[a], slo[a], MPFR_RNDN);
-      if (t != 0) {
-        mpfr_nextabove(shi[a]);  // exact value in (lo, next above lo)
-        all_exact = false;
-      }
-      mpfr_set(det.dots[static_cast<std::size_t>(j)].lo, slo[a], MPFR_RNDD);
-      mpfr_set(det.dots[static_cast<std::size_t>(j)].hi, shi[a], MPFR_RNDU);
-    }
-    // Every allowed score provably equal (one key, or exact equal dots and equal bias): the
-    // weights are exactly 1/n.
-    bool tie = all_exact || n == 1;
-    for (std::size_t a = 1; tie && a < n; ++a)
-      tie = mpfr_equal_p(slo[a], slo[0]) &&
-            c.bias_at(b, h, i, allowed[a]) == c.bias_at(b, h, i, allowed[0]);
-
-    // Scores S = softcap(scale * dot) + bias, as intervals.
-    mpfr_t sclo, schi, tmp, tmp2, m;
-    mpfr_inits2(p, sclo, schi, tmp, tmp2, m, static_cast<mpfr_ptr>(nullptr));
-    if (c.scale) {
-      enclose_text(sclo, schi, *c.scale);
-    } else {  // 1/sqrt(Dk), correctly rounded each way
-      mpfr_set_si(tmp, Dk, MPFR_RNDN);
-      mpfr_rec_sqrt(sclo, tmp, MPFR_RNDD);
-      mpfr_rec_sqrt(schi, tmp, MPFR_RNDU);
-    }
-    mpfr_t cl, ch;
-    mpfr_inits2(p, cl, ch, static_cast<mpfr_ptr>(nullptr));
-    if (c.softcap) enclose_text(cl, ch, *c.softcap);
-    for (std::size_t a = 0; a < n; ++a) {
-      detail::mul_interval(slo[a], shi[a], slo[a], shi[a], sclo, schi, tmp);
-      if (c.softcap) {
-        softcap_bound(tmp2, slo[a], cl, ch, MPFR_RNDD, tmp);
-        softcap_bound(shi[a], shi[a], cl, ch, MPFR_RNDU, tmp);
-        mpfr_set(slo[a], tmp2, MPFR_RNDD);
-      }
-      const double bias = c.bias_at(b, h, i, allowed[a]);
-      if (bias != 0) {
-        mpfr_add_d(slo[a], slo[a], bias, MPFR_RNDD);
-        mpfr_add_d(shi[a], shi[a], bias, MPFR_RNDU);
-      }
-    }
-
-    // m: any number near the row maximum; exp(S - m) then stays near 1 for the largest terms.
-    mpfr_set(m, shi[0], MPFR_RNDN);
-    for (std::size_t a = 1; a < n; ++a)
-      if (mpfr_greater_p(shi[a], m)) mpfr_set(m, shi[a], MPFR_RNDN);
-    mpfr_prec_round(m, 53, MPFR_RNDN);  // a short constant keeps S - m cheap; its value is free
-
-    MpfrVec elo, ehi, terms;
-    elo.resize(n, p);
-    ehi.resize(n, p);
-    terms.resize(n, p);
-    mpfr_t zlo, zhi, nlo, nhi;
-    mpfr_inits2(p, zlo, zhi, nlo, nhi, static_cast<mpfr_ptr>(nullptr));
-    if (tie) {
-      // exp(S - m) is the same number e for all keys: A = e / (n e) = 1/n exactly.
-      for (std::size_t a = 0; a < n; ++a) {
-        mpfr_set_ui(elo[a], 1, MPFR_RNDN);
-        mpfr_set_ui(ehi[a], 1, MPFR_RNDN);
-      }
-      mpfr_set_ui(zlo, n, MPFR_RNDD);
-      mpfr_set_ui(zhi, n, MPFR_RNDU);
-    } else {
-      for (std::size_t a = 0; a < n; ++a) {
-        mpfr_sub(tmp, slo[a], m, MPFR_RNDD);
-        mpfr_exp(elo[a], tmp, MPFR_RNDD);  // exp is increasing
-        mpfr_sub(tmp, shi[a], m, MPFR_RNDU);
-        mpfr_exp(ehi[a], tmp, MPFR_RNDU);
-      }
-      mpfr_sum(zlo, elo.ptrs(), n, MPFR_RNDD);  // all terms positive: sum of lows is a low
-      mpfr_sum(zhi, ehi.ptrs(), n, MPFR_RNDU);
-    }
-
-    // lse = m + log Z (tie: S + log n, the same thing).
-    mpfr_log(tmp, zlo, MPFR_RNDD);
-    mpfr_add(row.lse.lo, tmp, tie ? slo[0] : m, MPFR_RNDD);
-    mpfr_log(tmp, zhi, MPFR_RNDU);
-    mpfr_add(row.lse.hi, tmp, tie ? shi[0] : m, MPFR_RNDU);
-
-    // Weights: A_j = e_j / Z.
-    for (std::size_t a = 0; a < n; ++a) {
-      Enclosure& w = row.weights[static_cast<std::size_t>(allowed[a])];
-      mpfr_div(w.lo, elo[a], zhi, MPFR_RNDD);
-      mpfr_div(w.hi, ehi[a], zlo, MPFR_RNDU);
-    }
-
-    // Output: O_c = N_c / Z with N_c = sum_j e_j v_jc; each product is bounded with the end
-    // of e_j that the sign of v_jc calls for. The exact O_c also lies within [min v, max v].
-    for (std::int64_t cc = 0; cc < Dv; ++cc) {
-      for (std::size_t a = 0; a < n; ++a)
-        V.mul(terms[a], V.sgn(allowed[a], cc) >= 0 ? elo[a] : ehi[a], allowed[a], cc, MPFR_RNDD);
-      mpfr_sum(nlo, terms.ptrs(), n, MPFR_RNDD);
-      for (std::size_t a = 0; a < n; ++a)
-        V.mul(terms[a], V.sgn(allowed[a], cc) >= 0 ? ehi[a] : elo[a], allowed[a], cc, MPFR_RNDU);
-      mpfr_sum(nhi, terms.ptrs(), n, MPFR_RNDU);
-      const auto ci = static_cast<std::size_t>(cc);
-      Enclosure& raw = det.raw_out[ci];
-      detail::div_by_positive(raw.lo, raw.hi, nlo, nhi, zlo, zhi);
-      // The allowed values' range, and that of their magnitudes (for the bound below).
-      std::size_t amin = 0, amax = 0, bmin = 0, bmax = 0;
-      for (std::size_t a = 1; a < n; ++a) {
-        if (V.cmp(allowed[a], cc, allowed[amin], cc) < 0) amin = a;
-        if (V.cmp(allowed[a], cc, allowed[amax], cc) > 0) amax = a;
-        if (V.cmpabs(allowed[a], cc, allowed[bmin], cc) < 0) bmin = a;
-        if (V.cmpabs(allowed[a], cc, allowed[bmax], cc) > 0) bmax = a;
-      }
-      V.get(det.hull[ci].lo, allowed[amin], cc, MPFR_RNDD);
-      V.get(det.hull[ci].hi, allowed[amax], cc, MPFR_RNDU);
-      // The exact O_c, a convex combination, lies in the hull too: use the intersection when it
-      // is not empty (an empty one is a broken evaluation, for the oracle to report).
-      Enclosure& o = row.out[ci];
-      mpfr_set(o.lo, mpfr_greater_p(det.hull[ci].lo, raw.lo) ? det.hull[ci].lo : raw.lo, MPFR_RNDD);
-      mpfr_set(o.hi, mpfr_less_p(det.hull[ci].hi, raw.hi) ? det.hull[ci].hi : raw.hi, MPFR_RNDU);
-      if (mpfr_greater_p(o.lo, o.hi)) {
-        mpfr_set(o.lo, raw.lo, MPFR_RNDD);
-        mpfr_set(o.hi, raw.hi, MPFR_RNDU);
-      }
-
-      // bound_c = sum_j A_j |v_jc|
-      for (std::size_t a = 0; a < n; ++a) V.mul_abs(terms[a], elo[a], allowed[a], cc, MPFR_RNDD);
-      mpfr_sum(nlo, terms.ptrs(), n, MPFR_RNDD);
-      for (std::size_t a = 0; a < n; ++a) V.mul_abs(terms[a], ehi[a], allowed[a], cc, MPFR_RNDU);
-      mpfr_sum(nhi, terms.ptrs(), n, MPFR_RNDU);
-      Enclosure& bd = row.bound[static_cast<std::size_t>(cc)];
-      mpfr_div(bd.lo, nlo, zhi, MPFR_RNDD);
-      mpfr_div(bd.hi, nhi, zlo, MPFR_RNDU);
-      // The bound is a convex combination of the |v_jc| too: intersect with their range.
-      V.get(tmp, allowed[bmin], cc, MPFR_RNDZ);  // |v| rounded down
-      mpfr_abs(tmp, tmp, MPFR_RNDN);
-      V.get(tmp2, allowed[bmax], cc, MPFR_RNDA);  // |v| rounded up
-      mpfr_abs(tmp2, tmp2, MPFR_RNDN);
-      if (mpfr_lessequal_p(tmp, bd.hi) && mpfr_lessequal_p(bd.lo, tmp2)) {
-        if (mpfr_less_p(bd.lo, tmp)) mpfr_set(bd.lo, tmp, MPFR_RNDD);
-        if (mpfr_greater_p(bd.hi, tmp2)) mpfr_set(bd.hi, tmp2, MPFR_RNDU);
-      }
-    }
-    mpfr_clears(sclo, schi, tmp, tmp2, m, cl, ch, zlo, zhi, nlo, nhi,
-                static_cast<mpfr_ptr>(nullptr));
+    const bool exact = exact_dots(w, row.detail);
+    w.tie = scores_tie(w, exact);
+    scores(w);
+    row_constant(w);
+    sums(w);
+    lse(w, row);
+    weights(w, row);
+    for (std::int64_t cc = 0; cc < c.Dv; ++cc) output_column(w, row, cc);
     return row;
   }
 };
@@ -459,7 +515,7 @@ RowEnclosures RowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
   const Case& c = impl_->c;
   RowEnclosures r;
   if (c.kind == Kind::Sdpa) {
-    Impl::HeadRow hr = impl_->head_row(b, h, i, p);
+    HeadRow hr = impl_->head_row(b, h, i, p);
     r.valid = hr.valid;
     r.out = std::move(hr.out);
     r.bound = std::move(hr.bound);
@@ -473,7 +529,7 @@ RowEnclosures RowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
   }
   // mha: out_e = sum_{r,c} O_r[c] W_o[r*Dv + c, e], bound_e = sum bound_r[c] |W_o[r*Dv + c, e]|.
   const std::int64_t H = c.Hq, Dv = c.Dv, Dout = c.Dout;
-  std::vector<Impl::HeadRow> heads;
+  std::vector<HeadRow> heads;
   bool any_valid = false;
   for (std::int64_t hh = 0; hh < H; ++hh) {
     heads.push_back(impl_->head_row(b, hh, i, p));

@@ -29,6 +29,7 @@
 
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "int_round.hpp"
 #include "random_case.hpp"

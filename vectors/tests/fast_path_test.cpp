@@ -10,9 +10,11 @@
 #include <cstring>
 #include <random>
 
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "attnoracle/reference/round.hpp"
+#include "fast/decide.hpp"
 #include "fast/error_bounds.hpp"
 #include "fast/exp_dd.hpp"
 #include "fast/fast_row.hpp"
@@ -80,19 +82,26 @@ TEST(FastPath, RoundingOfDoubleDoublesMatchesMpfr) {
   mpfr_clear(x);
 }
 
-// The inclusion: every MPFR enclosure at 256 bits inside the fast ball.
-void expect_inside(const Enclosure& precise, const fast::Ball& ball, const char* what, int problem) {
+// The inclusion: every MPFR enclosure at 256 bits inside the fast one.
+void expect_inside(const Enclosure& precise, mpfr_srcptr lo, mpfr_srcptr hi, const char* what,
+                   int problem) {
+  EXPECT_TRUE(mpfr_lessequal_p(lo, precise.lo) && mpfr_lessequal_p(precise.hi, hi))
+      << what << " of problem " << problem << ": fast [" << mpfr_get_d(lo, MPFR_RNDN) << ", "
+      << mpfr_get_d(hi, MPFR_RNDN) << "] does not contain the precise enclosure";
+}
+// Within the double-double ends [l, u] (exact at 256 bits).
+void expect_inside(const Enclosure& precise, fast::DD l, fast::DD u, const char* what, int problem) {
   mpfr_t lo, hi;
   mpfr_inits2(256, lo, hi, static_cast<mpfr_ptr>(nullptr));
-  const fast::DD l = fast::lower(ball), u = fast::upper(ball);
   mpfr_set_d(lo, l.hi, MPFR_RNDN);
   mpfr_add_d(lo, lo, l.lo, MPFR_RNDN);
   mpfr_set_d(hi, u.hi, MPFR_RNDN);
   mpfr_add_d(hi, hi, u.lo, MPFR_RNDN);
-  EXPECT_TRUE(mpfr_lessequal_p(lo, precise.lo) && mpfr_lessequal_p(precise.hi, hi))
-      << what << " of problem " << problem << ": fast [" << mpfr_get_d(lo, MPFR_RNDN) << ", "
-      << mpfr_get_d(hi, MPFR_RNDN) << "] does not contain the precise enclosure";
+  expect_inside(precise, lo, hi, what, problem);
   mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
+}
+void expect_inside(const Enclosure& precise, const fast::Ball& ball, const char* what, int problem) {
+  expect_inside(precise, fast::lower(ball), fast::upper(ball), what, problem);
 }
 
 TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
@@ -146,8 +155,15 @@ TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
                     expect_inside(pr.weights[0][static_cast<std::size_t>(j)], fr.weights[static_cast<std::size_t>(j)], "weight", problems);
                   }
                 for (std::int64_t e = 0; e < c.Dv; ++e) {
-                  expect_inside(d.raw_out[static_cast<std::size_t>(e)], fr.out[static_cast<std::size_t>(e)], "out", problems);
+                  const auto ei = static_cast<std::size_t>(e);
+                  expect_inside(d.raw_out[ei], fr.out[ei], "out", problems);
+                  // out.bound as the fast path rounds it: the ball within the |v| range
+                  fast::DD lo, hi;
+                  fast::ends(fr.bound[ei], lo, hi, fr.absmin[ei], fr.absmax[ei]);
+                  expect_inside(pr.bound[ei], lo, hi, "out.bound", problems);
                 }
+                const Enclosure lse = fast::lse_enclosure(fr);
+                expect_inside(pr.lse[0], lse.lo, lse.hi, "lse", problems);
               }
         }
         EvalOptions on, off;

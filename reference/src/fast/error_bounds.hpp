@@ -35,4 +35,22 @@ inline constexpr double kMaxInput = 0x1p+480;
 inline constexpr double kExpMin = -620;
 inline constexpr double kTinyExp = 0x1p-894;  // exp(-620) < 2^-894.4
 
+// Ball arithmetic's own margins (fast_row.cpp); each relation is checked in proofs/margins.txt.
+// |x| <= |hi| (1 + u) and |x| >= |hi| (1 - u) for a normalised double-double (|lo| <= u |hi|).
+inline constexpr double kMagRel = 0x1p-52;
+// The ends mid -/+ rad are one DWPlusFP (kAddFP) of a result below (|mid| + rad)(1 + 2^-44).
+inline constexpr double kEndRel = 0x1p-102;
+// |am/bm| <= |m| / (1 - kDivDD) <= |m| (1 + kDivQuotient).
+inline constexpr double kDivQuotient = 0x1p-100;
+// exp(am) <= |m| / (1 - kExpRel) <= |m| (1 + kExpMid).
+inline constexpr double kExpMid = 0x1p-80;
+
+// Thresholds of decisions (not error bounds): past them the row goes to MPFR.
+// exp's ball rule |e^d - 1| <= r (1 + r) needs r <= 1; exp_constants.sollya uses kExpMaxRad.
+inline constexpr double kExpMaxRad = 0x1p-20;
+// exp_dd's tally (exp_dd.cpp, exp_reduction.g) holds for arguments up to kExpMax.
+inline constexpr double kExpMax = 8;
+// A quotient by a ball needs bm > kDivMargin rb with kDivMargin >= 2, so that bm - rb >= bm/2.
+inline constexpr double kDivMargin = 2;
+
 }  // namespace attnoracle::fast

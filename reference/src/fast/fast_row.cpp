@@ -15,41 +15,41 @@ namespace attnoracle::fast {
 namespace {
 
 // A radius computed with rounding to nearest, made an upper bound (error_bounds.hpp).
-inline double up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
+inline double radius_up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
 // |x| <= |hi| (1 + u) for a normalised double-double.
-inline double mag(DD x) { return std::fabs(x.hi) * (1 + 0x1p-52); }
+inline double mag(DD x) { return std::fabs(x.hi) * (1 + kMagRel); }
 
 // Sums and products of balls: the midpoint's own error plus the radii carried through.
 inline Ball add(const Ball& a, const Ball& b) {
   const DD m = fast::add(a.mid, b.mid);
-  return {m, up(a.rad + b.rad + kAddDD * mag(m))};
+  return {m, radius_up(a.rad + b.rad + kAddDD * mag(m))};
 }
 inline Ball add(const Ball& a, double y) {
   const DD m = fast::add(a.mid, y);
-  return {m, up(a.rad + kAddFP * mag(m))};
+  return {m, radius_up(a.rad + kAddFP * mag(m))};
 }
 inline Ball mul(const Ball& a, double y) {
   const DD m = fast::mul(a.mid, y);
-  return {m, up(a.rad * std::fabs(y) + kMulFP * mag(m))};
+  return {m, radius_up(a.rad * std::fabs(y) + kMulFP * mag(m))};
 }
 // |a b - am bm| <= |am| rb + |bm| ra + ra rb
 inline Ball mul(const Ball& a, const Ball& b) {
   const DD m = fast::mul(a.mid, b.mid);
-  return {m, up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
+  return {m, radius_up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
 }
 // For bm > 2 rb > 0: |a/b - am/bm| <= (ra + |am/bm| rb) / (bm - rb).
 inline Ball div(const Ball& a, const Ball& b) {
   const DD m = fast::div(a.mid, b.mid);
-  const double q = mag(m) * (1 + 0x1p-100);  // |am/bm| <= |m| (1 + kDivDD)
-  const double den = std::fabs(b.mid.hi) * (1 - 0x1p-52) - b.rad;  // >= bm/2: rounding relative
-  return {m, up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
+  const double q = mag(m) * (1 + kDivQuotient);  // |am/bm| <= |m| / (1 - kDivDD)
+  const double den = std::fabs(b.mid.hi) * (1 - kMagRel) - b.rad;  // >= bm/2: rounding relative
+  return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
 }
 // exp(am + d) = exp(am) e^d and |e^d - 1| <= r (1 + r) for |d| <= r <= 1.
 inline Ball exp(const Ball& a) {
-  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(-620 + 2^-20) < 2^-894
+  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(kExpMin + 2 kExpMaxRad) <= kTinyExp
   const DD m = exp_dd(a.mid);
-  const double e = mag(m) * (1 + 0x1p-80);  // exp(am) <= |m| / (1 - kExpRel)
-  return {m, up(e * (a.rad * (1 + a.rad) + kExpRel))};
+  const double e = mag(m) * (1 + kExpMid);  // exp(am) <= |m| / (1 - kExpRel)
+  return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
 }
 
 bool in_range(double x) {
@@ -80,13 +80,13 @@ double round_double(double r, int p, int emin, int emax) {
 DD lower(const Ball& b) {
   if (b.rad == 0) return b.mid;  // an exact ball (a masked key's weight)
   // mid - rad, computed in double-double, then moved down by that subtraction's own error
-  // (2u^2 of a result at most |mid| + rad in size).
-  const double s = up(b.rad + 0x1p-102 * (mag(b.mid) + b.rad));
+  // (kAddFP of a result at most |mid| + rad in size, within kEndRel: widen.g).
+  const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
   return fast::add(b.mid, -s);
 }
 DD upper(const Ball& b) {
   if (b.rad == 0) return b.mid;
-  const double s = up(b.rad + 0x1p-102 * (mag(b.mid) + b.rad));
+  const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
   return fast::add(b.mid, s);
 }
 
@@ -148,7 +148,7 @@ Setup prepare(const Case& c) {
   mpfr_sub_d(t, t, s.scale.mid.lo, MPFR_RNDU);
   mpfr_abs(t, t, MPFR_RNDU);
   rad = std::max(rad, mpfr_get_d(t, MPFR_RNDU));
-  s.scale.rad = up(rad);
+  s.scale.rad = radius_up(rad);
   mpfr_clears(lo, hi, t, static_cast<mpfr_ptr>(nullptr));
   if (!(std::fabs(s.scale.mid.hi) <= kMaxInput) || (s.scale.mid.hi != 0 && std::fabs(s.scale.mid.hi) < kMinInput)) {
     s.why_not = "scale out of range";
@@ -164,7 +164,7 @@ Setup prepare(const Case& c) {
 
 FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i) {
   FastRow r;
-  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = h / (c.Hq / c.Hkv);
+  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
   const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + i) * Dk;
   const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
   const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
@@ -196,7 +196,7 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
       sl += t.lo + p.lo;
       sabs += std::fabs(p.hi);
     }
-    const Ball dot{two_sum(sh, sl), up(dot_factor * sabs)};
+    const Ball dot{two_sum(sh, sl), radius_up(dot_factor * sabs)};
     r.dots[static_cast<std::size_t>(keys[a])] = dot;
     Ball sc = mul(s.scale, dot);
     const double bias = c.bias_at(b, h, i, keys[a]);
@@ -211,11 +211,11 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   Ball z{};
   for (std::size_t a = 0; a < keys.size(); ++a) {
     const Ball x = add(S[a], -m);
-    if (x.rad > 0x1p-20 || x.mid.hi > 8) return r;  // outside exp's ball rule: MPFR
+    if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;  // outside exp's ball rule: MPFR
     e[a] = exp(x);
     z = add(z, e[a]);
   }
-  if (!(z.mid.hi > 2 * z.rad)) return r;
+  if (!(z.mid.hi > kDivMargin * z.rad)) return r;
   r.z = z;
   for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = div(e[a], z);
 
@@ -258,7 +258,7 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   const double gk = nk * kU / (1 - nk * kU);
   const double pv_factor = 3 * gk * gk + 2 * kU * kU;  // 2 gamma_n^2 + the low parts, with room
   for (std::size_t ci = 0; ci < nd; ++ci) {
-    const double err = up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
+    const double err = radius_up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
     r.out[ci] = div(Ball{two_sum(nh[ci], nl[ci]), err}, z);
     r.bound[ci] = div(Ball{two_sum(bh[ci], bl[ci]), err}, z);
   }
@@ -280,6 +280,10 @@ void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo, double clamp_hi) {
 double round_up_dd(DD x) {
   const DD s = two_sum(x.hi, x.lo);
   return s.lo > 0 ? std::nextafter(s.hi, INFINITY) : s.hi;
+}
+double round_down_dd(DD x) {
+  const DD s = two_sum(x.hi, x.lo);
+  return s.lo < 0 ? std::nextafter(s.hi, -INFINITY) : s.hi;
 }
 
 }  // namespace attnoracle::fast

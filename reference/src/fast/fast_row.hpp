@@ -53,8 +53,9 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
 // an empty intersection, a broken evaluation, keeps the ball's own ends).
 void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo = -INFINITY, double clamp_hi = INFINITY);
 
-// The smallest F64 number >= x.
+// The smallest F64 number >= x, and the largest <= x.
 double round_up_dd(DD x);
+double round_down_dd(DD x);
 
 // Rounding a double-double to nearest-even in an output format: F64 directly (one IEEE
 // addition of the two parts is the correctly rounded sum), the narrower formats through

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 
 namespace attnoracle::oracle {

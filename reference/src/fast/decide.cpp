@@ -1,0 +1,158 @@
+// The fast row's roundings decided from its balls: committed only when every element is
+// decided (the same values the MPFR path proves, since a correct rounding is unique).
+#include "decide.hpp"
+
+#include <mpfr.h>
+
+#include <cmath>
+
+#include "attnoracle/reference/round.hpp"
+
+namespace attnoracle::fast {
+namespace {
+
+// Both ends round alike: the rounding is proven (zeros: +0 unless the whole ball is < 0).
+bool decide(DD lo, DD hi, DType t, std::vector<double>& into) {
+  const double a = round_dd(lo, t), z = round_dd(hi, t);
+  if (a == 0 && z == 0) into.push_back((hi.hi < 0 || (hi.hi == 0 && hi.lo < 0)) ? -0.0 : 0.0);
+  else if (a == z) into.push_back(a);
+  else return false;
+  return true;
+}
+
+// out, out.ref, [out.ref_lo] and out.bound of element e.
+bool decide_out(const Case& c, const FastRow& fr, std::size_t e, DecidedRow& d) {
+  DD lo, hi;
+  ends(fr.out[e], lo, hi, fr.vmin[e], fr.vmax[e]);
+  if (!decide(lo, hi, c.output_dtype, d.out) || !decide(lo, hi, DType::F64, d.out_ref)) return false;
+  if (c.output_dtype == DType::F64) {  // exact - ref: x.hi - ref is exact (Sterbenz) or we give up
+    const double ref = d.out_ref.back();
+    const DD dl = two_sum(lo.hi, -ref), dh = two_sum(hi.hi, -ref);
+    if (dl.lo != 0 || dh.lo != 0) return false;
+    if (!decide(DD{dl.hi, lo.lo}, DD{dh.hi, hi.lo}, DType::F64, d.out_ref_lo)) return false;
+  }
+  ends(fr.bound[e], lo, hi, fr.absmin[e], fr.absmax[e]);  // within the |v| range
+  const double bound = round_up_dd(hi) + 0.0;              // a zero bound is +0
+  d.bound.push_back(bound);
+  return round_up_dd(lo) == bound;
+}
+
+bool decide_weights(const Case& c, const FastRow& fr, DecidedRow& d) {
+  for (std::size_t j = 0; j < fr.weights.size(); ++j) {
+    if (!fr.allowed[j]) {  // exactly 0
+      d.weights.push_back(0.0);
+      d.weights_ref.push_back(0.0);
+      continue;
+    }
+    DD lo, hi;
+    ends(fr.weights[j], lo, hi, 0, 1);
+    if (!decide(lo, hi, c.output_dtype, d.weights) || !decide(lo, hi, DType::F64, d.weights_ref))
+      return false;
+  }
+  return true;
+}
+
+// A double-double as an MPFR enclosure end, rounded the given way.
+void set_dd(mpfr_ptr x, DD d, mpfr_rnd_t rnd) {
+  mpfr_set_d(x, d.hi, rnd);
+  mpfr_add_d(x, x, d.lo, rnd);
+}
+Enclosure ball_enclosure(const Ball& b) {
+  Enclosure e(128);
+  set_dd(e.lo, lower(b), MPFR_RNDD);
+  set_dd(e.hi, upper(b), MPFR_RNDU);
+  return e;
+}
+Enclosure point_enclosure(double lo, double hi) {
+  Enclosure e(128);
+  mpfr_set_d(e.lo, lo, MPFR_RNDD);
+  mpfr_set_d(e.hi, hi, MPFR_RNDU);
+  return e;
+}
+// The ends of a ball intersected with [lo, hi], as an enclosure.
+Enclosure clamped_enclosure(const Ball& b, double lo, double hi) {
+  DD l, h;
+  ends(b, l, h, lo, hi);
+  Enclosure e(128);
+  set_dd(e.lo, l, MPFR_RNDD);
+  set_dd(e.hi, h, MPFR_RNDU);
+  return e;
+}
+
+}  // namespace
+
+std::uint64_t DecidedRow::rounded() const {
+  return out.size() + out_ref.size() + out_ref_lo.size() + weights.size() + weights_ref.size() +
+         lse.size() + lse_ref.size();
+}
+
+Enclosure lse_enclosure(const FastRow& fr) {
+  Enclosure lse(128);
+  set_dd(lse.lo, lower(fr.z), MPFR_RNDD);
+  mpfr_log(lse.lo, lse.lo, MPFR_RNDD);  // log is increasing
+  mpfr_add_d(lse.lo, lse.lo, fr.m, MPFR_RNDD);
+  set_dd(lse.hi, upper(fr.z), MPFR_RNDU);
+  mpfr_log(lse.hi, lse.hi, MPFR_RNDU);
+  mpfr_add_d(lse.hi, lse.hi, fr.m, MPFR_RNDU);
+  return lse;
+}
+
+bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedRow& d) {
+  d = DecidedRow{};
+  for (std::size_t e = 0; e < fr.out.size(); ++e)
+    if (!decide_out(c, fr, e, d)) return false;
+  if (c.want_weights && !decide_weights(c, fr, d)) return false;
+  if (c.want_lse)
+    for (auto [t, into] : {std::pair{c.output_dtype, &d.lse}, std::pair{DType::F64, &d.lse_ref}}) {
+      const RoundedEnclosure re = round_enclosure(lse.lo, lse.hi, t);
+      if (!re.decided) return false;
+      into->push_back(re.value);
+    }
+  return true;
+}
+
+RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
+  RowIntervals r;
+  r.allowed = fr.allowed;
+  for (std::size_t j = 0; j < fr.weights.size(); ++j) {
+    r.dot_lo.push_back(round_down_dd(lower(fr.dots[j])));
+    r.dot_hi.push_back(round_up_dd(upper(fr.dots[j])));
+    r.w_lo.push_back(round_down_dd(lower(fr.weights[j])));
+    r.w_hi.push_back(round_up_dd(upper(fr.weights[j])));
+  }
+  for (std::size_t e = 0; e < fr.out.size(); ++e) {
+    r.out_lo.push_back(round_down_dd(lower(fr.out[e])));
+    r.out_hi.push_back(round_up_dd(upper(fr.out[e])));
+  }
+  r.lse_lo = mpfr_get_d(lse.lo, MPFR_RNDD);
+  r.lse_hi = mpfr_get_d(lse.hi, MPFR_RNDU);
+  return r;
+}
+
+RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse) {
+  RowEnclosures r;
+  HeadDetail d;
+  d.allowed = fr.allowed;
+  std::vector<Enclosure> w;
+  for (std::size_t j = 0; j < fr.weights.size(); ++j) {
+    d.dots.push_back(ball_enclosure(fr.dots[j]));
+    w.push_back(ball_enclosure(fr.weights[j]));
+  }
+  for (std::size_t e = 0; e < fr.out.size(); ++e) {
+    d.raw_out.push_back(ball_enclosure(fr.out[e]));
+    d.hull.push_back(point_enclosure(fr.vmin[e], fr.vmax[e]));
+    d.out.push_back(clamped_enclosure(fr.out[e], fr.vmin[e], fr.vmax[e]));
+    r.out.push_back(clamped_enclosure(fr.out[e], fr.vmin[e], fr.vmax[e]));
+    r.bound.push_back(ball_enclosure(fr.bound[e]));
+  }
+  Enclosure l(128);
+  mpfr_set(l.lo, lse.lo, MPFR_RNDD);
+  mpfr_set(l.hi, lse.hi, MPFR_RNDU);
+  r.weights.push_back(std::move(w));
+  r.lse.push_back(std::move(l));
+  r.head_valid.push_back(true);
+  r.heads.push_back(std::move(d));
+  return r;
+}
+
+}  // namespace attnoracle::fast

@@ -1,0 +1,33 @@
+// The fast path's decisions on one row: whether its balls decide every rounding of the row,
+// and the row as the oracle checks it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
+#include "fast_row.hpp"
+
+namespace attnoracle::fast {
+
+// lse = m + log Z, enclosed with MPFR (128 bits) from the ends of Z's ball.
+Enclosure lse_enclosure(const FastRow& fr);
+
+// The golden values of one row unit, each proven correctly rounded from the balls. Vectors are
+// empty for tensors the case does not ask for.
+struct DecidedRow {
+  std::vector<double> out, out_ref, out_ref_lo, bound;  // [Dv]
+  std::vector<double> weights, weights_ref;             // [Nk]
+  std::vector<double> lse, lse_ref;                     // [1]
+  std::uint64_t rounded() const;  // elements rounded (out.bound aside)
+};
+
+// Fills d when every element of the row is decided; false sends the row to MPFR.
+bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedRow& d);
+
+// The row in F64 intervals rounded outward, and as the enclosures the oracle checks.
+RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse);
+RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse);
+
+}  // namespace attnoracle::fast
