@@ -1,6 +1,7 @@
 // The attnoracle command: parses arguments and calls the libraries.
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -47,6 +48,11 @@ int main(int argc, char** argv) {
     fail(e.message());
   } catch (const std::bad_alloc&) {
     fail("out of memory");
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the command could not use (a link loop, a file where a directory is needed, ...).
+    fail(printable(e.path1().string(), 500) + ": " + printable(e.code().message(), 200));
+  } catch (const std::exception& e) {
+    fail(printable(e.what(), 500));
   }
   return 2;
 }

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <cstring>
 
 #include "attnoracle/reference/error.hpp"
@@ -55,6 +57,20 @@ std::vector<unsigned char> read_regular_file(const std::string& path, std::uint6
   bytes.resize(done);
   // A file that grew while it was read is taken as its first `size` bytes, never past the limit.
   return bytes;
+}
+
+std::vector<unsigned char> read_file_within(const std::string& root, const std::string& relative,
+                                            std::uint64_t max_bytes) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(root) / relative).string();
+  std::error_code ec;
+  const fs::path base = fs::canonical(root, ec);
+  if (ec) throw InputError(root, "", "cannot open: " + ec.message());
+  const fs::path real = fs::canonical(path, ec);  // every link resolved; fails on a loop
+  if (ec) throw InputError(path, "", "cannot open: " + ec.message());
+  const auto [b, r] = std::mismatch(base.begin(), base.end(), real.begin(), real.end());
+  if (b != base.end()) throw InputError(path, "", "leads outside " + root + " (to " + real.string() + ")");
+  return read_regular_file(real.string(), max_bytes);
 }
 
 }  // namespace attnoracle

@@ -3,6 +3,10 @@
 // complete; a rerun keeps the present files that still match the spec.
 #include "attnoracle/vectors/generate.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -77,6 +81,35 @@ struct Outcome {
 
 std::string generator_name() { return std::string(kNameAndVersion); }
 
+namespace {
+
+// A lock on the set's directory for the length of a run (flock on the directory itself, so no
+// file is added to the set): shards share it, an unsharded run (which removes the temporary
+// files of stopped runs and writes the manifest) holds it alone. A run that cannot have it
+// is refused at once rather than waiting.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, bool exclusive)
+      : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    if (fd_ < 0) throw InputError(dir, "", std::string("cannot open: ") + std::strerror(errno));
+    if (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw InputError(dir, "", err != EWOULDBLOCK ? std::string("cannot lock: ") + std::strerror(err)
+                                : exclusive ? "another attnoracle gen is writing into it"
+                                            : "an unsharded attnoracle gen is writing into it");
+    }
+  }
+  ~DirectoryLock() { ::close(fd_); }
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
 GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   const auto spec_bytes = read_bytes(opt.spec_path);
   if (!spec_bytes)
@@ -89,6 +122,7 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   fs::create_directories(cases_dir, ec);
   if (ec || !fs::is_directory(cases_dir))
     throw InputError(opt.out_dir, "", "cannot create " + cases_dir.string() + ": " + ec.message());
+  const DirectoryLock lock(opt.out_dir, !opt.sharded);
   // A manifest present means a complete set: it goes until this run has made one again.
   fs::remove(dir / "manifest.json", ec);
   if (!opt.sharded) {

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/manifest.hpp"
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/oracle/oracle.hpp"
@@ -56,10 +57,13 @@ std::optional<std::string> compare_recomputed(const SafeTensorsFile& stored,
 std::optional<std::string> check_case(const fs::path& dir, const ManifestCase& mc,
                                       const VerifyOptions& opt) {
   const fs::path path = dir / mc.file;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "missing file " + mc.file;
-  const Bytes bytes((std::istreambuf_iterator<char>(in)), {});
-  if (in.bad()) return "cannot read " + mc.file;
+  if (!fs::exists(fs::symlink_status(path))) return "missing file " + mc.file;
+  Bytes bytes;
+  try {
+    bytes = read_file_within(dir.string(), mc.file);
+  } catch (const InputError& e) {
+    return mc.file + ": " + e.what();
+  }
   const std::string sha = sha256_hex(bytes);
   if (sha != mc.sha256) return "sha256 " + sha + " differs from the manifest's " + mc.sha256;
   SafeTensorsFile f;
@@ -105,9 +109,8 @@ VerifyReport verify(const VerifyOptions& opt,
                     const std::function<void(std::size_t, std::size_t)>& progress) {
   const fs::path dir(opt.dir);
   const std::string mpath = (dir / "manifest.json").string();
-  std::ifstream in(mpath, std::ios::binary);
-  if (!in) throw InputError(mpath, "", std::string("cannot open: ") + std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  const Bytes bytes = read_file_within(opt.dir, "manifest.json", limits::kManifestBytes);
+  const std::string text(bytes.begin(), bytes.end());
   std::string problem;
   const Manifest m = parse_manifest(mpath, text, problem);
 

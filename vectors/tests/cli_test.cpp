@@ -1,5 +1,10 @@
 // End to end: `attnoracle gen` (determinism across --jobs and --shard, resume, refusals) and
 // `attnoracle verify` (each kind of damage to a vector set is caught).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -281,6 +286,75 @@ TEST_F(VectorsCli, UsageErrors) {
       << r.err;
   r = run_cli({"gen", (dir_ / "tiny.json").string(), "-o", (dir_ / "no" / "such").string()});
   EXPECT_EQ(r.status, 2);
+}
+
+TEST_F(VectorsCli, SecondGenIntoTheSameDirectoryIsRefusedWhileTheFirstRuns) {
+  // A run in progress holds the directory (as gen does, with flock): an unsharded run, which
+  // would remove the first run's temporary files and manifest, is refused and changes nothing.
+  fs::create_directories(dir_ / "busy" / "cases");
+  write_text(dir_ / "busy" / "cases" / "a-000.safetensors.tmp.AbCdEf", "in progress");
+  const int fd = ::open((dir_ / "busy").c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);
+  CliResult r = gen("busy");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "attnoracle: error: " + (dir_ / "busy").string() +
+                       ": another attnoracle gen is writing into it\n");
+  EXPECT_TRUE(fs::exists(dir_ / "busy" / "cases" / "a-000.safetensors.tmp.AbCdEf"));
+  // Shards share the directory with each other.
+  r = gen("busy", {"--shard", "0/2", "--quiet"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  ::close(fd);
+  r = gen("busy", {"--quiet"});  // alone again: it cleans up and completes the set
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "busy" / "cases" / "a-000.safetensors.tmp.AbCdEf"));
+  EXPECT_TRUE(fs::exists(dir_ / "busy" / "manifest.json"));
+}
+
+TEST_F(VectorsCli, VerifyReadsNothingOutsideTheSet) {
+  copy_clean("linked");
+  const fs::path set = dir_ / "linked", outside = dir_ / "outside.json";
+  fs::copy_file(set / "manifest.json", outside);
+  // The manifest a link to a file outside: refused, exit 2, the outside file not read.
+  fs::remove(set / "manifest.json");
+  fs::create_symlink(outside, set / "manifest.json");
+  CliResult r = verify("linked");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("manifest.json: leads outside"), std::string::npos) << r.err;
+  // A manifest that is a directory, or a FIFO: refused at once.
+  fs::remove(set / "manifest.json");
+  fs::create_directory(set / "manifest.json");
+  r = verify("linked");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("is a directory, not a regular file"), std::string::npos) << r.err;
+  fs::remove(set / "manifest.json");
+  ASSERT_EQ(::mkfifo((set / "manifest.json").c_str(), 0600), 0);
+  r = verify("linked");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("is a FIFO, not a regular file"), std::string::npos) << r.err;
+  fs::remove(set / "manifest.json");
+  fs::copy_file(outside, set / "manifest.json");
+  // A case file linked outside the set, and one that is a link loop: problems of the set.
+  const fs::path a = set / "cases" / "ties-000.safetensors";
+  fs::rename(a, dir_ / "ties-000.safetensors");
+  fs::create_symlink(dir_ / "ties-000.safetensors", a);
+  r = verify("linked", {"--all"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("leads outside"), std::string::npos) << r.out;
+  fs::remove(a);
+  fs::create_symlink(a, a);
+  r = verify("linked", {"--all"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("ties-000: cases/ties-000.safetensors: cannot open"), std::string::npos) << r.out;
+}
+
+TEST_F(VectorsCli, OutputPathThroughAFileIsBadInput) {
+  // -o under a regular file: one line, exit 2 (not an uncaught filesystem error).
+  write_text(dir_ / "file", "x");
+  const CliResult r = gen("file/sub");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err.rfind("attnoracle: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 }  // namespace

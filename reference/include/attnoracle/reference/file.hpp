@@ -14,6 +14,12 @@ namespace attnoracle {
 std::vector<unsigned char> read_regular_file(const std::string& path,
                                              std::uint64_t max_bytes = limits::kFileBytes);
 
+// The bytes of `relative` inside the directory `root` (a vector set, a results directory),
+// read as read_regular_file does; a path that leaves `root` (through "..", an absolute path or
+// a symbolic link resolving outside it) is refused. Throws InputError(root/relative, "", what).
+std::vector<unsigned char> read_file_within(const std::string& root, const std::string& relative,
+                                            std::uint64_t max_bytes = limits::kFileBytes);
+
 // Whether `path` names a regular file (following links); false when it cannot be looked at.
 bool is_regular_file(const std::string& path);
 
