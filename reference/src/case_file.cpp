@@ -44,6 +44,7 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 struct Number {
   double value = 0;
   bool underflow = false;  // nonzero text that reads as 0 or a subnormal
+  bool overflow = false;   // finite text beyond the F64 range
 };
 std::optional<Number> parse_number(const std::string& text) {
   if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return std::nullopt;
@@ -53,6 +54,7 @@ std::optional<Number> parse_number(const std::string& text) {
   n.value = std::strtod(text.c_str(), &end);
   if (end != text.c_str() + text.size()) return std::nullopt;
   n.underflow = errno == ERANGE && std::fabs(n.value) < 1;
+  n.overflow = errno == ERANGE && std::isinf(n.value);  // a finite text beyond F64's range
   return n;
 }
 
@@ -117,6 +119,8 @@ class CaseReader {
       if (!s) return std::nullopt;
       const auto n = parse_number(*s);
       if (!n) bad(key, *s, "a number (decimal or C hex float)");
+      if (n->overflow)
+        bad(key, *s, "a number of magnitude at most 0x1.fffffffffffffp+1023 (the F64 range)");
       if (!std::isfinite(n->value)) bad(key, *s, "a finite number");
       return n;
     };

@@ -214,8 +214,12 @@ TEST(CaseMetadata, ScaleNotANumber) {
 }
 
 TEST(CaseMetadata, ScaleNotFinite) {
-  for (const char* text : {"inf", "-Infinity", "nan", "1e400"})
+  for (const char* text : {"inf", "-Infinity", "nan"})
     expect_refused(with_meta(sdpa(), "attn.scale", text), "attn.scale", "is not a finite number");
+  // Finite texts beyond F64's range are said to be so, not "not finite".
+  for (const std::string& text : {std::string("1e400"), std::string(10000, '1'), std::string("-0x1p1024")})
+    expect_refused(with_meta(sdpa(), "attn.scale", text), "attn.scale",
+                   "is not a number of magnitude at most 0x1.fffffffffffffp+1023 (the F64 range)");
 }
 
 TEST(CaseMetadata, Causal) {
