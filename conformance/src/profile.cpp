@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/limits.hpp"
 
 namespace attnoracle::conformance {
 
@@ -60,13 +62,12 @@ Profile load_profile(const std::string& name_or_path, const std::string& what) {
 }
 
 Profile profile_from_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot read the profile");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::vector<unsigned char> bytes = read_regular_file(path, limits::kManifestBytes);
+  if (limits::json_depth({reinterpret_cast<const char*>(bytes.data()), bytes.size()}) > limits::kJsonDepth)
+    throw InputError(path, "", "not JSON: nested deeper than " + std::to_string(limits::kJsonDepth) + " levels");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(bytes.begin(), bytes.end());
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path, "", std::string("not JSON: ") + e.what());
   }

@@ -12,7 +12,7 @@
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/round.hpp"
 
-namespace attnoracle {
+namespace attnoracle::testing {
 namespace {
 
 RawTensor floats(const std::string& name, DType t, std::vector<std::int64_t> shape,
@@ -311,4 +311,4 @@ TEST(Evaluate, ThreadCountDoesNotChangeBytes) {
 }
 
 }  // namespace
-}  // namespace attnoracle
+}  // namespace attnoracle::testing

@@ -14,7 +14,7 @@
 
 #include "attnoracle/reference/error.hpp"
 
-namespace attnoracle {
+namespace attnoracle::testing {
 namespace {
 
 namespace fs = std::filesystem;
@@ -456,4 +456,4 @@ TEST_F(SafetensorsDisk, ReadTruncatedFile) {
 }
 
 }  // namespace
-}  // namespace attnoracle
+}  // namespace attnoracle::testing

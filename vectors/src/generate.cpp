@@ -18,6 +18,8 @@
 #include <optional>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/limits.hpp"
 #include "attnoracle/version.hpp"
 #include "attnoracle/reference/manifest.hpp"
 #include "attnoracle/reference/parallel.hpp"
@@ -31,12 +33,13 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<unsigned char>;
 
-std::optional<Bytes> read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return std::nullopt;
-  Bytes b((std::istreambuf_iterator<char>(in)), {});
-  if (in.bad()) return std::nullopt;
-  return b;
+// The bytes of a file left by an earlier run, when there is one that can be read.
+std::optional<Bytes> earlier_file(const fs::path& p) {
+  try {
+    return read_regular_file(p.string());
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
 }
 
 bool same_tensor(const RawTensor& a, const RawTensor& b) {
@@ -111,9 +114,7 @@ class DirectoryLock {
 }  // namespace
 
 GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
-  const auto spec_bytes = read_bytes(opt.spec_path);
-  if (!spec_bytes)
-    throw InputError(opt.spec_path, "", std::string("cannot read: ") + std::strerror(errno));
+  const auto spec_bytes = std::optional<Bytes>(read_regular_file(opt.spec_path, limits::kManifestBytes));
   const std::string spec_text(spec_bytes->begin(), spec_bytes->end());
   const Suite suite = parse_suite(opt.spec_path, spec_text);
 
@@ -177,7 +178,7 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
     out.refused = c.first_refused_row().has_value();
     out.fully_masked = has_fully_masked_row(c);
     const fs::path path = cases_dir / (cs.id + ".safetensors");
-    if (const auto old = read_bytes(path);
+    if (const auto old = earlier_file(path);
         old && present_matches(path, *old, inputs, c, out.refused)) {
       out.sha256 = sha256_hex(*old);
       out.done = true;

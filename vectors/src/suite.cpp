@@ -10,6 +10,8 @@
 #include <set>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/limits.hpp"
 #include "prng.hpp"
 
 namespace attnoracle::vectors {
@@ -48,6 +50,9 @@ class SpecReader {
   }
 
   json parse(std::string_view text) const {
+    if (limits::json_depth(text) > limits::kJsonDepth)
+      throw InputError(file_, "", "invalid JSON: nested deeper than " +
+                                      std::to_string(limits::kJsonDepth) + " levels");
     struct Frame {
       bool array;
       std::string key;
@@ -472,11 +477,8 @@ Suite parse_suite(const std::string& path, std::string_view text) {
 }
 
 Suite read_suite(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
-  if (in.bad()) throw InputError(path, "", "cannot read");
-  return parse_suite(path, text);
+  const std::vector<unsigned char> bytes = read_regular_file(path, limits::kManifestBytes);
+  return parse_suite(path, std::string(bytes.begin(), bytes.end()));
 }
 
 }  // namespace attnoracle::vectors

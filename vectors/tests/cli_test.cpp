@@ -281,7 +281,7 @@ TEST_F(VectorsCli, UsageErrors) {
   EXPECT_EQ(r.err, "attnoracle: error: --shard: \"2/2\" is not k/n with 0 <= k < n\n");
   r = run_cli({"gen", (dir_ / "none.json").string(), "-o", (dir_ / "x").string()});
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.err.rfind("attnoracle: error: " + (dir_ / "none.json").string() + ": cannot read", 0),
+  EXPECT_EQ(r.err.rfind("attnoracle: error: " + (dir_ / "none.json").string() + ": cannot open", 0),
             0u)
       << r.err;
   r = run_cli({"gen", (dir_ / "tiny.json").string(), "-o", (dir_ / "no" / "such").string()});

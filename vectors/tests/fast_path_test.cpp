@@ -19,7 +19,7 @@
 #include "fast/exp_dd.hpp"
 #include "fast/fast_row.hpp"
 
-namespace attnoracle {
+namespace attnoracle::testing {
 namespace {
 
 double scale_env() {
@@ -193,4 +193,4 @@ TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
 }
 
 }  // namespace
-}  // namespace attnoracle
+}  // namespace attnoracle::testing
