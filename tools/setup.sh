@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and the tests need, when they are missing.
+#   tools/setup.sh          everything: the build, the tests, the adapters, the benchmarks
+#   tools/setup.sh --gate   only what building the command needs (cmake -DATTNORACLE_TESTS=OFF)
 set -euo pipefail
+
+gate_only=false
+[[ ${1:-} == --gate ]] && gate_only=true
 
 packages=(
   g++ cmake make pkg-config
-  libmpfr-dev libgmp-dev libboost-dev
-  libgtest-dev librapidcheck-dev nlohmann-json3-dev libcli11-dev nettle-dev
-  python3 python3-numpy
-  libbenchmark-dev python3-mpmath time  # bench/: Google Benchmark, the mpmath reference, GNU time
-  libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
-  python3-torch  # the PyTorch adapter (conformance/adapters/torch) and its tests
-  gappa sollya  # reference/proofs: the fast path's machine-checked error bounds
+  libmpfr-dev libgmp-dev libboost-dev nlohmann-json3-dev libcli11-dev nettle-dev
 )
-# Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.
-command -v node >/dev/null 2>&1 || packages+=(nodejs)
-command -v npm >/dev/null 2>&1 || packages+=(npm)
+if ! $gate_only; then
+  packages+=(
+    libgtest-dev librapidcheck-dev
+    python3 python3-numpy
+    libbenchmark-dev python3-mpmath time  # bench/: Google Benchmark, the mpmath reference, GNU time
+    libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
+    python3-torch  # the PyTorch adapter (conformance/adapters/torch) and its tests
+    gappa sollya  # reference/proofs: the fast path's machine-checked error bounds
+  )
+  # Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.
+  command -v node >/dev/null 2>&1 || packages+=(nodejs)
+  command -v npm >/dev/null 2>&1 || packages+=(npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -31,7 +40,7 @@ fi
 # The ONNX Runtime adapter's npm dependency (onnxruntime-node, which ships its CPU binaries), from
 # its lockfile. Install scripts stay off: onnxruntime-node's would download GPU binaries.
 ort_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/conformance/adapters/onnxruntime"
-if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+if ! $gate_only && command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
     && [[ ! -d "$ort_dir/node_modules/onnxruntime-node" ]]; then
   echo "attnoracle setup: installing onnxruntime-node in $ort_dir" >&2
   (cd "$ort_dir" && npm ci --ignore-scripts --no-audit --no-fund >/dev/null) \
