@@ -265,8 +265,8 @@ TEST_F(Gate, SelectionMatchingNoCaseIsBadUsage) {
        set + ": --dtype: no case matches (input dtypes among the cases the other selectors leave: F32)"},
   };
   for (const auto& e : expected)
-    for (const std::string cmd : {"run " + set + " --impl true", "check " + set + " --results " + res.string()})
-      for (const std::string more : {"", " --require-all"}) {
+    for (const std::string& cmd : {"run " + set + " --impl true", "check " + set + " --results " + res.string()})
+      for (const std::string& more : {std::string(), std::string(" --require-all")}) {
         fs::remove(json);
         std::string out;
         EXPECT_EQ(run(cmd + " " + e.selection + more + " --json " + json.string(), out), 2) << cmd << e.selection << out;
