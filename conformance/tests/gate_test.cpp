@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -208,6 +209,12 @@ TEST_F(Gate, SelectionAndRequireAll) {
   EXPECT_EQ(gate(good, r, "--profile fp16"), 0) << out_;  // F32 cases: all skipped
   EXPECT_EQ(r["skipped"], 3);
   EXPECT_EQ(gate(good, r, "--profile fp16 --require-all"), 1) << out_;
+  // JUnit too: each skip a failure with its reason
+  std::ifstream xml(dir_ / "report.xml");
+  const std::string junit((std::istreambuf_iterator<char>(xml)), std::istreambuf_iterator<char>());
+  EXPECT_NE(junit.find("tests=\"3\" failures=\"3\" skipped=\"0\""), std::string::npos) << junit;
+  EXPECT_NE(junit.find("skipped, a failure under --require-all: profile fp16 does not cover F32 inputs"), std::string::npos)
+      << junit;
 }
 
 TEST_F(Gate, RequireAllListsEachSkippedCase) {
