@@ -84,6 +84,7 @@ int run_run(const GateArgs& a) {
   conformance::GateOptions o = options_of(a);
   // A plugin runs in a host process of its own, so that a crash in it is a failed case.
   o.impl = a.impl.empty() ? quote(self_exe()) + " plugin-host " + quote(fs::absolute(a.plugin).string()) : a.impl;
+  o.restart_after_crash = !a.plugin.empty();  // the host runs the jobs in order: a crash is on one case
   const bool temp = a.work.empty();
   o.work_dir = temp ? (fs::temp_directory_path() / ("attnoracle-run-" + std::to_string(::getpid()))).string() : a.work;
   conformance::GateReport r;

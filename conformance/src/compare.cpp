@@ -263,10 +263,18 @@ struct Comparer {
     ++acc.t.compared;
     acc.t.worst_ulp = std::max(acc.t.worst_ulp, ulp);
     acc.t.worst_bound_error = std::max(acc.t.worst_bound_error, be);
-    if (ratio > 1) ++rep.failed_elements;
+    if (ratio > 1) {
+      ++rep.failed_elements;
+      ++acc.t.over_limit;
+    }
+    if (lim > acc.t.largest_limit) acc.t.largest_limit = lim;
     if (ratio > acc.t.worst_ratio || acc.t.compared == 1) acc.t.worst_ratio = std::max(acc.t.worst_ratio, ratio);
-    if (!rep.worst || ratio > rep.worst->limit_ratio) {
-      rep.worst = ElementReport{got.name, unflatten(k, got.shape), t, x_hi + x_lo, gb, y, yb, ulp, be, ratio};
+    const bool worst_case = !rep.worst || ratio > rep.worst->limit_ratio;
+    const bool worst_tensor = ratio > 0 && (!acc.t.worst || ratio > acc.t.worst->limit_ratio);
+    if (worst_case || worst_tensor) {
+      const ElementReport er{got.name, unflatten(k, got.shape), t, x_hi + x_lo, gb, y, yb, ulp, be, ratio, d, lim};
+      if (worst_case) rep.worst = er;
+      if (worst_tensor) acc.t.worst = er;
     }
     // Statistics only where the final rounding dominates: there a correct implementation's
     // errors are its rounding errors, independent and unbiased, within half an ulp plus the
@@ -394,8 +402,9 @@ struct Comparer {
               ++acc.t.compared;
               double x, bd, xl = 0;
               std::memcpy(&x, xr + 8 * k, 8);
+              std::memcpy(&bd, br + 8 * k, 8);
+              acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, x));
               if (x != 0) {
-                std::memcpy(&bd, br + 8 * k, 8);
                 if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
                 const double compute = L.out_coef * bd + L.floor;
                 if (compute >= 0) statistics(acc, finite_value(out->dtype, out->data.data() + k * w), x, xl, compute);
@@ -485,6 +494,12 @@ struct Comparer {
               const unsigned char *yd = got->data.data(), *gd = gg->data.data(), *rd = gref->data.data();
               if (n == kBlock && block_trivial(got->dtype, yd, gd, rd, k)) a.t.compared += static_cast<std::int64_t>(n);
               else scan_elements(got->dtype, yd, gd, rd, k, n, a.t.compared, slow);
+              // the largest limit, over the elements counted without their limit too
+              for (std::size_t e = k; e < k + n; ++e) {
+                double x;
+                std::memcpy(&x, rd + 8 * e, 8);
+                a.t.largest_limit = std::max(a.t.largest_limit, weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x));
+              }
               j += static_cast<std::int64_t>(n);
             }
           }

@@ -52,6 +52,25 @@ struct Selected {
   std::string path;
 };
 
+// At most kListed values, then how many more: "a, b, c and 12 more".
+std::string brief_list(const std::vector<std::string>& values) {
+  constexpr std::size_t kListed = 12;
+  std::string s;
+  for (std::size_t k = 0; k < values.size() && k < kListed; ++k) s += (k ? ", " : "") + values[k];
+  if (values.size() > kListed) s += " and " + std::to_string(values.size() - kListed) + " more";
+  return s.empty() ? "none" : s;
+}
+
+// A selector that leaves no case: bad usage, naming the selector and what the set holds.
+[[noreturn]] void no_match(const GateOptions& opt, const std::string& selector, const std::string& what,
+                           std::vector<std::string> present, bool among_selected) {
+  std::sort(present.begin(), present.end());
+  present.erase(std::unique(present.begin(), present.end()), present.end());
+  throw InputError(opt.dir, selector,
+                   "no case matches (" + what + (among_selected ? " among the cases the other selectors leave: " : " in this set: ") +
+                       brief_list(present) + ")");
+}
+
 std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
   const std::string mpath = (fs::path(opt.dir) / "manifest.json").string();
   const std::vector<unsigned char> text = read_bytes(mpath);
@@ -67,7 +86,29 @@ std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
       continue;
     out.push_back({c, (fs::path(opt.dir) / c.file).string()});
   }
+  if (out.empty() && (!opt.ids.empty() || !opt.tags.empty())) {
+    std::vector<std::string> ids, tags;
+    bool id_matches = opt.ids.empty();
+    for (const auto& c : m.cases) {
+      ids.push_back(c.id);
+      if (std::find(opt.ids.begin(), opt.ids.end(), c.id) != opt.ids.end()) {
+        id_matches = true;
+        tags.insert(tags.end(), c.tags.begin(), c.tags.end());
+      }
+    }
+    if (!id_matches) no_match(opt, "--case", "ids", ids, false);
+    if (opt.ids.empty())
+      for (const auto& c : m.cases) tags.insert(tags.end(), c.tags.begin(), c.tags.end());
+    no_match(opt, "--tag", "tags", tags, !opt.ids.empty());
+  }
   return out;
+}
+
+// What --dtype sees of a case: the dtype of q (or x_q), or "" when there is none.
+std::string input_dtype_name(const SafeTensorsFile& f) {
+  const RawTensor* t = f.find("q");
+  if (!t) t = f.find("x_q");
+  return t ? std::string(dtype_name(t->dtype)) : std::string();
 }
 
 // The golden file of a case, checked against the manifest's hash.
@@ -146,7 +187,52 @@ std::vector<Selected> start(const GateOptions& opt, const std::string& implement
   rep.dir = opt.dir;
   rep.implementation = implementation;
   rep.profile = opt.profile.name;
+  rep.require_all = opt.require_all;
   return cases;
+}
+
+// Runs the implementation on the jobs. With restart_after_crash, a run that dies of a signal
+// fails the first job left without a file, the one the host was on, as crashed on that case, and
+// the host is started again on the jobs after it, within what is left of the timeout.
+AdapterRun run_jobs(const GateOptions& opt, const std::vector<AdapterJob>& jobs, const fs::path& work,
+                    std::vector<std::string>& notes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  AdapterRun run = run_adapter(opt.impl, jobs, (work / "run").string(), opt.timeout);
+  if (!opt.restart_after_crash) return run;
+  AdapterRun last = run;
+  std::size_t begin = 0;  // jobs[begin..] are those of `last`
+  while (!last.timed_out) {
+    // the signal, whether the host died of it or the shell reported it as 128 + n
+    const int sig = last.signaled ? last.signal : last.exit_status > 128 && last.exit_status < 160 ? last.exit_status - 128 : 0;
+    if (sig == 0) break;
+    std::size_t at = begin;
+    while (at < jobs.size() && run.results[at].outcome != Outcome::Crashed) ++at;
+    if (at == jobs.size()) break;
+    run.results[at].reason = "signal " + std::to_string(sig) + " on case " + jobs[at].id +
+                             (at + 1 < jobs.size() ? "; the plugin host was started again on the cases after it" : "");
+    notes.push_back("the plugin host died of signal " + std::to_string(sig) + " on case " + jobs[at].id);
+    begin = at + 1;
+    if (begin == jobs.size()) break;
+    double left = 0;
+    if (opt.timeout > 0) {
+      left = opt.timeout - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (left <= 0) {
+        for (std::size_t k = begin; k < jobs.size(); ++k)
+          run.results[k] = {Outcome::TimedOut, "no output: the run timed out after " + std::to_string(opt.timeout) + " s", {}};
+        run.timed_out = true;
+        break;
+      }
+    }
+    const std::vector<AdapterJob> rest(jobs.begin() + static_cast<std::ptrdiff_t>(begin), jobs.end());
+    last = run_adapter(opt.impl, rest, (work / "run").string(), left);
+    for (std::size_t k = 0; k < rest.size(); ++k) run.results[begin + k] = std::move(last.results[k]);
+    run.timed_out = last.timed_out;
+    run.exit_status = last.exit_status;
+    run.signaled = last.signaled;
+    run.signal = last.signal;
+    run.stderr_tail = last.stderr_tail;
+  }
+  return run;
 }
 
 }  // namespace
@@ -156,27 +242,48 @@ GateReport run_gate(const GateOptions& opt) {
   GateReport rep;
   const std::vector<Selected> cases = start(opt, opt.impl, rep);
   const fs::path work = opt.work_dir;
+  std::vector<char> chosen(cases.size(), 0);
+  KeptGoldens kept(cases.size());
+  // The cases of the selected dtypes, before anything is written.
+  std::vector<std::string> seen;
+  std::size_t count = 0;
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    SafeTensorsFile golden = golden_of(cases[k]);
+    if (!dtype_selected(opt, golden)) {
+      seen.push_back(input_dtype_name(golden));
+      continue;
+    }
+    chosen[k] = 1;
+    ++count;
+    kept.keep(k, std::move(golden));
+  }
+  if (count == 0 && !cases.empty() && !opt.dtypes.empty())
+    no_match(opt, "--dtype", "input dtypes", seen, !opt.tags.empty() || !opt.ids.empty());
   fs::create_directories(work / "inputs");
   fs::create_directories(work / "outputs");
   std::vector<AdapterJob> jobs;
   std::vector<std::size_t> job_of(cases.size(), 0);
-  std::vector<char> chosen(cases.size(), 0);
-  KeptGoldens kept(cases.size());
   for (std::size_t k = 0; k < cases.size(); ++k) {
-    SafeTensorsFile golden = golden_of(cases[k]);
-    if (!dtype_selected(opt, golden)) continue;
-    chosen[k] = 1;
+    if (!chosen[k]) continue;
     const std::string in = (work / "inputs" / (cases[k].mc.id + ".safetensors")).string();
-    write_file_atomic(in, serialize_safetensors(strip_golden(golden)));
+    if (kept.files[k]) {
+      write_file_atomic(in, serialize_safetensors(strip_golden(*kept.files[k])));
+    } else {
+      write_file_atomic(in, serialize_safetensors(strip_golden(golden_of(cases[k]))));
+    }
     job_of[k] = jobs.size();
     jobs.push_back({cases[k].mc.id, in, (work / "outputs" / (cases[k].mc.id + ".safetensors")).string()});
-    kept.keep(k, std::move(golden));
   }
   AdapterRun run;
-  if (!jobs.empty()) run = run_adapter(opt.impl, jobs, (work / "run").string(), opt.timeout);
-  if (run.timed_out) rep.adapter_note = "the implementation timed out after " + std::to_string(opt.timeout) + " s";
-  else if (run.exit_status != 0) rep.adapter_note = "the implementation exited with status " + std::to_string(run.exit_status);
-  if (!rep.adapter_note.empty() && !run.stderr_tail.empty()) rep.adapter_note += "; its last output:\n" + run.stderr_tail;
+  std::vector<std::string> notes;
+  if (!jobs.empty()) run = run_jobs(opt, jobs, work, notes);
+  for (const auto& n : notes) rep.adapter_note += (rep.adapter_note.empty() ? "" : "; ") + n;
+  std::string end;
+  if (run.timed_out) end = "the implementation timed out after " + std::to_string(opt.timeout) + " s";
+  else if (run.signaled) end = "the implementation was killed by signal " + std::to_string(run.signal);
+  else if (run.exit_status != 0) end = "the implementation exited with status " + std::to_string(run.exit_status);
+  if (!end.empty()) rep.adapter_note += (rep.adapter_note.empty() ? "" : "; ") + end;
+  if (!end.empty() && !run.stderr_tail.empty()) rep.adapter_note += "; its last output:\n" + run.stderr_tail;
   compare_all(opt, cases, [&](std::size_t k) { return std::move(run.results[job_of[k]]); }, chosen, kept, rep);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
@@ -189,15 +296,23 @@ GateReport check_gate(const GateOptions& opt) {
   if (!fs::is_directory(opt.results)) throw InputError(opt.results, "", "not a directory");
   std::vector<char> chosen(cases.size(), 0);
   KeptGoldens kept(cases.size());
+  std::vector<std::string> seen;
+  std::size_t count = 0;
   for (std::size_t k = 0; k < cases.size(); ++k) {
     // Only the selected dtypes (the golden files read here are not read again below).
     if (!opt.dtypes.empty()) {
       SafeTensorsFile golden = golden_of(cases[k]);
-      if (!dtype_selected(opt, golden)) continue;
+      if (!dtype_selected(opt, golden)) {
+        seen.push_back(input_dtype_name(golden));
+        continue;
+      }
       kept.keep(k, std::move(golden));
     }
     chosen[k] = 1;
+    ++count;
   }
+  if (count == 0 && !cases.empty() && !opt.dtypes.empty())
+    no_match(opt, "--dtype", "input dtypes", seen, !opt.tags.empty() || !opt.ids.empty());
   // Each result is read by the worker that compares it.
   auto result_of = [&](std::size_t k) {
     const std::string out = (fs::path(opt.results) / (cases[k].mc.id + ".safetensors")).string();

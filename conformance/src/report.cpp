@@ -45,9 +45,12 @@ std::string text_report(const GateReport& r, bool all_cases) {
      << "\n";
   if (!r.adapter_note.empty()) os << "note: " << r.adapter_note << "\n";
   std::map<std::string, std::size_t> skips;  // reason -> count, when skips are not listed
+  // Under --require-all a skip is a failure: each one is listed with its reason.
+  const bool list_skips = all_cases || r.require_all;
   for (const auto& c : r.cases) {
-    if (!all_cases && c.status == CaseStatus::Skip) ++skips[c.reason];
-    if (!all_cases && c.status != CaseStatus::Fail) continue;
+    if (!list_skips && c.status == CaseStatus::Skip) ++skips[c.reason];
+    if (!all_cases && c.status == CaseStatus::Pass) continue;
+    if (!list_skips && c.status == CaseStatus::Skip) continue;
     char head[256];
     std::snprintf(head, sizeof head, "%-4s  %-40s %-4s  worst %10.3g ulp  %10.3g bound", 
                   c.status == CaseStatus::Pass ? "PASS" : c.status == CaseStatus::Fail ? "FAIL" : "SKIP", c.id.c_str(),
@@ -55,12 +58,14 @@ std::string text_report(const GateReport& r, bool all_cases) {
                   worst_of(c, &TensorReport::worst_bound_error));
     os << head << "\n";
     if (!c.reason.empty()) os << "      " << c.reason << "\n";
+    if (c.status == CaseStatus::Skip && r.require_all) os << "      a failure under --require-all\n";
     if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
   }
   for (const auto& [reason, n] : skips) os << "skipped " << n << ": " << reason << "\n";
   char tail[200];
-  std::snprintf(tail, sizeof tail, "%zu cases in %.2f s: %zu passed, %zu failed, %zu skipped\n", r.cases.size(), r.seconds,
-                r.passed, r.failed, r.skipped);
+  std::snprintf(tail, sizeof tail, "%zu cases in %.2f s: %zu passed, %zu failed, %zu skipped%s\n", r.cases.size(), r.seconds,
+                r.passed, r.failed, r.skipped,
+                r.require_all && r.skipped > 0 ? " (failures under --require-all)" : "");
   os << tail;
   return os.str();
 }
@@ -68,6 +73,7 @@ std::string text_report(const GateReport& r, bool all_cases) {
 std::string json_report(const GateReport& r) {
   using J = nlohmann::ordered_json;
   J j;
+  j["schema"] = "attnoracle-report/1";
   j["suite"] = r.suite;
   j["dir"] = r.dir;
   j["implementation"] = r.implementation;
@@ -76,8 +82,26 @@ std::string json_report(const GateReport& r) {
   j["failed"] = r.failed;
   j["skipped"] = r.skipped;
   j["seconds"] = r.seconds;
+  j["require_all"] = r.require_all;
+  j["verdict"] = gate_exit_status(r, r.require_all) == 0 ? "pass" : "fail";
   if (!r.adapter_note.empty()) j["note"] = r.adapter_note;
   auto finite = [](double x) { return std::isfinite(x) ? J(x) : J(nullptr); };  // JSON has no infinity
+  auto element = [&](const ElementReport& w) {
+    return J{{"tensor", w.tensor},
+             {"index", w.index},
+             {"expected", finite(w.expected)},
+             {"expected_bits", hex_bits(w.expected_bits, w.dtype)},
+             {"actual", finite(w.actual)},
+             {"actual_bits", hex_bits(w.actual_bits, w.dtype)},
+             {"ulp", finite(w.ulp)},
+             {"bound_error", finite(w.bound_error)},
+             {"limit_ratio", finite(w.limit_ratio)},
+             {"error", finite(w.error)},
+             {"limit", finite(w.limit)}};
+  };
+  j["skipped_cases"] = J::array();
+  for (const auto& c : r.cases)
+    if (c.status == CaseStatus::Skip) j["skipped_cases"].push_back({{"id", c.id}, {"reason", c.reason}});
   j["cases"] = J::array();
   for (const auto& c : r.cases) {
     J cj;
@@ -97,15 +121,11 @@ std::string json_report(const GateReport& r) {
                                {"mean_bound_error", finite(t.mean_bound_error)},
                                {"rms_bound_error", finite(t.rms_bound_error)},
                                {"mean_toward_zero", finite(t.mean_toward_zero)},
-                               {"statistics_ok", t.statistics_ok}});
-    if (c.worst) {
-      const auto& w = *c.worst;
-      cj["worst"] = {{"tensor", w.tensor},          {"index", w.index},
-                     {"expected", finite(w.expected)}, {"expected_bits", hex_bits(w.expected_bits, w.dtype)},
-                     {"actual", finite(w.actual)},     {"actual_bits", hex_bits(w.actual_bits, w.dtype)},
-                     {"ulp", finite(w.ulp)},           {"bound_error", finite(w.bound_error)},
-                     {"limit_ratio", finite(w.limit_ratio)}};
-    }
+                               {"statistics_ok", t.statistics_ok},
+                               {"largest_limit", finite(t.largest_limit)},
+                               {"over_limit", t.over_limit},
+                               {"worst", t.worst ? element(*t.worst) : J(nullptr)}});
+    if (c.worst) cj["worst"] = element(*c.worst);
     j["cases"].push_back(std::move(cj));
   }
   return j.dump(2) + "\n";
@@ -133,16 +153,21 @@ std::string xml_escape(const std::string& s) {
 std::string junit_report(const GateReport& r) {
   std::ostringstream os;
   os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  os << "<testsuites name=\"attnoracle\" tests=\"" << r.cases.size() << "\" failures=\"" << r.failed << "\" skipped=\""
-     << r.skipped << "\" time=\"" << r.seconds << "\">\n";
+  // Under --require-all a skipped case is a failure here too.
+  const std::size_t failures = r.failed + (r.require_all ? r.skipped : 0), skipped = r.require_all ? 0 : r.skipped;
+  os << "<testsuites name=\"attnoracle\" tests=\"" << r.cases.size() << "\" failures=\"" << failures << "\" skipped=\""
+     << skipped << "\" time=\"" << r.seconds << "\">\n";
   os << "  <testsuite name=\"" << xml_escape(r.suite + " [" + r.profile + "]") << "\" tests=\"" << r.cases.size()
-     << "\" failures=\"" << r.failed << "\" skipped=\"" << r.skipped << "\">\n";
+     << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\">\n";
   for (const auto& c : r.cases) {
     os << "    <testcase classname=\"" << xml_escape(r.suite) << "\" name=\"" << xml_escape(c.id) << "\">";
     if (c.status == CaseStatus::Fail) {
       std::string body = c.reason;
       if (c.worst) body += "\nworst: " + worst_text(*c.worst);
       os << "\n      <failure message=\"" << xml_escape(c.reason) << "\">" << xml_escape(body) << "</failure>\n    ";
+    } else if (c.status == CaseStatus::Skip && r.require_all) {
+      const std::string msg = "skipped, a failure under --require-all: " + c.reason;
+      os << "\n      <failure message=\"" << xml_escape(msg) << "\">" << xml_escape(msg) << "</failure>\n    ";
     } else if (c.status == CaseStatus::Skip) {
       os << "\n      <skipped message=\"" << xml_escape(c.reason) << "\"/>\n    ";
     }

@@ -5,6 +5,8 @@
 
 #include "cli_args.hpp"
 
+#include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -70,6 +73,8 @@ class Gate : public ::testing::Test {
         "for j in jobs:\n  t, m = st.load(j['input'])\n  st.save(j['output'], {'out': np.zeros((1,1,t['q'].shape[2],4), np.float64)}, {})\n");
     write_text(dir_ / "wrong_shape.py", head +
         "for j in jobs:\n  st.save(j['output'], {'out': np.zeros((1,1,1,4), np.float32)}, {})\n");
+    write_text(dir_ / "zeros.py", head +
+        "for j in jobs:\n  t, m = st.load(j['input'])\n  st.save(j['output'], {'out': np.zeros((1,1,t['q'].shape[2],4), np.float32), 'weights': np.zeros((1,1,t['q'].shape[2],t['k'].shape[2]), np.float32)}, {})\n");
     write_text(dir_ / "nan.py", head +
         "for j in jobs:\n  t, m = st.load(j['input'])\n  st.save(j['output'], {'out': np.full((1,1,t['q'].shape[2],4), np.nan, np.float32), 'weights': np.zeros((1,1,t['q'].shape[2],t['k'].shape[2]), np.float32)}, {})\n");
   }
@@ -80,7 +85,8 @@ class Gate : public ::testing::Test {
     const fs::path json = dir_ / "report.json", xml = dir_ / "report.xml";
     fs::remove(json);
     fs::remove(xml);
-    const int st = run("run " + (dir_ / "set").string() + " --impl " + impl + " --json " + json.string() +
+    const std::string how = impl.rfind("--plugin ", 0) == 0 ? impl : "--impl " + impl;
+    const int st = run("run " + (dir_ / "set").string() + " " + how + " --json " + json.string() +
                            " --junit " + xml.string() + " --all " + extra, out_);
     EXPECT_TRUE(fs::exists(json)) << out_;
     EXPECT_TRUE(fs::exists(xml)) << out_;
@@ -106,6 +112,55 @@ TEST_F(Gate, CorrectImplementationPasses) {
                      "/conformance/adapters/numpy/attention.py'", r), 0) << out_;
   EXPECT_EQ(r["passed"], 3) << out_;
   EXPECT_NE(out_.find("3 passed, 0 failed, 0 skipped"), std::string::npos) << out_;
+  // the report's schema (docs/CONTRACT.md, "The JSON report")
+  EXPECT_EQ(r["schema"], "attnoracle-report/1");
+  EXPECT_EQ(r["verdict"], "pass");
+  EXPECT_EQ(r["require_all"], false);
+  EXPECT_EQ(r["skipped_cases"].size(), 0u);
+  for (const auto& c : r["cases"]) {
+    ASSERT_EQ(c["tensors"].size(), 2u) << c.dump();  // out, weights
+    for (const auto& t : c["tensors"]) {
+      EXPECT_GT(t["largest_limit"].get<double>(), 0) << t.dump();
+      EXPECT_EQ(t["over_limit"], 0) << t.dump();
+      ASSERT_TRUE(t.contains("worst")) << t.dump();
+      if (t["worst"].is_null()) continue;  // every element equal to its golden value
+      EXPECT_EQ(t["worst"]["tensor"], t["tensor"]);
+      EXPECT_LE(t["worst"]["limit_ratio"].get<double>(), 1) << t.dump();
+      EXPECT_LE(t["worst"]["limit"].get<double>(), t["largest_limit"].get<double>()) << t.dump();
+    }
+  }
+}
+
+TEST_F(Gate, JsonReportSummarisesEachTensorsLimits) {
+  nlohmann::json r;
+  EXPECT_EQ(gate(py("zeros.py"), r), 1) << out_;
+  EXPECT_EQ(r["verdict"], "fail");
+  ASSERT_EQ(r["cases"].size(), 3u) << out_;
+  for (const auto& c : r["cases"]) {
+    EXPECT_EQ(c["status"], "fail") << c.dump();
+    std::int64_t over = 0;
+    double worst_ratio = 0;
+    for (const auto& t : c["tensors"]) {
+      over += t["over_limit"].get<std::int64_t>();
+      ASSERT_TRUE(t["worst"].is_object()) << t.dump();
+      const auto& w = t["worst"];
+      EXPECT_EQ(w["tensor"], t["tensor"]);
+      EXPECT_EQ(w["index"].size(), 4u) << w.dump();
+      EXPECT_EQ(w["actual"], 0.0) << w.dump();
+      // all zeros: the error is the exact value's magnitude, the ratio the error over the limit
+      EXPECT_EQ(w["error"].get<double>(), std::abs(w["expected"].get<double>())) << w.dump();
+      EXPECT_GT(w["limit"].get<double>(), 0) << w.dump();
+      EXPECT_LE(w["limit"].get<double>(), t["largest_limit"].get<double>()) << t.dump();
+      EXPECT_NEAR(w["limit_ratio"].get<double>(), w["error"].get<double>() / w["limit"].get<double>(),
+                  1e-9 * w["limit_ratio"].get<double>()) << w.dump();
+      EXPECT_EQ(w["limit_ratio"], t["worst_limit_ratio"]) << t.dump();
+      EXPECT_GT(t["over_limit"].get<std::int64_t>(), 0) << t.dump();
+      EXPECT_LE(t["over_limit"].get<std::int64_t>(), t["compared"].get<std::int64_t>()) << t.dump();
+      worst_ratio = std::max(worst_ratio, w["limit_ratio"].get<double>());
+    }
+    EXPECT_EQ(over, c["failed_elements"].get<std::int64_t>()) << c.dump();
+    EXPECT_EQ(c["worst"]["limit_ratio"].get<double>(), worst_ratio) << c.dump();
+  }
 }
 
 TEST_F(Gate, CrashIsAFailedCase) {
@@ -154,6 +209,143 @@ TEST_F(Gate, SelectionAndRequireAll) {
   EXPECT_EQ(gate(good, r, "--profile fp16"), 0) << out_;  // F32 cases: all skipped
   EXPECT_EQ(r["skipped"], 3);
   EXPECT_EQ(gate(good, r, "--profile fp16 --require-all"), 1) << out_;
+  // JUnit too: each skip a failure with its reason
+  std::ifstream xml(dir_ / "report.xml");
+  const std::string junit((std::istreambuf_iterator<char>(xml)), std::istreambuf_iterator<char>());
+  EXPECT_NE(junit.find("tests=\"3\" failures=\"3\" skipped=\"0\""), std::string::npos) << junit;
+  EXPECT_NE(junit.find("skipped, a failure under --require-all: profile fp16 does not cover F32 inputs"), std::string::npos)
+      << junit;
+}
+
+TEST_F(Gate, RequireAllListsEachSkippedCase) {
+  nlohmann::json r;
+  const std::string good = "'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/numpy/attention.py'";
+  // without --all: under --require-all every skip is listed with its reason, not summarised
+  const fs::path json = dir_ / "require-all.json";
+  std::string out;
+  EXPECT_EQ(run("run " + (dir_ / "set").string() + " --impl " + good + " --profile fp16 --require-all --json " +
+                    json.string(), out), 1) << out;
+  for (const char* id : {"case0", "case1", "case2"})
+    EXPECT_NE(out.find(std::string("SKIP  ") + id), std::string::npos) << out;
+  EXPECT_NE(out.find("profile fp16 does not cover F32 inputs\n      a failure under --require-all"), std::string::npos) << out;
+  EXPECT_EQ(out.find("skipped 3:"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 skipped (failures under --require-all)"), std::string::npos) << out;
+  r = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(r["verdict"], "fail");
+  EXPECT_EQ(r["require_all"], true);
+  ASSERT_EQ(r["skipped_cases"].size(), 3u) << r.dump();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(r["skipped_cases"][k]["id"], "case" + std::to_string(k));
+    EXPECT_EQ(r["skipped_cases"][k]["reason"], "profile fp16 does not cover F32 inputs");
+  }
+  // without --require-all the skips are summarised, and the gate passes
+  EXPECT_EQ(run("run " + (dir_ / "set").string() + " --impl " + good + " --profile fp16 --json " + json.string(), out), 0)
+      << out;
+  EXPECT_NE(out.find("skipped 3: profile fp16 does not cover F32 inputs"), std::string::npos) << out;
+  r = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(r["verdict"], "pass");
+  EXPECT_EQ(r["skipped_cases"].size(), 3u);
+  // an unsupported case under --require-all, in check: listed, and the gate fails
+  const fs::path res = dir_ / "results-unsupported";
+  fs::create_directories(res);
+  write_text(res / "case0.safetensors.unsupported", "no causal");
+  EXPECT_EQ(run("check " + (dir_ / "set").string() + " --results " + res.string() + " --case case0 --require-all", out), 1)
+      << out;
+  EXPECT_NE(out.find("unsupported: no causal\n      a failure under --require-all"), std::string::npos) << out;
+}
+
+TEST_F(Gate, SelectionMatchingNoCaseIsBadUsage) {
+  const std::string set = (dir_ / "set").string();
+  const fs::path json = dir_ / "no-match.json";
+  const fs::path res = dir_ / "results-empty";
+  fs::create_directories(res);
+  struct Expect {
+    std::string selection, line;
+  };
+  const std::vector<Expect> expected = {
+      {"--tag causl", set + ": --tag: no case matches (tags in this set: causal, plain)"},
+      {"--dtype F16,BF16", set + ": --dtype: no case matches (input dtypes in this set: F32)"},
+      {"--case case9", set + ": --case: no case matches (ids in this set: case0, case1, case2)"},
+      {"--case case2 --tag plain",
+       set + ": --tag: no case matches (tags among the cases the other selectors leave: causal)"},
+      {"--tag causal --dtype F64",
+       set + ": --dtype: no case matches (input dtypes among the cases the other selectors leave: F32)"},
+  };
+  for (const auto& e : expected)
+    for (const std::string& cmd : {"run " + set + " --impl true", "check " + set + " --results " + res.string()})
+      for (const std::string& more : {std::string(), std::string(" --require-all")}) {
+        fs::remove(json);
+        std::string out;
+        EXPECT_EQ(run(cmd + " " + e.selection + more + " --json " + json.string(), out), 2) << cmd << e.selection << out;
+        EXPECT_EQ(out, "attnoracle: error: " + e.line + "\n") << cmd << " " << e.selection;
+        EXPECT_FALSE(fs::exists(json)) << cmd << " " << e.selection;
+      }
+}
+
+TEST_F(Gate, TheImplementationRunsOnTheSelectedCasesOnly) {
+  // a fake adapter that records its jobs file and the inputs it was given, and writes nothing
+  const fs::path work = dir_ / "work-selected", seen = dir_ / "seen-jobs.jsonl";
+  write_text(dir_ / "record.sh", "cp \"$1\" '" + seen.string() + "'\n");
+  struct Expect {
+    std::string selection;
+    std::vector<std::string> ids;
+  };
+  const std::vector<Expect> expected = {
+      {"--tag causal", {"case2"}},
+      {"--tag plain", {"case0", "case1"}},
+      {"--case case1,case2", {"case1", "case2"}},
+      {"--tag plain,causal --case case0,case2", {"case0", "case2"}},
+      {"--dtype F32 --case case1", {"case1"}},
+      {"", {"case0", "case1", "case2"}},
+  };
+  for (const auto& e : expected) {
+    fs::remove_all(work);
+    fs::remove(seen);
+    std::string out;
+    EXPECT_EQ(run("run " + (dir_ / "set").string() + " --impl '/bin/sh " + (dir_ / "record.sh").string() + "' --work " +
+                      work.string() + " " + e.selection, out), 1) << out;  // no output: missing
+    std::vector<std::string> ids;
+    std::ifstream jobs(seen);
+    for (std::string line; std::getline(jobs, line);) {
+      const auto j = nlohmann::json::parse(line);
+      ids.push_back(j["id"]);
+      EXPECT_EQ(j["input"], (work / "inputs" / (ids.back() + ".safetensors")).string());
+    }
+    EXPECT_EQ(ids, e.ids) << e.selection;
+    std::vector<std::string> inputs;
+    for (const auto& f : fs::directory_iterator(work / "inputs")) inputs.push_back(f.path().stem().string());
+    std::sort(inputs.begin(), inputs.end());
+    EXPECT_EQ(inputs, e.ids) << e.selection;
+  }
+}
+
+TEST_F(Gate, PluginCrashingOnOneCaseFailsThatCaseOnly) {
+  // misbehave hands every case to the naive C plugin but dies on one; the host is started again
+  const rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  ::setenv("ATTNORACLE_TEST_DELEGATE", NAIVE_C_PLUGIN, 1);
+  for (const auto& [crash_on, how, sig] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"case1", "segv", 11}, {"case0", "abort", 6}, {"case2", "segv", 11}}) {
+    ::setenv("ATTNORACLE_TEST_CRASH_ON", crash_on.c_str(), 1);
+    ::setenv("ATTNORACLE_TEST_CRASH_HOW", how.c_str(), 1);
+    nlohmann::json r;
+    EXPECT_EQ(gate("--plugin " + std::string(MISBEHAVE_PLUGIN), r), 1) << out_;
+    ASSERT_EQ(r["cases"].size(), 3u) << out_;
+    for (const auto& c : r["cases"]) {
+      if (c["id"] == crash_on) {
+        EXPECT_EQ(c["status"], "fail") << c.dump();
+        EXPECT_EQ(c["reason"].get<std::string>().rfind("crashed: signal " + std::to_string(sig) + " on case " + crash_on, 0),
+                  0u) << c.dump();
+      } else {
+        EXPECT_EQ(c["status"], "pass") << c.dump() << out_;
+      }
+    }
+    EXPECT_EQ(r["passed"], 2) << out_;
+    EXPECT_EQ(r["failed"], 1) << out_;
+  }
+  ::unsetenv("ATTNORACLE_TEST_DELEGATE");
+  ::unsetenv("ATTNORACLE_TEST_CRASH_ON");
+  ::unsetenv("ATTNORACLE_TEST_CRASH_HOW");
 }
 
 TEST_F(Gate, CheckOfflineResults) {

@@ -1,7 +1,14 @@
 /* A plugin that misbehaves on purpose, for conformance/tests/plugin_test.cpp: the case's
- * metadata key `test.mode` says how. */
+ * metadata key `test.mode` says how.
+ *
+ * For conformance/tests/gate_test.cpp, a crash on one case of a vector set: with the environment
+ * variable ATTNORACLE_TEST_DELEGATE naming a plugin library, every case is handed to that plugin,
+ * except the case whose id is ATTNORACLE_TEST_CRASH_ON, on which this one dies of SIGSEGV (of
+ * abort() when ATTNORACLE_TEST_CRASH_HOW is "abort"). */
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attnoracle/plugin.h"
@@ -35,18 +42,49 @@ ATTNORACLE_PLUGIN_EXPORT int attnoracle_plugin_abi(void) { return ATTNORACLE_PLU
 
 ATTNORACLE_PLUGIN_EXPORT const char* attnoracle_plugin_name(void) { return "misbehave"; }
 
+static void crash(void)
+{
+  int* volatile nowhere = NULL;
+  *nowhere = 1;
+  raise(SIGSEGV); /* should the store not fault */
+}
+
+/* The delegate's run function, or NULL when ATTNORACLE_TEST_DELEGATE is not set. */
+static attnoracle_plugin_run_fn delegate(void)
+{
+  static attnoracle_plugin_run_fn run = NULL;
+  static int loaded = 0;
+  if (!loaded) {
+    const char* lib = getenv("ATTNORACLE_TEST_DELEGATE");
+    void* handle = lib && *lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+    void* symbol = handle ? dlsym(handle, "attnoracle_plugin_run") : NULL;
+    /* POSIX: a data pointer from dlsym converts to a function pointer. */
+    if (symbol) memcpy(&run, &symbol, sizeof run);
+    loaded = 1;
+  }
+  return run;
+}
+
 ATTNORACLE_PLUGIN_EXPORT int attnoracle_plugin_run(const attnoracle_case* c,
                                                    const attnoracle_sink* sink, char* message,
                                                    size_t message_size)
 {
   static const int64_t negative[2] = {2, -3};
   const char* mode = mode_of(c);
+  const attnoracle_plugin_run_fn other = delegate();
+  if (other) {
+    const char* crash_on = getenv("ATTNORACLE_TEST_CRASH_ON");
+    const char* how = getenv("ATTNORACLE_TEST_CRASH_HOW");
+    if (crash_on && c->id && !strcmp(crash_on, c->id)) {
+      if (how && !strcmp(how, "abort")) abort();
+      crash();
+    }
+    return other(c, sink, message, message_size);
+  }
   if (!strcmp(mode, "ok")) {
     return emit_out(sink, "F32", sizeof kOut, kShape) ? ATTNORACLE_FAILED : ATTNORACLE_OK;
   } else if (!strcmp(mode, "segv")) {
-    int* volatile nowhere = NULL;
-    *nowhere = 1;
-    raise(SIGSEGV); /* should the store not fault */
+    crash();
   } else if (!strcmp(mode, "bad_size")) {
     emit_out(sink, "F32", 20, kShape);
   } else if (!strcmp(mode, "bad_dtype")) {

@@ -25,6 +25,8 @@ struct ElementReport {
   double ulp = 0;                 // ulp error (TOSA's definition)
   double bound_error = 0;         // |y - x| / max(bound 2^-p, min normal)
   double limit_ratio = 0;         // |y - x| / limit: above 1 fails
+  double error = 0;               // |y - x| (abs_error)
+  double limit = 0;               // the element's limit, the safety factor included
 };
 
 struct TensorReport {
@@ -37,6 +39,9 @@ struct TensorReport {
   double mean_toward_zero = 0;
   bool statistics_ok = true;
   std::string statistics_note;
+  double largest_limit = 0;       // over the compared elements that have a limit
+  std::int64_t over_limit = 0;    // compared elements beyond their limit (ratio above 1)
+  std::optional<ElementReport> worst;  // the element of largest ratio; none when every error is 0
 };
 
 enum class CaseStatus { Pass, Fail, Skip };

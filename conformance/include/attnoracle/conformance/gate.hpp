@@ -21,18 +21,24 @@ struct GateOptions {
   bool require_all = false;        // skipped cases count as failures
   std::string work_dir;            // `run`: where inputs and outputs go
   int threads = 1;                 // comparisons in parallel
+  // `run`: the implementation is the plugin host, which runs the jobs in order; when it dies of
+  // a signal, the job it was on fails as crashed and the host is started again on the jobs left.
+  bool restart_after_crash = false;
 };
 
 struct GateReport {
   std::string suite, dir, implementation, profile;
   std::vector<CaseReport> cases;
   std::size_t passed = 0, failed = 0, skipped = 0;
+  bool require_all = false;        // skipped cases count as failures
   std::string adapter_note;        // how the implementation's run ended, when not cleanly
   double seconds = 0;
   double compared_bytes = 0;       // bytes of results compared
 };
 
-// Throws InputError for a bad vector set (manifest, a missing or altered case file).
+// Throws InputError for a bad vector set (manifest, a missing or altered case file), and for a
+// selection (--tag, --dtype, --case) that matches no case: InputError(dir, "--tag", "no case
+// matches (tags in this set: ...)"), before anything is written or run.
 GateReport run_gate(const GateOptions& opt);
 GateReport check_gate(const GateOptions& opt);
 // 0 pass, 1 any failure (or a skip under require_all)

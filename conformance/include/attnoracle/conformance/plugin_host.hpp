@@ -13,7 +13,9 @@ namespace attnoracle::conformance {
 // and `output.unsupported`. Returns 0 once the list is done. Returns 2 after one line on stderr
 // ("attnoracle: error: ...") and without writing anything when the library cannot be loaded, is
 // not a plugin, speaks another ABI version, or the jobs file cannot be read. A crash in the
-// plugin takes the process down: the runner reports the jobs left without output as crashed.
+// plugin takes the process down: run_adapter reports the jobs left without output as crashed;
+// the gate (GateOptions::restart_after_crash, set for `run --plugin`) fails the first of them, the
+// job the host was on, and starts the host again on the jobs after it.
 int plugin_host_main(const std::string& lib, const std::string& jobs_path);
 
 }  // namespace attnoracle::conformance
