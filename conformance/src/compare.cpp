@@ -356,6 +356,11 @@ struct Comparer {
     const auto mags = row_magnitudes(c);
     limits.reserve(mags.size());
     for (const auto& m : mags) limits.push_back(row_limits(profile, c, m));
+    // P's underflow term needs sum_j |v_jc| per element, only where some row may underflow.
+    bool underflows = false;
+    for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
+    const std::vector<double> vsum = underflows ? out_value_sum(c) : std::vector<double>{};
+    auto vsum_at = [&](std::size_t k) { return underflows ? vsum[k] : 0.0; };
     const FloatFormat fmt = float_format(c.output_dtype);
     emin = 1 - fmt.bias;
     precision = fmt.precision;
@@ -406,7 +411,7 @@ struct Comparer {
               acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, x));
               if (x != 0) {
                 if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
-                const double compute = L.out_coef * bd + L.floor;
+                const double compute = out_compute(L, bd, vsum_at(k));
                 if (compute >= 0) statistics(acc, finite_value(out->dtype, out->data.data() + k * w), x, xl, compute);
               }
               continue;
@@ -435,8 +440,8 @@ struct Comparer {
               continue;
             }
             const double x = value_of(*ref, k), xl = lo ? value_of(*lo, k) : 0, bd = value_of(*bound, k);
-            const double lim = out_limit(profile, L, uo, bd, x);
-            element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : L.out_coef * bd + L.floor, und_at.find(k));
+            const double lim = out_limit(profile, L, uo, bd, vsum_at(k), x);
+            element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : out_compute(L, bd, vsum_at(k)), und_at.find(k));
           }
         }
       }

@@ -37,13 +37,13 @@ struct Side {
   }
   double out(std::int64_t b, std::int64_t h, std::int64_t i, std::size_t at, double y) const {
     const RowLimits& L = row(b, h, i);
-    const double bd = bound[at], S = p.safety;
-    return out_limit(p, L, uo, bd, exact_above(y, S * (L.out_coef * bd + L.floor), S * uo));
+    const double bd = bound[at], S = p.safety, vsum = L.keys * bd;  // sum_j |v_jc| <= n max_j |v_jc|
+    return out_limit(p, L, uo, bd, vsum, exact_above(y, S * out_compute(L, bd, vsum), S * uo));
   }
   double weight(std::int64_t b, std::int64_t h, std::int64_t i, double y) const {
     const RowLimits& L = row(b, h, i);
     const double S = p.safety;
-    return weight_limit(p, L, uo, std::min(1.0, exact_above(y, S * L.floor, S * (L.weight_rel + uo))));
+    return weight_limit(p, L, uo, std::min(1.0, exact_above(y, S * (L.floor + L.p_sub), S * (L.weight_rel + uo))));
   }
   double lse(std::int64_t b, std::int64_t h, std::int64_t i, double y) const {
     const RowLimits& L = row(b, h, i);

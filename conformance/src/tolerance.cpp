@@ -498,8 +498,11 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   return out;
 }
 
-std::vector<double> out_bound_above(const Case& c) {
+namespace {
+// max_j (sum = false) or sum_j (sum = true) of |v_jc| over the allowed keys, through |W_o| for mha.
+std::vector<double> value_magnitude(const Case& c, bool sum) {
   const std::int64_t H = c.Hq, Nk = c.Nk, Dv = c.Dv;
+  auto join = [sum](double& acc, double v) { acc = sum ? acc + v : std::max(acc, v); };
   if (c.kind == Kind::Sdpa) {
     std::vector<double> out(static_cast<std::size_t>(c.B * H * c.Nq * Dv), 0);
     for (std::int64_t b = 0; b < c.B; ++b)
@@ -510,7 +513,7 @@ std::vector<double> out_bound_above(const Case& c) {
           for (std::int64_t j = r.first; j <= r.last; ++j) {
             if (!c.allowed(b, h, i, j)) continue;
             const double* v = &c.v.values[static_cast<std::size_t>(((b * c.Hkv + c.kv_head(h)) * Nk + j) * Dv)];
-            for (std::int64_t e = 0; e < Dv; ++e) o[e] = std::max(o[e], std::fabs(v[e]));
+            for (std::int64_t e = 0; e < Dv; ++e) join(o[e], std::fabs(v[e]));
           }
         }
     return out;
@@ -523,7 +526,7 @@ std::vector<double> out_bound_above(const Case& c) {
       for (std::int64_t j = 0; j < Nk; ++j)
         for (std::int64_t e = 0; e < Dv; ++e) {
           double& m = vmax[static_cast<std::size_t>((b * H + r) * Dv + e)];
-          m = std::max(m, std::fabs(va[static_cast<std::size_t>(((b * H + r) * Nk + j) * Dv + e)]));
+          join(m, std::fabs(va[static_cast<std::size_t>(((b * H + r) * Nk + j) * Dv + e)]));
         }
   std::vector<double> out(static_cast<std::size_t>(c.B * c.Nq * c.Dout), 0);
   for (std::int64_t b = 0; b < c.B; ++b)
@@ -536,6 +539,10 @@ std::vector<double> out_bound_above(const Case& c) {
     }
   return out;
 }
+}  // namespace
+
+std::vector<double> out_bound_above(const Case& c) { return value_magnitude(c, false); }
+std::vector<double> out_value_sum(const Case& c) { return value_magnitude(c, true); }
 
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
@@ -566,6 +573,18 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   r.lse_abs = r.score + e_rel + (n + 1) * us + p.exp_ulps * us * (1 + m.score_abs);
   // underflow: the output format's subnormal spacing, and flushed tiny weights in P V.
   r.floor = 2 * min_subnormal(out) + n * min_normal(p.pv_accum);
+  // (4b) P's underflow (Higham (2.8)): a weight rounded to p below its smallest normal m_p is
+  // off by up to s_p / 2 absolutely. Every computed score is in [-M - score, M + score] and so
+  // is any maximum of them (running or final), so s_j - m' >= -(2M + 2 score); the weights
+  // rounded are exp(s_j - m') or those over Z <= n, so none is below exp(-reach) (the 1 covers
+  // the subtraction's and exp's roundings): when that is at least m_p, or the row has one key
+  // (its weight is 1), no weight underflows and the term is 0.
+  r.keys = n;
+  const double reach = 2 * m.score_abs + 2 * r.score + 1 + std::log(n);
+  r.p_sub = n > 1 && !(reach < -std::log(min_normal(p.p))) ? min_subnormal(p.p) / 2 : 0;
+  // lse when l sums the rounded weights: l >= 1 (the maximum's weight is exp(0) = 1, exact in
+  // every format), so n absolute errors of s_p / 2 are a relative n s_p / 2 of l, in log l.
+  r.lse_abs += n * r.p_sub;
   return r;
 }
 

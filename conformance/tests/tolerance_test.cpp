@@ -25,6 +25,7 @@ TEST(Tolerance, WorkedExampleOfTheDocs) {
   EXPECT_DOUBLE_EQ(L.weight_rel, 102 * u);
   EXPECT_DOUBLE_EQ(L.out_coef, 111 * u);
   EXPECT_DOUBLE_EQ(L.floor, 2 * 0x1p-149 + 8 * 0x1p-126);
+  EXPECT_EQ(L.p_sub, 0);  // |S_j - m| <= 6: no weight near F32's smallest normal
   // the page's limit for bound 0.5 and x = 0.25: 223 u + 4 floor
   const double limit = 4 * (L.out_coef * 0.5 + u * 0.25 + L.floor);
   EXPECT_DOUBLE_EQ(limit, 223 * u + 4 * L.floor);
@@ -38,6 +39,82 @@ TEST(Tolerance, FlashProfileRoundsP) {
   const double a = row_limits(builtin_profile("fp16"), c, m).weight_rel;
   const double b = row_limits(builtin_profile("flash-fp16"), c, m).weight_rel;
   EXPECT_DOUBLE_EQ(b - a, 0x1p-11 - 0x1p-24);  // u_p: F16 instead of F32
+  // 2M + 2 score + 1 + log 8 = 9.08... < -log 2^-14 = 9.70...: no weight reaches F16's
+  // subnormals, and nothing else changes
+  EXPECT_EQ(row_limits(builtin_profile("flash-fp16"), c, m).p_sub, 0);
+  EXPECT_EQ(row_limits(builtin_profile("flash-fp16"), c, m).lse_abs, row_limits(builtin_profile("fp16"), c, m).lse_abs);
+}
+
+// The smallest false failure the absolute term of P's rounding removes (TOLERANCE.md, step 4b):
+// one F16 query over two keys, Dk = Dv = 1, q = 1, k = (0, -16.25), v = (0, 60000), scale 1, so
+// scores (0, -16.25) and the exact output x = 60000 e / (1 + e), e = exp(-16.25) = 8.773e-8.
+// A FlashAttention kernel (scores, exp and l in F32, P rounded to F16, P V in F32): P = (1,
+// fl16(e)) and e = 1.47 * 2^-24 is subnormal in F16, so fl16(e) = 2^-24; O = 60000 * 2^-24 =
+// 1875 * 2^-19 exactly, out = O / (1 + e) = (1875 - 1.6e-4) 2^-19, which rounds to F16 as
+// 1875 * 2^-19 = 0.003576..., against x = 0.005263...: off by 0.001687, 0.57 of the 2^-25 * 60000
+// that one subnormal rounding may lose.
+TEST(Tolerance, SubnormalWeightsOfFlashFp16) {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.output_dtype", "F16"}};  // scale 1 / sqrt(1)
+  auto put = [&](const char* name, std::vector<std::int64_t> shape, std::vector<double> v) {
+    RawTensor t{name, DType::F16, shape, {}};
+    t.data.resize(v.size() * 2);
+    for (std::size_t k = 0; k < v.size(); ++k) encode_float(DType::F16, v[k], t.data.data() + 2 * k);
+    f.put(std::move(t));
+  };
+  put("q", {1, 1, 1, 1}, {1});
+  put("k", {1, 1, 2, 1}, {0, -16.25});
+  put("v", {1, 1, 2, 1}, {0, 60000});
+  const Case c = case_from_file("t", f);
+  const SafeTensorsFile golden = golden_file(c, evaluate(c, {}));
+  const double e = std::exp(-16.25), x = 60000 * e / (1 + e);
+  EXPECT_NEAR(decode_float(DType::F64, golden.find("out.ref")->data.data()), x, 1e-15);
+  const double bound = decode_float(DType::F64, golden.find("out.bound")->data.data());
+  EXPECT_NEAR(bound, x, 1e-15);  // sum_j w_j |v_j| = x: v_1 = 0, v_2 > 0
+
+  const Profile p = builtin_profile("flash-fp16");
+  const RowMagnitudes m = row_magnitudes(c)[0];
+  EXPECT_EQ(m.dot_abs, 16.25);
+  EXPECT_EQ(m.score_abs, 16.25);
+  EXPECT_EQ(m.keys, 2);
+  const RowLimits L = row_limits(p, c, m);
+  EXPECT_EQ(L.p_sub, 0x1p-25);  // half F16's subnormal spacing 2^-24
+  const double vsum = out_value_sum(c)[0];
+  EXPECT_EQ(vsum, 60000);
+  const double term = 0x1p-25 * (60000 + 2 * bound);  // s_p / 2 (sum_j |v_j| + n out.bound)
+  EXPECT_DOUBLE_EQ(out_compute(L, bound, vsum) - (L.out_coef * bound + L.floor), term);
+  const double u = 0x1p-24, uo = 0x1p-11;
+  // by hand: score 3u A + 2u M = 81.25u, e_rel 162.5u + 32.5u + 4u = 199u, eps_w 398u + 3u + u_p,
+  // out_coef eps_w + 3u
+  EXPECT_DOUBLE_EQ(L.out_coef, 404 * u + 0x1p-11);
+  const double before = 4 * (L.out_coef * bound + uo * x + L.floor);  // without the term
+  const double after = out_limit(p, L, uo, bound, vsum, x);
+  EXPECT_DOUBLE_EQ(after, before + 4 * term);
+
+  const double y = 1875 * 0x1p-19;  // the kernel's F16 result, worked above
+  EXPECT_GT(std::fabs(y - x) / before, 75);  // the false failure: 78 times the old limit
+  EXPECT_LT(std::fabs(y - x), after);
+  auto result = [&](double out) {
+    JobResult j;
+    j.outcome = Outcome::Output;
+    RawTensor t = *golden.find("out");
+    encode_float(DType::F16, out, t.data.data());
+    j.output.put(t);
+    return j;
+  };
+  CaseReport r = compare_case("t", golden, "ok", result(y), p);
+  EXPECT_EQ(r.status, CaseStatus::Pass) << r.reason;
+  // The profile's arithmetic, so P in F32 (fp16): the subnormal loss is not allowed there.
+  EXPECT_EQ(compare_case("t", golden, "ok", result(y), builtin_profile("fp16")).status, CaseStatus::Fail);
+  // Off by 4 times the new term more: beyond what even four subnormal roundings could lose.
+  const double bad = std::nearbyint((y - 4 * term) * 0x1p19) * 0x1p-19;  // -0.003576..., into F16
+  EXPECT_GT(std::fabs(bad - x), after);
+  r = compare_case("t", golden, "ok", result(bad), p);
+  EXPECT_EQ(r.status, CaseStatus::Fail);
+  ASSERT_TRUE(r.worst);
+  EXPECT_GT(r.worst->limit_ratio, 1);
+  // BF16 weights have F32's exponent range: the same scores leave them normal.
+  EXPECT_EQ(row_limits(builtin_profile("flash-bf16"), c, m).p_sub, 0);
 }
 
 TEST(Tolerance, UlpErrorFollowsTosa) {

@@ -26,25 +26,34 @@ struct RowMagnitudes {
 std::vector<RowMagnitudes> row_magnitudes(const Case& c);
 
 // Coefficients of one row's limits, before the safety factor:
-//   |out - exact| <= out_coef * out.bound + u_out |exact| + floor
-//   |weight - exact| <= weight_rel * exact + u_out * exact + floor
+//   |out - exact| <= out_coef * out.bound + u_out |exact| + floor + p_sub (vsum + keys out.bound)
+//   |weight - exact| <= weight_rel * exact + u_out * exact + floor + p_sub
 //   |lse - exact| <= lse_abs + u_out |exact| + floor
+// with vsum = sum over the allowed keys of |v_jc| (out_value_sum; for mha through |W_o|).
 struct RowLimits {
   double score;       // absolute error of a score: (Dk + 2) u_qk A + u_sm |S|
   double weight_rel;  // relative error of a weight
   double out_coef;
   double lse_abs;
   double floor;       // underflow allowance of the output format
+  double p_sub;       // absolute error of one weight rounded to `p`: s_p / 2 where a weight may
+                      // fall below p's smallest normal (TOLERANCE.md step 4b), else 0
+  double keys;        // n, the allowed keys of the row
 };
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m);
 
 // The limits of one element, the safety factor included (TOLERANCE.md, "The limits"): x the
 // exact value, bound its out.bound, out the output dtype.
-inline double out_limit(const Profile& p, const RowLimits& L, double u_out, double bound, double x) {
-  return p.safety * (L.out_coef * bound + u_out * std::fabs(x) + L.floor);
+// The computing part of out's limit (before S): the analysis on out.bound, the floor, and P's
+// underflow on vsum (out_value_sum; 0 is right only where L.p_sub is 0).
+inline double out_compute(const RowLimits& L, double bound, double vsum) {
+  return L.out_coef * bound + L.floor + L.p_sub * (vsum + L.keys * bound);
+}
+inline double out_limit(const Profile& p, const RowLimits& L, double u_out, double bound, double vsum, double x) {
+  return p.safety * (out_compute(L, bound, vsum) + u_out * std::fabs(x));
 }
 inline double weight_limit(const Profile& p, const RowLimits& L, double u_out, double x) {
-  return p.safety * (L.weight_rel * std::fabs(x) + u_out * std::fabs(x) + L.floor);
+  return p.safety * (L.weight_rel * std::fabs(x) + u_out * std::fabs(x) + L.floor + L.p_sub);
 }
 inline double lse_limit(const Profile& p, const RowLimits& L, double u_out, double x) {
   return p.safety * (L.lse_abs + u_out * std::fabs(x) + L.floor);
@@ -54,6 +63,10 @@ inline double lse_limit(const Profile& p, const RowLimits& L, double u_out, doub
 // the inputs in double: for sdpa max |v_jc| over the allowed keys (the weights sum to 1), for
 // mha sum_{r,c} max_j (|X| |W_v|)_{rjc} |W_o[r Dv + c, e]|.
 std::vector<double> out_bound_above(const Case& c);
+// For every element of out: vsum, for sdpa sum |v_jc| over the row's allowed keys, for mha
+// sum_{r,c} (sum_j (|X| |W_v|)_{rjc}) |W_o[r Dv + c, e]| (every key), the weight of P's
+// underflow term (TOLERANCE.md step 4b). Needed only where some row's p_sub is not 0.
+std::vector<double> out_value_sum(const Case& c);
 
 double unit_roundoff(DType t);   // 2^-p
 double min_normal(DType t);
