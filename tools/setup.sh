@@ -19,6 +19,8 @@ if ! $gate_only; then
     libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
     python3-torch  # the PyTorch adapter (conformance/adapters/torch) and its tests
     gappa sollya  # reference/proofs: the fast path's machine-checked error bounds
+    clang libclang-rt-14-dev  # fuzz/: libFuzzer with AddressSanitizer and UBSan
+    dpkg-dev  # tools_install_test: the Debian package built by cpack
   )
   # Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.
   command -v node >/dev/null 2>&1 || packages+=(nodejs)

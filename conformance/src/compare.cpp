@@ -408,7 +408,7 @@ struct Comparer {
               double x, bd, xl = 0;
               std::memcpy(&x, xr + 8 * k, 8);
               std::memcpy(&bd, br + 8 * k, 8);
-              acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, x));
+              acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, vsum_at(k), x));
               if (x != 0) {
                 if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
                 const double compute = out_compute(L, bd, vsum_at(k));
