@@ -17,6 +17,8 @@
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/limits.hpp"
 #include "attnoracle/reference/parallel.hpp"
 
 namespace attnoracle::conformance {
@@ -24,32 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A whole file, read in one go (its size first; a file that grows meanwhile is read to its end;
-// a read error ends it). InputError(path, "", "cannot read") when it cannot be opened.
-std::vector<unsigned char> read_bytes(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(path, "", "cannot read");
-  struct stat st {};
-  std::size_t size = 1 << 16;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) size = static_cast<std::size_t>(st.st_size) + 1;
-  std::vector<unsigned char> bytes;
-  reserve_for_read(bytes, size);
-  std::size_t got = 0;
-  while (true) {
-    if (got == bytes.size()) bytes.resize(std::max(size, 2 * bytes.size()));
-    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // end of file, or what could be read (as a stream would stop)
-    got += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  bytes.resize(got);
-  return bytes;
-}
-
 struct Selected {
   vectors::ManifestCase mc;
-  std::string path;
+  std::string path;  // the case file
+  std::string dir;   // the set it belongs to: nothing is read outside it
 };
 
 // At most kListed values, then how many more: "a, b, c and 12 more".
@@ -73,7 +53,7 @@ std::string brief_list(const std::vector<std::string>& values) {
 
 std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
   const std::string mpath = (fs::path(opt.dir) / "manifest.json").string();
-  const std::vector<unsigned char> text = read_bytes(mpath);
+  const std::vector<unsigned char> text = read_file_within(opt.dir, "manifest.json", limits::kManifestBytes);
   std::string problem;
   m = vectors::parse_manifest(mpath, std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), problem);
   if (!problem.empty()) throw InputError(mpath, "", problem);
@@ -84,7 +64,7 @@ std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
           return std::find(c.tags.begin(), c.tags.end(), t) != c.tags.end();
         }))
       continue;
-    out.push_back({c, (fs::path(opt.dir) / c.file).string()});
+    out.push_back({c, (fs::path(opt.dir) / c.file).string(), opt.dir});
   }
   if (out.empty() && (!opt.ids.empty() || !opt.tags.empty())) {
     std::vector<std::string> ids, tags;
@@ -113,7 +93,7 @@ std::string input_dtype_name(const SafeTensorsFile& f) {
 
 // The golden file of a case, checked against the manifest's hash.
 SafeTensorsFile golden_of(const Selected& s) {
-  const std::vector<unsigned char> bytes = read_bytes(s.path);
+  const std::vector<unsigned char> bytes = read_file_within(s.dir, s.mc.file);
   if (vectors::sha256_hex(bytes) != s.mc.sha256)
     throw InputError(s.path, "", "sha256 differs from the manifest: the vector set is altered");
   return parse_safetensors(s.path, bytes);

@@ -1,6 +1,7 @@
 // The gate end to end: `attnoracle run` and `check` on a small vector set, against a correct
 // implementation and against every way an implementation can misbehave. Each misbehaviour is a
 // failed case with its reason; the runner itself always finishes and writes its reports.
+#include <sys/stat.h>
 #include <gtest/gtest.h>
 
 #include "cli_args.hpp"
@@ -419,6 +420,31 @@ TEST_F(Gate, BadUsageAndAlteredSetsAreRefused) {
   }
   EXPECT_EQ(run("run " + copy.string() + " --impl true", out), 2) << out;
   EXPECT_NE(out.find("sha256"), std::string::npos) << out;
+}
+
+TEST_F(Gate, NothingIsReadOutsideTheSet) {
+  // A copy of the set whose manifest, then one case file, is a link to a file outside it.
+  const fs::path set = dir_ / "linked", outside = dir_ / "outside";
+  fs::remove_all(set);
+  fs::remove_all(outside);
+  fs::copy(dir_ / "set", set, fs::copy_options::recursive);
+  fs::create_directories(outside);
+  const std::string impl = " --impl '/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
+                           "/conformance/adapters/numpy/attention.py'";
+  fs::rename(set / "manifest.json", outside / "manifest.json");
+  fs::create_symlink(outside / "manifest.json", set / "manifest.json");
+  EXPECT_EQ(run("run " + set.string() + impl, out_), 2) << out_;
+  EXPECT_NE(out_.find("manifest.json: leads outside"), std::string::npos) << out_;
+  fs::remove(set / "manifest.json");
+  fs::copy_file(outside / "manifest.json", set / "manifest.json");
+  fs::rename(set / "cases" / "case1.safetensors", outside / "case1.safetensors");
+  fs::create_symlink(outside / "case1.safetensors", set / "cases" / "case1.safetensors");
+  EXPECT_EQ(run("run " + set.string() + impl, out_), 2) << out_;
+  EXPECT_NE(out_.find("case1.safetensors: leads outside"), std::string::npos) << out_;
+  fs::remove(set / "cases" / "case1.safetensors");
+  ASSERT_EQ(::mkfifo((set / "cases" / "case1.safetensors").c_str(), 0600), 0);
+  EXPECT_EQ(run("run " + set.string() + impl, out_), 2) << out_;
+  EXPECT_NE(out_.find("is a FIFO, not a regular file"), std::string::npos) << out_;
 }
 
 }  // namespace
