@@ -347,7 +347,10 @@ std::string one_line(const Bytes& bytes) {
 // are an error, or (cut) read in part. Returns why it failed, or nothing.
 std::optional<std::string> read_regular(const std::string& path, std::uint64_t limit, bool cut,
                                         Bytes& bytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  // O_NOFOLLOW: a result that is a link (to a file outside, say) is never read.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW));
+  if (fd.get() < 0 && errno == ELOOP)
+    return std::string("is a symbolic link, not a regular file (results are read only as files)");
   if (fd.get() < 0) return "cannot open: " + errno_text(errno);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return "cannot read: " + errno_text(errno);

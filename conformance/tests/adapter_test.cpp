@@ -361,6 +361,22 @@ TEST_F(AdapterTest, UnwritableWorkDirThrows) {
   EXPECT_THROW(run_adapter("true", jobs(1), good_.string(), 0), InputError);
 }
 
+TEST_F(AdapterTest, ResultsThatAreLinksAreNotFollowed) {
+  // An .error or an output linked to a file outside: invalid, and the outside text never shown.
+  const fs::path secret = root_ / "secret.txt", out = root_ / "job.safetensors";
+  std::ofstream(secret) << "do not print me";
+  fs::create_symlink(secret, out.string() + ".error");
+  JobResult r = read_job_result(out.string());
+  EXPECT_EQ(r.outcome, Outcome::Invalid);
+  EXPECT_NE(r.reason.find("is a symbolic link"), std::string::npos) << r.reason;
+  EXPECT_EQ(r.reason.find("do not print me"), std::string::npos) << r.reason;
+  fs::remove(out.string() + ".error");
+  fs::create_symlink(good_, out);
+  r = read_job_result(out.string());
+  EXPECT_EQ(r.outcome, Outcome::Invalid);
+  EXPECT_NE(r.reason.find("is a symbolic link"), std::string::npos) << r.reason;
+}
+
 TEST(Outcome, Names) {
   EXPECT_EQ(outcome_name(Outcome::Output), "output");
   EXPECT_EQ(outcome_name(Outcome::Refused), "refused");
