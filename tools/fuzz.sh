@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (fuzz/) with clang, AddressSanitizer and UBSan, and runs each
-# for SECONDS (default 30) on a seed corpus from vectors/core. A crash leaves its input under
-# ${FUZZ_DIR:-build-fuzz}/crashes/ and fails the run; keep it under fuzz/regressions/.
+# for SECONDS (default 30) on a seed corpus from vectors/core, or for FUZZ_RUNS inputs each when
+# that is set (a run that is the same on every machine, with libFuzzer's seed FUZZ_SEED, 1).
+# A crash leaves its input under ${FUZZ_DIR:-build-fuzz}/crashes/ and fails the run; keep it
+# under fuzz/regressions/, whose files are run first.
 #   bash tools/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +26,10 @@ for h in case_file manifest; do
   if compgen -G "fuzz/regressions/$h/*" >/dev/null; then
     "$dir/fuzz/attnoracle_fuzz_$h" fuzz/regressions/$h/* >/dev/null 2>&1
   fi
-  "$dir/fuzz/attnoracle_fuzz_$h" "$dir/corpus/$h" -max_total_time="$seconds" -max_len=262144 \
+  budget=(-max_total_time="$seconds")
+  [[ -n ${FUZZ_RUNS:-} ]] && budget=(-runs="$FUZZ_RUNS")
+  "$dir/fuzz/attnoracle_fuzz_$h" "$dir/corpus/$h" "${budget[@]}" -max_len=262144 -seed="${FUZZ_SEED:-1}" \
     -rss_limit_mb=4096 -artifact_prefix="$dir/crashes/$h-" -print_final_stats=1 2>"$dir/$h.log" ||
     { tail -40 "$dir/$h.log" >&2; echo "fuzz: $h crashed; input in $dir/crashes/" >&2; exit 1; }
-  echo "fuzz: $h: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/$h.log" | grep -o '[0-9]*$') executions in ${seconds} s, no crash"
+  echo "fuzz: $h: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/$h.log" | grep -o '[0-9]*$') executions, no crash"
 done

@@ -68,7 +68,7 @@ Profile profile_from_json(const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number past double
     throw InputError(path, "", std::string("not JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "", "a profile is a JSON object");

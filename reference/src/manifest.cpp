@@ -68,7 +68,7 @@ Manifest parse_manifest(const std::string& path, std::string_view text, std::str
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error; out_of_range for a number past double
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what.erase(0, pos + 2);
     throw InputError(path, "", "invalid JSON: " + printable(what, 200));

@@ -94,7 +94,7 @@ class HeaderParser {
     json header;
     try {
       header = json::parse(text.begin(), text.end(), callback);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error; out_of_range for a number past double
       std::string what = e.what();
       if (auto pos = what.find("] "); pos != std::string::npos) what.erase(0, pos + 2);
       fail("header", "invalid JSON: " + printable(what, 200));

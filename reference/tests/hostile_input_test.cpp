@@ -79,6 +79,20 @@ TEST(HostileJson, DeepManifestIsRefused) {
   }
 }
 
+TEST(HostileJson, NumbersPastDoubleAreInvalidJson) {
+  // A regression found by fuzz/manifest_fuzz.cpp (fuzz/regressions/manifest/): nlohmann throws
+  // out_of_range, not parse_error, for a number that overflows a double.
+  std::string problem;
+  try {
+    vectors::parse_manifest("manifest.json", R"({"seed": 4e741})", problem);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(e.message().find("manifest.json: invalid JSON: number overflow"), std::string::npos) << e.message();
+  }
+  const std::string m = refusal(with_header(R"({"q":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})", 4));
+  EXPECT_NE(m.find("t.safetensors: header: invalid JSON: number overflow"), std::string::npos) << m;
+}
+
 TEST(HostileJson, ManifestWithTooManyCasesIsAProblem) {
   std::string text = R"({"format": "attnoracle-vectors/1", "suite": "s", "generator": "g", "seed": 1, "cases": [)";
   for (std::uint64_t k = 0; k <= limits::kCases; ++k) text += k ? ",{}" : "{}";
