@@ -17,8 +17,9 @@ cmake --build "$dir" -j "$(nproc)" --target attnoracle_fuzz_case_file attnoracle
 
 mkdir -p "$dir/crashes" "$dir/corpus/case_file" "$dir/corpus/manifest"
 # Seeds: the smallest core cases (whole files), the manifest, and every kept regression.
-find vectors/core/cases -name '*.safetensors' -size -64k | sort | head -64 |
-  xargs -I{} cp {} "$dir/corpus/case_file/"
+# (No `head` in a pipeline: under pipefail, sort killed by SIGPIPE would end the run with 141.)
+mapfile -t seeds < <(find vectors/core/cases -name '*.safetensors' -size -64k | LC_ALL=C sort)
+cp "${seeds[@]:0:64}" "$dir/corpus/case_file/"
 cp vectors/core/manifest.json "$dir/corpus/manifest/core.json"
 for h in case_file manifest; do
   if [[ -d fuzz/regressions/$h ]]; then cp fuzz/regressions/$h/* "$dir/corpus/$h/" 2>/dev/null || true; fi
