@@ -90,15 +90,21 @@ int run_run(const GateArgs& a) {
   o.impl = a.impl.empty() ? quote(self_exe()) + " plugin-host " + quote(fs::absolute(a.plugin).string()) : a.impl;
   o.restart_after_crash = !a.plugin.empty();  // the host runs the jobs in order: a crash is on one case
   const bool temp = a.work.empty();
-  o.work_dir = temp ? (fs::temp_directory_path() / ("attnoracle-run-" + std::to_string(::getpid()))).string() : a.work;
+  o.work_dir = temp ? make_temp_dir("attnoracle-run") : a.work;
+  // What a leftover process still writes into cannot fail the run: the clean-up is best effort.
+  auto clean = [&] {
+    std::error_code ec;
+    if (temp && !a.keep) fs::remove_all(o.work_dir, ec);
+  };
   conformance::GateReport r;
   try {
     r = conformance::run_gate(o);
   } catch (...) {
-    if (temp && !a.keep) fs::remove_all(o.work_dir);
+    clean();
     throw;
   }
-  if (temp && !a.keep) fs::remove_all(o.work_dir);
+  clean();
+  if (temp && a.keep) std::fprintf(stderr, "attnoracle: work directory kept: %s\n", o.work_dir.c_str());
   return finish(a, r);
 }
 
