@@ -44,10 +44,11 @@ BUGS = {
     "weights_no_softcap": "the second pass (weights) forgets the softcap",
     # Arithmetic
     "tf32_matmul": "F32 inputs of Q K^T and P V rounded to TF32 (10-bit mantissa) first",
-    "flush_subnormals": "subnormals flushed to zero (FTZ/DAZ): float32 inputs, scores, P and out, and "
+    "flush_subnormals": "subnormals flushed to zero (FTZ/DAZ): float32 inputs, bias, P and out, and "
                         "with --arith fp16 P's F16 subnormals (weights below 2^-14 become 0)",
     "qk_in_input_dtype": "with --arith fp16/bf16, the scores rounded to F16/BF16 before the softmax",
-    # Statistical bugs (names stat_*): errors a few times the declared arithmetic's.
+    # stat_*: arithmetic whose errors are a few times the declared arithmetic's (for the
+    # statistical tier: exp with 1e-3 error, F16 denominator, P V in BF16, rounding toward +inf)
     # Scores, masks and bias
     "scale_dv": "the default scale is 1/sqrt(Dv) instead of 1/sqrt(Dk) (differs only when Dv != Dk)",
     "scale_twice": "the scale applied to Q and again to Q K^T",
