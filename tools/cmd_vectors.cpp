@@ -10,6 +10,7 @@
 #include "attnoracle/vectors/generate.hpp"
 #include "attnoracle/vectors/verify.hpp"
 #include "cli.hpp"
+#include "shard.hpp"
 
 namespace attnoracle::cli {
 namespace {
@@ -48,7 +49,15 @@ void parse_shard(const std::string& text, vectors::GenOptions& o) {
 
 int run_gen(const GenArgs& a) {
   vectors::GenOptions o = a.o;
-  if (!a.shard.empty()) parse_shard(a.shard, o);
+  if (a.shard == "auto") {
+    const Shard s = shard_from_environment();
+    o.sharded = true;
+    o.shard_k = s.k;
+    o.shard_n = s.n;
+    if (!a.quiet) std::fprintf(stderr, "gen: shard %d/%d (from %s)\n", s.k, s.n, s.source.c_str());
+  } else if (!a.shard.empty()) {
+    parse_shard(a.shard, o);
+  }
   require_parent_dir(o.out_dir);
 
   const bool tty = ::isatty(2) != 0;
@@ -115,7 +124,8 @@ Command add_gen(CLI::App& app) {
   sub->add_option("-o,--output", a->o.out_dir, "output directory (manifest.json, cases/)")->required();
   sub->add_option("--jobs", a->o.jobs, "cases evaluated in parallel")->check(CLI::Range(1, 1024));
   sub->add_option("--shard", a->shard,
-                  "k/n: only cases with index % n == k, no manifest (finish with a run without)");
+                  "k/n: only cases with index % n == k, no manifest (finish with a run without); auto: k and n "
+                  "from a Slurm array, a Kubernetes indexed Job or a CI matrix (ATTNORACLE_SHARD_INDEX/COUNT)");
   sub->add_option("--threads-per-case", a->o.threads_per_case, "threads of each evaluation")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits")
