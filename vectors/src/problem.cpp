@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "data.hpp"
 #include "numbers.hpp"
@@ -114,9 +115,38 @@ double alibi_slope(std::int64_t h, std::int64_t H) {
   return exp2_rn(-8.0 * static_cast<double>(h + 1), static_cast<double>(H));
 }
 
+// bias fill: a mask as frameworks write it into an additive bias (-inf, -1e4, the lowest
+// finite value). Each entry is the fill value with probability 1/4, otherwise 0; one key that
+// the mask and the position rules allow stays 0, so a finite fill never decides the row alone.
+std::vector<double> make_fill_bias(const ProblemSpec& p, const BoolGrid& mask, Rng& rng,
+                                   Shape& shape) {
+  const std::int64_t B = p.B, H = p.Hq, Nq = p.Nq, Nk = p.Nk;
+  const double fill = bias_fill_value(p).value;
+  shape = {B, H, Nq, Nk};
+  std::vector<double> bias(sz(B * H * Nq * Nk), 0.0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Nq; ++i) {
+        double* row = bias.data() + sz(((b * H + h) * Nq + i) * Nk);
+        std::vector<std::int64_t> open;
+        bool any = false;
+        for (std::int64_t j = 0; j < Nk; ++j) {
+          if (rng.chance(0.25)) row[j] = fill;
+          if (position_allowed(p, i, j) && mask.at(b, h, i, j)) {
+            open.push_back(j);
+            any = any || row[j] == 0;
+          }
+        }
+        if (!any && !open.empty())
+          row[open[sz(static_cast<std::int64_t>(rng.below(open.size())))]] = 0;
+      }
+  return bias;
+}
+
 std::vector<double> make_bias(const ProblemSpec& p, const BoolGrid& mask, Rng& rng, Shape& shape) {
   const std::int64_t B = p.B, H = p.Hq, Nq = p.Nq, Nk = p.Nk;
   std::vector<double> bias;
+  if (p.bias == BiasKind::Fill) return make_fill_bias(p, mask, rng, shape);
   if (p.bias == BiasKind::Alibi) {
     shape = {1, H, Nq, Nk};
     bias.resize(sz(H * Nq * Nk));
@@ -191,7 +221,10 @@ constexpr std::pair<MaskKind, std::string_view> kMaskKindNames[] = {
     {MaskKind::FullyMaskedRows, "fully_masked_rows"},
     {MaskKind::CausalMask, "causal_mask"}};
 constexpr std::pair<BiasKind, std::string_view> kBiasKindNames[] = {
-    {BiasKind::None, "none"}, {BiasKind::Alibi, "alibi"}, {BiasKind::Random, "random"}};
+    {BiasKind::None, "none"},
+    {BiasKind::Alibi, "alibi"},
+    {BiasKind::Random, "random"},
+    {BiasKind::Fill, "fill"}};
 
 }  // namespace
 
@@ -202,6 +235,21 @@ std::optional<MaskKind> mask_kind_from_name(std::string_view s) {
 std::string_view bias_kind_name(BiasKind b) { return table_name(kBiasKindNames, b); }
 std::optional<BiasKind> bias_kind_from_name(std::string_view s) {
   return table_from_name(kBiasKindNames, s);
+}
+
+FillValue bias_fill_value(const ProblemSpec& p) {
+  const std::string& t = p.bias_fill;
+  if (t.empty() || t == "-inf") return {-INFINITY, ""};
+  const Limits l = limits(p.bias_dtype);
+  if (t == "-max") return {-std::ldexp(2.0 - std::ldexp(1.0, 1 - l.precision), l.max_exp - 1), ""};
+  const auto v = parse_text_number(t);
+  if (!v || !(*v < 0))
+    return {0, "bias_fill \"" + printable(t) + "\" is not -inf, -max or a negative finite number"};
+  try {
+    return {round_into(*v, p.bias_dtype), ""};
+  } catch (const std::invalid_argument&) {
+    return {0, "bias_fill " + printable(t) + " overflows bias_dtype " + std::string(dtype_name(p.bias_dtype))};
+  }
 }
 
 std::optional<std::string> problem_error(const ProblemSpec& p) {
@@ -225,6 +273,9 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     return "output_dtype must be F64, F32, F16 or BF16";
   if (p.bias_dtype != DType::F64 && p.bias_dtype != DType::F32 && p.bias_dtype != p.dtype)
     return "bias_dtype must be F64, F32 or the input dtype";
+  if (!p.bias_fill.empty() && p.bias != BiasKind::Fill) return "bias_fill needs bias fill";
+  if (p.bias == BiasKind::Fill)
+    if (auto f = bias_fill_value(p); !f.error.empty()) return f.error;
   if (p.self_attention && (!mha || p.Nq != p.Nk))
     return "self attention needs kind mha and Nq = Nk";
   if (p.window && (p.window->first < 0 || p.window->second < 0))

@@ -22,9 +22,10 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 16> kOptions = {
-    "kind", "dtype", "output_dtype", "shape",      "causal",      "window",  "softcap", "scale",
-    "mask", "bias",  "bias_dtype",   "query_mask", "masked_rows", "outputs", "self",    "params"};
+constexpr std::array<std::string_view, 17> kOptions = {
+    "kind",       "dtype",      "output_dtype", "shape",   "causal", "window",
+    "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
+    "query_mask", "masked_rows", "outputs",     "self",    "params"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -230,9 +231,14 @@ class SpecReader {
                       MaskKind::FullyMaskedRows, MaskKind::CausalMask});
     } else if (key == "bias") {
       p.bias = named(v, path, bias_kind_from_name, bias_kind_name,
-                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random});
+                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random, BiasKind::Fill});
     } else if (key == "bias_dtype") {
       p.bias_dtype = dtype(v, path);
+    } else if (key == "bias_fill") {
+      p.bias_fill = number_text(v, path);
+      if (p.bias != BiasKind::Fill)
+        fail(path, "needs bias fill, not " + std::string(bias_kind_name(p.bias)));
+      if (auto f = bias_fill_value(p); !f.error.empty()) fail(path, f.error);
     } else if (key == "query_mask") {
       p.query_mask = boolean(v, path);
     } else if (key == "masked_rows") {

@@ -273,6 +273,10 @@ TEST_F(VectorsCli, SpecRefusals) {
   expect_spec_refused(dir_, R"({"suite": "s", "seed": 1, "families": [{"name": "a",
       "generator": "uniform", "fixed": {"dtype": "F16", "params": {"hi": 1e6}}}]})",
                       "families[0]", "case a-000: generator uniform draws values up to 1e+06, which overflow F16");
+  expect_spec_refused(dir_, R"({"suite": "s", "seed": 1, "families": [{"name": "a",
+      "generator": "normal", "fixed": {"bias": "fill", "bias_fill": "-1e400"}}]})",
+                      "families[0].fixed.bias_fill",
+                      "bias_fill \"-1e400\" is not -inf, -max or a negative finite number");
 }
 
 TEST_F(VectorsCli, UsageErrors) {

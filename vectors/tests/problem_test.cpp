@@ -366,6 +366,56 @@ TEST(VectorsBias, RandomHasMinusInfinityAndFiniteEntries) {
   EXPECT_GT(finite, inf);
 }
 
+TEST(VectorsBias, FillWritesAMaskAsABias) {
+  const std::pair<std::string, double> fills[] = {
+      {"", -INFINITY}, {"-inf", -INFINITY}, {"-1e4", -1e4}, {"-max", -0x1.fffffep127}};
+  for (const auto& [text, value] : fills) {
+    ProblemSpec p = sdpa("normal", DType::F32, 3, 4, 2, 6, 20);
+    p.bias = BiasKind::Fill;
+    p.bias_fill = text;
+    p.mask = MaskKind::Random;
+    p.window = std::make_pair(std::int64_t{3}, std::int64_t{2});
+    const Case c = make_case(p);
+    ASSERT_TRUE(c.bias);
+    EXPECT_EQ(c.bias->shape, (std::vector<std::int64_t>{3, 4, 6, 20}));
+    int filled = 0;
+    for (double x : c.bias->values) {
+      ASSERT_TRUE(x == 0 || x == value) << text << " " << x;
+      filled += x == value;
+    }
+    // about a quarter of 3*4*6*20 = 1440 entries
+    EXPECT_GT(filled, 250) << text;
+    EXPECT_LT(filled, 470) << text;
+    // every row keeps a key that mask and window allow with bias 0
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i) {
+          bool open = false;
+          for (std::int64_t j = 0; j < c.Nk; ++j)
+            open = open || (c.position_allowed(i, j) && c.mask_at(b, h, i, j) &&
+                            c.bias_at(b, h, i, j) == 0);
+          EXPECT_TRUE(open) << text << " row " << b << "," << h << "," << i;
+        }
+  }
+}
+
+TEST(VectorsBias, FillValueIsRoundedIntoTheBiasDtype) {
+  ProblemSpec p = sdpa("normal", DType::BF16);
+  p.bias = BiasKind::Fill;
+  p.bias_dtype = DType::BF16;
+  p.bias_fill = "-1e4";
+  EXPECT_EQ(bias_fill_value(p).value, -9984.0);
+  p.bias_fill = "-max";
+  EXPECT_EQ(bias_fill_value(p).value, -0x1.fep127);
+  p.dtype = p.bias_dtype = DType::F16;
+  EXPECT_EQ(bias_fill_value(p).value, -65504.0);
+  p.bias_fill = "-1e4";
+  EXPECT_EQ(bias_fill_value(p).value, -1e4);
+  p.bias_dtype = DType::F64;
+  p.bias_fill = "-max";
+  EXPECT_EQ(bias_fill_value(p).value, -0x1.fffffffffffffp1023);
+}
+
 TEST(VectorsProblemError, RefusesWhatCannotBeBuilt) {
   ProblemSpec p = sdpa("normal", DType::F32, 1, 4, 3);
   EXPECT_NE(problem_error(p), std::nullopt);
@@ -385,6 +435,21 @@ TEST(VectorsProblemError, RefusesWhatCannotBeBuilt) {
   p.params["offset"] = 1e10;
   EXPECT_NE(problem_error(p), std::nullopt);
   p.params["offset"] = 1e4;
+  EXPECT_EQ(problem_error(p), std::nullopt);
+  p = sdpa("normal", DType::F16);
+  p.bias = BiasKind::Random;
+  p.bias_fill = "-1e4";
+  EXPECT_EQ(problem_error(p), "bias_fill needs bias fill");
+  p.bias = BiasKind::Fill;
+  EXPECT_EQ(problem_error(p), std::nullopt);
+  p.bias_fill = "1";
+  EXPECT_EQ(problem_error(p), "bias_fill \"1\" is not -inf, -max or a negative finite number");
+  p.bias_fill = "minus";
+  EXPECT_NE(problem_error(p), std::nullopt);
+  p.bias_fill = "-1e5";
+  p.bias_dtype = DType::F16;
+  EXPECT_EQ(problem_error(p), "bias_fill -1e5 overflows bias_dtype F16");
+  p.bias_dtype = DType::F32;
   EXPECT_EQ(problem_error(p), std::nullopt);
 }
 

@@ -118,6 +118,17 @@ TEST(VectorsSuite, RefusalsNameTheJsonPath) {
       "fixed": {"window": [1, -2]}}]})"),
             "spec.json: families[0].fixed.window[1]: must be between 0 and 16777216, not -2");
   EXPECT_EQ(error_of("[]"), "spec.json: $: must be a JSON object, not a JSON array");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"bias": "random", "bias_fill": "-1e4"}}]})"),
+            "spec.json: families[0].fixed.bias_fill: needs bias fill, not random");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"dtype": "F16", "bias": "fill", "bias_dtype": "F16"},
+      "cross": {"bias_fill": [-1e4, "-1e5"]}}]})"),
+            "spec.json: families[0].cross.bias_fill[1]: bias_fill -1e5 overflows bias_dtype F16");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"bias": "fill", "bias_fill": true}}]})"),
+            "spec.json: families[0].fixed.bias_fill: must be a number or a string holding one, not "
+            "true");
 }
 
 TEST(VectorsSuite, CommittedSpecsParse) {

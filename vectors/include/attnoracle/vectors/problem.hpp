@@ -28,6 +28,7 @@ enum class BiasKind {
   None,
   Alibi,   // -m_h |i' - j| with m_h = 2^(-8(h+1)/Hq); [1,Hq,Nq,Nk]
   Random,  // uniform [-2,2) with some -inf entries; [B,Hq,Nq,Nk]
+  Fill,    // a mask written as a bias: 0, or bias_fill on about a quarter of keys; [B,Hq,Nq,Nk]
 };
 
 struct ProblemSpec {
@@ -46,6 +47,7 @@ struct ProblemSpec {
   MaskKind mask = MaskKind::None;
   BiasKind bias = BiasKind::None;
   DType bias_dtype = DType::F32;
+  std::string bias_fill;  // bias fill: "-inf", "-max" (lowest finite) or a number; empty: -inf
   bool query_mask = false;
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
@@ -64,6 +66,13 @@ std::string_view mask_kind_name(MaskKind m);
 std::optional<MaskKind> mask_kind_from_name(std::string_view s);
 std::string_view bias_kind_name(BiasKind b);
 std::optional<BiasKind> bias_kind_from_name(std::string_view s);
+
+// The value of masked entries of bias fill in bias_dtype, or the reason it cannot be built.
+struct FillValue {
+  double value = 0;
+  std::string error;  // empty when value is usable
+};
+FillValue bias_fill_value(const ProblemSpec& p);
 
 // Checks a spec for what make_problem cannot build (sizes, generator parameters, dtypes);
 // returns the first problem as text, or nothing.
