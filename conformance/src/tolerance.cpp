@@ -296,8 +296,18 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   const std::vector<double>& k = mha ? K : c.k.values;
   const std::vector<double>& qa = mha ? Qa : c.q.values;
   const std::vector<double>& ka = mha ? Ka : c.k.values;
-  const double scale = c.scale ? std::fabs(std::strtod(c.scale->c_str(), nullptr))
-                               : 1 / std::sqrt(static_cast<double>(Dk));
+  // sscale gives the scores their sign (attn.scale may be negative), scale the magnitudes.
+  const double sscale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(Dk));
+  const double scale = std::fabs(sscale);
+  // Keys whose score is far below the row's are negligible: their weights are below e^-kFar
+  // computed or exact, so their scores' errors (huge for a bias of -FLT_MAX used as a mask) are
+  // left out of M. With K = |s_max| + kFar + 2^-7 (Dk + 2D + 6) A (the score errors of every
+  // profile, u <= 2^-8, on both sides), a computed score s_j (1 - 2u) + ... <= s_j / 2 below
+  // -4K is more than kFar below the computed maximum; e^-kFar = 2^-2308 times any sum of |v|
+  // is below every format's smallest subnormal.
+  constexpr double kFar = 1600;
+  const double kA = 0x1p-7 * (static_cast<double>(Dk) + 2 * static_cast<double>(mha ? c.D : 0) + 6);
+  auto far_below = [&](double smax_abs, double A) { return -4 * (smax_abs + kFar + kA * A); };
   const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
   std::vector<RowMagnitudes> out(static_cast<std::size_t>(mha ? c.B * Nq : c.B * H * Nq));
 
@@ -436,12 +446,23 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
           if (!filtered) {
             const double* srow = &sd[static_cast<std::size_t>(r * Nkp)];
             const double* arow = &ad[static_cast<std::size_t>(r * Nkp)];
+            auto score = [&](std::int64_t j) {
+              double t = srow[j] * sscale;
+              if (cap > 0) t = cap * std::tanh(t / cap);
+              return t + bias_of(j);
+            };
+            double smax = -INFINITY, A = 0;
             for (std::int64_t j = lo; j <= hi; ++j) {
               if (!allowed_key(j)) continue;
-              double t = srow[j] * scale;
-              if (cap > 0) t = cap * std::tanh(t / cap);
-              m.dot_abs = std::max(m.dot_abs, arow[j] * scale);
-              m.score_abs = std::max(m.score_abs, std::fabs(t + bias_of(j)));
+              smax = std::max(smax, score(j));
+              A = std::max(A, arow[j] * scale);
+            }
+            m.dot_abs = std::max(m.dot_abs, A);
+            const double far = brow && std::isfinite(smax) ? far_below(std::fabs(smax), A) : -INFINITY;
+            for (std::int64_t j = lo; j <= hi; ++j) {
+              if (!allowed_key(j)) continue;
+              const double sj = score(j);
+              if (!(sj < far)) m.score_abs = std::max(m.score_abs, std::fabs(sj));
             }
             continue;
           }
@@ -466,32 +487,45 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
             }
             continue;
           }
-          // With a bias, the score |dot_j scale + bias_j| is within `rad` of |c_j| (the
-          // roundings of both computations are in the relative term).
-          auto score_interval = [&](std::int64_t j, double& ca, double& rad) {
-            const double st = static_cast<double>(srow[j]) * scale, bj = brow[j * bsj];
-            ca = std::fabs(st + bj);
+          // With a bias, the score dot_j sscale + bias_j is within `rad` of c_j (the roundings
+          // of both computations are in the relative term).
+          auto score_interval = [&](std::int64_t j, double& cj, double& rad) {
+            const double st = static_cast<double>(srow[j]) * sscale, bj = brow[j * bsj];
+            cj = st + bj;
             rad = 4 * R * static_cast<double>(arow[j]) * scale + 0x1p-44 * (std::fabs(st) + std::fabs(bj)) + 0x1p-1000;
           };
-          double lsb = -INFINITY;
+          // Bounds of s_max (above and below) and of A, for the negligible keys' threshold.
+          double s_hi = -INFINITY, s_lo = -INFINITY, a_hi = 0;
           bool finite = true;
           for (std::int64_t j = lo; j <= hi; ++j) {
             if (!allowed_key(j)) continue;
-            double ca, rad;
-            score_interval(j, ca, rad);
-            finite = finite && std::isfinite(ca) && std::isfinite(rad);
-            lsb = std::max(lsb, std::max(0.0, ca - rad));
+            double cj, rad;
+            score_interval(j, cj, rad);
+            finite = finite && std::isfinite(cj) && std::isfinite(rad);
+            s_hi = std::max(s_hi, cj + rad);
+            s_lo = std::max(s_lo, cj - rad);
+            a_hi = std::max(a_hi, static_cast<double>(arow[j]) * scale * (1 + 2 * R));
+          }
+          const double far = finite ? far_below(std::max(std::fabs(s_hi), std::fabs(s_lo)), a_hi) : -INFINITY;
+          double lsb = -INFINITY;
+          for (std::int64_t j = lo; j <= hi; ++j) {
+            if (!allowed_key(j)) continue;
+            double cj, rad;
+            score_interval(j, cj, rad);
+            if (cj + rad < far) continue;
+            lsb = std::max(lsb, std::max(0.0, std::fabs(cj) - rad));
           }
           for (std::int64_t j = lo; j <= hi; ++j) {
             if (!allowed_key(j)) continue;
-            double ca, rad;
-            score_interval(j, ca, rad);
-            if (finite && arow[j] < thr_a && ca + rad < lsb) continue;  // not a candidate
+            double cj, rad;
+            score_interval(j, cj, rad);
+            const bool negligible = cj + rad < far;
+            // not a candidate for A's maximum nor (when negligible, or below lsb) for M's
+            if (finite && arow[j] < thr_a && (negligible || std::fabs(cj) + rad < lsb)) continue;
             double dot, dabs;
             exact_pair(b, h, g, i, j, dot, dabs);
-            const double t = dot * scale;
             m.dot_abs = std::max(m.dot_abs, dabs * scale);
-            m.score_abs = std::max(m.score_abs, std::fabs(t + bias_of(j)));
+            if (!negligible) m.score_abs = std::max(m.score_abs, std::fabs(dot * sscale + bias_of(j)));
           }
         }
       }

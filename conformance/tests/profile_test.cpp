@@ -3,15 +3,21 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cfloat>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 #include <string>
 
 #include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
+#include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/safetensors.hpp"
 #include "cli_args.hpp"
 
 namespace attnoracle::testing {
@@ -162,6 +168,43 @@ TEST_F(Profiles, KeyBlocksWidenTheWeightBound) {
             std::string::npos);
   file("kb2.json", R"({"base": "fp32", "key_block": 1})");
   EXPECT_EQ(conformance::load_profile((dir_ / "kb2.json").string()).key_block, 1);
+}
+
+// A one-row F32 case: q [1,1,1,2], k [1,1,3,2], the given bias [1,1,1,3] and metadata.
+Case one_row(const std::vector<float>& bias, const std::map<std::string, std::string>& meta) {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}};
+  for (const auto& [key, v] : meta) f.metadata[key] = v;
+  auto put = [&](const char* name, std::vector<std::int64_t> shape, std::vector<float> values) {
+    RawTensor t{name, DType::F32, shape, std::vector<unsigned char>(values.size() * 4)};
+    std::memcpy(t.data.data(), values.data(), t.data.size());
+    f.put(std::move(t));
+  };
+  put("q", {1, 1, 1, 2}, {1, 2});
+  put("k", {1, 1, 3, 2}, {3, 1, -1, 2, 0.5f, 0.5f});  // dots 5, 3, 1.5
+  put("v", {1, 1, 3, 2}, {1, 0, 0, 1, 1, 1});
+  put("bias", {1, 1, 1, 3}, bias);
+  return case_from_file("one-row", f);
+}
+
+// Keys whose scores sit far below the row's (a finite bias used as a mask) leave M, in the
+// float-filtered path and in the exact one (softcap), and a negative scale keeps its sign.
+TEST_F(Profiles, FarBelowKeysAndNegativeScales) {
+  for (const char* cap : {"", "1000"}) {
+    std::map<std::string, std::string> meta = {{"attn.scale", "0.5"}};
+    if (*cap) meta["attn.softcap"] = cap;
+    auto M = [&](std::vector<float> bias) { return conformance::row_magnitudes(one_row(bias, meta))[0].score_abs; };
+    auto capped = [&](double t) { return *cap ? 1000 * std::tanh(t / 1000) : t; };
+    // scores 2.5, 1.5 + b, 0.75: with b = -FLT_MAX or -1e4 the second key is negligible
+    EXPECT_DOUBLE_EQ(M({0, -FLT_MAX, 0}), capped(2.5)) << cap;
+    EXPECT_DOUBLE_EQ(M({0, -1e4f, 0}), capped(2.5)) << cap;
+    EXPECT_DOUBLE_EQ(M({0, -6, 0}), std::fabs(capped(1.5) - 6)) << cap;  // not far: kept
+    // every key far below: none is negligible (the row's own maximum is that far down)
+    EXPECT_GT(M({-FLT_MAX, -FLT_MAX, -FLT_MAX}), 1e38) << cap;
+    // a negative scale: scores -2.5 + 3, -1.5, -0.75; |S| is 1.5, not |2.5 + 3|
+    meta["attn.scale"] = "-0.5";
+    EXPECT_DOUBLE_EQ(M({3, 0, 0}), std::fabs(capped(-1.5))) << cap;
+  }
 }
 
 // One run, three input dtypes, each under its own profile; the cases of a dtype no profile
