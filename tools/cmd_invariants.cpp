@@ -27,6 +27,8 @@ struct InvariantsArgs {
   std::vector<std::string> dtypes{"F32"};
   std::vector<std::string> kinds{"sdpa", "mha"};
   int max_len = 12;
+  // key counts of the long problems: past 256, and block boundaries of flash kernels
+  std::vector<int> long_keys{257, 64, 65, 128, 129, 300};
   int dim = 8;
   std::string profile = "fp32";
   double safety = 0;  // 0: the profile's
@@ -58,12 +60,19 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t&
   p.causal = causal[k % 3];
   p.Nq = draw(1, a.max_len);
   p.Nk = draw(1, a.max_len);
+  // Problems 1 and 2 of every 4 (one of each kind) take their key counts from --long-keys in
+  // turn; bottom-right alignment, so that their causal rows are long too.
+  const bool no_long = a.long_keys.size() == 1 && a.long_keys[0] == 0;
+  if (!no_long && (k % 4 == 1 || k % 4 == 2)) {
+    p.Nk = a.long_keys[static_cast<std::size_t>((k / 4) * 2 + k % 4 - 1) % a.long_keys.size()];
+    if (p.causal == Causal::TopLeft) p.causal = Causal::BottomRight;
+  }
   p.Dk = draw(1, a.dim);
   p.Dv = draw(1, a.dim);
   p.B = draw(1, 2);
   if (p.kind == Kind::Sdpa) {
-    p.Hkv = draw(1, 2);
-    p.Hq = p.Hkv * draw(1, 2);
+    p.Hkv = draw(1, 3);
+    p.Hq = p.Hkv * draw(1, 3);
   } else {
     p.Hq = p.Hkv = draw(1, 3);
     p.D = draw(1, a.dim);
@@ -79,12 +88,13 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t&
   p.bias = biases[(k / 2) % 3];
   if (k % 4 == 3) p.window = std::make_pair(draw(0, 3), draw(0, 3));
   if (k % 5 == 4) p.softcap = "5";
-  p.query_mask = k % 6 == 5;
+  p.query_mask = k % 6 == 5 || k % 8 == 4;  // mha and sdpa problems
   p.generator = "normal";
   return p;
 }
 
-void write_json(const std::string& path, const InvariantsArgs& a, const conformance::MetamorphicReport& r) {
+void write_json(const std::string& path, const InvariantsArgs& a, const conformance::MetamorphicReport& r,
+                const std::vector<std::pair<std::string, vectors::ProblemSpec>>& specs) {
   nlohmann::ordered_json j;
   j["impl"] = a.impl;
   j["seed"] = a.seed;
@@ -94,13 +104,17 @@ void write_json(const std::string& path, const InvariantsArgs& a, const conforma
   j["violated"] = r.violated;
   j["skipped"] = r.skipped;
   j["bitwise"] = r.bitwise;
+  j["problem_sizes"] = nlohmann::ordered_json::array();
+  for (const auto& [id, p] : specs)
+    j["problem_sizes"].push_back({{"problem", id}, {"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"Nq", p.Nq},
+                                  {"Nk", p.Nk}, {"Dk", p.Dk}, {"Dv", p.Dv}});
   j["relations"] = nlohmann::ordered_json::array();
   for (const auto& x : r.results) {
     const char* st = x.status == conformance::RelationResult::Status::Pass       ? "pass"
                      : x.status == conformance::RelationResult::Status::Violated ? "violated"
                                                                             : "skipped";
     j["relations"].push_back({{"problem", x.problem},
-                              {"invariant", std::string(oracle::invariant_name(x.invariant))},
+                              {"invariant", x.relation},
                               {"twin", x.what},
                               {"status", st},
                               {"bitwise", x.bitwise},
@@ -120,6 +134,9 @@ int run_invariants(const InvariantsArgs& a) {
       throw InputError("--dtypes", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16)");
   for (const auto& k : a.kinds)
     if (k != "sdpa" && k != "mha") throw InputError("--kinds", "", "unknown kind '" + k + "' (sdpa, mha)");
+  if (a.long_keys.size() > 1)
+    for (int n : a.long_keys)
+      if (n == 0) throw InputError("--long-keys", "", "0 stands alone (no long problems), not in a list");
   if (!a.json.empty()) require_parent_dir(a.json);
   conformance::MetamorphicOptions opt;
   opt.command = a.impl;
@@ -139,6 +156,7 @@ int run_invariants(const InvariantsArgs& a) {
                            : a.work;
 
   std::vector<std::pair<std::string, SafeTensorsFile>> problems;
+  std::vector<std::pair<std::string, vectors::ProblemSpec>> specs;
   for (int k = 0; k < a.problems; ++k) {
     std::uint64_t seed = 0;
     const vectors::ProblemSpec spec = problem_spec(a, k, seed);
@@ -146,6 +164,7 @@ int run_invariants(const InvariantsArgs& a) {
     std::snprintf(id, sizeof id, "p%03d-%s-%s", k, spec.kind == Kind::Mha ? "mha" : "sdpa",
                   std::string(dtype_name(spec.dtype)).c_str());
     problems.emplace_back(id, vectors::make_problem(spec, seed));
+    specs.emplace_back(id, spec);
   }
   const conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
   if (temp_work && !a.keep) fs::remove_all(opt.work_dir);
@@ -154,7 +173,7 @@ int run_invariants(const InvariantsArgs& a) {
   for (const auto& x : r.results)
     if (x.status == conformance::RelationResult::Status::Violated)
       std::printf("violated  %s  %s (%s): %s\n", x.problem.c_str(),
-                  std::string(oracle::invariant_name(x.invariant)).c_str(), x.what.c_str(), x.detail.c_str());
+                  x.relation.c_str(), x.what.c_str(), x.detail.c_str());
   if (!r.adapter_note.empty()) std::printf("note: %s\n", r.adapter_note.c_str());
   std::printf("%zu relations on %d problems (seed %llu, profile %s): %zu passed (%zu bit for bit), "
               "%zu violated, %zu skipped\n",
@@ -163,7 +182,7 @@ int run_invariants(const InvariantsArgs& a) {
   if (r.violated)
     std::printf("replay: the failing cases are in %s; rerun with --seed %llu --problems %d\n",
                 opt.failures_dir.c_str(), static_cast<unsigned long long>(a.seed), a.problems);
-  if (!a.json.empty()) write_json(a.json, a, r);
+  if (!a.json.empty()) write_json(a.json, a, r, specs);
   return r.violated ? 1 : 0;
 }
 
@@ -177,7 +196,11 @@ Command add_invariants(CLI::App& app) {
   sub->add_option("--seed", a->seed, "seed of the problems");
   sub->add_option("--dtypes", a->dtypes, "input dtypes, cycled (F64, F32, F16, BF16)")->delimiter(',');
   sub->add_option("--kinds", a->kinds, "kinds, cycled (sdpa, mha)")->delimiter(',');
-  sub->add_option("--max-len", a->max_len, "largest Nq and Nk")->check(CLI::Range(1, 4096));
+  sub->add_option("--max-len", a->max_len, "largest Nq, and Nk of the problems not long")->check(CLI::Range(1, 4096));
+  sub->add_option("--long-keys", a->long_keys,
+                  "key counts, taken in turn, of problems 1 and 2 of every 4 (0 alone: none long)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 4096));
   sub->add_option("--dim", a->dim, "largest head and model dimension")->check(CLI::Range(1, 1024));
   sub->add_option("--profile", a->profile,
                   "the gate's profile, as for run: fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON "

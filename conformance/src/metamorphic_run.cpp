@@ -4,10 +4,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <tuple>
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/conformance/metamorphic.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
 
@@ -83,13 +86,59 @@ bool same_bits(const Tensor& a, std::size_t ia, const Tensor& b, std::size_t ib)
   return std::memcmp(a.raw->data.data() + ia * es, b.raw->data.data() + ib * es, es) == 0;
 }
 
+// The reference's results of one case file, as doubles (out.ref, weights.ref, lse.ref: the exact
+// values rounded to F64); empty vectors for tensors the case does not ask for.
+struct Golden {
+  std::vector<double> out, weights, lse;
+};
+
+Golden reference_of(const SafeTensorsFile& f) {
+  const EvalResult r = evaluate(case_from_file("twin", f), {});
+  Golden g;
+  for (const RawTensor& t : r.golden) {
+    std::vector<double>* dst = t.name == "out.ref" ? &g.out : t.name == "weights.ref" ? &g.weights
+                               : t.name == "lse.ref" ? &g.lse : nullptr;
+    if (!dst) continue;
+    dst->resize(t.data.size() / 8);
+    for (std::size_t k = 0; k < dst->size(); ++k) (*dst)[k] = decode_float(DType::F64, t.data.data() + 8 * k);
+  }
+  return g;
+}
+
 struct Comparison {
   RelationResult& r;
+  const Golden* ga = nullptr;  // reference twins: the reference's results of both sides
+  const Golden* gb = nullptr;
   double worst_seen = 0;
   bool bitwise = true;
+  // Reference twins: b - a against the reference's xb - xa. Each side is within its limit of its
+  // exact value and out.ref within 2^-53 of its own, so |(b - a) - (xb - xa)| <= tol, plus
+  // 2^-52 of the magnitudes for out.ref and the subtractions in double.
+  void change(const char* tensor, const std::string& where, double a, double b, double tol, bool bits_equal,
+              double xa, double xb) {
+    if (xa == xb) return element(tensor, where, a, b, tol, bits_equal, " (the reference's is unchanged)");
+    bitwise = false;
+    double ratio;
+    if (!std::isfinite(xa) || !std::isfinite(xb))  // an infinite lse (no key) must be met exactly
+      ratio = ((a == xa || (std::isfinite(a) && std::isfinite(xa))) && (b == xb || (std::isfinite(b) && std::isfinite(xb))))
+                  ? 0 : INFINITY;
+    else if (!std::isfinite(a) || !std::isfinite(b)) ratio = INFINITY;
+    else {
+      const double slack = 0x1p-51 * (std::fabs(a) + std::fabs(b) + std::fabs(xa) + std::fabs(xb));
+      ratio = std::fabs((b - a) - (xb - xa)) / (tol + slack);
+    }
+    if (ratio > worst_seen) {
+      worst_seen = ratio;
+      char buf[500];
+      std::snprintf(buf, sizeof buf, "%s%s: %.9g (%a) to %.9g (%a), a change of %.3g where the reference's is %.3g, "
+                    "tolerance %.3g (%a)%s", tensor, where.c_str(), a, a, b, b, b - a, xb - xa, tol, tol,
+                    std::fabs(b - a) <= tol ? ": unchanged where the reference changes" : "");
+      r.detail = buf;
+    }
+  }
   // |a - b| <= tol; equal infinities pass; NaN never does.
   void element(const char* tensor, const std::string& where, double a, double b, double tol,
-               bool bits_equal) {
+               bool bits_equal, const char* note = "") {
     bitwise = bitwise && bits_equal;
     double ratio;
     if (a == b || (std::isinf(a) && a == b)) ratio = 0;
@@ -98,8 +147,8 @@ struct Comparison {
     if (ratio > worst_seen) {
       worst_seen = ratio;
       char buf[400];
-      std::snprintf(buf, sizeof buf, "%s%s: %.9g (%a) vs %.9g (%a), tolerance %.3g (%a)", tensor, where.c_str(), a, a,
-                    b, b, tol, tol);
+      std::snprintf(buf, sizeof buf, "%s%s: %.9g (%a) vs %.9g (%a), tolerance %.3g (%a)%s", tensor, where.c_str(), a,
+                    a, b, b, tol, tol, note);
       r.detail = buf;
     }
   }
@@ -115,8 +164,11 @@ std::string idx(std::initializer_list<std::int64_t> ix) {
   return s + "]";
 }
 
+// `golden` gives the reference's results of both sides, for reference twins; called only once
+// both sides have results.
 void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const conformance::JobResult& rb,
-                  const MetamorphicOptions& opt, RelationResult& res) {
+                  const MetamorphicOptions& opt, RelationResult& res,
+                  const std::function<std::pair<const Golden*, const Golden*>()>& golden) {
   using conformance::Outcome;
   using St = RelationResult::Status;
   if (ra.outcome == Outcome::Unsupported || rb.outcome == Outcome::Unsupported) {
@@ -143,6 +195,21 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
   const bool mha = ca.kind == Kind::Mha;
   const std::int64_t H = ca.Hq, W = mha ? ca.Dout : ca.Dv;
   Comparison cmp{res};
+  if (p.reference) {
+    try {
+      std::tie(cmp.ga, cmp.gb) = golden();
+    } catch (const std::exception& e) {
+      res.status = St::Skipped;
+      res.detail = std::string("the reference does not evaluate the pair: ") + e.what();
+      return;
+    }
+  }
+  // each side within its own limit of its exact value
+  auto compare = [&](const char* tensor, const std::string& where, double a, double b, double tol, bool bits,
+                     const std::vector<double> Golden::*t, std::size_t ia, std::size_t ib) {
+    if (cmp.ga) cmp.change(tensor, where, a, b, tol, bits, (cmp.ga->*t)[ia], (cmp.gb->*t)[ib]);
+    else cmp.element(tensor, where, a, b, tol, bits);
+  };
   std::string why;
   Tensor oa, ob;
   auto unreadable = [&] {
@@ -159,9 +226,9 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
           continue;
         for (std::int64_t e = 0; e < W; ++e) {
           const auto at = static_cast<std::size_t>((mha ? (b * ca.Nq + i) : ((b * H + h) * ca.Nq + i)) * W + e);
-          // each side within its own limit of the same exact value
           const double tol = sa.out(b, h, i, at, oa.v[at]) + sb.out(b, h, i, at, ob.v[at]);
-          cmp.element("out", mha ? idx({b, i, e}) : idx({b, h, i, e}), oa.v[at], ob.v[at], tol, same_bits(oa, at, ob, at));
+          compare("out", mha ? idx({b, i, e}) : idx({b, h, i, e}), oa.v[at], ob.v[at], tol, same_bits(oa, at, ob, at),
+                  &Golden::out, at, at);
         }
       }
   if (ca.want_weights && opt.profile.returns_weights) {
@@ -179,7 +246,8 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
             const auto ia = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * ca.Nk + j);
             const auto ib = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + jt);
             const double tol = sa.weight(b, h, i, wa.v[ia]) + sb.weight(b, h, i, wb.v[ib]);
-            cmp.element("weights", idx({b, h, i, j}), wa.v[ia], wb.v[ib], tol, same_bits(wa, ia, wb, ib));
+            compare("weights", idx({b, h, i, j}), wa.v[ia], wb.v[ib], tol, same_bits(wa, ia, wb, ib), &Golden::weights,
+                    ia, ib);
           }
           if (p.extra_key) {  // a masked key's weight is exactly 0 in any sane implementation
             const double w = wb.v[static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + ca.Nk)];
@@ -206,7 +274,7 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
           const double a = la.v[at] + p.lse_shift, b2 = lb.v[at];
           // lse_b = lse_a + shift exactly; the addition in double rounds once (2^-53 |a|)
           const double tol = sa.lse(b, h, i, la.v[at]) + sb.lse(b, h, i, b2) + 0x1p-53 * finite_abs(a);
-          cmp.element("lse", idx({b, h, i}), a, b2, tol, p.lse_shift == 0 && same_bits(la, at, lb, at));
+          compare("lse", idx({b, h, i}), a, b2, tol, p.lse_shift == 0 && same_bits(la, at, lb, at), &Golden::lse, at, at);
         }
   }
   res.worst = cmp.worst_seen;
@@ -267,16 +335,24 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
                                      : "the implementation exited with status " + std::to_string(run.exit_status);
     if (!run.stderr_tail.empty()) rep.adapter_note += "; its last output: " + run.stderr_tail;
   }
+  std::map<std::size_t, Golden> evaluated;  // by job: the reference's results, evaluated once
+  auto golden_of = [&](std::size_t job, const SafeTensorsFile& f) -> const Golden* {
+    auto it = evaluated.find(job);
+    if (it == evaluated.end()) it = evaluated.emplace(job, reference_of(f)).first;
+    return &it->second;
+  };
   for (Pending& q : pend) {
     RelationResult r;
     r.problem = q.problem;
-    r.invariant = q.pair.invariant;
+    r.relation = q.pair.relation;
     r.what = q.pair.what;
     if (!q.skip.empty()) {
       r.status = RelationResult::Status::Skipped;
       r.detail = q.skip;
     } else {
-      compare_pair(q.pair, run.results[q.ja], run.results[q.jb], opt, r);
+      compare_pair(q.pair, run.results[q.ja], run.results[q.jb], opt, r, [&] {
+        return std::make_pair(golden_of(q.ja, q.pair.a), golden_of(q.jb, q.pair.b));
+      });
     }
     if (r.status == RelationResult::Status::Violated && !opt.failures_dir.empty()) {
       fs::create_directories(opt.failures_dir);

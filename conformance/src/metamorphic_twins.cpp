@@ -1,11 +1,19 @@
-// Twins of a problem at the file level: every twin is a valid case file whose inputs are exact
-// transformations of the problem's (moved bytes, flipped sign bits, exact additions).
+// Twins of a problem at the file level: every twin is a valid case file. The first ones are
+// exact transformations of the problem's inputs (moved bytes, flipped sign bits, exact additions);
+// the reference twins change the exact results, by what the reference evaluates.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 
+#include <mpfr.h>
+
 #include "attnoracle/conformance/metamorphic.hpp"
+#include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/round.hpp"
 
 namespace attnoracle::conformance {
 namespace {
@@ -114,18 +122,47 @@ void fold_positions(const Case& c, SafeTensorsFile& f) {
   f.metadata["attn.window"] = "none";
 }
 
+// Every row but the padding queries' (query_mask false), which the contract leaves free.
 std::vector<char> all_rows(const Case& c) {
-  return std::vector<char>(static_cast<std::size_t>(c.B * c.Hq * c.Nq), 1);
+  std::vector<char> r(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) r[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = c.query_valid(b, i);
+  return r;
 }
 std::vector<char> all_tokens(const Case& c) {
-  return std::vector<char>(static_cast<std::size_t>(c.B * c.Nq), 1);
+  std::vector<char> r(static_cast<std::size_t>(c.B * c.Nq));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < c.Nq; ++i) r[static_cast<std::size_t>(b * c.Nq + i)] = c.query_valid(b, i);
+  return r;
 }
+
+// x rounded to nearest-even into t.
+double round_into(double x, DType t) {
+  mpfr_t m;
+  mpfr_init2(m, 53);
+  mpfr_set_d(m, x, MPFR_RNDN);
+  const double r = round_to_format(m, t);
+  mpfr_clear(m);
+  return r;
+}
+
+std::string hexf(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", x);
+  return buf;
+}
+
+// A metadata number (decimal or C hex float) as the nearest double.
+double number(const std::string& text) { return std::strtod(text.c_str(), nullptr); }
 
 // Tensors whose dimension `dim` runs over the keys.
 std::vector<std::pair<std::string, std::size_t>> key_tensors(const Case& c) {
   if (c.kind == Kind::Sdpa) return {{"k", 2}, {"v", 2}};
   return {{"x_kv", 1}};
 }
+
+std::string name(oracle::Invariant v) { return std::string(oracle::invariant_name(v)); }
 
 }  // namespace
 
@@ -136,7 +173,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
   // Permuted keys and values (and mask and bias columns).
   if (c.Nk > 1) {
-    TwinPair p{oracle::Invariant::KeyPermutation, "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    TwinPair p{name(oracle::Invariant::KeyPermutation), "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
     p.perm.resize(static_cast<std::size_t>(c.Nk));
     std::iota(p.perm.begin(), p.perm.end(), 0);
     std::reverse(p.perm.begin(), p.perm.end());
@@ -160,7 +197,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
           break;
         }
     if (!exact) continue;
-    TwinPair p{oracle::Invariant::ShiftInvariance, "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
+    TwinPair p{name(oracle::Invariant::ShiftInvariance), "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
                inputs, inputs, {}, cst, false, all_rows(c), all_tokens(c)};
     RawTensor nb{"bias", bt, c.bias ? c.bias->shape : std::vector<std::int64_t>{1}, {}};
     const std::vector<double> vals = c.bias ? c.bias->values : std::vector<double>{0.0};
@@ -180,7 +217,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
       if (c.position_allowed(mid, j)) last = j;
     const std::int64_t from = last + 1;
     if (from < c.Nk) {
-      TwinPair p{oracle::Invariant::CausalDependence, "future",
+      TwinPair p{name(oracle::Invariant::CausalDependence), "future",
                  "keys " + std::to_string(from) + ".." + std::to_string(c.Nk - 1) + " changed",
                  inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
       for (auto& [name, dim] : key_tensors(c)) negate_range(need(p.b, name), dim, from, c.Nk);
@@ -190,8 +227,8 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
             std::int64_t li = -1;
             for (std::int64_t j = 0; j < c.Nk; ++j)
               if (c.position_allowed(i, j)) li = j;
-            p.rows[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = li < from;
-            p.out_rows[static_cast<std::size_t>(b * c.Nq + i)] = li < from;
+            p.rows[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = li < from && c.query_valid(b, i);
+            p.out_rows[static_cast<std::size_t>(b * c.Nq + i)] = li < from && c.query_valid(b, i);
           }
       out.push_back(std::move(p));
     }
@@ -199,7 +236,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
   // A padding key appended and masked out: its values must not matter.
   {
-    TwinPair p{oracle::Invariant::MaskedZero, "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c)};
+    TwinPair p{name(oracle::Invariant::MaskedZero), "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c)};
     fold_positions(c, p.b);
     for (auto& [name, dim] : key_tensors(c)) append_dim(need(p.b, name), dim, 0, true);
     RawTensor& m = need(p.b, "mask");
@@ -217,7 +254,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
   // One head changed.
   if (c.kind == Kind::Sdpa && c.Hq > 1) {
     const std::int64_t r = c.Hq - 1;
-    TwinPair p{oracle::Invariant::HeadIndependence, "head", "queries of head " + std::to_string(r) + " changed",
+    TwinPair p{name(oracle::Invariant::HeadIndependence), "head", "queries of head " + std::to_string(r) + " changed",
                inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
     RawTensor& q = need(p.b, "q");
     for (std::int64_t b = 0; b < c.B; ++b) {  // q[b, r] negated: the block of head r in batch b
@@ -235,7 +272,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     // W_o's rows of head r zeroed in both, so that out no longer depends on head r; then head
     // r's projections change in one of them.
     const std::int64_t r = c.Hq - 1;
-    TwinPair p{oracle::Invariant::HeadIndependence, "head", "projections of head " + std::to_string(r) + " changed",
+    TwinPair p{name(oracle::Invariant::HeadIndependence), "head", "projections of head " + std::to_string(r) + " changed",
                inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
     RawTensor& wo = need(p.a, "w_o");
     const std::size_t es = dtype_size(wo.dtype);
@@ -247,6 +284,70 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t i = 0; i < c.Nq; ++i)
         p.rows[static_cast<std::size_t>((b * c.Hq + r) * c.Nq + i)] = 0;
+    out.push_back(std::move(p));
+  }
+
+  // Related through the reference: the exact results change, b - a must be the reference's.
+  auto ref_twin = [&](const char* relation, const char* tag, const std::string& what) {
+    TwinPair p{relation, tag, what, inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    p.reference = true;
+    return p;
+  };
+
+  // One kv head's keys and values change sign: exactly the query heads mapped to it change.
+  if (c.kind == Kind::Sdpa && c.Hkv > 1) {
+    const std::int64_t r = c.Hkv - 1, g = c.Hq / c.Hkv;
+    TwinPair p = ref_twin("kv_head_locality", "kvhead",
+                          "keys and values of kv head " + std::to_string(r) + " changed (query heads " +
+                              std::to_string(r * g) + ".." + std::to_string(r * g + g - 1) + " read it)");
+    for (const char* t : {"k", "v"}) negate_range(need(p.b, t), 1, r, r + 1);
+    out.push_back(std::move(p));
+  }
+
+  // The scale doubled (the default 1/sqrt(Dk) written out).
+  {
+    const double s = c.scale ? number(*c.scale) : 1.0 / std::sqrt(static_cast<double>(c.Dk));
+    TwinPair p = ref_twin("scale_sensitivity", "scale", "scale " + hexf(s) + " doubled");
+    p.b.metadata["attn.scale"] = hexf(2 * s);
+    out.push_back(std::move(p));
+  }
+
+  // The softcap set to 1, or a quarter of the problem's.
+  {
+    const double cap = c.softcap ? number(*c.softcap) : 0, to = cap > 0 ? cap / 4 : 1;
+    TwinPair p = ref_twin("softcap_sensitivity", "softcap",
+                          (c.softcap ? "softcap " + hexf(cap) : std::string("no softcap")) + " changed to " + hexf(to));
+    p.b.metadata["attn.softcap"] = hexf(to);
+    out.push_back(std::move(p));
+  }
+
+  // Head 0's bias raised by 1 on even keys (rounded into the bias's dtype), in every batch.
+  {
+    const DType bt = c.bias ? c.bias->dtype : DType::F32;
+    const std::size_t es = dtype_size(bt);
+    RawTensor nb{"bias", bt, {c.B, c.Hq, c.Nq, c.Nk}, {}};
+    nb.data.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq * c.Nk) * es);
+    std::size_t at = 0;
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i)
+          for (std::int64_t j = 0; j < c.Nk; ++j, at += es) {
+            double x = c.bias ? c.bias_at(b, h, i, j) : 0.0;
+            if (h == 0 && j % 2 == 0 && std::isfinite(x)) x = round_into(x + 1, bt);
+            encode_float(bt, x, nb.data.data() + at);
+          }
+    TwinPair p = ref_twin("bias_sensitivity", "bias", "the bias of head 0 raised by 1 on even keys");
+    p.b.put(std::move(nb));
+    out.push_back(std::move(p));
+  }
+
+  // The window widened by one key on each side.
+  if (c.window) {
+    const std::string w = std::to_string(c.window_left + 1) + "," + std::to_string(c.window_right + 1);
+    TwinPair p = ref_twin("window_sensitivity", "window",
+                          "window " + std::to_string(c.window_left) + "," + std::to_string(c.window_right) +
+                              " widened to " + w);
+    p.b.metadata["attn.window"] = w;
     out.push_back(std::move(p));
   }
   return out;

@@ -46,6 +46,10 @@ BUGS = {
                        "over every row with a masked key",
     "masked_row_nan": "a fully masked row gives NaN (0/0) where attn.masked_rows=zero declares zeros",
     "drop_last_key": "the last key is ignored (a loop over range(Nk - 1))",
+    # caught by the relations of `attnoracle invariants` that change a parameter
+    "meta_head_bias_ignored": "query head 0 ignores the finite values of the bias (-inf still masks)",
+    "meta_window_off_by_one": "the window's left edge excludes key i - left (i - left < j)",
+    "meta_softcap_ignored": "attn.softcap is ignored",
 }
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
@@ -96,6 +100,8 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
         scale = 1.0
     s = dt.type(scale) * (q @ np.swapaxes(k, -1, -2))
     cap = number(meta.get("attn.softcap", "0"))
+    if bug == "meta_softcap_ignored":   # BUG: no softcap
+        cap = 0
     if cap != 0 and bug != "softcap_after_bias":   # BUG softcap_after_bias: moved below the bias
         s = dt.type(cap) * np.tanh(s / dt.type(cap))
     if bug == "shift_one_key":          # BUG: key 0 gets a bonus
@@ -103,6 +109,9 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
     allowed = np.ones((B, Hq, Nq, Nk), dtype=bool)
     if bias is not None:
         bias = np.broadcast_to(bias.astype(dt), s.shape)
+        if bug == "meta_head_bias_ignored":   # BUG: head 0 without its bias
+            bias = bias.copy()
+            bias[:, 0] = np.where(bias[:, 0] == -np.inf, -np.inf, 0)
         allowed &= bias != -np.inf
         s = s + np.where(allowed, bias, 0)
     if cap != 0 and bug == "softcap_after_bias":    # BUG: softcap(T + bias)
@@ -124,6 +133,8 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
     if window != "none":
         left, right = (int(x) for x in window.split(","))
         allowed &= (i - left <= j) & (j <= i + right)
+        if bug == "meta_window_off_by_one":   # BUG: i - left < j
+            allowed &= i - left < j
     if bug == "drop_last_key":          # BUG: the loop over keys stops one short
         allowed[..., -1] = False
 

@@ -497,6 +497,37 @@ class AdapterTest(unittest.TestCase):
         kind, _ = self.run_adapter([self.case(t, meta())], "--bug", "drop_last_key")[0]
         self.assertEqual(kind, "error")
 
+    # -- the meta_ bugs (caught by the parameter relations of `attnoracle invariants`) -------
+
+    def test_bug_meta_head_bias_ignored(self):
+        # Two heads, equal scores over keys 0 and 1, bias [1, 0]: head 1 weighs key 0 by
+        # e / (1 + e); head 0, its bias ignored, by 1/2. A -inf bias still masks head 0's key 1.
+        t = {"q": np.zeros((1, 2, 1, 1)), "k": np.zeros((1, 2, 2, 1)), "v": np.array([[[[1.0], [0.0]]] * 2]),
+             "bias": np.array([[1.0, 0.0]])}
+        right, wrong = self.both(t, meta(), "meta_head_bias_ignored")
+        e = math.e / (1 + math.e)
+        self.assertAlmostEqual(right["out"][0, 0].item(), e, places=14)
+        self.assertEqual(wrong["out"][0, 0].item(), 0.5)
+        self.assertAlmostEqual(wrong["out"][0, 1].item(), e, places=14)
+        t["bias"] = np.array([[0.0, -np.inf]])
+        right, wrong = self.both(t, meta(), "meta_head_bias_ignored")
+        np.testing.assert_array_equal(right["out"], wrong["out"])
+
+    def test_bug_meta_window_off_by_one(self):
+        # Window 1,0 over 3 keys with equal scores: query 2 sees keys 1 and 2, the bug key 2 alone.
+        t = {"q": np.zeros((1, 1, 3, 1)), "k": np.zeros((1, 1, 3, 1)), "v": np.array([1.0, 2.0, 4.0]).reshape(1, 1, 3, 1)}
+        right, wrong = self.both(t, meta(window="1,0"), "meta_window_off_by_one")
+        self.assertEqual(right["out"][0, 0, 2].item(), 3.0)
+        self.assertEqual(wrong["out"][0, 0, 2].item(), 4.0)
+
+    def test_bug_meta_softcap_ignored(self):
+        # Scores 4 and 0 (scale 1), softcap 1: tanh(4) instead of 4 for key 0.
+        t = {"q": np.ones((1, 1, 1, 1)), "k": np.array([4.0, 0.0]).reshape(1, 1, 2, 1),
+             "v": np.array([1.0, 0.0]).reshape(1, 1, 2, 1)}
+        right, wrong = self.both(t, meta(scale="1", softcap="1"), "meta_softcap_ignored")
+        self.assertAlmostEqual(right["out"].item(), 1 / (1 + math.exp(-math.tanh(4))), places=14)
+        self.assertAlmostEqual(wrong["out"].item(), 1 / (1 + math.exp(-4)), places=14)
+
     # -- against the reference ----------------------------------------------------------
 
     def test_float64_matches_the_reference(self):

@@ -2,7 +2,9 @@
 // results must relate (CONTRACT section 5 protocol, all in one adapter call), no golden data
 // needed. A relation between two results a and b holds when |a - b| <= limit_a + limit_b, each
 // the gate's limit (tolerance.hpp, conformance/TOLERANCE.md) under the same profile, from its
-// own case's magnitudes; bitwise agreement is reported as information.
+// own case's magnitudes; bitwise agreement is reported as information. Twins whose exact results
+// differ (a parameter or one kv head changed) relate through the reference: b - a must be the
+// reference's b - a within the same limits. Padding rows (query_mask false) are never compared.
 #pragma once
 
 #include <cstdint>
@@ -10,15 +12,14 @@
 #include <vector>
 
 #include "attnoracle/conformance/profile.hpp"
-#include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
 
 // One relation instance: two case files (inputs only) whose results must agree.
 struct TwinPair {
-  oracle::Invariant invariant;
-  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "head"
+  std::string relation;  // an oracle invariant's name, or a relation of its own (kv_head_locality, ...)
+  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "head", ...
   std::string what;  // what the twin changes, for reports
   SafeTensorsFile a, b;
   std::vector<std::int64_t> perm;  // key j of a is key perm[j] of b (identity when empty)
@@ -26,15 +27,18 @@ struct TwinPair {
   bool extra_key = false;          // b has one more key, masked out: its weight must be exactly 0
   std::vector<char> rows;      // [B, H, Nq]: rows compared (out of sdpa, weights, lse)
   std::vector<char> out_rows;  // [B, Nq]: tokens whose out is compared (mha)
+  bool reference = false;      // b - a must equal the reference's b - a (within the limits)
 };
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,
-// future keys changed (causal), a masked padding key appended, and one head changed.
+// future keys changed (causal), a masked padding key appended, and one head changed; then,
+// related through the reference: one kv head's keys and values changed, the scale doubled, the
+// softcap changed, head 0's bias changed, the window widened by one key on each side.
 std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);
 
 struct RelationResult {
   std::string problem;
-  oracle::Invariant invariant;
+  std::string relation;
   std::string what;
   enum class Status { Pass, Violated, Skipped } status = Status::Pass;
   bool bitwise = false;     // every compared element had identical bits
