@@ -41,6 +41,7 @@ let ORT_TYPES = KERNEL_TYPES;
 // --op: the standard Attention (default), or the contrib MultiHeadAttention or GroupQueryAttention.
 let OP = 'attention';
 const OPS = ['attention', 'mha', 'gqa'];
+const OP_NAMES = { attention: 'Attention', mha: 'MultiHeadAttention', gqa: 'GroupQueryAttention' };
 const FLOATS = new Set(['F64', 'F32', 'F16', 'BF16']);
 
 class Unsupported extends Error {}
@@ -226,8 +227,8 @@ function plan(tensors, meta) {
     }
   }
   if (!(inType in ORT_TYPES)) {
-    throw new Unsupported(`ONNX Runtime CPU Attention: ${inType} inputs not supported (float and float16 kernels only`
-      + `${inType === 'F64' ? '; --f64 runs the operator\'s function body in double' : ''})`);
+    throw new Unsupported(`ONNX Runtime CPU ${OP_NAMES[OP]}: ${inType} inputs not supported (float and float16 kernels only`
+      + `${inType === 'F64' && OP === 'attention' ? '; --f64 runs the operator\'s function body in double' : ''})`);
   }
   if (!(outType in ORT_TYPES)) {
     throw new Unsupported(`output dtype ${outType}: this adapter writes ${Object.keys(ORT_TYPES).join(' or ')} only`);
@@ -359,7 +360,6 @@ function plan(tensors, meta) {
   return { model, feeds, results, outType };
 }
 
-
 // ---- the contrib operators (--op mha, --op gqa) ----------------------------------------------
 //
 // Both take Q, K, V as [B, N, H*D] (head 0 first): the 4-D q, k, v (or the projections of kind
@@ -386,7 +386,7 @@ function contribPlan(c) {
   const Hkv = kind === 'sdpa' ? tensors.k.shape[1] : Hq;
   const causal = meta['attn.causal'] || 'none';
   const window = meta['attn.window'] || 'none';
-  const opName = OP === 'mha' ? 'MultiHeadAttention' : 'GroupQueryAttention';
+  const opName = OP_NAMES[OP];
   const int64 = (name, values) => {
     initializers.push(onnx.tensor(name, onnx.INT64, [values.length], BigInt64Array.from(values.map(BigInt))));
     return name;
@@ -602,6 +602,7 @@ async function main(argv) {
     else usage(`unexpected argument ${argv[i]}`);
   }
   if (jobsFile === null) usage('a jobs file is required');
+  if (OP !== 'attention' && 'F64' in ORT_TYPES) usage('--f64 is for --op attention only (the contrib operators have no double kernel)');
 
   let ort;
   try {

@@ -486,6 +486,8 @@ ortTest('--op mha and --op gqa: what the operators cannot express is unsupported
     [['--op', 'gqa'], contribCase({ ...spec, D: 4 }), {}, /multiple of 8/],
     [['--op', 'gqa'], contribCase({ ...spec, Dv: 16 }), {}, /Dk = Dv/],
     [['--op', 'gqa'], contribCase({ ...spec, Nq: 4 }), {}, /Nq <= Nk/],
+    [['--op', 'mha'], { q: T('BF16', [1, 1, 1, 8], new Array(8).fill(0)), k: T('BF16', [1, 1, 1, 8], new Array(8).fill(0)),
+      v: T('BF16', [1, 1, 1, 8], new Array(8).fill(0)) }, {}, /CPU MultiHeadAttention: BF16 inputs not supported/],
   ];
   const results = cases.map(([flags, t, m]) => w.run([w.case(t, meta({ scale: '1', ...m }))], flags)[0]);
   results.forEach((r, i) => {
@@ -498,6 +500,9 @@ test('--op takes attention, mha or gqa only (exit 2, saying so)', () => {
   const p = spawnSync(process.execPath, [ADAPTER, '--op', 'flash', '/nonexistent.jsonl'], { encoding: 'utf8' });
   assert.equal(p.status, 2);
   assert.match(p.stderr, /--op must be one of attention, mha, gqa/);
+  const f = spawnSync(process.execPath, [ADAPTER, '--op', 'gqa', '--f64', '/nonexistent.jsonl'], { encoding: 'utf8' });
+  assert.equal(f.status, 2);
+  assert.match(f.stderr, /--f64 is for --op attention only/);
 });
 
 // ---- against the reference ------------------------------------------------------------------
