@@ -1,5 +1,9 @@
 #include "cli.hpp"
 
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -26,6 +30,13 @@ void print_violations(const std::string& file, const oracle::InvariantViolation&
   for (std::size_t k = 0; k < v.size() && k < 20; ++k) std::cerr << "  " << v[k].message() << "\n";
   if (v.size() > 20) std::cerr << "  ... and " << v.size() - 20 << " more\n";
   std::cerr.flush();
+}
+
+std::string make_temp_dir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    throw InputError(tmpl, "", std::string("cannot create a temporary directory: ") + std::strerror(errno));
+  return tmpl;
 }
 
 }  // namespace attnoracle::cli

@@ -27,6 +27,9 @@ Command add_plugin_host(CLI::App& app);
 int default_threads();
 // Refuses (InputError) when the directory that would hold `path` does not exist.
 void require_parent_dir(const std::string& path);
+// A fresh directory PREFIX-XXXXXX in the temporary directory, made with mkdtemp (a name no one
+// can plant beforehand); InputError when it cannot be made.
+std::string make_temp_dir(const std::string& prefix);
 // Prints an oracle report for `file` on stderr ("attnoracle: invariant violated: ...").
 void print_violations(const std::string& file, const oracle::InvariantViolation& e);
 

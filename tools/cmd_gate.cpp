@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/conformance/gate.hpp"
@@ -23,24 +24,27 @@ struct GateArgs {
   int threads = default_threads();
 };
 
-conformance::Profile profile_of(const GateArgs& a) {
-  conformance::Profile p = conformance::load_profile(a.profile);
+conformance::ProfileSet profiles_of(const GateArgs& a) {
+  conformance::ProfileSet set = conformance::load_profile_set(a.profile);
+  std::optional<conformance::MaskedRowConvention> rows;
   if (!a.masked_rows.empty()) {
-    const auto c = conformance::convention_from_name(a.masked_rows);
-    if (!c) throw InputError("--masked-rows", "", "must be error, zero, nan or mean");
-    p.masked_rows = *c;
+    rows = conformance::convention_from_name(a.masked_rows);
+    if (!rows) throw InputError("--masked-rows", "", "must be error, zero, nan or mean");
   }
-  if (!a.returns.empty()) {
-    p.returns_weights = a.returns.find("weights") != std::string::npos;
-    p.returns_lse = a.returns.find("lse") != std::string::npos;
+  for (conformance::Profile& p : set.members) {
+    if (rows) p.masked_rows = *rows;
+    if (!a.returns.empty()) {
+      p.returns_weights = a.returns.find("weights") != std::string::npos;
+      p.returns_lse = a.returns.find("lse") != std::string::npos;
+    }
   }
-  return p;
+  return set;
 }
 
 conformance::GateOptions options_of(const GateArgs& a) {
   conformance::GateOptions o;
   o.dir = a.dir;
-  o.profile = profile_of(a);
+  o.profiles = profiles_of(a);
   o.tags = a.tags;
   o.ids = a.ids;
   for (const auto& d : a.dtypes) {
@@ -86,15 +90,21 @@ int run_run(const GateArgs& a) {
   o.impl = a.impl.empty() ? quote(self_exe()) + " plugin-host " + quote(fs::absolute(a.plugin).string()) : a.impl;
   o.restart_after_crash = !a.plugin.empty();  // the host runs the jobs in order: a crash is on one case
   const bool temp = a.work.empty();
-  o.work_dir = temp ? (fs::temp_directory_path() / ("attnoracle-run-" + std::to_string(::getpid()))).string() : a.work;
+  o.work_dir = temp ? make_temp_dir("attnoracle-run") : a.work;
+  // What a leftover process still writes into cannot fail the run: the clean-up is best effort.
+  auto clean = [&] {
+    std::error_code ec;
+    if (temp && !a.keep) fs::remove_all(o.work_dir, ec);
+  };
   conformance::GateReport r;
   try {
     r = conformance::run_gate(o);
   } catch (...) {
-    if (temp && !a.keep) fs::remove_all(o.work_dir);
+    clean();
     throw;
   }
-  if (temp && !a.keep) fs::remove_all(o.work_dir);
+  clean();
+  if (temp && a.keep) std::fprintf(stderr, "attnoracle: work directory kept: %s\n", o.work_dir.c_str());
   return finish(a, r);
 }
 
@@ -106,7 +116,10 @@ int run_check(const GateArgs& a) {
 
 void common(CLI::App* sub, GateArgs& a) {
   sub->add_option("DIR", a.dir, "vector set (manifest.json, cases/)")->required();
-  sub->add_option("--profile", a.profile, "fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON file");
+  sub->add_option("--profile", a.profile,
+                  "fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, torch-cpu-bf16, a JSON file, a comma-separated "
+                  "list of these for several input dtypes, or a family: standard (fp64,fp32,fp16,bf16), flash "
+                  "(fp64,fp32,flash-fp16,flash-bf16)");
   sub->add_option("--tag", a.tags, "only cases with one of these tags")->delimiter(',');
   sub->add_option("--dtype", a.dtypes, "only cases with these input dtypes")->delimiter(',');
   sub->add_option("--case", a.ids, "only these case ids")->delimiter(',');

@@ -18,8 +18,8 @@ echo "== the committed core vector set: manifest, hashes, invariants of the stor
 "$build/attnoracle" verify vectors/core
 
 echo
-echo "== the conformance gate: the NumPy example implementation on vectors/core, fp32 profile"
-"$build/attnoracle" run vectors/core --profile fp32 \
+echo "== the conformance gate: the NumPy example implementation on vectors/core, F32, F16 and BF16 in one run"
+"$build/attnoracle" run vectors/core --profile fp32,fp16,bf16 \
   --impl "/usr/bin/python3 conformance/adapters/numpy/attention.py" \
   --json "$out/report.json" --junit "$out/report.xml"
 

@@ -247,7 +247,7 @@ struct TempSet {
     write_file_atomic((root / "results" / (s.id + ".safetensors")).string(), serialize_safetensors(s.result.output));
     opt.dir = (root / "set").string();
     opt.results = (root / "results").string();
-    opt.profile = profile_for(s.dtype);
+    opt.profiles = {profile_for(s.dtype).name, {profile_for(s.dtype)}};
     opt.threads = 1;
     result_bytes = s.result_bytes;
   }

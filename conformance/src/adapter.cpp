@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <dirent.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -15,8 +17,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <utility>
 
@@ -212,8 +216,46 @@ int millis_until(Clock::time_point now, Clock::time_point t) {
   return static_cast<int>(std::clamp<long long>(ms, 0, 1'000'000));
 }
 
+// This process's children: with it a child subreaper, they include every orphan of an
+// implementation's processes (a child started with setsid, a daemon), which a kill of the
+// process group cannot reach.
+std::vector<pid_t> children() {
+  std::vector<pid_t> out;
+  const pid_t self = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    const auto p = line.rfind(')');  // "pid (comm) state ppid ...": comm may hold anything
+    if (p == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(line.c_str() + p + 1, " %c %ld", &state, &ppid) == 2 && ppid == self)
+      out.push_back(static_cast<pid_t>(std::atol(e->d_name)));
+  }
+  ::closedir(d);
+  return out;
+}
+
+// Kills and reaps what an implementation left behind once its leader is gone; orphans of
+// those (their children) are adopted in turn, until none is left or kDrainLimit has passed.
+// The gate runs one implementation at a time, so every child left is the implementation's.
+void kill_leftovers() {
+  const auto end = Clock::now() + kDrainLimit;
+  for (std::vector<pid_t> left = children(); !left.empty() && Clock::now() < end; left = children()) {
+    for (pid_t c : left) ::kill(c, SIGKILL);
+    for (pid_t c : left)
+      while (::waitpid(c, nullptr, 0) < 0 && errno == EINTR) {
+      }
+  }
+}
+
 // Runs the command, fills everything of `run` but the results.
 void run_process(const std::string& script, double timeout_seconds, AdapterRun& run) {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // orphans of the implementation become ours, to end
   const auto [read_end, write_end] = make_pipe();
   Fd out(read_end);
   Fd child_end(write_end);
@@ -265,6 +307,7 @@ void run_process(const std::string& script, double timeout_seconds, AdapterRun& 
   pid_t reaped;
   while ((reaped = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  kill_leftovers();
   run.exit_status = -1;
   if (reaped == pid && WIFEXITED(status)) {
     run.exit_status = WEXITSTATUS(status);

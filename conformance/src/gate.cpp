@@ -99,11 +99,31 @@ SafeTensorsFile golden_of(const Selected& s) {
   return parse_safetensors(s.path, bytes);
 }
 
+const RawTensor* input_tensor(const SafeTensorsFile& f) {
+  const RawTensor* t = f.find("q");
+  return t ? t : f.find("x_q");
+}
+
 bool dtype_selected(const GateOptions& opt, const SafeTensorsFile& f) {
   if (opt.dtypes.empty()) return true;
-  const RawTensor* t = f.find("q");
-  if (!t) t = f.find("x_q");
+  const RawTensor* t = input_tensor(f);
   return t && std::find(opt.dtypes.begin(), opt.dtypes.end(), t->dtype) != opt.dtypes.end();
+}
+
+// The profile that judges a case: the member for its input dtype, null when none covers it (a
+// file without q is judged by the first, which reports what is wrong with it).
+const Profile* profile_for(const GateOptions& opt, const SafeTensorsFile& f) {
+  const RawTensor* t = input_tensor(f);
+  return t ? opt.profiles.for_dtype(t->dtype) : &opt.profiles.members.front();
+}
+
+CaseReport uncovered(const GateOptions& opt, const std::string& id, const SafeTensorsFile& f) {
+  CaseReport r;
+  r.id = id;
+  r.dtype = input_tensor(f)->dtype;
+  r.status = CaseStatus::Skip;
+  r.reason = "profile " + opt.profiles.name + " does not cover " + std::string(dtype_name(r.dtype)) + " inputs";
+  return r;
 }
 
 // Golden files parsed while selecting cases, handed to the comparison so that it need not read
@@ -134,16 +154,31 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
   parallel_for(cases.size(), std::max(1, opt.threads), [&](std::size_t k) {
     if (!chosen[k]) return;
     CaseReport& r = reports[k];
-    JobResult result = result_of(k);
-    try {
-      std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
-      if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
-      r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, opt.profile);
-      for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
-    } catch (const InputError& e) {
+    auto bad_golden = [&](const InputError& e) {
       r.id = cases[k].mc.id;
       r.status = CaseStatus::Fail;
       r.reason = "bad golden file: " + e.message();
+    };
+    std::unique_ptr<SafeTensorsFile> golden = std::move(kept.files[k]);
+    try {
+      if (!golden) golden = std::make_unique<SafeTensorsFile>(golden_of(cases[k]));
+    } catch (const InputError& e) {
+      golden.reset();
+      bad_golden(e);
+    }
+    if (golden) {
+      if (const Profile* profile = profile_for(opt, *golden); !profile) {
+        r = uncovered(opt, cases[k].mc.id, *golden);
+      } else {
+        JobResult result = result_of(k);
+        try {
+          r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, *profile);
+          r.profile = profile->name;
+          for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
+        } catch (const InputError& e) {
+          bad_golden(e);
+        }
+      }
     }
     r.tags = cases[k].mc.tags;
   });
@@ -166,7 +201,7 @@ std::vector<Selected> start(const GateOptions& opt, const std::string& implement
   rep.suite = m.suite;
   rep.dir = opt.dir;
   rep.implementation = implementation;
-  rep.profile = opt.profile.name;
+  rep.profile = opt.profiles.name;
   rep.require_all = opt.require_all;
   return cases;
 }
@@ -222,7 +257,7 @@ GateReport run_gate(const GateOptions& opt) {
   GateReport rep;
   const std::vector<Selected> cases = start(opt, opt.impl, rep);
   const fs::path work = opt.work_dir;
-  std::vector<char> chosen(cases.size(), 0);
+  std::vector<char> chosen(cases.size(), 0), uncovered_case(cases.size(), 0);
   KeptGoldens kept(cases.size());
   // The cases of the selected dtypes, before anything is written.
   std::vector<std::string> seen;
@@ -235,6 +270,10 @@ GateReport run_gate(const GateOptions& opt) {
     }
     chosen[k] = 1;
     ++count;
+    if (!profile_for(opt, golden)) {
+      uncovered_case[k] = 1;  // skipped: the implementation never sees it
+      continue;
+    }
     kept.keep(k, std::move(golden));
   }
   if (count == 0 && !cases.empty() && !opt.dtypes.empty())
@@ -244,7 +283,7 @@ GateReport run_gate(const GateOptions& opt) {
   std::vector<AdapterJob> jobs;
   std::vector<std::size_t> job_of(cases.size(), 0);
   for (std::size_t k = 0; k < cases.size(); ++k) {
-    if (!chosen[k]) continue;
+    if (!chosen[k] || uncovered_case[k]) continue;
     const std::string in = (work / "inputs" / (cases[k].mc.id + ".safetensors")).string();
     if (kept.files[k]) {
       write_file_atomic(in, serialize_safetensors(strip_golden(*kept.files[k])));

@@ -1,7 +1,7 @@
 #include "attnoracle/conformance/profile.hpp"
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -12,8 +12,10 @@
 namespace attnoracle::conformance {
 
 std::vector<std::string> builtin_profile_names() {
-  return {"fp64", "fp32", "fp16", "bf16", "flash-fp16", "flash-bf16"};
+  return {"fp64", "fp32", "fp16", "bf16", "flash-fp16", "flash-bf16", "torch-cpu-bf16"};
 }
+
+std::vector<std::string> builtin_family_names() { return {"standard", "flash"}; }
 
 Profile builtin_profile(const std::string& name, const std::string& what) {
   Profile p;
@@ -31,6 +33,11 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
     p.input_dtypes = {DType::BF16};
     p.projection = DType::BF16;
     if (name == "flash-bf16") p.p = DType::BF16;
+  } else if (name == "torch-cpu-bf16") {
+    // BF16 matmuls (an F32 sum rounded to BF16), scale, softcap and bias in BF16, softmax rounding
+    // P to BF16, P V a BF16 matmul again.
+    p.input_dtypes = {DType::BF16};
+    p.projection = p.qk_accum = p.softmax = p.p = p.pv_accum = DType::BF16;
   } else {
     std::string known;
     for (const auto& n : builtin_profile_names()) known += (known.empty() ? "" : ", ") + n;
@@ -61,16 +68,21 @@ Profile load_profile(const std::string& name_or_path, const std::string& what) {
   return s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0 ? profile_from_json(s) : builtin_profile(s, what);
 }
 
-Profile profile_from_json(const std::string& path) {
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
   const std::vector<unsigned char> bytes = read_regular_file(path, limits::kManifestBytes);
   if (limits::json_depth({reinterpret_cast<const char*>(bytes.data()), bytes.size()}) > limits::kJsonDepth)
     throw InputError(path, "", "not JSON: nested deeper than " + std::to_string(limits::kJsonDepth) + " levels");
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(bytes.begin(), bytes.end());
+    return nlohmann::json::parse(bytes.begin(), bytes.end());
   } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number past double
     throw InputError(path, "", std::string("not JSON: ") + e.what());
   }
+}
+
+// A profile object; `path` names it in errors (a file, or a file and the member's index).
+Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object()) throw InputError(path, "", "a profile is a JSON object");
   Profile p = builtin_profile(j.value("base", std::string("fp32")), path + ": base");
   p.name = j.value("name", std::string("custom"));
@@ -95,7 +107,7 @@ Profile profile_from_json(const std::string& path) {
   for (const auto& [key, v] : j.items()) {
     static const char* known[] = {"name", "base", "input_dtypes", "projection", "qk_accum", "softmax", "p",
                                   "pv_accum", "exp_ulps", "safety", "masked_rows", "returns_weights",
-                                  "returns_lse"};
+                                  "returns_lse", "bias", "key_block"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     if (!ok) throw InputError(path, key, "unknown profile field");
@@ -114,8 +126,18 @@ Profile profile_from_json(const std::string& path) {
   dtype("softmax", p.softmax);
   dtype("p", p.p);
   dtype("pv_accum", p.pv_accum);
+  if (j.contains("bias")) {
+    DType t = DType::F64;
+    dtype("bias", t);
+    p.bias = t;
+  }
   number("exp_ulps", p.exp_ulps, 0);
   number("safety", p.safety, 1);
+  if (j.contains("key_block")) {
+    if (!j["key_block"].is_number_integer() || j["key_block"].get<std::int64_t>() < 0)
+      throw InputError(path, "key_block", "must be an integer >= 0 (0: a one-pass softmax)");
+    p.key_block = j["key_block"].get<std::int64_t>();
+  }
   flag("returns_weights", p.returns_weights);
   flag("returns_lse", p.returns_lse);
   if (j.contains("masked_rows")) {
@@ -124,6 +146,92 @@ Profile profile_from_json(const std::string& path) {
     p.masked_rows = *m;
   }
   return p;
+}
+
+std::vector<DType> covered(const Profile& p) {
+  return p.input_dtypes.empty() ? std::vector<DType>{DType::F64, DType::F32, DType::F16, DType::BF16} : p.input_dtypes;
+}
+
+// Adds `p` to the set, refusing a second member for an input dtype.
+void add_member(ProfileSet& set, Profile p, const std::string& what) {
+  for (DType t : covered(p))
+    if (const Profile* other = set.for_dtype(t))
+      throw InputError(what, "", "profiles " + other->name + " and " + p.name + " both cover " +
+                                     std::string(dtype_name(t)) + " inputs: give one profile per input dtype");
+  set.members.push_back(std::move(p));
+}
+
+bool is_json_path(const std::string& s) { return s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0; }
+
+}  // namespace
+
+Profile profile_from_json(const std::string& path) {
+  const nlohmann::json j = read_json(path);
+  if (j.is_object() && j.contains("profiles"))
+    throw InputError(path, "profiles", "a profile family: give it to run or check, one profile here");
+  return profile_from_object(j, path);
+}
+
+const Profile* ProfileSet::for_dtype(DType t) const {
+  for (const Profile& p : members)
+    if (p.input_dtypes.empty() || std::find(p.input_dtypes.begin(), p.input_dtypes.end(), t) != p.input_dtypes.end())
+      return &p;
+  return nullptr;
+}
+
+std::vector<DType> ProfileSet::dtypes() const {
+  std::vector<DType> out;
+  for (const Profile& p : members)
+    for (DType t : covered(p)) out.push_back(t);
+  return out;
+}
+
+ProfileSet load_profile_set(const std::string& spec, const std::string& what) {
+  ProfileSet set;
+  set.name = spec;
+  if (spec == "standard" || spec == "flash") {
+    const bool flash = spec == "flash";
+    for (const char* n : {"fp64", "fp32", flash ? "flash-fp16" : "fp16", flash ? "flash-bf16" : "bf16"})
+      add_member(set, builtin_profile(n, what), what);
+    return set;
+  }
+  if (is_json_path(spec) && spec.find(',') == std::string::npos) {
+    const nlohmann::json j = read_json(spec);
+    if (!(j.is_object() && j.contains("profiles"))) {
+      Profile p = profile_from_object(j, spec);
+      set.name = p.name;
+      set.members.push_back(std::move(p));
+      return set;
+    }
+    for (const auto& [key, v] : j.items())
+      if (key != "name" && key != "profiles") throw InputError(spec, key, "unknown field of a profile family");
+    if (!j["profiles"].is_array() || j["profiles"].empty())
+      throw InputError(spec, "profiles", "must be a non-empty list of profile names, files or objects");
+    set.name = j.value("name", std::string("custom"));
+    const std::filesystem::path base = std::filesystem::path(spec).parent_path();
+    std::size_t k = 0;
+    for (const auto& m : j["profiles"]) {
+      const std::string at = spec + ": profiles[" + std::to_string(k++) + "]";
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        add_member(set, is_json_path(s) ? profile_from_json((base / s).string()) : builtin_profile(s, at), spec);
+      } else if (m.is_object()) {
+        add_member(set, profile_from_object(m, at), spec);
+      } else {
+        throw InputError(spec, "profiles", "each member is a profile name, a file or a profile object");
+      }
+    }
+    return set;
+  }
+  std::size_t from = 0;
+  while (from <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', from), spec.size());
+    const std::string one = spec.substr(from, comma - from);
+    if (one.empty()) throw InputError(what, "", "an empty profile name in '" + spec + "'");
+    add_member(set, load_profile(one, what), what);
+    from = comma + 1;
+  }
+  return set;
 }
 
 }  // namespace attnoracle::conformance

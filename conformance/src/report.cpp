@@ -108,6 +108,7 @@ std::string json_report(const GateReport& r) {
     cj["id"] = c.id;
     cj["status"] = std::string(status_name(c.status));
     cj["dtype"] = std::string(dtype_name(c.dtype));
+    if (!c.profile.empty()) cj["profile"] = c.profile;
     cj["tags"] = c.tags;
     cj["reason"] = c.reason;
     cj["failed_elements"] = c.failed_elements;

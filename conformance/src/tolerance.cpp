@@ -425,6 +425,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
               const bool ok = (!mrow || mrow[j * msj]) && (!brow || brow[j * bsj] != -INFINITY);
               allow[static_cast<std::size_t>(j)] = ok;
               keys += ok;
+              if (ok && brow) m.bias_abs = std::max(m.bias_abs, std::fabs(brow[j * bsj]));
             }
             flags = allow.data();
           }
@@ -557,20 +558,30 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   if (c.kind == Kind::Mha)  // q and k each carry (D + 1) u_qk + u_proj relative error first
     proj = 2 * ((static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection));
   r.score = (static_cast<double>(c.Dk) + 2) * uq * m.dot_abs + proj * m.dot_abs + 2 * us * m.score_abs;
+  // a bias rounded to its dtype first: |fl(b) - b| <= u_b |b| where fl(b) is normal, and at most
+  // half the smallest spacing below (so the sum of both bounds it everywhere).
+  if (p.bias) r.score += unit_roundoff(*p.bias) * m.bias_abs + min_subnormal(*p.bias) / 2;
   // (2) exp(S_j - m): both S_j and the row maximum m are off by `score`, the subtraction rounds
   // (us |S_j - m| <= 2 us max|S|), exp adds exp_ulps: a relative error of e_j of
   double e_rel = 2 * r.score + 2 * us * m.score_abs + p.exp_ulps * us;
+  // (2b) an online softmax over nb key blocks rescales the earlier blocks' partial sums by
+  // alpha = exp(m_old - m_new) up to nb - 1 times: an error of alpha scales those blocks' weights
+  // like one of exp (exp_ulps each), and the arguments' roundings add up to u_sm sum |dm| <= 2 u_sm M.
+  const double nb = p.key_block > 0 ? std::ceil(n / static_cast<double>(p.key_block)) : 1;
+  if (nb > 1) e_rel += (nb - 1) * p.exp_ulps * us + 2 * us * m.score_abs;
   // (3) a weight e_j / Z: Z carries e_rel plus the sum's gamma_n; the division rounds; P is
   // rounded to its dtype.
-  r.weight_rel = 2 * e_rel + (n + 1) * us + up;
+  // A term's sum sees at most n + nb - 1 roundings: those of its block, then a product by alpha
+  // and an addition per later block (gamma_{n+nb-1} <= (n + nb) u; n + 1 for one pass).
+  r.weight_rel = 2 * e_rel + (n + nb) * us + up;
   // (4) the output: P V over n terms (gamma_n of the accumulation) on sum_j A_j |v_j| = bound;
   // mha adds the projection of V and the output projection over H Dv terms.
-  r.out_coef = r.weight_rel + (n + 1) * upv;
+  r.out_coef = r.weight_rel + (n + nb) * upv;
   if (c.kind == Kind::Mha)
     r.out_coef += (static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
                   (static_cast<double>(c.Hq * c.Dv) + 1) * upv;
   // (5) lse = m + log Z: the score error, Z's relative error, log's own.
-  r.lse_abs = r.score + e_rel + (n + 1) * us + p.exp_ulps * us * (1 + m.score_abs);
+  r.lse_abs = r.score + e_rel + (n + nb) * us + p.exp_ulps * us * (1 + m.score_abs);
   // underflow: the output format's subnormal spacing, and flushed tiny weights in P V.
   r.floor = 2 * min_subnormal(out) + n * min_normal(p.pv_accum);
   // (4b) P's underflow (Higham (2.8)): a weight rounded to p below its smallest normal m_p is

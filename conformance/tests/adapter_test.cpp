@@ -330,6 +330,22 @@ TEST_F(AdapterTest, LingeringChildDoesNotHoldTheRun) {
   EXPECT_TRUE(gone_soon(std::stoi(slurp(jobs_file().string() + ".child"))));
 }
 
+// A child that leaves the process group (setsid) and a daemon (double fork, setsid) are ended
+// with the run as well.
+TEST_F(AdapterTest, SetsidChildAndDaemonAreEnded) {
+  const auto start = Clock::now();
+  const auto r = run(script("escape.sh", std::string(R"sh(setsid sleep 100 & echo $! > "$1.child"
+(setsid sh -c 'echo $$ > "$0.daemon"; exec sleep 100' "$1" &) 
+while [ ! -s "$1.daemon" ]; do sleep 0.01; done
+)sh") + kCopyAll + "exit 0\n"),
+                     jobs(1));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5);
+  EXPECT_EQ(r.exit_status, 0);
+  expect_good(r.results[0]);
+  EXPECT_TRUE(gone_soon(std::stoi(slurp(jobs_file().string() + ".child"))));
+  EXPECT_TRUE(gone_soon(std::stoi(slurp(jobs_file().string() + ".daemon"))));
+}
+
 TEST_F(AdapterTest, ClosedStdoutAndDeletedJobsFile) {
   const auto r = run(script("rude.sh", std::string("rm -f \"$1\"\nexec >&- 2>&-\n") + kCopyAll),
                      jobs(2));

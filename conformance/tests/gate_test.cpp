@@ -447,5 +447,27 @@ TEST_F(Gate, NothingIsReadOutsideTheSet) {
   EXPECT_NE(out_.find("is a FIFO, not a regular file"), std::string::npos) << out_;
 }
 
+// run's work directory is made by mkdtemp (a name no one can plant a link at beforehand), and is
+// kept and named with --keep.
+TEST_F(Gate, WorkDirectoryIsFresh) {
+  const std::string good = "'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/numpy/attention.py'";
+  std::string out;
+  ASSERT_EQ(run("run " + (dir_ / "set").string() + " --impl " + good + " --keep", out), 0) << out;
+  const std::string key = "work directory kept: ";
+  const auto at = out.find(key);
+  ASSERT_NE(at, std::string::npos) << out;
+  const fs::path work = out.substr(at + key.size(), out.find('\n', at) - at - key.size());
+  EXPECT_EQ(work.parent_path(), fs::temp_directory_path());
+  const std::string name = work.filename().string();
+  ASSERT_EQ(name.rfind("attnoracle-run-", 0), 0u) << name;
+  EXPECT_NE(name, "attnoracle-run-" + std::to_string(::getpid()));
+  struct stat st {};
+  ASSERT_EQ(::lstat(work.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);  // mkdtemp's
+  EXPECT_TRUE(fs::exists(work / "inputs"));
+  fs::remove_all(work);
+}
+
 }  // namespace
 }  // namespace attnoracle

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A FlashAttention-style kernel in NumPy, as an AttnOracle adapter (CONTRACT section 5).
 
-    /usr/bin/python3 attention.py [--block N] [--arith fp32|fp16|bf16] [--bug no_rescale] JOBS.jsonl
+    /usr/bin/python3 attention.py [--block N] [--arith fp32|fp16|bf16] [--bug NAME] JOBS.jsonl
 
 Keys are visited in blocks of N with an online softmax: a running maximum m, a running sum l and
 an accumulator O, rescaled by exp(m_old - m_new) whenever a block raises the maximum; out = O / l
@@ -29,8 +29,45 @@ def load_numpy_adapter(name):
 
 nx = load_numpy_adapter("attnoracle_numpy_adapter_for_flash")
 
-BUGS = {"no_rescale": "each block's maximum is subtracted, but the earlier blocks' sum and "
-                      "accumulator are not rescaled by exp(m_old - m_new)"}
+BUGS = {
+    # Online softmax
+    "no_rescale": "each block's maximum is subtracted, but the earlier blocks' sum and "
+                  "accumulator are not rescaled by exp(m_old - m_new)",
+    "no_rescale_acc": "the running sum l is rescaled by exp(m_old - m_new), the accumulator O is not",
+    "max_init_zero": "the running maximum starts at 0 instead of -inf (rows whose scores are all "
+                     "below about -88 underflow to l = 0)",
+    "exp2_no_log2e": "exp2 for exp, without folding log2(e) into the scale (the softmax of s ln 2)",
+    "lse_without_max": "lse = log l, without adding the running maximum m",
+    "lse_log2": "lse returned in base 2 (m log2(e) + log2 l), as an exp2-based kernel keeps it",
+    "weights_stale": "the weights of each block written from the running m and l of that block, "
+                     "not from the final lse",
+    "weights_no_softcap": "the second pass (weights) forgets the softcap",
+    # Arithmetic
+    "tf32_matmul": "F32 inputs of Q K^T and P V rounded to TF32 (10-bit mantissa) first",
+    "flush_subnormals": "subnormals flushed to zero (FTZ/DAZ): float32 inputs, bias, P and out, and "
+                        "with --arith fp16 P's F16 subnormals (weights below 2^-14 become 0)",
+    "qk_in_input_dtype": "with --arith fp16/bf16, the scores rounded to F16/BF16 before the softmax",
+    # stat_*: arithmetic whose errors are a few times the declared arithmetic's (for the
+    # statistical tier: exp with 1e-3 error, F16 denominator, P V in BF16, rounding toward +inf)
+    # Scores, masks and bias
+    "scale_dv": "the default scale is 1/sqrt(Dv) instead of 1/sqrt(Dk) (differs only when Dv != Dk)",
+    "scale_twice": "the scale applied to Q and again to Q K^T",
+    "softcap_scale_swapped": "the softcap applied before the scale: scale c tanh(Q K^T / c)",
+    "bias_scaled": "the bias multiplied by the scale along with Q K^T",
+    "bias_head0": "the bias of head 0 used for every head",
+    "mask_batch0": "the boolean mask of batch 0 used for every batch",
+    "masked_fill_min": "masked scores set to the most negative finite float instead of -inf: a fully "
+                       "masked row gets the mean of V (and is never refused)",
+    "tail_unmasked": "the last partial block padded with zero keys that are not masked (score 0)",
+    "keys_limited_to_nq": "only the first min(Nq, Nk) keys visited (a loop written for self-attention)",
+    "gqa_pack2": "at most two query heads per kv head: query head h reads kv head "
+                 "(h // min(Hq / Hkv, 2)) % Hkv (wrong only at ratios above 2)",
+    "causal_top_left": "causal masks always aligned top-left (bottom_right read as top_left; the "
+                       "window follows)",
+    "bottom_right_off_by_one": "bottom_right causal aligned at i + Nk - Nq + 1 (one key too many)",
+    "window_off_by_one": "the window's left edge one key short (j > i - left instead of j >= i - left)",
+    "window_right_ignored": "the window's right edge ignored (only the left one applied)",
+}
 
 
 def round_bf16(a):
@@ -49,17 +86,34 @@ def round_f16(a):
 ROUND = {"fp32": None, "fp16": round_f16, "bf16": round_bf16}
 
 
-def key_allowed(meta, Nq, Nk, j0, j1):
+def round_tf32(a):
+    """float32 -> the nearest TF32 value (10-bit mantissa, ties to even), as float32 (bug tf32_matmul)."""
+    bits = np.asarray(a, np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+def flush(a, tiny):
+    """|a| below `tiny` -> 0 (bug flush_subnormals)."""
+    return np.where(np.abs(a) < tiny, a.dtype.type(0), a)
+
+
+def key_allowed(meta, Nq, Nk, j0, j1, bug=None):
     """[Nq, j1 - j0]: causal and window for keys j0..j1-1, with i' = i (top_left) or
     i + Nk - Nq (bottom_right); the window takes the causal alignment (top_left when none)."""
     causal = meta.get("attn.causal", "none")
-    rows = np.arange(Nq)[:, None] + (Nk - Nq if causal == "bottom_right" else 0)
+    if bug == "causal_top_left":        # BUG: bottom_right read as top_left
+        causal = "top_left" if causal != "none" else causal
+    offset = Nk - Nq + (1 if bug == "bottom_right_off_by_one" else 0)   # BUG: + 1
+    rows = np.arange(Nq)[:, None] + (offset if causal == "bottom_right" else 0)
     cols = np.arange(j0, j1)[None, :]
     ok = cols <= rows if causal != "none" else np.ones((Nq, j1 - j0), bool)
     window = meta.get("attn.window", "none")
     if window != "none":
         left, right = (int(x) for x in window.split(","))
-        ok = ok & (cols >= rows - left) & (cols <= rows + right)
+        ok = ok & ((cols > rows - left) if bug == "window_off_by_one" else (cols >= rows - left))
+        if bug != "window_right_ignored":   # BUG window_right_ignored skips this
+            ok = ok & (cols <= rows + right)
     return ok
 
 
@@ -70,55 +124,101 @@ class Kernel:
         self.block, self.arith, self.bug = block, arith, bug
 
     def scores(self, q, kb, meta, bias, Nk, j0, j1, scale, cap):
-        """Scores of keys j0..j1-1 in the accumulation dtype, -inf where not allowed."""
-        acc = q.dtype
-        s = (q @ np.swapaxes(kb, -1, -2)) * acc.type(scale)
-        if cap != 0:
-            s = acc.type(cap) * np.tanh(s / acc.type(cap))
-        ok = np.broadcast_to(key_allowed(meta, q.shape[2], Nk, j0, j1), s.shape)
+        """Scores of keys j0..j1-1 in the accumulation dtype, -inf where not allowed (keys past
+        Nk, which only bug tail_unmasked visits, are zero keys with no bias and no mask)."""
+        acc, bug, n = q.dtype, self.bug, j1 - j0
+        pad = lambda a, value: np.concatenate(
+            [a, np.full(a.shape[:-1] + (n - a.shape[-1],), value, a.dtype)], axis=-1)
+        qk = q @ np.swapaxes(kb, -1, -2)
+        if cap != 0 and bug == "softcap_scale_swapped":   # BUG: scale * softcap(Q K^T)
+            s = acc.type(cap) * np.tanh(qk / acc.type(cap)) * acc.type(scale)
+        else:
+            s = qk * acc.type(scale)
+            if cap != 0:
+                s = acc.type(cap) * np.tanh(s / acc.type(cap))
+        ok = np.broadcast_to(key_allowed(meta, q.shape[2], Nk, j0, j1, bug), s.shape)
         if bias is not None:
-            b = bias[..., j0:j1].astype(acc)
+            b = pad(bias[..., j0:j1].astype(acc), 0)
             ok = ok & (b != -np.inf)
+            if bug == "bias_scaled":         # BUG: the bias scaled with Q K^T
+                b = b * acc.type(scale)
             s = s + np.where(ok, b, 0)
         if self.mask is not None:
-            ok = ok & self.mask[..., j0:j1]
-        return np.where(ok, s, acc.type(-np.inf))
+            ok = ok & pad(self.mask[..., j0:j1], True)
+        if self.rnd is not None and bug == "qk_in_input_dtype":   # BUG: scores in F16 / BF16
+            s = self.rnd(s)
+        masked = np.finfo(acc).min if bug == "masked_fill_min" else -np.inf   # BUG: finite
+        return np.where(ok, s, acc.type(masked))
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None):
+        bug = self.bug
         acc = np.float64 if in_dtype == "F64" else np.float32
-        rnd = ROUND[self.arith] if in_dtype != "F64" else None
+        f32 = acc == np.float32
+        self.rnd = rnd = ROUND[self.arith] if in_dtype != "F64" else None
+        ftz = bug == "flush_subnormals" and f32
+        tf32 = bug == "tf32_matmul" and f32
         # Q, K, V in the input dtype (kind mha: the projections rounded to it, or to the P dtype).
         q, k, v = (a.astype(acc) for a in (q, k, v))
         if rnd is not None:
             q, k, v = rnd(q), rnd(k), rnd(v)
+        if ftz:                              # BUG: float32 subnormal inputs read as 0
+            q, k, v = (flush(a, np.finfo(np.float32).tiny) for a in (q, k, v))
+            bias = None if bias is None else flush(bias.astype(acc), np.finfo(np.float32).tiny)
+        if tf32:                             # BUG: the matmul inputs in TF32
+            q, k, v = round_tf32(q), round_tf32(k), round_tf32(v)
         B, Hq, Nq, Dk = q.shape
         Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
         group = Hq // Hkv
-        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)   # head h reads h // group
+        heads = np.arange(Hq) // group                 # head h reads h // group
+        if bug == "gqa_pack2":               # BUG: groups of at most two query heads
+            heads = (np.arange(Hq) // min(group, 2)) % Hkv
+        k, v = k[:, heads], v[:, heads]
         full = (B, Hq, Nq, Nk)
         self.mask = None if mask is None else np.broadcast_to(mask, full)
+        if self.mask is not None and bug == "mask_batch0":    # BUG: batch 0's mask everywhere
+            self.mask = np.broadcast_to(self.mask[:1], full)
         bias = None if bias is None else np.broadcast_to(bias, full)
-        scale = nx.number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
+        if bias is not None and bug == "bias_head0":          # BUG: head 0's bias everywhere
+            bias = np.broadcast_to(bias[:, :1], full)
+        scale = nx.number(meta["attn.scale"]) if "attn.scale" in meta else \
+            1.0 / math.sqrt(Dv if bug == "scale_dv" else Dk)  # BUG scale_dv: 1/sqrt(Dv)
+        if bug == "scale_twice":             # BUG: Q scaled, then Q K^T scaled again
+            q = q * acc(scale)
         cap = nx.number(meta.get("attn.softcap", "0"))
+        keys = min(Nq, Nk) if bug == "keys_limited_to_nq" else Nk   # BUG: keys past Nq not visited
+        exp = np.exp2 if bug == "exp2_no_log2e" else np.exp        # BUG: exp2 of natural scores
+        log = np.log2 if bug == "exp2_no_log2e" else np.log
 
-        m = np.full((B, Hq, Nq), -np.inf, acc)          # running maximum
+        m = np.full((B, Hq, Nq), 0 if bug == "max_init_zero" else -np.inf, acc)   # running maximum
         l = np.zeros((B, Hq, Nq), acc)                  # running sum of exp(s - m)
         o = np.zeros((B, Hq, Nq, Dv), acc)              # running sum of exp(s - m) v
-        with np.errstate(over="ignore", invalid="ignore"):
-            for j0 in range(0, Nk, self.block):
-                j1 = min(j0 + self.block, Nk)
-                s = self.scores(q, k[:, :, j0:j1], meta, bias, Nk, j0, j1, scale, cap)
+        stale = []                                      # bug weights_stale: each block's weights
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for j0 in range(0, keys, self.block):
+                j1 = min(j0 + self.block, keys)
+                kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
+                if bug == "tail_unmasked" and j1 - j0 < self.block:   # BUG: zero keys, not masked
+                    zeros = lambda a: np.zeros(a.shape[:2] + (self.block - (j1 - j0), a.shape[3]), acc)
+                    kb, vb = np.concatenate([kb, zeros(kb)], 2), np.concatenate([vb, zeros(vb)], 2)
+                    j1 = j0 + self.block
+                s = self.scores(q, kb, meta, bias, Nk, j0, j1, scale, cap)
                 m_new = np.maximum(m, s.max(axis=-1))
                 base = np.where(m_new == -np.inf, 0, m_new).astype(acc)   # no key yet: any constant
-                p = np.exp(s - base[..., None])                          # 0 where not allowed
-                if self.bug == "no_rescale":   # BUG: the earlier blocks keep their old maximum
+                p = exp(s - base[..., None])                             # 0 where not allowed
+                alpha = exp(m - base)                                    # exp(-inf) = 0 at the start
+                if bug == "no_rescale":        # BUG: the earlier blocks keep their old maximum
                     alpha = np.ones_like(l)
-                else:
-                    alpha = np.exp(m - base)                             # exp(-inf) = 0 at the start
+                alpha_o = np.ones_like(l) if bug == "no_rescale_acc" else alpha   # BUG: O not rescaled
                 l = alpha * l + p.sum(axis=-1, dtype=acc)
+                if bug == "weights_stale":     # BUG: this block's weights from the running m, l
+                    stale.append((p / l[..., None])[..., :min(j1, Nk) - j0])
                 if rnd is not None:                                      # P in F16 / BF16 before P V
                     p = rnd(p)
-                o = alpha[..., None] * o + p @ v[:, :, j0:j1]
+                if ftz:                        # BUG: P's subnormals (F16's with --arith fp16) to 0
+                    p = flush(p, 2.0 ** -14 if self.arith == "fp16" else np.finfo(np.float32).tiny)
+                if tf32:
+                    p = round_tf32(p)
+                o = alpha_o[..., None] * o + p @ vb
                 m = m_new
 
         live = m != -np.inf                            # a row with an allowed key has l >= 1
@@ -129,16 +229,27 @@ class Kernel:
                 b, h, row = bad[0]
                 raise nx.Refused(f"fully masked row: b={b}, h={h}, i={row} has no allowed key "
                                  f"(attn.masked_rows=error)")
-        one = np.where(live, l, 1).astype(acc)
-        out = np.where(live[..., None], o / one[..., None], 0).astype(acc)
-        lse = np.where(live, m + np.log(one), -np.inf).astype(acc)
-        weights = None
-        if "weights" in meta.get("attn.outputs", "out").split(","):
-            # A second pass over the blocks: weights = exp(s - lse) from the final lse.
-            parts = [np.exp(self.scores(q, k[:, :, j0:min(j0 + self.block, Nk)], meta, bias, Nk, j0,
-                                        min(j0 + self.block, Nk), scale, cap) - lse[..., None])
-                     for j0 in range(0, Nk, self.block)]
-            weights = np.where(live[..., None], np.concatenate(parts, axis=-1), 0).astype(acc)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            one = np.where(live, l, 1).astype(acc)
+            out = np.where(live[..., None], o / one[..., None], 0).astype(acc)
+            if ftz:
+                out = flush(out, np.finfo(np.float32).tiny)
+            lse = np.where(live, m + log(one), -np.inf).astype(acc)
+            weights = None
+            if "weights" in meta.get("attn.outputs", "out").split(","):
+                # A second pass over the blocks: weights = exp(s - lse) from the final lse.
+                wcap = 0 if bug == "weights_no_softcap" else cap   # BUG: no softcap in this pass
+                parts = [exp(self.scores(q, k[:, :, j0:min(j0 + self.block, keys)], meta, bias, Nk, j0,
+                                         min(j0 + self.block, keys), scale, wcap) - lse[..., None])
+                         for j0 in range(0, keys, self.block)]
+                if bug == "weights_stale":
+                    parts = stale
+                parts.append(np.zeros((B, Hq, Nq, Nk - keys), acc))   # keys never visited
+                weights = np.where(live[..., None], np.concatenate(parts, axis=-1), 0).astype(acc)
+            if bug == "lse_without_max":       # BUG: the maximum left out
+                lse = np.where(live, np.log(one), -np.inf).astype(acc)
+            if bug == "lse_log2":              # BUG: base 2
+                lse = (lse / acc(math.log(2))).astype(acc)
         return out, weights, lse
 
 
@@ -149,7 +260,8 @@ def main(argv=None):
                         help="fp32: everything in float32; fp16, bf16: P rounded to F16 or BF16 "
                              "before P V (F64 inputs: float64 throughout)")
     parser.add_argument("--bug", choices=sorted(BUGS), default=None,
-                        help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items()))
+                        help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items())
+                        .replace("%", "%%"))
     parser.add_argument("jobs", help="jobs file, one JSON object a line")
     args = parser.parse_args(argv)
     if args.block < 1:

@@ -2,15 +2,23 @@
 
     cd conformance/adapters/flash_numpy && /usr/bin/python3 -m unittest -v test_flash_numpy
 
-Needs the attnoracle binary (ATTNORACLE_CLI, or build/attnoracle); skipped, saying why, without it.
+The gate tests need the attnoracle binary (ATTNORACLE_CLI, or build/attnoracle) and are skipped,
+saying why, without it; the tests of the planted bugs call the kernel directly, on arrays worked by
+hand, with the right and the wrong results.
 """
+import math
 import os
 import sys
 import unittest
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gate  # noqa: E402
+
+sys.argv = sys.argv[:1] + [a for a in sys.argv[1:] if a.startswith("-")]
+import attention  # noqa: E402
 
 ADAPTER = [sys.executable, os.path.join(HERE, "attention.py")]
 BLOCKS = (16, 64, 128)
@@ -49,6 +57,219 @@ class FlashGateTest(unittest.TestCase):
         fails = gate.failed(report)
         # The F32 cases with more than 16 keys whose blocks have different maxima (README).
         self.assertLessEqual({"normal-001", "normal-003", "long_rows-000"}, set(fails), fails)
+
+
+def t(*rows):
+    """A [1, 1, N, D] float64 tensor from rows (one head, one batch)."""
+    return np.array(rows, np.float64)[None, None]
+
+
+def kernel(bug, q, k, v, block=16, arith="fp32", in_dtype="F32", **meta_and_tensors):
+    """(out, weights, lse) of the kernel with --bug `bug` (None: the correct kernel); keyword
+    arguments mask, bias are tensors, the others attn.* metadata (scale 1 unless given)."""
+    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias") if n in meta_and_tensors}
+    meta = {"attn.scale": "1", "attn.masked_rows": "zero", "attn.outputs": "out,weights,lse"}
+    meta.update({"attn." + key: str(value) for key, value in meta_and_tensors.items()})
+    meta = {key: value for key, value in meta.items() if value != "None"}
+    return attention.Kernel(block, arith, bug)(q, k, v, meta, None, in_dtype=in_dtype, **tensors)
+
+
+class PlantedBugTest(unittest.TestCase):
+    """Each --bug of the kernel against the correct kernel on a case built to expose it."""
+
+    def test_every_bug_has_a_test(self):
+        for bug in attention.BUGS:
+            self.assertTrue(hasattr(self, "test_bug_" + bug), f"--bug {bug} has no test")
+
+    def both(self, bug, *args, **kw):
+        return kernel(None, *args, **kw), kernel(bug, *args, **kw)
+
+    # Online softmax. Scores [0, 10] in blocks of 1 key, V = [0, 1]: out = e^10 / (1 + e^10).
+    def rising(self, bug):
+        return self.both(bug, t([1.0]), t([0.0], [10.0]), t([0.0], [1.0]), block=1)
+
+    def test_bug_no_rescale(self):
+        right, wrong = self.rising("no_rescale")
+        self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(-10)), places=6)
+        self.assertEqual(wrong[0].item(), 0.5)        # l = 1 + 1, O = 0 + 1: block 1 not rescaled
+
+    def test_bug_no_rescale_acc(self):
+        # Scores [10, 0], V = [1, 0]: l is rescaled to e^10 + 1 ... O = 1 is not (it stays e^0 v0).
+        q, k, v = t([1.0]), t([10.0], [0.0]), t([1.0], [0.0])
+        right, wrong = self.both("no_rescale_acc", q, k, v, block=1)
+        self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(-10)), places=6)
+        # Block 2 keeps m = 10: alpha = 1 and the bug changes nothing; with the maximum last it does.
+        right, wrong = self.rising("no_rescale_acc")
+        self.assertAlmostEqual(wrong[0].item(), 1 / (1 + math.exp(-10)), places=6)
+        q, k, v = t([1.0]), t([0.0], [10.0]), t([1.0], [0.0])
+        right, wrong = self.both("no_rescale_acc", q, k, v, block=1)
+        self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(10)), places=9)
+        self.assertAlmostEqual(wrong[0].item(), 1 / (1 + math.exp(10)) * math.exp(10), places=6)
+
+    def test_bug_max_init_zero(self):
+        right, wrong = self.both("max_init_zero", t([1.0]), t([-200.0], [-201.0]), t([3.0], [5.0]))
+        self.assertAlmostEqual(right[0].item(), (3 + 5 / math.e) / (1 + 1 / math.e), places=5)
+        self.assertTrue(np.isnan(wrong[0]).all())    # exp(-200) underflows: 0 / 0
+
+    def test_bug_exp2_no_log2e(self):
+        right, wrong = self.both("exp2_no_log2e", t([1.0]), t([0.0], [1.0]), t([0.0], [1.0]))
+        self.assertAlmostEqual(right[0].item(), math.e / (1 + math.e), places=6)
+        self.assertAlmostEqual(wrong[0].item(), 2 / 3, places=6)
+        self.assertAlmostEqual(wrong[2].item(), 1 + math.log2(1.5), places=6)
+
+    def test_bug_lse_without_max(self):
+        right, wrong = self.both("lse_without_max", t([1.0]), t([3.0], [3.0]), t([1.0], [2.0]))
+        self.assertAlmostEqual(right[2].item(), 3 + math.log(2), places=6)
+        self.assertAlmostEqual(wrong[2].item(), math.log(2), places=6)
+        np.testing.assert_array_equal(right[0], wrong[0])
+
+    def test_bug_lse_log2(self):
+        right, wrong = self.both("lse_log2", t([1.0]), t([0.0], [0.0]), t([1.0], [2.0]))
+        self.assertAlmostEqual(right[2].item(), math.log(2), places=6)
+        self.assertAlmostEqual(wrong[2].item(), 1.0, places=6)
+
+    def test_bug_weights_stale(self):
+        right, wrong = self.rising("weights_stale")
+        self.assertAlmostEqual(right[1][0, 0, 0, 0], 1 / (1 + math.exp(10)), places=9)
+        self.assertEqual(wrong[1][0, 0, 0, 0], 1.0)    # written when key 0 was the only key seen
+        np.testing.assert_array_equal(right[0], wrong[0])
+
+    def test_bug_weights_no_softcap(self):
+        # Softcap 1: scores tanh(2) and tanh(0); the weights pass takes 2 and 0.
+        right, wrong = self.both("weights_no_softcap", t([1.0]), t([2.0], [0.0]), t([1.0], [0.0]),
+                                 softcap=1)
+        self.assertAlmostEqual(right[1][0, 0, 0, 0], 1 / (1 + math.exp(-math.tanh(2))), places=6)
+        self.assertAlmostEqual(wrong[1][0, 0, 0, 0], math.exp(2 - right[2].item()), places=5)
+        np.testing.assert_array_equal(right[0], wrong[0])
+
+    # Arithmetic.
+    def test_bug_tf32_matmul(self):
+        x = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -12, -(1 + 3 * 2.0 ** -12)], np.float32)
+        np.testing.assert_array_equal(attention.round_tf32(x), [1, 1 + 2.0 ** -9, 1, -(1 + 2.0 ** -10)])
+        right, wrong = self.both("tf32_matmul", t([1.0]), t([0.0]), t([1 + 2.0 ** -12]))
+        self.assertEqual(right[0].item(), np.float32(1 + 2.0 ** -12))
+        self.assertEqual(wrong[0].item(), 1.0)
+        # F16 values are exact in TF32: no change with --arith fp16.
+        right, wrong = self.both("tf32_matmul", t([1.0]), t([0.0], [1.0]), t([1 + 2.0 ** -10], [3.0]),
+                                 arith="fp16")
+        np.testing.assert_array_equal(right[0], wrong[0])
+
+    def test_bug_flush_subnormals(self):
+        tiny = float(np.finfo(np.float32).tiny)
+        right, wrong = self.both("flush_subnormals", t([1.0]), t([0.0]), t([tiny / 4]))
+        self.assertEqual(right[0].item(), np.float32(tiny / 4))
+        self.assertEqual(wrong[0].item(), 0.0)
+        # --arith fp16: a weight of e^-10 (below 2^-14) flushed: out = 0 + 0, not e^-10 * 1000.
+        right, wrong = self.both("flush_subnormals", t([1.0]), t([10.0], [0.0]), t([0.0], [1000.0]),
+                                 arith="fp16")
+        self.assertGreater(right[0].item(), 0.04)
+        self.assertEqual(wrong[0].item(), 0.0)
+
+    def test_bug_qk_in_input_dtype(self):
+        q, k, v = t([1.0]), t([1 + 2.0 ** -12], [0.0]), t([1.0], [0.0])
+        right, wrong = self.both("qk_in_input_dtype", q, k, v, arith="fp16", in_dtype="F64")
+        np.testing.assert_array_equal(right[0], wrong[0])           # F64 inputs: float64 throughout
+        # Score 3 (1 + 2^-11) = 3 + 0.75 2^-9 is exact in F32 and rounds to 3 + 2^-9 in F16.
+        right, wrong = self.both("qk_in_input_dtype", t([1.0]), t([3.0], [0.0]), t([1.0], [0.0]),
+                                 arith="fp16", scale=1 + 2.0 ** -11)
+        self.assertAlmostEqual(right[2].item(), math.log1p(math.exp(3 + 0.75 * 2.0 ** -9)), places=6)
+        self.assertAlmostEqual(wrong[2].item(), math.log1p(math.exp(3 + 2.0 ** -9)), places=6)
+        self.assertNotEqual(right[2].item(), wrong[2].item())
+
+    # Scores, masks and bias.
+    def test_bug_scale_dv(self):
+        q, k = np.ones((1, 1, 1, 4)), np.array([[[[1.0] * 4, [0.0] * 4]]])
+        v = np.array([[[[1.0], [0.0]]]])                 # Dk = 4, Dv = 1
+        right, wrong = self.both("scale_dv", q, k, v, scale=None)
+        self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(-2)), places=6)   # 4 / sqrt(4)
+        self.assertAlmostEqual(wrong[0].item(), 1 / (1 + math.exp(-4)), places=6)   # 4 / sqrt(1)
+
+    def test_bug_scale_twice(self):
+        right, wrong = self.both("scale_twice", t([1.0]), t([4.0], [0.0]), t([1.0], [0.0]), scale=0.5)
+        self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(-2)), places=6)
+        self.assertAlmostEqual(wrong[0].item(), 1 / (1 + math.exp(-1)), places=6)
+
+    def test_bug_softcap_scale_swapped(self):
+        right, wrong = self.both("softcap_scale_swapped", t([1.0]), t([4.0], [0.0]), t([1.0], [0.0]),
+                                 scale=0.5, softcap=1)
+        self.assertAlmostEqual(right[2].item(), math.log(math.exp(math.tanh(2)) + 1), places=6)
+        self.assertAlmostEqual(wrong[2].item(), math.log(math.exp(0.5 * math.tanh(4)) + 1), places=6)
+
+    def test_bug_bias_scaled(self):
+        bias = np.array([[[[2.0, 0.0]]]])
+        right, wrong = self.both("bias_scaled", t([1.0]), t([0.0], [0.0]), t([1.0], [0.0]), scale=0.5,
+                                 bias=bias)
+        self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(-2)), places=6)
+        self.assertAlmostEqual(wrong[0].item(), 1 / (1 + math.exp(-1)), places=6)
+
+    def test_bug_bias_head0(self):
+        q, k, v = np.ones((1, 2, 1, 1)), np.zeros((1, 2, 2, 1)), np.array([[[[1.0], [0.0]]] * 2])
+        bias = np.array([[[[0.0, 0.0]], [[3.0, 0.0]]]])      # head 1: key 0 favoured
+        right, wrong = self.both("bias_head0", q, k, v, bias=bias)
+        self.assertAlmostEqual(right[0][0, 1, 0, 0], 1 / (1 + math.exp(-3)), places=6)
+        self.assertEqual(wrong[0][0, 1, 0, 0], 0.5)
+        self.assertEqual(right[0][0, 0, 0, 0], wrong[0][0, 0, 0, 0])
+
+    def test_bug_mask_batch0(self):
+        q, k, v = np.ones((2, 1, 1, 1)), np.zeros((2, 1, 2, 1)), np.array([[[[1.0], [3.0]]]] * 2)
+        mask = np.array([[[[True, True]]], [[[True, False]]]])   # batch 1: key 1 padded
+        right, wrong = self.both("mask_batch0", q, k, v, mask=mask)
+        self.assertEqual(right[0][1].item(), 1.0)
+        self.assertEqual(wrong[0][1].item(), 2.0)
+        self.assertEqual(right[0][0].item(), wrong[0][0].item())
+
+    def test_bug_masked_fill_min(self):
+        mask = np.array([[[[False, False]]]])
+        right, wrong = self.both("masked_fill_min", t([1.0]), t([0.0], [1.0]), t([2.0], [4.0]), mask=mask)
+        self.assertEqual((right[0].item(), right[2].item()), (0.0, -math.inf))
+        self.assertEqual(wrong[0].item(), 3.0)           # the mean of V
+        with self.assertRaises(attention.nx.Refused):   # the correct kernel refuses under error
+            kernel(None, t([1.0]), t([0.0], [1.0]), t([2.0], [4.0]), mask=mask, masked_rows="error")
+        kernel("masked_fill_min", t([1.0]), t([0.0], [1.0]), t([2.0], [4.0]), mask=mask, masked_rows="error")
+
+    def test_bug_tail_unmasked(self):
+        right, wrong = self.both("tail_unmasked", t([1.0]), t([0.0]), t([5.0]))
+        self.assertEqual(right[0].item(), 5.0)
+        self.assertEqual(wrong[0].item(), 5.0 / 16)      # 15 zero keys of score 0 in the block
+        right, wrong = self.both("tail_unmasked", t([1.0]), t([0.0]), t([5.0]), causal="top_left")
+        self.assertEqual(wrong[0].item(), 5.0)           # the causal mask hides the padding keys
+
+    def test_bug_keys_limited_to_nq(self):
+        right, wrong = self.both("keys_limited_to_nq", t([1.0]), t([0.0], [0.0]), t([1.0], [3.0]))
+        self.assertEqual((right[0].item(), wrong[0].item()), (2.0, 1.0))
+        self.assertEqual(wrong[1][0, 0, 0].tolist(), [1.0, 0.0])
+
+    def test_bug_gqa_pack2(self):
+        def heads(bug, hq, hkv):
+            v = np.arange(hkv, dtype=np.float64).reshape(1, hkv, 1, 1)
+            out = kernel(bug, np.ones((1, hq, 1, 1)), np.zeros((1, hkv, 1, 1)), v)[0]
+            return out[0, :, 0, 0].astype(int).tolist()
+        self.assertEqual(heads(None, 8, 2), [0, 0, 0, 0, 1, 1, 1, 1])
+        self.assertEqual(heads("gqa_pack2", 8, 2), [0, 0, 1, 1, 0, 0, 1, 1])
+        self.assertEqual(heads("gqa_pack2", 4, 2), heads(None, 4, 2))   # ratio 2: right
+        self.assertEqual(heads("gqa_pack2", 3, 3), heads(None, 3, 3))
+
+    # Causal and window (keys allowed for 2 queries over 4 keys).
+    def allowed(self, bug, **meta):
+        return attention.key_allowed({"attn." + k: v for k, v in meta.items()}, 2, 4, 0, 4, bug).astype(int).tolist()
+
+    def test_bug_causal_top_left(self):
+        self.assertEqual(self.allowed(None, causal="bottom_right"), [[1, 1, 1, 0], [1, 1, 1, 1]])
+        self.assertEqual(self.allowed("causal_top_left", causal="bottom_right"), [[1, 0, 0, 0], [1, 1, 0, 0]])
+        self.assertEqual(self.allowed("causal_top_left", causal="top_left"), [[1, 0, 0, 0], [1, 1, 0, 0]])
+
+    def test_bug_bottom_right_off_by_one(self):
+        self.assertEqual(self.allowed("bottom_right_off_by_one", causal="bottom_right"), [[1, 1, 1, 1]] * 2)
+        self.assertEqual(self.allowed("bottom_right_off_by_one", causal="top_left"), [[1, 0, 0, 0], [1, 1, 0, 0]])
+
+    def test_bug_window_off_by_one(self):
+        self.assertEqual(self.allowed(None, window="1,1"), [[1, 1, 0, 0], [1, 1, 1, 0]])
+        self.assertEqual(self.allowed("window_off_by_one", window="1,1"), [[1, 1, 0, 0], [0, 1, 1, 0]])
+
+    def test_bug_window_right_ignored(self):
+        self.assertEqual(self.allowed("window_right_ignored", window="1,1"), [[1, 1, 1, 1], [1, 1, 1, 1]])
+        self.assertEqual(self.allowed("window_right_ignored", window="0,0", causal="top_left"),
+                         [[1, 0, 0, 0], [0, 1, 0, 0]])
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ struct CaseReport {
   std::string id;
   std::vector<std::string> tags;
   DType dtype = DType::F32;
+  std::string profile;            // the profile that judged it (none when no profile covers it)
   CaseStatus status = CaseStatus::Pass;
   std::string reason;             // why it failed or was skipped; notes for a pass
   std::vector<TensorReport> tensors;

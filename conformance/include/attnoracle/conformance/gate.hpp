@@ -13,7 +13,7 @@ struct GateOptions {
   std::string dir;                 // the vector set (manifest.json, cases/)
   std::string impl;                // `run`: the implementation's command (adapter protocol)
   std::string results;             // `check`: directory of <id>.safetensors / .error / .unsupported
-  Profile profile;
+  ProfileSet profiles;             // each case is judged by the member for its input dtype
   std::vector<std::string> tags;   // only cases with one of these tags (empty: all)
   std::vector<DType> dtypes;       // only cases with these input dtypes (empty: all)
   std::vector<std::string> ids;    // only these cases (empty: all)

@@ -3,6 +3,7 @@
 // conformance/TOLERANCE.md.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,7 +23,10 @@ struct Profile {
   DType softmax = DType::F32;       // scores, exp, their sum, the division
   DType p = DType::F32;             // dtype P is rounded to before P V
   DType pv_accum = DType::F32;      // accumulation of P V (and of the output projection)
+  std::optional<DType> bias;        // dtype the bias is rounded to before it is added (none: exact)
   double exp_ulps = 4;              // accuracy claimed for exp and log, in ulps of `softmax`
+  // smallest key block of an online softmax the limits cover (rescaled partial sums); 0: one pass
+  std::int64_t key_block = 16;
   double safety = 4;                // factor on the derived bound
   // conventions
   MaskedRowConvention masked_rows = MaskedRowConvention::Zero;
@@ -31,17 +35,34 @@ struct Profile {
 };
 
 // fp64, fp32, fp16 and bf16 (inputs in that dtype, fp32 accumulation and softmax), flash-fp16
-// and flash-bf16 (as fp16/bf16, with P rounded to that dtype before P V). Throws InputError
-// naming `what` for an unknown name.
+// and flash-bf16 (as fp16/bf16, with P rounded to that dtype before P V), torch-cpu-bf16
+// (PyTorch's CPU BF16 arithmetic: scores, softmax, P and P V in BF16). Throws InputError naming
+// `what` for an unknown name.
 Profile builtin_profile(const std::string& name, const std::string& what = "--profile");
 std::vector<std::string> builtin_profile_names();
 // A profile from a JSON file: {"name", "base" (a built-in to start from), and any field above
 // by its name, dtypes as names, "masked_rows" as error|zero|nan|mean}.
 Profile profile_from_json(const std::string& path);
 
-// What `--profile P` means for every command: a JSON file when P ends in ".json", else a
+// What `--profile P` means for `invariants`: a JSON file when P ends in ".json", else a
 // built-in name.
 Profile load_profile(const std::string& name_or_path, const std::string& what = "--profile");
+
+// Profiles for several input dtypes in one run: a case is judged by the member that covers its
+// input dtype; a case no member covers is skipped, and never given to the implementation.
+struct ProfileSet {
+  std::string name;
+  std::vector<Profile> members;  // their input dtypes are disjoint
+  const Profile* for_dtype(DType t) const;
+  std::vector<DType> dtypes() const;  // every input dtype a member covers, in member order
+};
+
+// What `--profile P` means for `run` and `check`: a comma-separated list of profiles (built-in
+// names or JSON files), a family (`standard`: fp64, fp32, fp16, bf16; `flash`: fp64, fp32,
+// flash-fp16, flash-bf16), or a JSON file {"name", "profiles": [name, file or profile object]}.
+// Throws InputError when two members cover the same input dtype.
+ProfileSet load_profile_set(const std::string& spec, const std::string& what = "--profile");
+std::vector<std::string> builtin_family_names();
 
 std::string_view convention_name(MaskedRowConvention c);
 std::optional<MaskedRowConvention> convention_from_name(std::string_view s);  // error|zero|nan|mean

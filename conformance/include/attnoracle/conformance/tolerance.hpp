@@ -20,6 +20,7 @@ struct RowMagnitudes {
   double dot_abs = 0;    // max over allowed j of scale * sum_d |q_d k_jd|
   double score_abs = 0;  // max over allowed j of |S_j| (after softcap and bias)
   std::int64_t keys = 0; // allowed keys
+  double bias_abs = 0;   // max over allowed j of |bias_j|
 };
 
 // Per row of a case: [B, Hq, Nq] for sdpa, [B, Nq] for mha (the heads' maximum).

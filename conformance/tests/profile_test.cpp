@@ -1,0 +1,206 @@
+// Profiles and profile sets: the built-ins, JSON files and families, and one gate run judging
+// each input dtype under its own profile.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "attnoracle/conformance/profile.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
+#include "attnoracle/reference/error.hpp"
+#include "cli_args.hpp"
+
+namespace attnoracle::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using conformance::load_profile_set;
+using conformance::Profile;
+using conformance::ProfileSet;
+
+class Profiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("attnoracle-profile-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string file(const std::string& name, const std::string& text) {
+    write_text(dir_ / name, text);
+    return (dir_ / name).string();
+  }
+  // The message of the InputError `f` throws, or "" when it throws none.
+  template <class F>
+  static std::string refusal(F f) {
+    try {
+      f();
+    } catch (const InputError& e) {
+      return e.message();
+    }
+    return "";
+  }
+  fs::path dir_;
+};
+
+TEST_F(Profiles, ListJudgesEachDtypeByItsMember) {
+  const ProfileSet s = load_profile_set("fp32,flash-fp16,torch-cpu-bf16");
+  ASSERT_EQ(s.members.size(), 3u);
+  EXPECT_EQ(s.name, "fp32,flash-fp16,torch-cpu-bf16");
+  EXPECT_EQ(s.for_dtype(DType::F32)->name, "fp32");
+  EXPECT_EQ(s.for_dtype(DType::F16)->name, "flash-fp16");
+  EXPECT_EQ(s.for_dtype(DType::BF16)->name, "torch-cpu-bf16");
+  EXPECT_EQ(s.for_dtype(DType::F64), nullptr);
+  EXPECT_EQ(s.for_dtype(DType::BF16)->softmax, DType::BF16);
+  EXPECT_EQ(s.for_dtype(DType::BF16)->p, DType::BF16);
+}
+
+TEST_F(Profiles, Families) {
+  const ProfileSet std_ = load_profile_set("standard"), flash = load_profile_set("flash");
+  for (DType t : {DType::F64, DType::F32, DType::F16, DType::BF16}) {
+    ASSERT_NE(std_.for_dtype(t), nullptr);
+    ASSERT_NE(flash.for_dtype(t), nullptr);
+  }
+  EXPECT_EQ(std_.for_dtype(DType::F16)->name, "fp16");
+  EXPECT_EQ(flash.for_dtype(DType::F16)->name, "flash-fp16");
+  EXPECT_EQ(flash.for_dtype(DType::BF16)->p, DType::BF16);
+  EXPECT_EQ(flash.for_dtype(DType::F64)->name, "fp64");
+}
+
+TEST_F(Profiles, JsonFamilyWithNamesFilesAndObjects) {
+  file("f16.json", R"({"name": "my-f16", "base": "fp16", "softmax": "F16", "bias": "F16"})");
+  const std::string fam = file("fam.json", R"({"name": "mine", "profiles": ["fp32", "f16.json",
+      {"name": "my-bf16", "base": "bf16", "p": "BF16", "masked_rows": "nan"}]})");
+  const ProfileSet s = load_profile_set(fam);
+  EXPECT_EQ(s.name, "mine");
+  ASSERT_EQ(s.members.size(), 3u);
+  const Profile* f16 = s.for_dtype(DType::F16);
+  ASSERT_NE(f16, nullptr);
+  EXPECT_EQ(f16->name, "my-f16");
+  EXPECT_EQ(f16->softmax, DType::F16);
+  ASSERT_TRUE(f16->bias.has_value());
+  EXPECT_EQ(*f16->bias, DType::F16);
+  EXPECT_EQ(s.for_dtype(DType::BF16)->masked_rows, conformance::MaskedRowConvention::Nan);
+  EXPECT_FALSE(s.for_dtype(DType::F32)->bias.has_value());
+  // a single profile file is a set of one
+  EXPECT_EQ(load_profile_set((dir_ / "f16.json").string()).members.size(), 1u);
+}
+
+TEST_F(Profiles, Refusals) {
+  EXPECT_NE(refusal([] { load_profile_set("fp16,flash-fp16"); }).find("profiles fp16 and flash-fp16 both cover F16 inputs"),
+            std::string::npos);
+  EXPECT_NE(refusal([] { load_profile_set("fp32,"); }).find("--profile: an empty profile name"), std::string::npos);
+  EXPECT_NE(refusal([] { load_profile_set("fp32,fp7"); }).find("unknown profile 'fp7'"), std::string::npos);
+  const std::string all = file("all.json", R"({"base": "fp32", "input_dtypes": []})");
+  EXPECT_NE(refusal([&] { load_profile_set("fp16," + all); }).find("both cover F16 inputs"), std::string::npos);
+  const std::string bad_field = file("bad1.json", R"({"name": "x", "profiles": ["fp32"], "safety": 2})");
+  EXPECT_NE(refusal([&] { load_profile_set(bad_field); }).find("bad1.json: safety: unknown field of a profile family"),
+            std::string::npos);
+  const std::string empty = file("bad2.json", R"({"profiles": []})");
+  EXPECT_NE(refusal([&] { load_profile_set(empty); }).find("bad2.json: profiles: must be a non-empty list"),
+            std::string::npos);
+  const std::string number = file("bad3.json", R"({"profiles": [3]})");
+  EXPECT_NE(refusal([&] { load_profile_set(number); }).find("bad3.json: profiles: each member is"), std::string::npos);
+  const std::string member = file("bad4.json", R"({"profiles": [{"base": "fp16", "softmax": "F8"}]})");
+  EXPECT_NE(refusal([&] { load_profile_set(member); }).find("bad4.json: profiles[0]: softmax: must be one of"),
+            std::string::npos);
+  const std::string bias = file("bad5.json", R"({"base": "fp16", "bias": "I64"})");
+  EXPECT_NE(refusal([&] { load_profile_set(bias); }).find("bad5.json: bias: must be one of F64, F32, F16, BF16"),
+            std::string::npos);
+  // invariants takes one profile, not a family
+  EXPECT_NE(refusal([&] { conformance::load_profile((dir_ / "bad1.json").string()); }).find("a profile family"),
+            std::string::npos);
+  // through the command line: one line, exit status 2
+  std::string out;
+  EXPECT_EQ(run("run " + std::string(ATTNORACLE_SOURCE_DIR) + "/vectors/core --impl true --profile bf16,torch-cpu-bf16", out), 2);
+  EXPECT_NE(out.find("attnoracle: error: --profile: profiles bf16 and torch-cpu-bf16 both cover BF16 inputs"),
+            std::string::npos)
+      << out;
+}
+
+// A bias rounded to F16 first adds u_F16 |bias_j| (and half F16's smallest spacing) to each score.
+TEST_F(Profiles, BiasDtypeWidensTheScoreBound) {
+  Profile p = conformance::builtin_profile("fp16");
+  Case c;
+  c.Dk = 8;
+  c.output_dtype = DType::F16;
+  conformance::RowMagnitudes m;
+  m.dot_abs = 3;
+  m.score_abs = 10;
+  m.bias_abs = 64;
+  m.keys = 16;
+  const double exact = conformance::row_limits(p, c, m).score;
+  p.bias = DType::F16;
+  const double rounded = conformance::row_limits(p, c, m).score;
+  EXPECT_DOUBLE_EQ(rounded - exact, 64 * 0x1p-11 + 0x1p-25);
+}
+
+// Online softmax over blocks of 16: 64 keys are 4 blocks, 3 rescales by alpha (exp_ulps each,
+// and 2 u M for their arguments, in eps_e, twice in eps_w) and 3 more roundings in the row sum.
+TEST_F(Profiles, KeyBlocksWidenTheWeightBound) {
+  Profile p = conformance::builtin_profile("fp32");
+  EXPECT_EQ(p.key_block, 16);
+  Case c;
+  c.Dk = 4;
+  const conformance::RowMagnitudes m{2.0, 3.0, 64};
+  const double blocked = conformance::row_limits(p, c, m).weight_rel;
+  p.key_block = 0;
+  const double one_pass = conformance::row_limits(p, c, m).weight_rel;
+  const double u = 0x1p-24;
+  EXPECT_DOUBLE_EQ(blocked - one_pass, 2 * (3 * 4 * u + 2 * u * 3) + 3 * u);
+  // a row within one block: no rescale
+  const conformance::RowMagnitudes m16{2.0, 3.0, 16};
+  p.key_block = 16;
+  const double in_one = conformance::row_limits(p, c, m16).weight_rel;
+  p.key_block = 0;
+  EXPECT_DOUBLE_EQ(in_one, conformance::row_limits(p, c, m16).weight_rel);
+  const std::string bad = file("kb.json", R"({"base": "fp32", "key_block": -1})");
+  EXPECT_NE(refusal([&] { conformance::load_profile(bad); }).find("kb.json: key_block: must be an integer >= 0"),
+            std::string::npos);
+  file("kb2.json", R"({"base": "fp32", "key_block": 1})");
+  EXPECT_EQ(conformance::load_profile((dir_ / "kb2.json").string()).key_block, 1);
+}
+
+// One run, three input dtypes, each under its own profile; the cases of a dtype no profile
+// covers are skipped and never given to the implementation.
+TEST_F(Profiles, OneRunGatesSeveralDtypes) {
+  const std::string jobs_seen = (dir_ / "seen.txt").string();
+  const std::string impl = file("impl.sh", "cat \"$1\" >> " + jobs_seen + "\nexec /usr/bin/python3 " +
+                                               std::string(ATTNORACLE_SOURCE_DIR) +
+                                               "/conformance/adapters/numpy/attention.py \"$1\"\n");
+  const std::string json = (dir_ / "r.json").string();
+  std::string out;
+  ASSERT_EQ(run("run " + std::string(ATTNORACLE_SOURCE_DIR) + "/vectors/core --tag uniform --impl '/bin/sh " + impl +
+                    "' --profile fp32,fp16,bf16 --json " + json, out),
+            0)
+      << out;
+  const auto r = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(r["profile"], "fp32,fp16,bf16");
+  std::set<std::string> judged;
+  std::set<std::string> skipped_ids;
+  for (const auto& c : r["cases"]) {
+    const std::string dt = c["dtype"];
+    if (dt == "F64") {
+      EXPECT_EQ(c["status"], "skip");
+      EXPECT_EQ(c["reason"], "profile fp32,fp16,bf16 does not cover F64 inputs");
+      EXPECT_FALSE(c.contains("profile"));
+      skipped_ids.insert(c["id"].get<std::string>());
+      continue;
+    }
+    EXPECT_EQ(c["status"], "pass") << c.dump();
+    EXPECT_EQ(c["profile"], dt == "F32" ? "fp32" : dt == "F16" ? "fp16" : "bf16");
+    judged.insert(dt);
+  }
+  EXPECT_EQ(judged, (std::set<std::string>{"F32", "F16", "BF16"}));
+  ASSERT_FALSE(skipped_ids.empty());
+  std::ifstream seen(jobs_seen);
+  const std::string jobs((std::istreambuf_iterator<char>(seen)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(jobs.empty());
+  for (const auto& id : skipped_ids) EXPECT_EQ(jobs.find("\"" + id + "\""), std::string::npos) << id << " was run";
+}
+
+}  // namespace
+}  // namespace attnoracle::testing
