@@ -1,5 +1,6 @@
 // The contrib operators through the gate: `attnoracle run vectors/core` on adapter.js --op mha and
-// --op gqa under their profiles (conformance/profiles/onnxruntime-{mha,gqa}-{fp32,fp16}.json).
+// --op gqa under their profile families (conformance/profiles/onnxruntime-{mha,gqa}.json: the
+// F32 and F16 profiles, one run each).
 //
 //   node --test conformance/adapters/onnxruntime/test_gate.mjs
 //
