@@ -38,6 +38,10 @@ const KERNEL_TYPES = { F32: { elem: onnx.FLOAT, name: 'float32' }, F16: { elem: 
 // (README): opt-in, to be registered as an implementation of its own.
 const F64_TYPE = { elem: onnx.DOUBLE, name: 'float64' };
 let ORT_TYPES = KERNEL_TYPES;
+// --op: the standard Attention (default), or the contrib MultiHeadAttention or GroupQueryAttention.
+let OP = 'attention';
+const OPS = ['attention', 'mha', 'gqa'];
+const OP_NAMES = { attention: 'Attention', mha: 'MultiHeadAttention', gqa: 'GroupQueryAttention' };
 const FLOATS = new Set(['F64', 'F32', 'F16', 'BF16']);
 
 class Unsupported extends Error {}
@@ -126,12 +130,11 @@ function broadcastStrides(shape, target, name) {
  * boolean (true = may attend) without a bias, else the bias in the input dtype with -inf where
  * the key is not allowed.
  */
-function buildMask(tensors, meta, dims, inType) {
+function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] || 'none',
+  window = meta['attn.window'] || 'none', float = false } = {}) {
   const [B, H, Nq, Nk] = dims;
   const mask = tensors.mask;
   const bias = tensors.bias;
-  const causal = meta['attn.causal'] || 'none';
-  const window = meta['attn.window'] || 'none';
   if (!mask && !bias && causal === 'none' && window === 'none') return null;
 
   const parts = [];
@@ -166,7 +169,7 @@ function buildMask(tensors, meta, dims, inType) {
 
   const n = mb * mh * Nq * Nk;
   const allowed = new Uint8Array(n);
-  const added = bias ? new Float64Array(n) : null;
+  const added = bias || float ? new Float64Array(n) : null;
   const ms = mask ? parts[0].strides : null;
   const bs = bias ? parts[parts.length - 1].strides : null;
   let at = 0;
@@ -180,14 +183,14 @@ function buildMask(tensors, meta, dims, inType) {
             const x = biasValues[b * bs[0] + h * bs[1] + i * bs[2] + j * bs[3]];
             if (x === -Infinity) ok = false;
             added[at] = ok ? x : -Infinity;
-          }
+          } else if (float) added[at] = ok ? 0 : -Infinity;
           allowed[at] = ok ? 1 : 0;
         }
       }
     }
   }
   const shape = [mb, mh, Nq, Nk];
-  if (!bias) return { type: 'bool', elem: onnx.BOOL, shape, data: allowed };
+  if (!bias && !float) return { type: 'bool', elem: onnx.BOOL, shape, data: allowed };
   // The bias is rounded once, to nearest-even, into the input dtype (attn_mask has the type of Q).
   let data;
   if (inType === 'F64') data = added;
@@ -224,8 +227,8 @@ function plan(tensors, meta) {
     }
   }
   if (!(inType in ORT_TYPES)) {
-    throw new Unsupported(`ONNX Runtime CPU Attention: ${inType} inputs not supported (float and float16 kernels only`
-      + `${inType === 'F64' ? '; --f64 runs the operator\'s function body in double' : ''})`);
+    throw new Unsupported(`ONNX Runtime CPU ${OP_NAMES[OP]}: ${inType} inputs not supported (float and float16 kernels only`
+      + `${inType === 'F64' && OP === 'attention' ? '; --f64 runs the operator\'s function body in double' : ''})`);
   }
   if (!(outType in ORT_TYPES)) {
     throw new Unsupported(`output dtype ${outType}: this adapter writes ${Object.keys(ORT_TYPES).join(' or ')} only`);
@@ -315,6 +318,11 @@ function plan(tensors, meta) {
     outShape = [B, Nq_, Dout];
   }
 
+  if (OP !== 'attention') {
+    return contribPlan({ tensors, meta, kind, inType, outType, T, O, attrs, wantWeights, dims, Dv,
+      names: [qName, kName, vName], dk: kind === 'sdpa' ? shapeOf('q')[3] : shapeOf('w_q')[2],
+      nodes, inputs, feeds, initializers });
+  }
   const mask = buildMask(tensors, meta, dims, inType);
   const attnInputs = [qName, kName, vName];
   if (mask) {
@@ -349,6 +357,155 @@ function plan(tensors, meta) {
   if (wantWeights) finish('w', dims, 'weights');
 
   const model = onnx.model({ nodes, inputs, outputs, initializers });
+  return { model, feeds, results, outType };
+}
+
+// ---- the contrib operators (--op mha, --op gqa) ----------------------------------------------
+//
+// Both take Q, K, V as [B, N, H*D] (head 0 first): the 4-D q, k, v (or the projections of kind
+// mha) go through Transpose [0,2,1,3] and Reshape, and the [B, Nq, Hq*Dv] result comes back the
+// same way (kind mha: straight into the MatMul by w_o). Mask, bias, and the causal option and
+// window where the operator has no attribute for them, become one attention_bias of type T
+// [1 or B, 1 or Hq, Nq, Nk]: the bias (0 without one) where the key may be attended, -inf where not.
+//   mha: MultiHeadAttention(q, k, v, '', '', attention_bias), num_heads = Hq; causal through
+//        unidirectional = 1 when the alignments agree (top_left, or Nq = Nk), else in the bias.
+//        No GQA, no softcap, no weights.
+//   gqa: GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k, total_sequence_length,
+//        '', '', '', attention_bias); the first Nk - Nq keys and values are passed as the past
+//        (BNSH), the last Nq as the new tokens, so the operator's causal mask (causal = 1) is
+//        bottom-right aligned; top_left with Nq != Nk goes through the bias with causal = 0.
+//        A window "L,R" with causal becomes local_window_size = L + 1. Needs Dk = Dv, a multiple
+//        of 8, and Nq <= Nk; with 1 < Nq < Nk (batch 1 only, for the operator) one node per batch
+//        element, the results concatenated.
+
+function contribPlan(c) {
+  const { tensors, meta, kind, inType, outType, O, wantWeights, nodes, inputs, feeds, initializers } = c;
+  const [B, Hq, Nq, Nk] = c.dims;
+  const Dk = c.dk;
+  const { Dv } = c;
+  const Hkv = kind === 'sdpa' ? tensors.k.shape[1] : Hq;
+  const causal = meta['attn.causal'] || 'none';
+  const window = meta['attn.window'] || 'none';
+  const opName = OP_NAMES[OP];
+  const int64 = (name, values) => {
+    initializers.push(onnx.tensor(name, onnx.INT64, [values.length], BigInt64Array.from(values.map(BigInt))));
+    return name;
+  };
+  const toBSD = (name, Bn, H, N, D) => {
+    nodes.push(onnx.node('Transpose', [name], [`${name}_bnhd`], { perm: { ints: [0, 2, 1, 3] } }, `${name}_heads_inner`));
+    nodes.push(onnx.node('Reshape', [`${name}_bnhd`, int64(`${name}_bsd_shape`, [Bn, N, H * D])], [`${name}_bsd`],
+      {}, `${name}_to_bsd`));
+    return `${name}_bsd`;
+  };
+  const [qName, kName, vName] = c.names;
+  const attrs = { num_heads: { i: Hq } };
+  if (c.attrs.scale) attrs.scale = c.attrs.scale;
+  let opCausal = 'none';           // what the operator's own causal mask does
+  let past = 0;                     // gqa: keys passed as the past
+  if (OP === 'mha') {
+    if (Hkv !== Hq) throw new Unsupported(`MultiHeadAttention has one kv head per query head (Hq ${Hq}, Hkv ${Hkv})`);
+    if (c.attrs.softcap) throw new Unsupported('MultiHeadAttention has no softcap');
+    if (causal === 'top_left' || (causal === 'bottom_right' && Nq === Nk)) {
+      attrs.unidirectional = { i: 1 };
+      opCausal = causal;
+    }
+  } else {
+    if (Dk !== Dv) throw new Unsupported(`GroupQueryAttention needs Dk = Dv (one head_size), got Dk ${Dk}, Dv ${Dv}`);
+    if (Nq > Nk) throw new Unsupported(`GroupQueryAttention needs Nq <= Nk (queries are the last tokens), got Nq ${Nq}, Nk ${Nk}`);
+    if (Dk % 8 !== 0) throw new Unsupported(`GroupQueryAttention (CPU) needs a head size that is a multiple of 8, got ${Dk}`);
+    attrs.kv_num_heads = { i: Hkv };
+    if (c.attrs.softcap) attrs.softcap = c.attrs.softcap;
+    past = Nk - Nq;
+    if (causal === 'bottom_right' || (causal === 'top_left' && Nq === Nk)) opCausal = causal;
+    attrs.causal = { i: opCausal === 'none' ? 0 : 1 };
+    if (opCausal !== 'none' && window !== 'none') {
+      const m = /^(\d+),(\d+)$/.exec(window);
+      if (!m) throw new BadCase(`attn.window: ${JSON.stringify(window)} is not "none" or "L,R"`);
+      // the operator's window counts the keys a row sees, the diagonal included (measured): L + 1
+      if (Number(m[1]) < 2 ** 31 - 1) attrs.local_window_size = { i: Number(m[1]) + 1 };
+    }
+    if (wantWeights) attrs.qk_output = { i: 2 };
+  }
+  const windowInOp = 'local_window_size' in attrs;
+  const mask = buildMask(tensors, meta, c.dims, inType, {
+    causal: opCausal === 'none' ? causal : 'none',
+    // with causal, a window "L,R" only adds its left edge
+    window: windowInOp ? 'none' : (opCausal !== 'none' && window !== 'none' ? `${window.split(',')[0]},0` : window),
+    float: true,
+  });
+  if (mask) {
+    inputs.push(onnx.valueInfo('attention_bias', mask.elem, mask.shape));
+    feeds.push({ name: 'attention_bias', type: mask.type, data: mask.data, shape: mask.shape });
+  }
+  const slice = (name, axis, from, to, out) => {
+    nodes.push(onnx.node('Slice', [name, int64(`${out}_from`, [from]), int64(`${out}_to`, [to]), int64(`${out}_axis`, [axis])],
+      [out], {}, `slice_${out}`));
+    return out;
+  };
+  if (OP === 'mha') {
+    const opInputs = [toBSD(qName, B, Hq, Nq, Dk), toBSD(kName, B, Hkv, Nk, Dk), toBSD(vName, B, Hkv, Nk, Dv), '', ''];
+    if (mask) opInputs.push('attention_bias');
+    while (opInputs[opInputs.length - 1] === '') opInputs.pop();
+    nodes.push(onnx.node(opName, opInputs, ['y_bsd'], attrs, 'attention', 'com.microsoft'));
+  } else {
+    // Several queries with a past need batch 1: then one node per batch element, results concatenated.
+    const parts = B > 1 && Nq > 1 && past > 0 ? B : 1;
+    const Bn = B / parts;
+    initializers.push(onnx.tensor('seqlens_k', onnx.INT32, [Bn], Int32Array.from({ length: Bn }, () => Nk - 1)));
+    initializers.push(onnx.tensor('total_sequence_length', onnx.INT32, [], Int32Array.from([Nk])));
+    const ys = []; const ws = [];
+    for (let b = 0; b < parts; b++) {
+      const tag = parts > 1 ? `_b${b}` : '';
+      const pick = (name) => (parts > 1 ? slice(name, 0, b, b + 1, `${name}${tag}`) : name);
+      const [q, k, v] = [pick(qName), pick(kName), pick(vName)];
+      const split = (name, D) => {
+        if (past === 0) return [toBSD(name, Bn, Hkv, Nk, D), ''];
+        const pastName = slice(name, 2, 0, past, `${name}_past`);
+        return [toBSD(slice(name, 2, past, Nk, `${name}_new`), Bn, Hkv, Nq, D), pastName];
+      };
+      const [kNew, kPast] = split(k, Dk);
+      const [vNew, vPast] = split(v, Dv);
+      const opInputs = [toBSD(q, Bn, Hq, Nq, Dk), kNew, vNew, kPast, vPast, 'seqlens_k', 'total_sequence_length'];
+      if (mask) {
+        opInputs.push('', '', '', parts > 1 && mask.shape[0] > 1 ? slice('attention_bias', 0, b, b + 1, `attention_bias${tag}`)
+          : 'attention_bias');
+      }
+      // without present_key and present_value outputs the CPU kernel ignores the past (measured)
+      const opOutputs = [`y_bsd${tag}`, `present_key${tag}`, `present_value${tag}`];
+      if (wantWeights) opOutputs.push(`w${tag}`);
+      nodes.push(onnx.node(opName, opInputs, opOutputs, attrs, `attention${tag}`, 'com.microsoft'));
+      ys.push(`y_bsd${tag}`);
+      ws.push(`w${tag}`);
+    }
+    if (parts > 1) {
+      nodes.push(onnx.node('Concat', ys, ['y_bsd'], { axis: { i: 0 } }, 'concat_batches'));
+      if (wantWeights) nodes.push(onnx.node('Concat', ws, ['w'], { axis: { i: 0 } }, 'concat_batch_weights'));
+    }
+  }
+
+  let outName; let outShape;
+  if (kind === 'sdpa') {
+    nodes.push(onnx.node('Reshape', ['y_bsd', int64('y_bshd_shape', [B, Nq, Hq, Dv])], ['y_bshd'], {}, 'split_heads'));
+    nodes.push(onnx.node('Transpose', ['y_bshd'], ['y'], { perm: { ints: [0, 2, 1, 3] } }, 'heads_outer'));
+    [outName, outShape] = ['y', [B, Hq, Nq, Dv]];
+  } else {
+    nodes.push(onnx.node('MatMul', ['y_bsd', 'w_o'], ['y'], {}, 'project_out'));
+    [outName, outShape] = ['y', [B, Nq, tensors.w_o.shape[1]]];
+  }
+  const outputs = [];
+  const results = [];
+  const finish = (name, shape, resultName) => {
+    let final = name;
+    if (outType !== inType) {
+      final = `${name}_cast`;
+      nodes.push(onnx.node('Cast', [name], [final], { to: { i: O.elem } }, `cast_${name}`));
+    }
+    outputs.push(onnx.valueInfo(final, O.elem, shape));
+    results.push({ ort: final, name: resultName });
+  };
+  finish(outName, outShape, 'out');
+  if (OP === 'gqa' && wantWeights) finish('w', c.dims, 'weights');
+  const model = onnx.model({ nodes, inputs, outputs, initializers }, { contrib: true });
   return { model, feeds, results, outType };
 }
 
@@ -414,7 +571,9 @@ async function runJob(ort, job, options) {
   }
 }
 
-const USAGE = `usage: node adapter.js [--threads N] [--f64] JOBS.jsonl
+const USAGE = `usage: node adapter.js [--op attention|mha|gqa] [--threads N] [--f64] JOBS.jsonl
+  --op OP      attention: ONNX Attention (default); mha: com.microsoft.MultiHeadAttention;
+               gqa: com.microsoft.GroupQueryAttention
   --threads N  ONNX Runtime intra-op threads (default: its own choice)
   --f64        run F64 cases too, through the operator's ONNX function body (no kernel for double)
 `;
@@ -431,6 +590,9 @@ async function main(argv) {
     if (argv[i] === '--threads') {
       threads = Number(argv[++i]);
       if (!Number.isInteger(threads) || threads < 0) usage('--threads needs an integer >= 0');
+    } else if (argv[i] === '--op') {
+      OP = argv[++i];
+      if (!OPS.includes(OP)) usage(`--op must be one of ${OPS.join(', ')}`);
     } else if (argv[i] === '--f64') {
       ORT_TYPES = { F64: F64_TYPE, ...KERNEL_TYPES };
     } else if (argv[i] === '-h' || argv[i] === '--help') {
@@ -440,6 +602,7 @@ async function main(argv) {
     else usage(`unexpected argument ${argv[i]}`);
   }
   if (jobsFile === null) usage('a jobs file is required');
+  if (OP !== 'attention' && 'F64' in ORT_TYPES) usage('--f64 is for --op attention only (the contrib operators have no double kernel)');
 
   let ort;
   try {

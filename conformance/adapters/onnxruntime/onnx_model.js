@@ -19,13 +19,14 @@
 //   TypeProto         tensor_type 1;  TypeProto.Tensor elem_type 1, shape 2
 //   TensorShapeProto  dim 1;  Dimension dim_value 1
 //   TensorProto       dims 1, data_type 2, name 8, raw_data 9
-// Data types (TensorProto.DataType): FLOAT 1, INT64 7, BOOL 9, FLOAT16 10, DOUBLE 11, BFLOAT16 16.
+// Data types (TensorProto.DataType): FLOAT 1, INT32 6, INT64 7, BOOL 9, FLOAT16 10, DOUBLE 11, BFLOAT16 16.
 
 const FLOAT = 1;
 const INT64 = 7;
 const BOOL = 9;
 const FLOAT16 = 10;
 const DOUBLE = 11;
+const INT32 = 6;
 const BFLOAT16 = 16;
 
 const WIRE_VARINT = 0;
@@ -95,16 +96,17 @@ function attribute(name, value) {
 
 /**
  * NodeProto. `attrs` maps attribute names to {f: number} | {i: number} | {s: string} |
- * {ints: [...]}; an empty string in `inputs`/`outputs` is an absent optional argument.
+ * {ints: [...]}; an empty string in `inputs`/`outputs` is an absent optional argument. `domain`
+ * is the operator set ('' for ai.onnx, 'com.microsoft' for ONNX Runtime's contrib operators).
  */
-function node(opType, inputs, outputs, attrs = {}, name = '') {
+function node(opType, inputs, outputs, attrs = {}, name = '', domain = '') {
   const parts = [];
   for (const i of inputs) parts.push(fBytes(1, i));
   for (const o of outputs) parts.push(fBytes(2, o));
   if (name) parts.push(fBytes(3, name));
   parts.push(fBytes(4, opType));
   for (const [k, v] of Object.entries(attrs)) parts.push(fBytes(5, attribute(k, v)));
-  parts.push(fBytes(7, ''));          // the default (ai.onnx) domain
+  parts.push(fBytes(7, domain));      // '' is the default (ai.onnx) domain
   return concat(parts);
 }
 
@@ -135,18 +137,22 @@ function graph({ nodes, inputs, outputs, initializers = [], name = 'attnoracle' 
   ]);
 }
 
-/** ModelProto bytes: ir_version 10, opset_import {domain "", version `opset`}. */
-function model(g, { opset = 23, irVersion = 10, producer = 'attnoracle-onnxruntime-adapter' } = {}) {
-  const opsetImport = concat([fBytes(1, ''), fInt(2, opset)]);
+/**
+ * ModelProto bytes: ir_version 10, opset_import {domain "", version `opset`}, and
+ * {domain "com.microsoft", version 1} too when `contrib` is set.
+ */
+function model(g, { opset = 23, irVersion = 10, producer = 'attnoracle-onnxruntime-adapter', contrib = false } = {}) {
+  const imports = [concat([fBytes(1, ''), fInt(2, opset)])];
+  if (contrib) imports.push(concat([fBytes(1, 'com.microsoft'), fInt(2, 1)]));
   return concat([
     fInt(1, irVersion),
     fBytes(2, producer),
     fBytes(7, graph(g)),
-    fBytes(8, opsetImport),
+    ...imports.map((i) => fBytes(8, i)),
   ]);
 }
 
 module.exports = {
-  FLOAT, INT64, BOOL, FLOAT16, DOUBLE, BFLOAT16,
+  FLOAT, INT32, INT64, BOOL, FLOAT16, DOUBLE, BFLOAT16,
   varint, attribute, node, valueInfo, tensor, graph, model,
 };

@@ -378,6 +378,133 @@ ortTest('ONNX Runtime itself: is_causal with Nq != Nk and no past is aligned top
   await s.release();
 });
 
+// ---- --op mha and --op gqa (the contrib operators) --------------------------------------------
+
+// Cases with D = 8 whose scores are exact: q[b,h,i] = (a, 0, ...), k[b,g,j] = (c, 0, ...), scale 1,
+// so s_ij = a c; v[b,g,j,d] = vv(b, g, j, d).
+function contribCase({ B = 1, Hq, Hkv, Nq, Nk, D = 8, Dv = D, qa, kc, vv }) {
+  const q = new Float32Array(B * Hq * Nq * D);
+  const k = new Float32Array(B * Hkv * Nk * D);
+  const v = new Float32Array(B * Hkv * Nk * Dv);
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hq; h++) for (let i = 0; i < Nq; i++) q[((b * Hq + h) * Nq + i) * D] = qa(b, h, i);
+    for (let g = 0; g < Hkv; g++) {
+      for (let j = 0; j < Nk; j++) {
+        k[((b * Hkv + g) * Nk + j) * D] = kc(b, g, j);
+        for (let d = 0; d < Dv; d++) v[((b * Hkv + g) * Nk + j) * Dv + d] = vv(b, g, j, d);
+      }
+    }
+  }
+  return { q: T('F32', [B, Hq, Nq, D], q), k: T('F32', [B, Hkv, Nk, D], k), v: T('F32', [B, Hkv, Nk, Dv], v) };
+}
+
+/** out [B,Hq,Nq,Dv] of a contribCase by hand: softmax over the allowed keys; `empty` for none. */
+function contribOut(c, allowed, empty = 0) {
+  const { B = 1, Hq, Hkv, Nq, Nk, Dv = c.D || 8 } = c;
+  const out = [];
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hq; h++) {
+      const g = Math.floor(h / (Hq / Hkv));
+      for (let i = 0; i < Nq; i++) {
+        const js = [...Array(Nk).keys()].filter((j) => allowed(b, h, i, j));
+        const p = softmax(js.map((j) => c.qa(b, h, i) * c.kc(b, g, j)));
+        for (let d = 0; d < Dv; d++) out.push(js.length ? js.reduce((s, j, n) => s + p[n] * c.vv(b, g, j, d), 0) : empty);
+      }
+    }
+  }
+  return out;
+}
+
+const spec = {
+  Hq: 4, Hkv: 2, Nq: 2, Nk: 3, B: 2,
+  qa: (b, h, i) => [0.5, -1, 1.5, 2][h] + i + b,
+  kc: (b, g, j) => [1, 0, -0.5][j] + g - b / 2,
+  vv: (b, g, j, d) => (b + 2 * g + j) / 4 + d / 16,
+};
+
+ortTest('--op gqa: GQA mapping h / (Hq/Hkv), no mask, the past split, one node per batch element', (w) => {
+  const r = w.one(contribCase(spec), meta({ scale: '1', outputs: 'out,weights' }), ['--op', 'gqa']);
+  close(r.out.v, contribOut(spec, () => true), 1e-5, 'out');
+  assert.deepEqual(r.out.shape, [2, 4, 2, 8]);
+  assert.deepEqual(r.weights.shape, [2, 4, 2, 3]);
+  close(r.weights.v.slice(0, 3), softmax([0, 1, 2].map((j) => 0.5 * spec.kc(0, 0, j))), 1e-6, 'weights row 0');
+});
+
+ortTest('--op gqa: causal bottom_right through the operator, top_left and a window through the bias', (w) => {
+  const br = w.one(contribCase(spec), meta({ scale: '1', causal: 'bottom_right' }), ['--op', 'gqa']);
+  close(br.out.v, contribOut(spec, (b, h, i, j) => j <= i + 1), 1e-5, 'bottom_right');
+  const tl = w.one(contribCase(spec), meta({ scale: '1', causal: 'top_left' }), ['--op', 'gqa']);
+  close(tl.out.v, contribOut(spec, (b, h, i, j) => j <= i), 1e-5, 'top_left');
+  // window "1,0" with causal (Nq = Nk): local_window_size 2, row i sees i - 1 and i
+  const sq = { ...spec, Nq: 3, B: 1 };
+  const win = w.one(contribCase(sq), meta({ scale: '1', causal: 'bottom_right', window: '1,0' }), ['--op', 'gqa']);
+  close(win.out.v, contribOut(sq, (b, h, i, j) => j <= i && j >= i - 1), 1e-5, 'window 1,0');
+  const noc = w.one(contribCase(sq), meta({ scale: '1', window: '0,1' }), ['--op', 'gqa']);
+  close(noc.out.v, contribOut(sq, (b, h, i, j) => j >= i && j <= i + 1), 1e-5, 'window 0,1 without causal');
+});
+
+ortTest('--op mha: causal bottom_right with Nq < Nk and a mask, through attention_bias', (w) => {
+  const m = { ...spec, Hkv: 4 };
+  const br = w.one(contribCase(m), meta({ scale: '1', causal: 'bottom_right' }), ['--op', 'mha']);
+  close(br.out.v, contribOut(m, (b, h, i, j) => j <= i + 1), 1e-5, 'bottom_right');
+  const mask = [1, 0, 1, 1, 1, 0];          // [Nq, Nk]
+  const r = w.one({ ...contribCase(m), mask: T('BOOL', [2, 3], mask) }, meta({ scale: '1' }), ['--op', 'mha']);
+  close(r.out.v, contribOut(m, (b, h, i, j) => mask[i * 3 + j] === 1), 1e-5, 'mask');
+  assert.equal(r.weights, undefined);
+});
+
+ortTest('--op mha: unidirectional with Nq = Nk is causal (either alignment)', (w) => {
+  const sq = { ...spec, Hkv: 4, Nq: 3 };
+  const r = w.one(contribCase(sq), meta({ scale: '1', causal: 'top_left' }), ['--op', 'mha']);
+  close(r.out.v, contribOut(sq, (b, h, i, j) => j <= i), 1e-5, 'causal');
+});
+
+// ONNX Runtime 1.30.0 bugs, by hand (expected_failures.json lists the core cases they fail): when
+// one of these assertions fails, the bug is fixed upstream.
+ortTest('ONNX Runtime bug: MultiHeadAttention unidirectional=1, Nq < Nk: the last row sees every key', (w) => {
+  const m = { ...spec, Hkv: 4, Nq: 2, Nk: 4, kc: (b, g, j) => [1, 0, -0.5, 2][j] + g - b / 2 };
+  const r = w.one(contribCase(m), meta({ scale: '1', causal: 'top_left' }), ['--op', 'mha']);
+  const bug = contribOut(m, (b, h, i, j) => (i === m.Nq - 1 ? true : j <= i));
+  close(r.out.v, bug, 1e-5, 'rows 0..Nq-2 top-left, the last row unmasked');
+  assert.ok(Math.abs(r.out.v[8] - contribOut(m, (b, h, i, j) => j <= i)[8]) > 0.1, 'top_left would differ');
+});
+
+ortTest('ONNX Runtime bug: GroupQueryAttention fully masked row: NaN with causal=0, 0 with causal=1', (w) => {
+  const sq = { ...spec, Nq: 3, B: 1 };
+  const mask = T('BOOL', [3, 3], [1, 1, 1, 0, 0, 0, 1, 1, 1]);       // row 1 fully masked
+  const nc = w.one({ ...contribCase(sq), mask }, meta({ scale: '1', masked_rows: 'zero' }), ['--op', 'gqa']);
+  const c1 = w.one({ ...contribCase(sq), mask }, meta({ scale: '1', masked_rows: 'zero', causal: 'bottom_right' }), ['--op', 'gqa']);
+  close(nc.out.v, contribOut(sq, (b, h, i) => i !== 1, NaN), 1e-5, 'causal=0');
+  close(c1.out.v, contribOut(sq, (b, h, i, j) => i !== 1 && j <= i, 0), 1e-5, 'causal=1');
+});
+
+ortTest('--op mha and --op gqa: what the operators cannot express is unsupported, naming it', (w) => {
+  const base = contribCase({ ...spec, B: 1 });
+  const cases = [
+    [['--op', 'mha'], base, {}, /one kv head per query head/],
+    [['--op', 'mha'], contribCase({ ...spec, Hkv: 4 }), { softcap: '5' }, /no softcap/],
+    [['--op', 'gqa'], contribCase({ ...spec, D: 4 }), {}, /multiple of 8/],
+    [['--op', 'gqa'], contribCase({ ...spec, Dv: 16 }), {}, /Dk = Dv/],
+    [['--op', 'gqa'], contribCase({ ...spec, Nq: 4 }), {}, /Nq <= Nk/],
+    [['--op', 'mha'], { q: T('BF16', [1, 1, 1, 8], new Array(8).fill(0)), k: T('BF16', [1, 1, 1, 8], new Array(8).fill(0)),
+      v: T('BF16', [1, 1, 1, 8], new Array(8).fill(0)) }, {}, /CPU MultiHeadAttention: BF16 inputs not supported/],
+  ];
+  const results = cases.map(([flags, t, m]) => w.run([w.case(t, meta({ scale: '1', ...m }))], flags)[0]);
+  results.forEach((r, i) => {
+    assert.equal(r.kind, 'unsupported', `case ${i}: ${r.text}`);
+    assert.match(r.text, cases[i][3]);
+  });
+});
+
+test('--op takes attention, mha or gqa only (exit 2, saying so)', () => {
+  const p = spawnSync(process.execPath, [ADAPTER, '--op', 'flash', '/nonexistent.jsonl'], { encoding: 'utf8' });
+  assert.equal(p.status, 2);
+  assert.match(p.stderr, /--op must be one of attention, mha, gqa/);
+  const f = spawnSync(process.execPath, [ADAPTER, '--op', 'gqa', '--f64', '/nonexistent.jsonl'], { encoding: 'utf8' });
+  assert.equal(f.status, 2);
+  assert.match(f.stderr, /--f64 is for --op attention only/);
+});
+
 // ---- against the reference ------------------------------------------------------------------
 
 const CLI = findCli();
