@@ -227,10 +227,12 @@ class SpecReader {
     } else if (key == "mask") {
       p.mask = named(v, path, mask_kind_from_name, mask_kind_name,
                      {MaskKind::None, MaskKind::KeyPadding, MaskKind::Random, MaskKind::SingleKey,
-                      MaskKind::FullyMaskedRows, MaskKind::CausalMask});
+                      MaskKind::FullyMaskedRows, MaskKind::CausalMask,
+                      MaskKind::KeyPaddingBroadcast, MaskKind::KeyVector});
     } else if (key == "bias") {
       p.bias = named(v, path, bias_kind_from_name, bias_kind_name,
-                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random});
+                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random, BiasKind::Scalar,
+                      BiasKind::PerKey});
     } else if (key == "bias_dtype") {
       p.bias_dtype = dtype(v, path);
     } else if (key == "query_mask") {

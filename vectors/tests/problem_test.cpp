@@ -322,6 +322,39 @@ TEST(VectorsMasks, CausalMaskIsBottomRightAndRankTwo) {
     for (std::int64_t j = 0; j < 6; ++j) EXPECT_EQ(c.mask_at(0, 0, i, j), j <= i + 2);
 }
 
+TEST(VectorsMasks, BroadcastMasksAndBiases) {
+  // key_padding_broadcast: [B,1,1,Nk], trailing keys off per batch, key 0 always on.
+  ProblemSpec p = sdpa("normal", DType::F32, 3, 4, 2, 5, 7);
+  p.mask = MaskKind::KeyPaddingBroadcast;
+  p.bias = BiasKind::PerKey;
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    const Case c = make_case(p, seed);
+    EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{3, 1, 1, 7}));
+    EXPECT_EQ(c.bias->shape, (std::vector<std::int64_t>{3, 1, 1, 7}));
+    for (std::int64_t b = 0; b < 3; ++b) {
+      EXPECT_TRUE(c.mask_at(b, 0, 0, 0));
+      for (std::int64_t j = 0; j < 7; ++j)  // the same for every head and query
+        EXPECT_EQ(c.mask_at(b, 3, 4, j), c.mask_at(b, 0, 0, j));
+      for (std::int64_t j = 1; j < 7; ++j)  // off keys are trailing
+        if (!c.mask_at(b, 0, 0, j - 1)) {
+          EXPECT_FALSE(c.mask_at(b, 0, 0, j));
+        }
+    }
+    EXPECT_FALSE(has_fully_masked_row(c));
+  }
+  // key_vector [Nk] with a scalar bias []: under causal, one key open to every query.
+  ProblemSpec v = sdpa("normal", DType::F16, 2, 2, 2, 4, 6);
+  v.mask = MaskKind::KeyVector;
+  v.bias = BiasKind::Scalar;
+  v.causal = Causal::BottomRight;
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    const Case c = make_case(v, seed);
+    EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{6}));
+    EXPECT_TRUE(c.bias->shape.empty());
+    EXPECT_FALSE(has_fully_masked_row(c));
+  }
+}
+
 TEST(VectorsMasks, QueryMaskKeepsAValidRowPerBatchAndPadsBatchZero) {
   ProblemSpec p = sdpa("normal", DType::F32, 3, 1, 1, 5, 5);
   p.query_mask = true;

@@ -18,7 +18,7 @@ namespace attnoracle::conformance {
 // One relation instance: two case files (inputs only) whose results must agree.
 struct TwinPair {
   oracle::Invariant invariant;
-  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "head"
+  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "poisoned", "head"
   std::string what;  // what the twin changes, for reports
   SafeTensorsFile a, b;
   std::vector<std::int64_t> perm;  // key j of a is key perm[j] of b (identity when empty)
@@ -29,7 +29,8 @@ struct TwinPair {
 };
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,
-// future keys changed (causal), a masked padding key appended, and one head changed.
+// future keys changed (causal), a masked padding key appended (for sdpa also with NaN keys and
+// values), and one head changed.
 std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);
 
 struct RelationResult {
