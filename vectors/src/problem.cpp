@@ -252,6 +252,36 @@ std::optional<BiasKind> bias_kind_from_name(std::string_view s) {
   return table_from_name(kBiasKindNames, s);
 }
 
+// Fills every unused position of a valid sdpa case (CONTRACT section 1) with NaN, +inf and
+// -inf in turn: the k and v rows of keys that no query other than padding attends, through any
+// head reading their kv head, and the q rows of padding queries.
+void poison_unused(SafeTensorsFile& f) {
+  const Case c = case_from_file("poison", f);
+  auto fill = [&](const char* name, std::int64_t row, std::int64_t width) {
+    RawTensor* t = f.find(name);
+    const std::size_t es = dtype_size(t->dtype);
+    for (std::int64_t e = 0; e < width; ++e) {
+      const double x = e % 3 == 0 ? NAN : e % 3 == 1 ? INFINITY : -INFINITY;
+      encode_float(t->dtype, x, t->data.data() + sz(row * width + e) * es);
+    }
+  };
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t g = 0; g < c.Hkv; ++g)
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        bool used = false;
+        for (std::int64_t h = 0; h < c.Hq && !used; ++h)
+          for (std::int64_t i = 0; i < c.Nq && !used; ++i)
+            used = c.kv_head(h) == g && c.query_valid(b, i) && c.allowed(b, h, i, j);
+        if (used) continue;
+        fill("k", (b * c.Hkv + g) * c.Nk + j, c.Dk);
+        fill("v", (b * c.Hkv + g) * c.Nk + j, c.Dv);
+      }
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < c.Nq; ++i)
+      if (!c.query_valid(b, i))
+        for (std::int64_t h = 0; h < c.Hq; ++h) fill("q", (b * c.Hq + h) * c.Nq + i, c.Dk);
+}
+
 std::optional<std::string> problem_error(const ProblemSpec& p) {
   const bool mha = p.kind == Kind::Mha;
   for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
@@ -273,6 +303,7 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     return "output_dtype must be F64, F32, F16 or BF16";
   if (p.bias_dtype != DType::F64 && p.bias_dtype != DType::F32 && p.bias_dtype != p.dtype)
     return "bias_dtype must be F64, F32 or the input dtype";
+  if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
   if (p.self_attention && (!mha || p.Nq != p.Nk))
     return "self attention needs kind mha and Nq = Nk";
   if (p.window && (p.window->first < 0 || p.window->second < 0))
@@ -378,6 +409,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     }
     f.put(std::move(qm));
   }
+  if (p.poison) poison_unused(f);
   return f;
 }
 

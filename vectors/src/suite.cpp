@@ -22,9 +22,9 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 16> kOptions = {
+constexpr std::array<std::string_view, 17> kOptions = {
     "kind", "dtype", "output_dtype", "shape",      "causal",      "window",  "softcap", "scale",
-    "mask", "bias",  "bias_dtype",   "query_mask", "masked_rows", "outputs", "self",    "params"};
+    "mask", "bias",  "bias_dtype",   "query_mask", "poison", "masked_rows", "outputs", "self",    "params"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -237,6 +237,8 @@ class SpecReader {
       p.bias_dtype = dtype(v, path);
     } else if (key == "query_mask") {
       p.query_mask = boolean(v, path);
+    } else if (key == "poison") {
+      p.poison = boolean(v, path);
     } else if (key == "masked_rows") {
       p.masked_rows = named(v, path, masked_rows_from_name, masked_rows_name,
                             {MaskedRows::Error, MaskedRows::Zero});
@@ -466,6 +468,7 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.mask != MaskKind::None) t.push_back("mask_" + std::string(mask_kind_name(p.mask)));
   if (p.bias != BiasKind::None) t.push_back("bias_" + std::string(bias_kind_name(p.bias)));
   if (p.query_mask) t.push_back("query_mask");
+  if (p.poison) t.push_back("poison");
   if (p.masked_rows == MaskedRows::Zero) t.push_back("masked_rows_zero");
   if (p.want_weights) t.push_back("weights");
   if (p.want_lse) t.push_back("lse");

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 #include "numbers.hpp"
 #include "prng.hpp"
@@ -353,6 +354,60 @@ TEST(VectorsMasks, BroadcastMasksAndBiases) {
     EXPECT_TRUE(c.bias->shape.empty());
     EXPECT_FALSE(has_fully_masked_row(c));
   }
+}
+
+// Refilling the unused positions with NaN and infinities changes no golden value of a row that
+// is not padding (the metamorphic relation of poisoned positions), in the reference itself.
+TEST(VectorsPoison, UnusedPositionsChangeNothing) {
+  std::size_t poisoned_elements = 0;
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (MaskKind m : {MaskKind::KeyPaddingBroadcast, MaskKind::KeyPadding})
+      for (Causal causal : {Causal::None, Causal::TopLeft}) {
+        ProblemSpec p = sdpa("normal", t, 2, 4, 2, 5, 9);
+        p.mask = m;
+        p.causal = causal;
+        p.query_mask = true;
+        p.masked_rows = MaskedRows::Zero;
+        p.want_weights = p.want_lse = true;
+        const Case clean = make_case(p, 7);
+        p.poison = true;
+        const SafeTensorsFile dirty_file = make_problem(p, 7);
+        for (const char* name : {"q", "k", "v"}) {
+          const RawTensor* x = dirty_file.find(name);
+          for (std::size_t e = 0; e < static_cast<std::size_t>(x->numel()); ++e)
+            poisoned_elements += !std::isfinite(decode_float(t, x->data.data() + e * dtype_size(t)));
+        }
+        const Case dirty = case_from_file("poisoned", dirty_file);
+        const EvalResult a = evaluate(clean, {}), b = evaluate(dirty, {});
+        for (const char* name : {"out", "out.ref", "weights", "lse.ref", "row.valid"}) {
+          const auto find = [&](const EvalResult& r) {
+            return *std::find_if(r.golden.begin(), r.golden.end(),
+                                 [&](const RawTensor& g) { return g.name == name; });
+          };
+          const RawTensor ga = find(a), gb = find(b);
+          const std::size_t rows = static_cast<std::size_t>(clean.B * clean.Hq * clean.Nq);
+          const std::size_t per_row = ga.data.size() / rows;  // bytes of one (b, h, i) row
+          for (std::size_t r = 0; r < rows; ++r) {
+            const std::int64_t bb = static_cast<std::int64_t>(r) / (clean.Hq * clean.Nq);
+            const std::int64_t i = static_cast<std::int64_t>(r) % clean.Nq;
+            if (!clean.query_valid(bb, i)) continue;
+            EXPECT_TRUE(std::equal(ga.data.begin() + static_cast<std::ptrdiff_t>(r * per_row),
+                                   ga.data.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_row),
+                                   gb.data.begin() + static_cast<std::ptrdiff_t>(r * per_row)))
+                << name << " row " << r << " " << dtype_name(t) << " " << mask_kind_name(m);
+          }
+        }
+      }
+  EXPECT_GT(poisoned_elements, 500u);
+}
+
+TEST(VectorsPoison, NeedsKindSdpa) {
+  ProblemSpec p;
+  p.kind = Kind::Mha;
+  p.Hq = p.Hkv = 2;
+  p.D = p.Dout = 2;
+  p.poison = true;
+  EXPECT_EQ(problem_error(p), "poison needs kind sdpa (kind mha inputs are all finite)");
 }
 
 TEST(VectorsMasks, QueryMaskKeepsAValidRowPerBatchAndPadsBatchZero) {

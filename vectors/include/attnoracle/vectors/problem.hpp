@@ -51,6 +51,9 @@ struct ProblemSpec {
   BiasKind bias = BiasKind::None;
   DType bias_dtype = DType::F32;
   bool query_mask = false;
+  // kind sdpa: NaN, +inf and -inf in turn at every unused position (the k and v rows of keys no
+  // query other than padding attends, the q rows of padding queries): they must change nothing
+  bool poison = false;
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
 };
