@@ -104,23 +104,29 @@ bool representable(DType t, double x) {
 }
 
 // The mask with the causal and window rules written into it (they follow positions, not keys),
-// shaped like the case's mask or [Nq, Nk]; the metadata then says none.
+// of shape [mB, mH, Nq, Nk]: the case's mask's batch and head extents (1 where it broadcasts
+// or is absent); the metadata then says none.
 void fold_positions(const Case& c, SafeTensorsFile& f) {
-  std::vector<std::int64_t> shape = c.mask ? c.mask->shape : std::vector<std::int64_t>{c.Nq, c.Nk};
-  std::int64_t lead = 1;
-  for (std::size_t d = 0; d + 2 < shape.size(); ++d) lead *= shape[d];
-  RawTensor m{"mask", DType::BOOL, shape, {}};
-  m.data.resize(static_cast<std::size_t>(lead * c.Nq * c.Nk));
-  for (std::int64_t l = 0; l < lead; ++l)
-    for (std::int64_t i = 0; i < c.Nq; ++i)
-      for (std::int64_t j = 0; j < c.Nk; ++j) {
-        const auto at = static_cast<std::size_t>((l * c.Nq + i) * c.Nk + j);
-        m.data[at] = ((!c.mask || c.mask->values[at]) && c.position_allowed(i, j)) ? 1 : 0;
-      }
+  const std::vector<std::int64_t> ms = c.mask ? c.mask->shape : std::vector<std::int64_t>{};
+  auto extent = [&](std::size_t from_right) {
+    return ms.size() > from_right ? ms[ms.size() - 1 - from_right] : std::int64_t{1};
+  };
+  const std::int64_t mb = extent(3), mh = extent(2);
+  RawTensor m{"mask", DType::BOOL, {mb, mh, c.Nq, c.Nk}, {}};
+  m.data.resize(static_cast<std::size_t>(mb * mh * c.Nq * c.Nk));
+  for (std::int64_t b = 0; b < mb; ++b)
+    for (std::int64_t h = 0; h < mh; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        for (std::int64_t j = 0; j < c.Nk; ++j)
+          m.data[static_cast<std::size_t>(((b * mh + h) * c.Nq + i) * c.Nk + j)] =
+              (c.mask_at(b, h, i, j) && c.position_allowed(i, j)) ? 1 : 0;
   f.put(std::move(m));
   f.metadata["attn.causal"] = "none";
   f.metadata["attn.window"] = "none";
 }
+
+// Whether a mask or bias of this shape varies along the keys (else it broadcasts over them).
+bool along_keys(const RawTensor& t, std::int64_t Nk) { return !t.shape.empty() && t.shape.back() == Nk; }
 
 // Every row but the padding queries' (query_mask false), which the contract leaves free.
 std::vector<char> all_rows(const Case& c) {
@@ -180,8 +186,8 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     if (c.Nk > 2) std::rotate(p.perm.begin(), p.perm.begin() + 1, p.perm.end());
     if (c.causal != Causal::None || c.window) fold_positions(c, p.b);
     for (auto& [name, dim] : key_tensors(c)) permute_dim(need(p.b, name), dim, p.perm);
-    if (RawTensor* m = p.b.find("mask")) permute_dim(*m, m->shape.size() - 1, p.perm);
-    if (RawTensor* bt = p.b.find("bias"); bt && bt->shape.back() == c.Nk)
+    if (RawTensor* m = p.b.find("mask"); m && along_keys(*m, c.Nk)) permute_dim(*m, m->shape.size() - 1, p.perm);
+    if (RawTensor* bt = p.b.find("bias"); bt && along_keys(*bt, c.Nk))
       permute_dim(*bt, bt->shape.size() - 1, p.perm);
     out.push_back(std::move(p));
   }
@@ -246,8 +252,24 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
       split(m, m.shape.size() - 1, outer, len, inner);
       for (std::int64_t o = 0; o < outer; ++o) m.data[static_cast<std::size_t>(o * len + len - 1)] = 0;
     }
-    if (RawTensor* bt = p.b.find("bias"); bt && bt->shape.back() == c.Nk)
+    if (RawTensor* bt = p.b.find("bias"); bt && along_keys(*bt, c.Nk))
       append_dim(*bt, bt->shape.size() - 1, 0, false);
+    if (c.kind == Kind::Sdpa) {  // the same key with NaN keys and values: an unused position
+      TwinPair nan = p;
+      nan.tag = "poisoned";
+      nan.what = "a masked padding key appended, its k and v rows NaN";
+      for (const char* name : {"k", "v"}) {
+        RawTensor& t = need(nan.b, name);
+        std::int64_t outer, len, inner;
+        split(t, 2, outer, len, inner);
+        const std::size_t es = dtype_size(t.dtype);
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t e = 0; e < inner; ++e)
+            encode_float(t.dtype, std::nan(""),
+                         t.data.data() + static_cast<std::size_t>((o * len + len - 1) * inner + e) * es);
+      }
+      out.push_back(std::move(nan));
+    }
     out.push_back(std::move(p));
   }
 

@@ -58,8 +58,13 @@ TEST(Twins, AreExactTransformations) {
     }
     s.masked_rows = MaskedRows::Zero;
     s.want_weights = s.want_lse = true;
-    s.mask = k % 4 == 1 ? vectors::MaskKind::KeyPadding : vectors::MaskKind::None;
-    s.bias = k % 5 == 2 ? vectors::BiasKind::Alibi : vectors::BiasKind::None;
+    s.mask = std::array<vectors::MaskKind, 4>{vectors::MaskKind::None, vectors::MaskKind::KeyPadding,
+                                              vectors::MaskKind::None,
+                                              vectors::MaskKind::KeyPaddingBroadcast}[k % 4];
+    if (k % 8 == 7) s.mask = vectors::MaskKind::KeyVector;  // [Nk]
+    s.bias = std::array<vectors::BiasKind, 5>{vectors::BiasKind::None, vectors::BiasKind::PerKey,
+                                              vectors::BiasKind::Alibi, vectors::BiasKind::None,
+                                              vectors::BiasKind::Scalar}[k % 5];
     if (k % 6 == 5) s.window = std::make_pair<std::int64_t, std::int64_t>(1, 2);
     const SafeTensorsFile base = vectors::make_problem(s, 1000 + static_cast<std::uint64_t>(k));
     for (const TwinPair& p : make_twins("p", base)) {

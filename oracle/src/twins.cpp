@@ -208,23 +208,26 @@ struct TwinChecker {
     }
     const bool positional_rules = c.causal != Causal::None || c.window;
     if (c.mask || positional_rules) {
-      // mask'[.., i, perm[j]] = mask[.., i, j] and positional(i, j)
-      std::vector<std::int64_t> shape = c.mask ? c.mask->shape : std::vector<std::int64_t>{c.Nq, c.Nk};
-      std::int64_t lead = 1;
-      for (std::size_t d = 0; d + 2 < shape.size(); ++d) lead *= shape[d];
-      BoolTensor m{shape, std::vector<unsigned char>(static_cast<std::size_t>(lead * c.Nq * c.Nk), 0)};
-      for (std::int64_t l = 0; l < lead; ++l)
-        for (std::int64_t qi = 0; qi < c.Nq; ++qi)
-          for (std::int64_t j = 0; j < c.Nk; ++j) {
-            const auto src = static_cast<std::size_t>((l * c.Nq + qi) * c.Nk + j);
-            const bool keep = (!c.mask || c.mask->values[src]) && detail::positional(c, qi, j);
-            m.values[static_cast<std::size_t>((l * c.Nq + qi) * c.Nk + perm[static_cast<std::size_t>(j)])] = keep;
-          }
+      // mask'[b', h', i, perm[j]] = mask[b', h', i, j] and positional(i, j), of shape
+      // [mB, mH, Nq, Nk]: the mask's own batch and head extents (1 where it broadcasts).
+      const std::vector<std::int64_t> ms = c.mask ? c.mask->shape : std::vector<std::int64_t>{};
+      auto extent = [&](std::size_t from_right) {
+        return ms.size() > from_right ? ms[ms.size() - 1 - from_right] : std::int64_t{1};
+      };
+      const std::int64_t mb = extent(3), mh = extent(2);
+      BoolTensor m{{mb, mh, c.Nq, c.Nk}, std::vector<unsigned char>(static_cast<std::size_t>(mb * mh * c.Nq * c.Nk), 0)};
+      for (std::int64_t bb = 0; bb < mb; ++bb)
+        for (std::int64_t hh = 0; hh < mh; ++hh)
+          for (std::int64_t qi = 0; qi < c.Nq; ++qi)
+            for (std::int64_t j = 0; j < c.Nk; ++j) {
+              const bool keep = c.mask_at(bb, hh, qi, j) && detail::positional(c, qi, j);
+              m.values[static_cast<std::size_t>(((bb * mh + hh) * c.Nq + qi) * c.Nk + perm[static_cast<std::size_t>(j)])] = keep;
+            }
       t.mask = std::move(m);
       t.causal = Causal::None;
       t.window = false;
     }
-    if (c.bias && c.bias->shape.back() == c.Nk) {
+    if (c.bias && !c.bias->shape.empty() && c.bias->shape.back() == c.Nk) {  // else constant over keys
       const std::int64_t nrows = static_cast<std::int64_t>(c.bias->values.size()) / c.Nk;
       for (std::int64_t rr = 0; rr < nrows; ++rr)
         for (std::int64_t j = 0; j < c.Nk; ++j)

@@ -358,9 +358,11 @@ rc::Gen<Spec> gen_spec() {
       for (std::size_t k = 0; k < names.size(); ++k) s.outputs += (k ? "," : "") + names[k];
     }
 
-    s.mask_rank = *gen::weightedElement<int>({{3, 0}, {2, 2}, {1, 3}, {1, 4}});
+    s.mask_rank = *gen::weightedElement<int>({{3, 0}, {1, 1}, {2, 2}, {1, 3}, {2, 4}});
     s.mask_b_full = *gen::element(false, true);
     s.mask_h_full = *gen::element(false, true);
+    s.mask_q_full = *gen::weightedElement<bool>({{3, true}, {1, false}});  // [B,1,1,Nk] among them
+    s.mask_k_full = *gen::weightedElement<bool>({{5, true}, {1, false}});
     s.mask_values = *gen::weightedElement<MaskValues>(
         {{1, MaskValues::AllTrue}, {4, MaskValues::Dense}, {2, MaskValues::Sparse}, {2, MaskValues::OneHot}});
     s.bias_rank = *gen::weightedElement<int>({{3, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}});
@@ -429,15 +431,17 @@ rc::Gen<SafeTensorsFile> gen_file(const Spec& spec) {
       f.put(*gen_float_tensor("w_o", s.input, {H * s.Dv, s.Dout}, s.w_values));
     }
 
-    if (s.mask_rank >= 2) {
-      std::vector<I> shape = {s.Nq, s.Nk};
-      if (s.mask_rank >= 3) shape.insert(shape.begin(), s.mask_h_full ? s.Hq : 1);
-      if (s.mask_rank >= 4) shape.insert(shape.begin(), s.mask_b_full ? s.B : 1);
+    if (s.mask_rank >= 1) {
+      const std::array<I, 4> full = {s.B, s.Hq, s.Nq, s.Nk};
+      const std::array<bool, 4> is_full = {s.mask_b_full, s.mask_h_full, s.mask_q_full, s.mask_k_full};
+      std::vector<I> shape;
+      for (std::size_t d = 4 - static_cast<std::size_t>(s.mask_rank); d < 4; ++d)
+        shape.push_back(is_full[d] ? full[d] : 1);
       RawTensor m{"mask", DType::BOOL, shape, {}};
-      const I rows = numel(shape) / s.Nk;
+      const I len = shape.back(), rows = numel(shape) / len;
       for (I r = 0; r < rows; ++r) {
-        const I one = s.mask_values == MaskValues::OneHot ? *uniform<I>(0, s.Nk) : -1;
-        for (I j = 0; j < s.Nk; ++j) {
+        const I one = s.mask_values == MaskValues::OneHot ? *uniform<I>(0, len) : -1;
+        for (I j = 0; j < len; ++j) {
           bool on = true;
           if (s.mask_values == MaskValues::OneHot) on = j == one;
           if (s.mask_values == MaskValues::Dense) on = !*percent(15);
@@ -629,7 +633,8 @@ std::string summary(const Spec& s) {
   os << summary(f) << " B=" << s.B << " Hq=" << s.Hq << " Hkv=" << s.Hkv << " Nq=" << s.Nq
      << " Nk=" << s.Nk << " Dk=" << s.Dk << " Dv=" << s.Dv;
   if (s.kind == Kind::Mha) os << " D=" << s.D << " Dout=" << s.Dout;
-  os << " input=" << dtype_text(s.input) << " mask_rank=" << s.mask_rank << " bias_rank=" << s.bias_rank
+  os << " input=" << dtype_text(s.input) << " mask_rank=" << s.mask_rank << " mask_full=" << s.mask_b_full << s.mask_h_full
+     << s.mask_q_full << s.mask_k_full << " bias_rank=" << s.bias_rank
      << " bias_dtype=" << dtype_text(s.bias_dtype) << " query_mask=" << s.query_mask
      << " ties=" << s.tie_percent << "%/" << s.near_tie_percent << "%";
   static const char* const names[] = {"normal", "dyadic", "large", "subnormal", "mixed", "adjacent"};

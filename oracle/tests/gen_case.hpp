@@ -47,9 +47,10 @@ struct Spec {
   std::string window;       // attn.window text ("none" or "L,R"); empty: absent
   std::string masked_rows;  // attn.masked_rows text; empty: absent (error)
   std::string outputs;      // attn.outputs text; empty: absent (out)
-  // mask: rank 0 = absent, else 2..4; the dimensions before [Nq, Nk] are full or 1
+  // mask: rank 0 = absent, else 1..4, right-aligned against [B, Hq, Nq, Nk] (NumPy
+  // broadcasting); each dimension full or 1
   int mask_rank = 0;
-  bool mask_b_full = false, mask_h_full = false;
+  bool mask_b_full = false, mask_h_full = false, mask_q_full = true, mask_k_full = true;
   MaskValues mask_values = MaskValues::Dense;
   // bias: rank 0 = absent, else 1..4, right-aligned against [B, Hq, Nq, Nk]; full[d] for the
   // dimension d of [B, Hq, Nq, Nk] (a dimension that is not full is 1)

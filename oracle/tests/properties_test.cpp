@@ -586,7 +586,8 @@ RC_GTEST_PROP(OracleProperties, KeyPermutationPermutesWeightsOnly, ()) {
   } else {
     t.put(permute_axis(tensor(t, "x_kv"), 1, perm));
   }
-  if (RawTensor* m = t.find("mask")) t.put(permute_axis(*m, m->shape.size() - 1, perm));
+  if (RawTensor* m = t.find("mask"); m && m->shape.back() == spec.Nk)  // else constant over keys
+    t.put(permute_axis(*m, m->shape.size() - 1, perm));
   if (RawTensor* b = t.find("bias"); b && b->shape.back() == spec.Nk)
     t.put(permute_axis(*b, b->shape.size() - 1, perm));
 

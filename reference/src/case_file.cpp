@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <set>
 #include <string_view>
 
@@ -196,14 +197,9 @@ class CaseReader {
     c_.output_dtype = output_dtype_.value_or(c_.input_dtype);
 
     const std::array<std::int64_t, 4> full = {c_.B, c_.Hq, c_.Nq, c_.Nk};
+    // mask and bias broadcast to [B,Hq,Nq,Nk] by NumPy's rules (CONTRACT section 1).
     if (const RawTensor* t = file.find("mask")) {
       expect_dtype(*t, DType::BOOL);
-      expect_rank(*t, 2, 4, "[..., Nq, Nk]");
-      const auto r = t->shape.size();
-      if (t->shape[r - 2] != c_.Nq || t->shape[r - 1] != c_.Nk)
-        fail("mask", "trailing dimensions [" + std::to_string(t->shape[r - 2]) + "," +
-                         std::to_string(t->shape[r - 1]) + "] are not [Nq,Nk] = [" +
-                         std::to_string(c_.Nq) + "," + std::to_string(c_.Nk) + "]");
       expect_broadcast(*t, full);
       c_.mask = bools(*t);
     }
@@ -211,15 +207,15 @@ class CaseReader {
       if (t->dtype != DType::F64 && t->dtype != DType::F32 && t->dtype != c_.input_dtype)
         fail("bias", "dtype " + std::string(dtype_name(t->dtype)) + " is not F64, F32 or " +
                          std::string(dtype_name(c_.input_dtype)) + " (the input dtype)");
-      expect_rank(*t, 1, 4, "broadcastable to [B,Hq,Nq,Nk]");
       expect_broadcast(*t, full);
-      c_.bias = floats(*t, true);
+      c_.bias = floats(*t, true, is_sdpa);
     }
     if (const RawTensor* t = file.find("query_mask")) {
       expect_dtype(*t, DType::BOOL);
       expect_shape(*t, {c_.B, c_.Nq}, "[B,Nq]");
       c_.query_mask = bools(*t);
     }
+    if (!unchecked_.empty()) unused_positions();
   }
 
  private:
@@ -302,9 +298,11 @@ class CaseReader {
                            std::to_string(s.other.shape[s.other_axis]));
   }
 
-  // Right-aligned broadcasting: each dimension 1 or the full size.
+  // NumPy broadcasting to [B,Hq,Nq,Nk]: rank 0 to 4, right-aligned, each dimension 1 or the
+  // full size.
   void expect_broadcast(const RawTensor& t, const std::array<std::int64_t, 4>& full) const {
     static constexpr std::array<const char*, 4> names = {"B", "Hq", "Nq", "Nk"};
+    expect_rank(t, 0, 4, "broadcastable to [B,Hq,Nq,Nk]");
     const std::size_t r = t.shape.size();
     for (std::size_t a = 0; a < r; ++a) {
       const std::size_t f = 4 - r + a;
@@ -316,7 +314,13 @@ class CaseReader {
     }
   }
 
-  FloatTensor floats(const RawTensor& t, bool allow_minus_inf) const {
+  static std::string non_finite_name(double x) {
+    return std::isnan(x) ? "NaN" : x > 0 ? "+infinity" : "-infinity";
+  }
+
+  // Decodes t. A non-finite element (other than -inf when allowed) is refused, or, when
+  // `lenient`, recorded in `unchecked_` for the unused-position rules.
+  FloatTensor floats(const RawTensor& t, bool allow_minus_inf, bool lenient = false) {
     FloatTensor out;
     out.dtype = t.dtype;
     out.shape = t.shape;
@@ -328,10 +332,11 @@ class CaseReader {
       out.values[e] = x;
       if (std::isfinite(x) || (allow_minus_inf && x == -std::numeric_limits<double>::infinity()))
         continue;
-      fail(t.name, "element " + std::to_string(e) + " is " +
-                       (std::isnan(x) ? "NaN"
-                        : x > 0       ? "+infinity"
-                                      : "-infinity") +
+      if (lenient) {
+        unchecked_[t.name].push_back(e);
+        continue;
+      }
+      fail(t.name, "element " + std::to_string(e) + " is " + non_finite_name(x) +
                        (allow_minus_inf ? " (only -infinity is allowed)" : ""));
     }
     return out;
@@ -349,8 +354,9 @@ class CaseReader {
   }
 
   // Decodes each input into its field of the case, in order.
-  void decode(std::initializer_list<std::pair<const RawTensor*, FloatTensor*>> inputs) const {
-    for (const auto& [t, field] : inputs) *field = floats(*t, false);
+  void decode(std::initializer_list<std::pair<const RawTensor*, FloatTensor*>> inputs,
+              bool lenient) {
+    for (const auto& [t, field] : inputs) *field = floats(*t, false, lenient);
   }
 
   void sdpa_inputs() {
@@ -364,7 +370,7 @@ class CaseReader {
                     std::to_string(q.shape[1]) + " of q");
     c_.B = q.shape[0], c_.Hq = q.shape[1], c_.Nq = q.shape[2], c_.Dk = q.shape[3];
     c_.Hkv = k.shape[1], c_.Nk = k.shape[2], c_.Dv = v.shape[3];
-    decode({{&q, &c_.q}, {&k, &c_.k}, {&v, &c_.v}});
+    decode({{&q, &c_.q}, {&k, &c_.k}, {&v, &c_.v}}, true);
   }
 
   void mha_inputs() {
@@ -385,11 +391,116 @@ class CaseReader {
     c_.B = x_q.shape[0], c_.Nq = x_q.shape[1], c_.D = x_q.shape[2], c_.Nk = x_kv.shape[1];
     c_.Hq = c_.Hkv = h, c_.Dk = w_q.shape[2], c_.Dv = dv, c_.Dout = w_o.shape[1];
     decode({{&x_q, &c_.x_q}, {&x_kv, &c_.x_kv}, {&w_q, &c_.w_q}, {&w_k, &c_.w_k},
-            {&w_v, &c_.w_v}, {&w_o, &c_.w_o}});
+            {&w_v, &c_.w_v}, {&w_o, &c_.w_o}}, false);
+  }
+
+  // Non-finite values at unused positions (CONTRACT section 1, kind sdpa): a q row of a padding
+  // query, a bias entry all of whose rows are padding, a k or v row of a key that no query
+  // (other than padding) of any head reading its kv head attends. Any other is refused. The
+  // case then holds 0 in their place, so that no evaluation ever reads them, and the padding
+  // rows that would read one are masked out in its mask (zeros, row.valid false).
+  void unused_positions() {
+    const Case& c = c_;
+    const auto& qs = unchecked_["q"];
+    const auto& ks = unchecked_["k"];
+    const auto& vs = unchecked_["v"];
+    const auto& bs = unchecked_["bias"];
+    const auto at = [](std::size_t e) { return "element " + std::to_string(e) + " is "; };
+    const std::string rule = " (non-finite values are allowed only at unused positions)";
+    // [B, Hq, Nq]: padding rows that would read a non-finite value.
+    std::vector<unsigned char> poisoned(static_cast<std::size_t>(c.B * c.Hq * c.Nq), 0);
+    auto row = [&](std::int64_t b, std::int64_t h, std::int64_t i) -> unsigned char& {
+      return poisoned[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)];
+    };
+    for (std::size_t e : qs) {
+      const auto r = static_cast<std::int64_t>(e) / c.Dk;  // the row (b * Hq + h) * Nq + i
+      const std::int64_t b = r / (c.Hq * c.Nq), h = r / c.Nq % c.Hq, i = r % c.Nq;
+      if (c.query_valid(b, i))
+        fail("q", at(e) + non_finite_name(c.q.values[e]) + ", in query " + std::to_string(i) +
+                      " of b=" + std::to_string(b) + ", h=" + std::to_string(h) +
+                      ", which is not padding" + rule);
+      row(b, h, i) = 1;
+    }
+    if (!bs.empty()) {
+      const Shape& shape = c.bias->shape;
+      const std::size_t r = shape.size();
+      // The extent of bias dimension `full_axis` of [B,Hq,Nq,Nk] (1: broadcast, or absent).
+      auto extent = [&](std::size_t full_axis) {
+        return full_axis + r >= 4 ? shape[full_axis + r - 4] : std::int64_t{1};
+      };
+      for (std::size_t e : bs) {
+        std::array<std::int64_t, 4> idx{};  // e unravelled over [B,Hq,Nq,Nk] extents
+        for (std::size_t a = 4, rest = e; a-- > 0;) {
+          const auto n = static_cast<std::size_t>(extent(a));
+          idx[a] = static_cast<std::int64_t>(rest % n);
+          rest /= n;
+        }
+        const bool all_b = extent(0) == 1 && c.B > 1, all_i = extent(2) == 1 && c.Nq > 1;
+        for (std::int64_t b = all_b ? 0 : idx[0]; b <= (all_b ? c.B - 1 : idx[0]); ++b)
+          for (std::int64_t i = all_i ? 0 : idx[2]; i <= (all_i ? c.Nq - 1 : idx[2]); ++i) {
+            if (c.query_valid(b, i))
+              fail("bias", at(e) + non_finite_name(c.bias->values[e]) + ", on query " +
+                               std::to_string(i) + " of b=" + std::to_string(b) +
+                               ", which is not padding (only -infinity is allowed, other than on "
+                               "padding rows)");
+            const bool all_h = extent(1) == 1;
+            for (std::int64_t h = all_h ? 0 : idx[1]; h <= (all_h ? c.Hq - 1 : idx[1]); ++h)
+              row(b, h, i) = 1;
+          }
+      }
+      for (std::size_t e : bs) c_.bias->values[e] = 0;  // its rows are masked out below
+    }
+    if (!ks.empty() || !vs.empty()) {
+      // [B, Hkv, Nk]: key rows holding a non-finite value
+      std::vector<unsigned char> bad(static_cast<std::size_t>(c.B * c.Hkv * c.Nk), 0);
+      for (std::size_t e : ks) bad[e / static_cast<std::size_t>(c.Dk)] = 1;
+      for (std::size_t e : vs) bad[e / static_cast<std::size_t>(c.Dv)] = 1;
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i) {
+            const Case::KeyRange kr = c.key_range(i);
+            for (std::int64_t j = kr.first; j <= kr.last; ++j) {
+              const auto key = static_cast<std::size_t>((b * c.Hkv + c.kv_head(h)) * c.Nk + j);
+              if (!bad[key] || !c.allowed(b, h, i, j)) continue;
+              if (c.query_valid(b, i)) {
+                const bool in_k = std::any_of(ks.begin(), ks.end(), [&](std::size_t e) {
+                  return e / static_cast<std::size_t>(c.Dk) == key;
+                });
+                const auto& list = in_k ? ks : vs;
+                const std::size_t width = static_cast<std::size_t>(in_k ? c.Dk : c.Dv);
+                const std::size_t e =
+                    *std::find_if(list.begin(), list.end(), [&](std::size_t x) { return x / width == key; });
+                const double x = (in_k ? c.k : c.v).values[e];
+                fail(in_k ? "k" : "v",
+                     at(e) + non_finite_name(x) + ", in key " + std::to_string(j) + " of b=" +
+                         std::to_string(b) + ", kv head " + std::to_string(c.kv_head(h)) +
+                         ", which query " + std::to_string(i) + " of head " + std::to_string(h) +
+                         " attends" + rule);
+              }
+              row(b, h, i) = 1;
+            }
+          }
+    }
+    for (std::size_t e : qs) c_.q.values[e] = 0;
+    for (std::size_t e : ks) c_.k.values[e] = 0;
+    for (std::size_t e : vs) c_.v.values[e] = 0;
+    if (std::none_of(poisoned.begin(), poisoned.end(), [](unsigned char p) { return p != 0; }))
+      return;
+    // The mask in full, the poisoned padding rows masked out.
+    BoolTensor m{{c.B, c.Hq, c.Nq, c.Nk}, {}};
+    m.values.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq * c.Nk));
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i)
+          for (std::int64_t j = 0; j < c.Nk; ++j)
+            m.values[static_cast<std::size_t>(((b * c.Hq + h) * c.Nq + i) * c.Nk + j)] =
+                !row(b, h, i) && c.mask_at(b, h, i, j);
+    c_.mask = std::move(m);
   }
 
   const std::string& path_;
   Case& c_;
+  std::map<std::string, std::vector<std::size_t>> unchecked_;  // non-finite elements by tensor
   const SafeTensorsFile* file_ = nullptr;
   std::string first_input_;
   std::optional<DType> output_dtype_;

@@ -402,9 +402,29 @@ TEST(CaseTensors, MhaShapes) {
 // ---- mask, bias, query_mask ----
 
 TEST(CaseMask, Shapes) {
+  // Every NumPy-broadcastable shape, [B,1,1,Nk] (key padding per batch) and [] included.
   for (Shape s : {Shape{3, 5}, Shape{4, 3, 5}, Shape{1, 3, 5}, Shape{2, 4, 3, 5}, Shape{1, 4, 3, 5},
-                  Shape{2, 1, 3, 5}, Shape{1, 1, 3, 5}})
-    EXPECT_TRUE(accept(with(sdpa(), bools("mask", s))).mask);
+                  Shape{2, 1, 3, 5}, Shape{1, 1, 3, 5}, Shape{2, 1, 1, 5}, Shape{5}, Shape{1},
+                  Shape{}, Shape{3, 1}, Shape{4, 1, 1}, Shape{2, 4, 3, 1}, Shape{1, 1, 1, 1}})
+    EXPECT_TRUE(accept(with(sdpa(), bools("mask", s))).mask) << shape_string(s);
+}
+
+TEST(CaseMask, KeyPaddingMaskBroadcasts) {
+  // [B,1,1,Nk]: batch 0 allows keys 0..2, batch 1 keys 0..4, for every head and query.
+  std::vector<unsigned char> values = {1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+  const Case c = accept(with(sdpa(), bools("mask", {2, 1, 1, 5}, values)));
+  for (std::int64_t h = 0; h < 4; ++h)
+    for (std::int64_t i = 0; i < 3; ++i)
+      for (std::int64_t j = 0; j < 5; ++j) {
+        EXPECT_EQ(c.mask_at(0, h, i, j), j < 3);
+        EXPECT_TRUE(c.mask_at(1, h, i, j));
+      }
+}
+
+TEST(CaseBias, ScalarBroadcasts) {
+  const Case c = accept(with(sdpa(), floats("bias", {}, DType::F32, {0.25})));
+  EXPECT_EQ(c.bias_at(1, 3, 2, 4), 0.25);
+  EXPECT_EQ(c.bias_at(0, 0, 0, 0), 0.25);
 }
 
 TEST(CaseMask, NotBool) {
@@ -412,15 +432,16 @@ TEST(CaseMask, NotBool) {
 }
 
 TEST(CaseMask, Rank) {
-  expect_refused(with(sdpa(), bools("mask", {5})), "mask", "has rank 1, expected 2 to 4");
   expect_refused(with(sdpa(), bools("mask", {1, 2, 4, 3, 5})), "mask",
-                 "has rank 5, expected 2 to 4");
+                 "shape [1,2,4,3,5] has rank 5, expected 0 to 4 broadcastable to [B,Hq,Nq,Nk]");
 }
 
 TEST(CaseMask, TrailingDims) {
-  expect_refused(with(sdpa(), bools("mask", {3, 1})), "mask",
-                 "trailing dimensions [3,1] are not [Nq,Nk] = [3,5]");
-  expect_refused(with(sdpa(), bools("mask", {5, 3})), "mask", "are not [Nq,Nk]");
+  expect_refused(with(sdpa(), bools("mask", {3, 2})), "mask",
+                 "shape [3,2] does not broadcast to [B,Hq,Nq,Nk] = [2,4,3,5]: dimension 1 is 2, "
+                 "must be 1 or Nk = 5");
+  expect_refused(with(sdpa(), bools("mask", {5, 3})), "mask", "dimension 0 is 5, must be 1 or Nq = 3");
+  expect_refused(with(sdpa(), bools("mask", {7})), "mask", "dimension 0 is 7, must be 1 or Nk = 5");
 }
 
 TEST(CaseMask, NotBroadcastable) {
@@ -450,12 +471,11 @@ TEST(CaseBias, Dtypes) {
 }
 
 TEST(CaseBias, Shapes) {
-  for (Shape s : {Shape{1}, Shape{5}, Shape{3, 1}, Shape{3, 5}, Shape{4, 1, 1}, Shape{2, 1, 1, 5},
-                  Shape{2, 4, 3, 5}})
+  for (Shape s : {Shape{}, Shape{1}, Shape{5}, Shape{3, 1}, Shape{3, 5}, Shape{4, 1, 1},
+                  Shape{2, 1, 1, 5}, Shape{2, 4, 3, 5}})
     EXPECT_TRUE(accept(with(sdpa(), floats("bias", s))).bias);
-  expect_refused(with(sdpa(), floats("bias", {})), "bias",
-                 "has rank 0, expected 1 to 4 broadcastable to [B,Hq,Nq,Nk]");
-  expect_refused(with(sdpa(), floats("bias", {1, 1, 1, 1, 1})), "bias", "has rank 5");
+  expect_refused(with(sdpa(), floats("bias", {1, 1, 1, 1, 1})), "bias",
+                 "shape [1,1,1,1,1] has rank 5, expected 0 to 4 broadcastable to [B,Hq,Nq,Nk]");
   expect_refused(with(sdpa(), floats("bias", {3})), "bias",
                  "shape [3] does not broadcast to [B,Hq,Nq,Nk] = [2,4,3,5]: dimension 0 is 3, "
                  "must be 1 or Nk = 5");
@@ -468,7 +488,8 @@ TEST(CaseBias, Infinities) {
   EXPECT_EQ(accept(with(sdpa(), floats("bias", {5}, DType::F32, values))).bias->values[1], -kInf);
   values[3] = kInf;
   expect_refused(with(sdpa(), floats("bias", {5}, DType::F32, values)), "bias",
-                 "element 3 is +infinity (only -infinity is allowed)");
+                 "element 3 is +infinity, on query 0 of b=0, which is not padding (only -infinity "
+                 "is allowed, other than on padding rows)");
   values[3] = std::nan("");
   expect_refused(with(sdpa(), floats("bias", {5}, DType::F64, values)), "bias", "element 3 is NaN");
 }
@@ -515,6 +536,107 @@ TEST(CaseFinite, MhaWeights) {
   values[62] = std::nan("");
   expect_refused(with(mha(DType::BF16), floats("w_o", {9, 7}, DType::BF16, values)), "w_o",
                  "element 62 is NaN");
+}
+
+// ---- Non-finite values at unused positions (sdpa: B=2, Hq=4, Hkv=2, Nq=3, Nk=5, Dk=2, Dv=3) ----
+
+// The sdpa case with element e of `name` (of that shape) set to x.
+SafeTensorsFile poisoned(SafeTensorsFile f, const std::string& name, Shape shape, std::size_t e,
+                         double x = std::nan("")) {
+  std::size_t n = 1;
+  for (auto d : shape) n *= static_cast<std::size_t>(d);
+  std::vector<double> values(n, 0.5);
+  values.at(e) = x;
+  return with(std::move(f), floats(name, std::move(shape), DType::F32, values));
+}
+
+TEST(CaseUnused, MaskedKeyMayHoldNaN) {
+  // mask [Nk]: key 4 masked for every query; its k and v rows (b=1, kv head 0) hold NaN and
+  // infinity. The case holds 0 there instead.
+  SafeTensorsFile f = with(sdpa(), bools("mask", {5}, {1, 1, 1, 1, 0}));
+  f = poisoned(f, "k", {2, 2, 5, 2}, (1 * 2 + 0) * 10 + 4 * 2 + 1);
+  f = poisoned(f, "v", {2, 2, 5, 3}, (1 * 2 + 0) * 15 + 4 * 3, kInf);
+  const Case c = accept(f);
+  EXPECT_EQ(c.k.values[29], 0);
+  EXPECT_EQ(c.v.values[42], 0);
+  for (std::int64_t i = 0; i < 3; ++i) EXPECT_TRUE(c.row_has_key(1, 0, i));
+}
+
+TEST(CaseUnused, KeyBeyondCausalMayHoldNaN) {
+  // top_left causal, Nq = 3 < Nk = 5: keys 3 and 4 are seen by no query.
+  SafeTensorsFile f = with_meta(sdpa(), "attn.causal", "top_left");
+  EXPECT_NO_THROW(accept(poisoned(f, "v", {2, 2, 5, 3}, 4 * 3)));
+  expect_refused(poisoned(f, "v", {2, 2, 5, 3}, 2 * 3), "v",
+                 "element 6 is NaN, in key 2 of b=0, kv head 0, which query 2 of head 0 attends "
+                 "(non-finite values are allowed only at unused positions)");
+}
+
+TEST(CaseUnused, AttendedKeyIsRefused) {
+  // Key 4 masked for head 0 only: head 1 reads the same kv head and attends it.
+  std::vector<unsigned char> m(4 * 5, 1);
+  m[4] = 0;  // mask [Hq, 1, Nk]: head 0, key 4
+  SafeTensorsFile f = with(sdpa(), bools("mask", {4, 1, 5}, m));
+  expect_refused(poisoned(f, "k", {2, 2, 5, 2}, 8), "k",
+                 "element 8 is NaN, in key 4 of b=0, kv head 0, which query 0 of head 1 attends");
+  m[5 + 4] = 0;  // head 1 too: now unused
+  f = with(sdpa(), bools("mask", {4, 1, 5}, m));
+  EXPECT_NO_THROW(accept(poisoned(f, "k", {2, 2, 5, 2}, 8)));
+}
+
+TEST(CaseUnused, MinusInfinityBiasFreesAKey) {
+  std::vector<double> b(5, 0);
+  b[2] = -kInf;
+  SafeTensorsFile f = with(sdpa(), floats("bias", {5}, DType::F32, b));
+  EXPECT_NO_THROW(accept(poisoned(f, "v", {2, 2, 5, 3}, 2 * 3 + 1, -kInf)));
+}
+
+TEST(CaseUnused, PaddingQueryMayHoldNaN) {
+  // query 1 of batch 0 is padding: its q rows (every head) may hold anything; its row is then
+  // masked out (zeros, row.valid false) and query 0 keeps its keys.
+  SafeTensorsFile f = with(sdpa(), bools("query_mask", {2, 3}, {1, 0, 1, 1, 1, 1}));
+  const std::size_t e = ((0 * 4 + 2) * 3 + 1) * 2;  // q[0, 2, 1, 0]
+  const Case c = accept(poisoned(f, "q", {2, 4, 3, 2}, e));
+  EXPECT_EQ(c.q.values[e], 0);
+  EXPECT_FALSE(c.row_has_key(0, 2, 1));
+  EXPECT_TRUE(c.row_has_key(0, 1, 1));  // another head of the same query: its q is finite
+  EXPECT_TRUE(c.row_has_key(0, 2, 0));
+  EXPECT_EQ(c.first_refused_row(), std::nullopt);
+  expect_refused(poisoned(f, "q", {2, 4, 3, 2}, e - 2), "q",
+                 "element 12 is NaN, in query 0 of b=0, h=2, which is not padding (non-finite "
+                 "values are allowed only at unused positions)");
+}
+
+TEST(CaseUnused, KeyOnlyPaddingAttendsMasksThatRow) {
+  // Key 4 allowed only to query 1 of batch 0 (padding), by a mask [B,1,Nq,Nk]: NaN there is
+  // accepted, and that padding row of the heads reading the kv head is masked out.
+  std::vector<unsigned char> m(2 * 3 * 5, 1);
+  for (int b = 0; b < 2; ++b)
+    for (int i = 0; i < 3; ++i) m[static_cast<std::size_t>((b * 3 + i) * 5 + 4)] = b == 0 && i == 1;
+  SafeTensorsFile f = with(with(sdpa(), bools("mask", {2, 1, 3, 5}, m)),
+                           bools("query_mask", {2, 3}, {1, 0, 1, 1, 1, 1}));
+  const Case c = accept(poisoned(f, "v", {2, 2, 5, 3}, 4 * 3));  // b=0, kv head 0, key 4
+  EXPECT_FALSE(c.row_has_key(0, 0, 1));
+  EXPECT_FALSE(c.row_has_key(0, 1, 1));
+  EXPECT_TRUE(c.row_has_key(0, 2, 1));  // kv head 1 has no NaN
+}
+
+TEST(CaseUnused, BiasOnPaddingRows) {
+  // bias [B,1,Nq,1]: entry (b=0, i=1) covers only padding rows; (b=0, i=0) does not.
+  SafeTensorsFile f = with(sdpa(), bools("query_mask", {2, 3}, {1, 0, 1, 1, 1, 1}));
+  const Case c = accept(poisoned(f, "bias", {2, 1, 3, 1}, 1, kInf));
+  EXPECT_EQ(c.bias->values[1], 0);
+  EXPECT_FALSE(c.row_has_key(0, 3, 1));
+  expect_refused(poisoned(f, "bias", {2, 1, 3, 1}, 0), "bias",
+                 "element 0 is NaN, on query 0 of b=0, which is not padding");
+  // bias [Nq, 1]: entry i=1 covers query 1 of batch 1 as well, which is not padding
+  expect_refused(poisoned(f, "bias", {3, 1}, 1), "bias", "on query 1 of b=1, which is not padding");
+}
+
+TEST(CaseUnused, MhaInputsMustBeFinite) {
+  std::vector<double> values(2 * 5 * 6, 0);
+  values[59] = std::nan("");
+  expect_refused(with(mha(), floats("x_kv", {2, 5, 6}, DType::F32, values)), "x_kv",
+                 "element 59 is NaN");
 }
 
 // ---- Lookups with broadcasting ----

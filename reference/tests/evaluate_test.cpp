@@ -296,6 +296,90 @@ TEST(Evaluate, PaddingRowIsNotRefused) {
   EXPECT_FALSE(valid(b.r, 1));
 }
 
+TEST(Evaluate, KeyPaddingMaskBroadcasts) {
+  // mask [B,1,1,Nk] = [[1,1,0],[1,0,0]], equal scores: batch 0 averages v of keys 0 and 1,
+  // batch 1 takes key 0, for both heads and both queries.
+  auto b = run({floats("q", DType::F32, {2, 2, 2, 1}, std::vector<double>(8, 0)),
+                floats("k", DType::F32, {2, 1, 3, 1}, std::vector<double>(6, 0)),
+                floats("v", DType::F32, {2, 1, 3, 1}, {2, 6, 100, 8, 100, 100}),
+                bools("mask", {2, 1, 1, 3}, {1, 1, 0, 1, 0, 0})},
+               {});
+  for (std::size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(at(b.r, "out", r), 4.0) << r;
+    EXPECT_EQ(at(b.r, "out", 4 + r), 8.0) << r;
+  }
+}
+
+TEST(Evaluate, ScalarBiasChangesNothingButLse) {
+  // A bias of shape [] adds one constant to every score: weights unchanged, lse shifted by it.
+  auto plain = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                    floats("k", DType::F32, {1, 1, 2, 1}, {3, -1}),
+                    floats("v", DType::F32, {1, 1, 2, 1}, {1, 0})},
+                   {{"attn.outputs", "out,lse"}, {"attn.scale", "1"}});
+  auto biased = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                     floats("k", DType::F32, {1, 1, 2, 1}, {3, -1}),
+                     floats("v", DType::F32, {1, 1, 2, 1}, {1, 0}),
+                     floats("bias", DType::F32, {}, {2})},
+                    {{"attn.outputs", "out,lse"}, {"attn.scale", "1"}});
+  EXPECT_EQ(at(biased.r, "out.ref", 0), at(plain.r, "out.ref", 0));
+  // lse = log(e^1.5 + e^-0.5) + 2, computed at 300 bits.
+  const double lse = high_precision([](mpfr_ptr x) {
+    mpfr_t t;
+    mpfr_init2(t, 300);
+    mpfr_set_d(x, 1.5, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_set_d(t, -0.5, MPFR_RNDN);
+    mpfr_exp(t, t, MPFR_RNDN);
+    mpfr_add(x, x, t, MPFR_RNDN);
+    mpfr_log(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 2, MPFR_RNDN);
+    mpfr_clear(t);
+  });
+  EXPECT_EQ(at(biased.r, "lse.ref", 0), lse);
+}
+
+TEST(Evaluate, NaNInAMaskedValueRowChangesNothing) {
+  // Scores 1.5 and -0.5 on keys 0 and 1; key 2 is masked out for every query, and its k and v
+  // rows hold NaN and infinity. The result is that of the two keys alone, byte for byte.
+  auto clean = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                    floats("k", DType::F32, {1, 1, 3, 1}, {3, -1, 7}),
+                    floats("v", DType::F32, {1, 1, 3, 1}, {1, 0, 5}),
+                    bools("mask", {3}, {1, 1, 0})},
+                   {{"attn.outputs", "out,weights,lse"}, {"attn.scale", "1"}});
+  auto poisoned = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                       floats("k", DType::F32, {1, 1, 3, 1}, {3, -1, INFINITY}),
+                       floats("v", DType::F32, {1, 1, 3, 1}, {1, 0, NAN}),
+                       bools("mask", {3}, {1, 1, 0})},
+                      {{"attn.outputs", "out,weights,lse"}, {"attn.scale", "1"}});
+  const double w0 = high_precision([](mpfr_ptr x) {
+    mpfr_set_si(x, -2, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 1, MPFR_RNDN);
+    mpfr_ui_div(x, 1, x, MPFR_RNDN);
+  });
+  EXPECT_EQ(at(poisoned.r, "out.ref", 0), w0);  // v = (1, 0, NaN): w0 * 1
+  EXPECT_EQ(at(poisoned.r, "weights", 2), 0.0);
+  ASSERT_EQ(poisoned.r.golden.size(), clean.r.golden.size());
+  for (std::size_t t = 0; t < clean.r.golden.size(); ++t) {
+    EXPECT_EQ(poisoned.r.golden[t].name, clean.r.golden[t].name);
+    EXPECT_EQ(poisoned.r.golden[t].data, clean.r.golden[t].data) << clean.r.golden[t].name;
+  }
+}
+
+TEST(Evaluate, NaNInAPaddingQueryGivesZerosMarkedInvalid) {
+  // Query 1 is padding and its q row is NaN: its row is 0 with row.valid false; query 0 is as
+  // without it.
+  auto b = run({floats("q", DType::F32, {1, 1, 2, 1}, {0.5, NAN}),
+                floats("k", DType::F32, {1, 1, 2, 1}, {3, -1}),
+                floats("v", DType::F32, {1, 1, 2, 1}, {1, 0}), bools("query_mask", {1, 2}, {1, 0})},
+               {{"attn.outputs", "out,lse"}, {"attn.scale", "1"}});
+  EXPECT_TRUE(valid(b.r, 0));
+  EXPECT_FALSE(valid(b.r, 1));
+  EXPECT_EQ(at(b.r, "out", 1), 0.0);
+  EXPECT_EQ(at(b.r, "lse.ref", 1), -INFINITY);
+  EXPECT_GT(at(b.r, "out.ref", 0), 0.88);  // 1 / (1 + e^-2) = 0.8808
+}
+
 TEST(Evaluate, ThreadCountDoesNotChangeBytes) {
   std::vector<double> q, k, v;
   for (int i = 0; i < 7 * 5; ++i) q.push_back(std::ldexp(std::sin(i * 1.7) , 2));

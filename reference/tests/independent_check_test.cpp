@@ -930,9 +930,9 @@ RandomCaseOptions check_options() {
   return opt;
 }
 
-Outcome run_seed(std::uint64_t seed) {
+Outcome run_seed(std::uint64_t seed, const RandomCaseOptions& opt = check_options()) {
   RandomCaseInfo info;
-  const SafeTensorsFile file = random_case(seed, check_options(), &info);
+  const SafeTensorsFile file = random_case(seed, opt, &info);
   std::string context = info.summary + "\n    case: " + describe_case(file) +
                         "\n    replay: ATTNORACLE_SEED=" + std::to_string(seed);
   return run_problem("random-" + std::to_string(seed), file, seed, std::move(context));
@@ -995,6 +995,66 @@ TEST(IndependentCheck, RandomProblems) {
   if (!undecided_seeds.empty())
     std::cout << "seeds with elements the reference left undecided:" << undecided_seeds << "\n";
   EXPECT_GE(total.elements, seeds.size());
+}
+
+// Whether a mask or bias of this shape broadcasts over the queries or the keys (shapes a
+// reader that wants [..., Nq, Nk] would refuse).
+bool broadcasts_within_head(const Arr& a, std::int64_t Nq, std::int64_t Nk) {
+  const std::size_t r = a.shape.size();
+  return r < 2 || (a.shape[r - 2] == 1 && Nq > 1) || (a.shape[r - 1] == 1 && Nk > 1);
+}
+
+// Masks and biases of every broadcast shape, key padding masks [B,1,1,Nk] and rank 0 among
+// them: at least 500 problems (ATTNORACLE_TEST_SCALE scales it) whose mask or bias broadcasts
+// over the queries or the keys, each golden element checked against our own evaluation.
+TEST(IndependentCheck, BroadcastMasksAndBiases) {
+  const auto start = std::chrono::steady_clock::now();
+  RandomCaseOptions opt = check_options();
+  opt.mask_fraction = 1;
+  opt.bias_fraction = 0.5;
+  opt.key_padding_mask_fraction = 0.3;
+  opt.large_fraction = 0.02;
+  const auto want = static_cast<std::size_t>(std::max(1.0, std::round(500 * env_scale())));
+  std::vector<std::uint64_t> seeds;
+  std::map<std::string, int> seen;
+  for (std::uint64_t seed = 1'000'001; seeds.size() < want; ++seed) {
+    const Spec s = read_spec(random_case(seed, opt));
+    const bool m = s.mask && broadcasts_within_head(*s.mask, s.Nq, s.Nk);
+    const bool b = s.bias && broadcasts_within_head(*s.bias, s.Nq, s.Nk);
+    if (!m && !b) continue;
+    seeds.push_back(seed);
+    if (m) ++seen["mask rank " + std::to_string(s.mask->shape.size())];
+    if (s.mask && s.mask->shape == std::vector<std::int64_t>{s.B, 1, 1, s.Nk}) ++seen["key padding"];
+    if (b) ++seen["bias rank " + std::to_string(s.bias->shape.size())];
+    if (s.mha) ++seen["mha"];
+  }
+  std::vector<Outcome> outcomes(seeds.size());
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t k; (k = next.fetch_add(1)) < seeds.size();) outcomes[k] = run_seed(seeds[k], opt);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < std::max(1u, std::min(2u, std::thread::hardware_concurrency())); ++w)
+    pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  Counts total;
+  for (const auto& o : outcomes) {
+    total.add(o.counts);
+    report(o);
+  }
+  std::string all;
+  for (const auto& [k, v] : seen) all += k + "=" + std::to_string(v) + " ";
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "broadcast masks and biases: " << all << "\nindependent check: "
+            << summary(total, secs) << std::endl;
+  EXPECT_EQ(total.problems, want);
+  EXPECT_GE(total.elements, want - total.refused);
+  if (env_scale() >= 1) {
+    for (const char* k : {"mask rank 0", "mask rank 1", "mask rank 2", "mask rank 3",
+                          "mask rank 4", "key padding", "bias rank 0", "mha"})
+      EXPECT_GT(seen[k], 0) << k;
+  }
 }
 
 // ---- hand-made cases ----
@@ -1115,6 +1175,8 @@ TEST(RandomCase, CoversTheFeatures) {
     if (s.Nq == 1 && s.Nk == 1) ++seen["1x1"];
     if (s.Nq >= 40 && s.Nk >= 40) ++seen["large"];
     if (s.mask) ++seen["mask rank " + std::to_string(s.mask->shape.size())];
+    if (s.mask && broadcasts_within_head(*s.mask, s.Nq, s.Nk)) ++seen["mask broadcast"];
+    if (s.bias && s.bias->shape.empty()) ++seen["bias rank 0"];
     if (s.bias) {
       ++seen["bias " + std::string(dtype_name(s.bias->dtype))];
       if (std::any_of(s.bias->v.begin(), s.bias->v.end(), [](double x) { return std::isinf(x); }))
@@ -1145,7 +1207,7 @@ TEST(RandomCase, CoversTheFeatures) {
         "sdpa in F16", "sdpa in BF16", "mha in F64", "mha in F32", "mha in F16", "mha in BF16",
         "out F64", "out F32", "out F16", "out BF16", "output dtype differs", "gqa", "mqa",
         "Nq > Nk", "Nq < Nk", "1x1", "large", "mask rank 2", "mask rank 3", "mask rank 4",
-        "bias F32", "bias F64", "bias F16", "bias BF16", "bias -inf", "bias broadcast",
+        "mask broadcast", "bias rank 0", "bias F32", "bias F64", "bias F16", "bias BF16", "bias -inf", "bias broadcast",
         "causal top_left", "causal bottom_right", "window", "query_mask", "softcap",
         "scale hex", "scale decimal", "weights", "lse", "fully masked, zero", "refusal",
         "masked padding, error", "policy error, no masked row"})

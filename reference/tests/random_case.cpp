@@ -255,14 +255,16 @@ Masking random_masking(Rng& rng, const Problem& p, const RandomCaseOptions& opt,
   Masking m;
   const std::array<std::int64_t, 4> full = {p.B, p.Hq, p.Nq, p.Nk};
   if (rng.chance(opt.mask_fraction)) {
-    m.mask_shape = broadcast_shape(rng, full, 2, true);
+    m.mask_shape = rng.chance(opt.key_padding_mask_fraction)
+                       ? Shape{p.B, 1, 1, p.Nk}
+                       : broadcast_shape(rng, full, opt.mask_min_rank, opt.mask_keeps_trailing);
     const double density = rng.pick(std::vector<double>{0.3, 0.7, 0.95, 0.95});
     m.mask.resize(static_cast<std::size_t>(numel(*m.mask_shape)));
     for (auto& x : m.mask) x = rng.chance(density) ? 1 : 0;
-    if (rng.chance(0.3)) {  // one whole row of the mask false: a fully masked row
-      const auto row = static_cast<std::size_t>(rng.range(0, numel(*m.mask_shape) / p.Nk - 1));
-      const auto first = static_cast<std::ptrdiff_t>(row * static_cast<std::size_t>(p.Nk));
-      std::fill_n(m.mask.begin() + first, p.Nk, 0);
+    if (rng.chance(0.3)) {  // every mask entry of one row false: a fully masked row
+      const std::int64_t b = rng.range(0, p.B - 1), h = rng.range(0, p.Hq - 1),
+                         i = rng.range(0, p.Nq - 1);
+      for (std::int64_t j = 0; j < p.Nk; ++j) m.mask[bcast(*m.mask_shape, {b, h, i, j})] = 0;
     }
   }
   if (rng.chance(opt.causal_fraction)) m.causal = rng.chance(0.5) ? "top_left" : "bottom_right";
@@ -272,7 +274,7 @@ Masking random_masking(Rng& rng, const Problem& p, const RandomCaseOptions& opt,
     m.right = rng.range(0, p.Nk);
   }
   if (rng.chance(opt.bias_fraction)) {
-    m.bias_shape = broadcast_shape(rng, full, 1, false);
+    m.bias_shape = broadcast_shape(rng, full, opt.bias_min_rank, false);
     m.bias_dtype = rng.pick(std::vector<DType>{DType::F32, DType::F64, p.in});
     const double minus_inf = rng.pick(std::vector<double>{0.0, 0.05, 0.3});
     const double a = large_bias ? 30 : 3;

@@ -45,6 +45,12 @@ struct RandomCaseOptions {
                                       DataFamily::Cancel};
   double mask_fraction = 0.3, causal_fraction = 0.3, window_fraction = 0.2;
   double bias_fraction = 0.3, query_mask_fraction = 0.15;
+  // Mask and bias shapes broadcast to [B, H, Nq, Nk] (CONTRACT section 1): ranks from the
+  // minimum to 4, each dimension 1 or full (the mask's last two full when it keeps trailing);
+  // a fraction of the masks are key padding masks [B, 1, 1, Nk].
+  int mask_min_rank = 0, bias_min_rank = 0;
+  bool mask_keeps_trailing = false;
+  double key_padding_mask_fraction = 0.15;
   double scale_fraction = 0.5, softcap_fraction = 0.2;
   double weights_fraction = 0.5, lse_fraction = 0.5;
   // Fully masked (non-padding) rows: under policy zero when allowed; a fraction of those

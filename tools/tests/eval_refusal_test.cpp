@@ -202,6 +202,59 @@ TEST_F(EvalRefusal, NaNInput) {
   expect_refused(bytes_of(f), "v", "element 13 is NaN");
 }
 
+TEST_F(EvalRefusal, MaskOfRankFive) {
+  SafeTensorsFile f = valid_case();
+  f.put(mask_of({1, 1, 1, 3, 5}));
+  expect_refused(bytes_of(f), "mask", "shape [1,1,1,3,5] has rank 5, expected 0 to 4");
+}
+
+TEST_F(EvalRefusal, KeyPaddingMaskOfWrongLength) {
+  SafeTensorsFile f = valid_case();
+  f.put(mask_of({1, 1, 1, 4}));
+  expect_refused(bytes_of(f), "mask", "dimension 3 is 4, must be 1 or Nk = 5");
+}
+
+TEST_F(EvalRefusal, NaNInAnAttendedKey) {
+  // mask [B,1,1,Nk] leaves key 4 to every query; its v row holds NaN.
+  SafeTensorsFile f = valid_case();
+  f.put(mask_of({1, 1, 1, 5}, 0, 1));
+  f.put(floats("v", {1, 2, 5, 2}, [](std::size_t e) { return e == 9 ? std::nan("") : 1.0; }));
+  expect_refused(bytes_of(f), "v",
+                 "element 9 is NaN, in key 4 of b=0, kv head 0, which query 0 of head 0 attends");
+}
+
+TEST_F(EvalRefusal, NaNInAQueryThatIsNotPadding) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("q", {1, 4, 3, 4}, [](std::size_t e) { return e == 5 ? INFINITY : 1.0; }));
+  expect_refused(bytes_of(f), "q", "element 5 is +infinity, in query 1 of b=0, h=0, which is not padding");
+}
+
+TEST_F(EvalRefusal, InfinityInABiasThatIsNotPadding) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("bias", {5}, [](std::size_t e) { return e == 2 ? INFINITY : 0.0; }));
+  expect_refused(bytes_of(f), "bias", "element 2 is +infinity, on query 0 of b=0, which is not padding");
+}
+
+TEST_F(EvalRefusal, NaNInAMaskedKeyEvaluates) {
+  // The same NaN in a key the mask [B,1,1,Nk] removes: evaluated, and written back unchanged.
+  SafeTensorsFile f = valid_case();
+  f.put(mask_of({1, 1, 1, 5}, 4, 5));
+  f.put(floats("v", {1, 2, 5, 2}, [](std::size_t e) { return e == 9 ? std::nan("") : 1.0; }));
+  const std::string in = dir_ / "poisoned.safetensors";
+  const std::string out = dir_ / "poisoned.out.safetensors";
+  write_bytes(in, bytes_of(f));
+  const CliResult r = run({"eval", in, "-o", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafeTensorsFile g = read_safetensors(out);
+  const RawTensor* v = g.find("v");
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(std::isnan(decode_float(DType::F32, v->data.data() + 9 * 4)));
+  const RawTensor* o = g.find("out");
+  ASSERT_NE(o, nullptr);
+  for (std::size_t e = 0; e < static_cast<std::size_t>(o->numel()); ++e)
+    EXPECT_EQ(decode_float(o->dtype, o->data.data() + e * 4), 1.0) << e;  // every v entry used is 1
+}
+
 TEST_F(EvalRefusal, BadCausalValue) {
   SafeTensorsFile f = valid_case();
   f.metadata["attn.causal"] = "lower";

@@ -41,17 +41,48 @@ bool position_allowed(const ProblemSpec& p, std::int64_t i, std::int64_t j) {
   return true;
 }
 
-// A BOOL tensor broadcast to [B, Hq, Nq, Nk] on lookup.
+// A BOOL tensor broadcast (NumPy's rules, right-aligned) to [B, Hq, Nq, Nk] on lookup; no
+// shape and no values: no mask.
 struct BoolGrid {
-  Shape shape;  // rank 2 or 4
+  Shape shape;
   std::vector<unsigned char> v;
   bool at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    if (shape.empty()) return true;
-    if (shape.size() == 2) return v[sz(i * shape[1] + j)] != 0;
-    const std::int64_t bb = shape[0] == 1 ? 0 : b, hh = shape[1] == 1 ? 0 : h;
-    return v[sz(((bb * shape[1] + hh) * shape[2] + i) * shape[3] + j)] != 0;
+    if (v.empty()) return true;
+    const std::int64_t idx[4] = {b, h, i, j};
+    std::int64_t flat = 0;
+    for (std::size_t a = 0, r = shape.size(); a < r; ++a)
+      flat = flat * shape[a] + (shape[a] == 1 ? 0 : idx[4 - r + a]);
+    return v[sz(flat)] != 0;
   }
 };
+
+// Masks that broadcast over heads and queries: [B,1,1,Nk] (per batch a random number, 0 to
+// Nk-1, of trailing keys masked) or [Nk] (each key allowed with probability 3/4, plus one key
+// every query's causal and window rules allow when there is one).
+BoolGrid make_broadcast_mask(const ProblemSpec& p, Rng& rng) {
+  const std::int64_t B = p.B, Nk = p.Nk;
+  BoolGrid m;
+  if (p.mask == MaskKind::KeyPaddingBroadcast) {
+    m.shape = {B, 1, 1, Nk};
+    m.v.assign(sz(B * Nk), 1);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto pad = static_cast<std::int64_t>(rng.below(sz(Nk)));  // keeps one key at least
+      for (std::int64_t j = Nk - pad; j < Nk; ++j) m.v[sz(b * Nk + j)] = 0;
+    }
+  } else {
+    m.shape = {Nk};
+    m.v.assign(sz(Nk), 0);
+    for (std::int64_t j = 0; j < Nk; ++j) m.v[sz(j)] = rng.chance(0.75);
+    std::vector<std::int64_t> common;  // keys the positions allow to every query
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      bool all = true;
+      for (std::int64_t i = 0; i < p.Nq && all; ++i) all = position_allowed(p, i, j);
+      if (all) common.push_back(j);
+    }
+    if (!common.empty()) m.v[sz(common[sz(static_cast<std::int64_t>(rng.below(common.size())))])] = 1;
+  }
+  return m;
+}
 
 BoolGrid make_mask(const ProblemSpec& p, Rng& rng) {
   BoolGrid m;
@@ -69,6 +100,9 @@ BoolGrid make_mask(const ProblemSpec& p, Rng& rng) {
   switch (p.mask) {
     case MaskKind::None:
       break;
+    case MaskKind::KeyPaddingBroadcast:
+    case MaskKind::KeyVector:
+      return make_broadcast_mask(p, rng);
     case MaskKind::KeyPadding:
       m.shape = {B, 1, Nq, Nk};
       m.v.assign(sz(B * Nq * Nk), 1);
@@ -143,10 +177,21 @@ std::vector<double> make_fill_bias(const ProblemSpec& p, const BoolGrid& mask, R
   return bias;
 }
 
+// Biases that broadcast: [] (one value) or [B,1,1,Nk] (a value per batch and key), uniform in
+// [-2, 2) in the bias dtype, finite.
+std::vector<double> make_broadcast_bias(const ProblemSpec& p, Rng& rng, Shape& shape) {
+  shape = p.bias == BiasKind::Scalar ? Shape{} : Shape{p.B, 1, 1, p.Nk};
+  std::vector<double> bias(p.bias == BiasKind::Scalar ? 1 : sz(p.B * p.Nk));
+  for (double& x : bias) x = round_into(rng.uniform(-2.0, 2.0), p.bias_dtype);
+  return bias;
+}
+
 std::vector<double> make_bias(const ProblemSpec& p, const BoolGrid& mask, Rng& rng, Shape& shape) {
   const std::int64_t B = p.B, H = p.Hq, Nq = p.Nq, Nk = p.Nk;
   std::vector<double> bias;
   if (p.bias == BiasKind::Fill) return make_fill_bias(p, mask, rng, shape);
+  if (p.bias == BiasKind::Scalar || p.bias == BiasKind::PerKey)
+    return make_broadcast_bias(p, rng, shape);
   if (p.bias == BiasKind::Alibi) {
     shape = {1, H, Nq, Nk};
     bias.resize(sz(H * Nq * Nk));
@@ -219,12 +264,12 @@ constexpr std::pair<MaskKind, std::string_view> kMaskKindNames[] = {
     {MaskKind::Random, "random"},
     {MaskKind::SingleKey, "single_key"},
     {MaskKind::FullyMaskedRows, "fully_masked_rows"},
-    {MaskKind::CausalMask, "causal_mask"}};
+    {MaskKind::CausalMask, "causal_mask"},
+    {MaskKind::KeyPaddingBroadcast, "key_padding_broadcast"},
+    {MaskKind::KeyVector, "key_vector"}};
 constexpr std::pair<BiasKind, std::string_view> kBiasKindNames[] = {
-    {BiasKind::None, "none"},
-    {BiasKind::Alibi, "alibi"},
-    {BiasKind::Random, "random"},
-    {BiasKind::Fill, "fill"}};
+    {BiasKind::None, "none"}, {BiasKind::Alibi, "alibi"}, {BiasKind::Random, "random"},
+    {BiasKind::Fill, "fill"}, {BiasKind::Scalar, "scalar"}, {BiasKind::PerKey, "per_key"}};
 
 }  // namespace
 
@@ -252,6 +297,36 @@ FillValue bias_fill_value(const ProblemSpec& p) {
   }
 }
 
+// Fills every unused position of a valid sdpa case (CONTRACT section 1) with NaN, +inf and
+// -inf in turn: the k and v rows of keys that no query other than padding attends, through any
+// head reading their kv head, and the q rows of padding queries.
+void poison_unused(SafeTensorsFile& f) {
+  const Case c = case_from_file("poison", f);
+  auto fill = [&](const char* name, std::int64_t row, std::int64_t width) {
+    RawTensor* t = f.find(name);
+    const std::size_t es = dtype_size(t->dtype);
+    for (std::int64_t e = 0; e < width; ++e) {
+      const double x = e % 3 == 0 ? NAN : e % 3 == 1 ? INFINITY : -INFINITY;
+      encode_float(t->dtype, x, t->data.data() + sz(row * width + e) * es);
+    }
+  };
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t g = 0; g < c.Hkv; ++g)
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        bool used = false;
+        for (std::int64_t h = 0; h < c.Hq && !used; ++h)
+          for (std::int64_t i = 0; i < c.Nq && !used; ++i)
+            used = c.kv_head(h) == g && c.query_valid(b, i) && c.allowed(b, h, i, j);
+        if (used) continue;
+        fill("k", (b * c.Hkv + g) * c.Nk + j, c.Dk);
+        fill("v", (b * c.Hkv + g) * c.Nk + j, c.Dv);
+      }
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < c.Nq; ++i)
+      if (!c.query_valid(b, i))
+        for (std::int64_t h = 0; h < c.Hq; ++h) fill("q", (b * c.Hq + h) * c.Nq + i, c.Dk);
+}
+
 std::optional<std::string> problem_error(const ProblemSpec& p) {
   const bool mha = p.kind == Kind::Mha;
   for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
@@ -276,6 +351,7 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   if (!p.bias_fill.empty() && p.bias != BiasKind::Fill) return "bias_fill needs bias fill";
   if (p.bias == BiasKind::Fill)
     if (auto f = bias_fill_value(p); !f.error.empty()) return f.error;
+  if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
   if (p.self_attention && (!mha || p.Nq != p.Nk))
     return "self attention needs kind mha and Nq = Nk";
   if (p.window && (p.window->first < 0 || p.window->second < 0))
@@ -365,10 +441,10 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     f.put(float_tensor("w_o", t, {p.Hq * p.Dv, p.Dout}, d.w_o));
   }
   const BoolGrid mask = make_mask(p, mask_rng);
-  if (!mask.shape.empty()) f.put(RawTensor{"mask", DType::BOOL, mask.shape, mask.v});
+  if (!mask.v.empty()) f.put(RawTensor{"mask", DType::BOOL, mask.shape, mask.v});
   Shape bias_shape;
   const std::vector<double> bias = make_bias(p, mask, bias_rng, bias_shape);
-  if (!bias.empty()) f.put(float_tensor("bias", p.bias_dtype, bias_shape, bias));
+  if (p.bias != BiasKind::None) f.put(float_tensor("bias", p.bias_dtype, bias_shape, bias));
   if (p.query_mask) {
     // Per batch a random number of trailing padding rows, one valid row at least; batch 0 has
     // one padding row at least when it can.
@@ -381,6 +457,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     }
     f.put(std::move(qm));
   }
+  if (p.poison) poison_unused(f);
   return f;
 }
 

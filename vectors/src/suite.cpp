@@ -22,10 +22,10 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 17> kOptions = {
-    "kind",       "dtype",      "output_dtype", "shape",   "causal", "window",
+constexpr std::array<std::string_view, 18> kOptions = {
+    "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
-    "query_mask", "masked_rows", "outputs",     "self",    "params"};
+    "query_mask", "poison",     "masked_rows",  "outputs", "self",       "params"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -228,10 +228,12 @@ class SpecReader {
     } else if (key == "mask") {
       p.mask = named(v, path, mask_kind_from_name, mask_kind_name,
                      {MaskKind::None, MaskKind::KeyPadding, MaskKind::Random, MaskKind::SingleKey,
-                      MaskKind::FullyMaskedRows, MaskKind::CausalMask});
+                      MaskKind::FullyMaskedRows, MaskKind::CausalMask,
+                      MaskKind::KeyPaddingBroadcast, MaskKind::KeyVector});
     } else if (key == "bias") {
       p.bias = named(v, path, bias_kind_from_name, bias_kind_name,
-                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random, BiasKind::Fill});
+                     {BiasKind::None, BiasKind::Alibi, BiasKind::Random, BiasKind::Fill, BiasKind::Scalar,
+                      BiasKind::PerKey});
     } else if (key == "bias_dtype") {
       p.bias_dtype = dtype(v, path);
     } else if (key == "bias_fill") {
@@ -241,6 +243,8 @@ class SpecReader {
       if (auto f = bias_fill_value(p); !f.error.empty()) fail(path, f.error);
     } else if (key == "query_mask") {
       p.query_mask = boolean(v, path);
+    } else if (key == "poison") {
+      p.poison = boolean(v, path);
     } else if (key == "masked_rows") {
       p.masked_rows = named(v, path, masked_rows_from_name, masked_rows_name,
                             {MaskedRows::Error, MaskedRows::Zero});
@@ -470,6 +474,7 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.mask != MaskKind::None) t.push_back("mask_" + std::string(mask_kind_name(p.mask)));
   if (p.bias != BiasKind::None) t.push_back("bias_" + std::string(bias_kind_name(p.bias)));
   if (p.query_mask) t.push_back("query_mask");
+  if (p.poison) t.push_back("poison");
   if (p.masked_rows == MaskedRows::Zero) t.push_back("masked_rows_zero");
   if (p.want_weights) t.push_back("weights");
   if (p.want_lse) t.push_back("lse");

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 #include "numbers.hpp"
 #include "prng.hpp"
@@ -320,6 +321,93 @@ TEST(VectorsMasks, CausalMaskIsBottomRightAndRankTwo) {
   EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{4, 6}));
   for (std::int64_t i = 0; i < 4; ++i)
     for (std::int64_t j = 0; j < 6; ++j) EXPECT_EQ(c.mask_at(0, 0, i, j), j <= i + 2);
+}
+
+TEST(VectorsMasks, BroadcastMasksAndBiases) {
+  // key_padding_broadcast: [B,1,1,Nk], trailing keys off per batch, key 0 always on.
+  ProblemSpec p = sdpa("normal", DType::F32, 3, 4, 2, 5, 7);
+  p.mask = MaskKind::KeyPaddingBroadcast;
+  p.bias = BiasKind::PerKey;
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    const Case c = make_case(p, seed);
+    EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{3, 1, 1, 7}));
+    EXPECT_EQ(c.bias->shape, (std::vector<std::int64_t>{3, 1, 1, 7}));
+    for (std::int64_t b = 0; b < 3; ++b) {
+      EXPECT_TRUE(c.mask_at(b, 0, 0, 0));
+      for (std::int64_t j = 0; j < 7; ++j)  // the same for every head and query
+        EXPECT_EQ(c.mask_at(b, 3, 4, j), c.mask_at(b, 0, 0, j));
+      for (std::int64_t j = 1; j < 7; ++j)  // off keys are trailing
+        if (!c.mask_at(b, 0, 0, j - 1)) {
+          EXPECT_FALSE(c.mask_at(b, 0, 0, j));
+        }
+    }
+    EXPECT_FALSE(has_fully_masked_row(c));
+  }
+  // key_vector [Nk] with a scalar bias []: under causal, one key open to every query.
+  ProblemSpec v = sdpa("normal", DType::F16, 2, 2, 2, 4, 6);
+  v.mask = MaskKind::KeyVector;
+  v.bias = BiasKind::Scalar;
+  v.causal = Causal::BottomRight;
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    const Case c = make_case(v, seed);
+    EXPECT_EQ(c.mask->shape, (std::vector<std::int64_t>{6}));
+    EXPECT_TRUE(c.bias->shape.empty());
+    EXPECT_FALSE(has_fully_masked_row(c));
+  }
+}
+
+// Refilling the unused positions with NaN and infinities changes no golden value of a row that
+// is not padding (the metamorphic relation of poisoned positions), in the reference itself.
+TEST(VectorsPoison, UnusedPositionsChangeNothing) {
+  std::size_t poisoned_elements = 0;
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (MaskKind m : {MaskKind::KeyPaddingBroadcast, MaskKind::KeyPadding})
+      for (Causal causal : {Causal::None, Causal::TopLeft}) {
+        ProblemSpec p = sdpa("normal", t, 2, 4, 2, 5, 9);
+        p.mask = m;
+        p.causal = causal;
+        p.query_mask = true;
+        p.masked_rows = MaskedRows::Zero;
+        p.want_weights = p.want_lse = true;
+        const Case clean = make_case(p, 7);
+        p.poison = true;
+        const SafeTensorsFile dirty_file = make_problem(p, 7);
+        for (const char* name : {"q", "k", "v"}) {
+          const RawTensor* x = dirty_file.find(name);
+          for (std::size_t e = 0; e < static_cast<std::size_t>(x->numel()); ++e)
+            poisoned_elements += !std::isfinite(decode_float(t, x->data.data() + e * dtype_size(t)));
+        }
+        const Case dirty = case_from_file("poisoned", dirty_file);
+        const EvalResult a = evaluate(clean, {}), b = evaluate(dirty, {});
+        for (const char* name : {"out", "out.ref", "weights", "lse.ref", "row.valid"}) {
+          const auto find = [&](const EvalResult& r) {
+            return *std::find_if(r.golden.begin(), r.golden.end(),
+                                 [&](const RawTensor& g) { return g.name == name; });
+          };
+          const RawTensor ga = find(a), gb = find(b);
+          const std::size_t rows = static_cast<std::size_t>(clean.B * clean.Hq * clean.Nq);
+          const std::size_t per_row = ga.data.size() / rows;  // bytes of one (b, h, i) row
+          for (std::size_t r = 0; r < rows; ++r) {
+            const std::int64_t bb = static_cast<std::int64_t>(r) / (clean.Hq * clean.Nq);
+            const std::int64_t i = static_cast<std::int64_t>(r) % clean.Nq;
+            if (!clean.query_valid(bb, i)) continue;
+            EXPECT_TRUE(std::equal(ga.data.begin() + static_cast<std::ptrdiff_t>(r * per_row),
+                                   ga.data.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_row),
+                                   gb.data.begin() + static_cast<std::ptrdiff_t>(r * per_row)))
+                << name << " row " << r << " " << dtype_name(t) << " " << mask_kind_name(m);
+          }
+        }
+      }
+  EXPECT_GT(poisoned_elements, 500u);
+}
+
+TEST(VectorsPoison, NeedsKindSdpa) {
+  ProblemSpec p;
+  p.kind = Kind::Mha;
+  p.Hq = p.Hkv = 2;
+  p.D = p.Dout = 2;
+  p.poison = true;
+  EXPECT_EQ(problem_error(p), "poison needs kind sdpa (kind mha inputs are all finite)");
 }
 
 TEST(VectorsMasks, QueryMaskKeepsAValidRowPerBatchAndPadsBatchZero) {

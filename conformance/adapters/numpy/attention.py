@@ -177,7 +177,9 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
         lse = np.where(live, (m + np.log(z))[..., 0], -np.inf).astype(dt)
     if mask_late is not None:           # BUG mask_after_softmax: ... then the mask, no renormalising
         w = np.where(mask_late, w, 0).astype(dt)
-    out = w @ v
+    # Unused positions may hold NaN or infinities: a value row no query other than padding
+    # attends (the contract refuses any other). As 0, it keeps 0 * NaN out of the other rows.
+    out = w @ np.where(np.isfinite(v), v, 0).astype(dt)
     if bug == "pv_f16_accumulation" and in_dtype == "F16":   # BUG: a float16 accumulator
         acc = np.zeros(out.shape, np.float16)
         for key in range(Nk):

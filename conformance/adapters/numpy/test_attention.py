@@ -184,6 +184,28 @@ class AdapterTest(unittest.TestCase):
                                    meta(outputs="weights")), "--dtype", "float64")["weights"]
         np.testing.assert_array_equal(w, np.broadcast_to(mask * 0.5, (2, 2, 2, 3)))
 
+    def test_key_padding_mask_and_scalar_bias_broadcast(self):
+        # mask [B,1,1,Nk] (the key padding mask of PyTorch and ONNX) and a bias of shape []
+        mask = np.array([True, True, False, True, False, False]).reshape(2, 1, 1, 3)
+        t = {"q": np.zeros((2, 2, 2, 1)), "k": np.zeros((2, 1, 3, 1)),
+             "v": np.array([2.0, 6.0, 100.0, 8.0, 100.0, 100.0]).reshape(2, 1, 3, 1),
+             "mask": mask, "bias": np.array(0.5)}
+        r = self.run_one(self.case(t, meta(outputs="out,weights,lse")), "--dtype", "float64")
+        np.testing.assert_array_equal(r["weights"], np.broadcast_to(mask / mask.sum(-1, keepdims=True),
+                                                                    (2, 2, 2, 3)))
+        np.testing.assert_array_equal(r["out"][0], np.full((2, 2, 1), 4.0))
+        np.testing.assert_array_equal(r["out"][1], np.full((2, 2, 1), 8.0))
+        np.testing.assert_allclose(r["lse"][0], np.full((2, 2), 0.5 + np.log(2)), rtol=1e-15)
+
+    def test_nan_in_a_masked_key_changes_nothing(self):
+        # key 2 is masked for every query; its k and v rows hold NaN and infinity
+        k = np.array([3.0, -1.0, np.inf]).reshape(1, 1, 3, 1)
+        v = np.array([1.0, 0.0, np.nan]).reshape(1, 1, 3, 1)
+        t = {"q": np.full((1, 1, 1, 1), 0.5), "k": k, "v": v, "mask": np.array([True, True, False])}
+        r = self.run_one(self.case(t, meta(outputs="out,weights", scale="1")), "--dtype", "float64")
+        np.testing.assert_allclose(r["out"].ravel(), [1 / (1 + np.exp(-2))], rtol=1e-15)
+        np.testing.assert_array_equal(r["weights"][0, 0, 0, 2], 0.0)
+
     def fully_masked_case(self, policy, query_mask=None):
         mask = np.ones((1, 2, 3, 2), bool)
         mask[0, 1, 2, :] = False                   # b=0, h=1, i=2 sees nothing

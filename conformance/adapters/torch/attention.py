@@ -98,7 +98,9 @@ def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None
     scores = scores.masked_fill(~allowed, -math.inf)
     weights = torch.softmax(scores, dim=-1)
     weights = weights.masked_fill(~live[..., None], 0)          # policy zero: no NaN from 0/0
-    out = weights @ v
+    # Unused positions may hold NaN or infinities: a value row no query other than padding
+    # attends (the contract refuses any other). As 0, it keeps 0 * NaN out of the other rows.
+    out = weights @ torch.where(torch.isfinite(v), v, torch.zeros_like(v))
     lse = torch.logsumexp(scores, dim=-1)                        # -inf on fully masked rows
     return tuple(t.double().numpy() for t in (out, weights, lse))
 

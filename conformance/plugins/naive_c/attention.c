@@ -109,7 +109,7 @@ static int broadcast(const attnoracle_tensor* t, const int64_t full[4], int64_t 
 {
   int64_t step = 1;
   int a;
-  if (t->ndim < 1 || t->ndim > 4) return 0;
+  if (t->ndim < 0 || t->ndim > 4) return 0; /* rank 0: one value for all */
   for (a = 3; a >= 0; --a) {
     int64_t n = a >= 4 - t->ndim ? t->shape[a - (4 - t->ndim)] : 1;
     if (n != 1 && n != full[a]) return 0;

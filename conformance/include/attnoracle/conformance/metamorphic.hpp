@@ -19,7 +19,7 @@ namespace attnoracle::conformance {
 // One relation instance: two case files (inputs only) whose results must agree.
 struct TwinPair {
   std::string relation;  // an oracle invariant's name, or a relation of its own (kv_head_locality, ...)
-  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "head", ...
+  std::string tag;   // file-name friendly: "permuted", "shifted", "future", "padding", "poisoned", "head", ...
   std::string what;  // what the twin changes, for reports
   SafeTensorsFile a, b;
   std::vector<std::int64_t> perm;  // key j of a is key perm[j] of b (identity when empty)
@@ -31,9 +31,10 @@ struct TwinPair {
 };
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,
-// future keys changed (causal), a masked padding key appended, and one head changed; then,
-// related through the reference: one kv head's keys and values changed, the scale doubled, the
-// softcap changed, head 0's bias changed, the window widened by one key on each side.
+// future keys changed (causal), a masked padding key appended (for sdpa also with NaN keys and
+// values), and one head changed; then, related through the reference: one kv head's keys and
+// values changed, the scale doubled, the softcap changed, head 0's bias changed, the window
+// widened by one key on each side.
 std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);
 
 struct RelationResult {

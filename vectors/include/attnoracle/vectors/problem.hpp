@@ -23,12 +23,16 @@ enum class MaskKind {
   SingleKey,        // exactly one allowed key per row; [B,Hq,Nq,Nk]
   FullyMaskedRows,  // some rows with no allowed key; [B,1,Nq,Nk]
   CausalMask,       // bottom-right causal written as an explicit mask; [Nq,Nk]
+  KeyPaddingBroadcast,  // per batch a random number of trailing keys masked; [B,1,1,Nk]
+  KeyVector,            // one random key pattern for every batch, head and query; [Nk]
 };
 enum class BiasKind {
   None,
   Alibi,   // -m_h |i' - j| with m_h = 2^(-8(h+1)/Hq); [1,Hq,Nq,Nk]
   Random,  // uniform [-2,2) with some -inf entries; [B,Hq,Nq,Nk]
   Fill,    // a mask written as a bias: 0, or bias_fill on about a quarter of keys; [B,Hq,Nq,Nk]
+  Scalar,  // one value uniform in [-2,2) for every score; []
+  PerKey,  // uniform [-2,2) per batch and key; [B,1,1,Nk]
 };
 
 struct ProblemSpec {
@@ -49,6 +53,9 @@ struct ProblemSpec {
   DType bias_dtype = DType::F32;
   std::string bias_fill;  // bias fill: "-inf", "-max" (lowest finite) or a number; empty: -inf
   bool query_mask = false;
+  // kind sdpa: NaN, +inf and -inf in turn at every unused position (the k and v rows of keys no
+  // query other than padding attends, the q rows of padding queries): they must change nothing
+  bool poison = false;
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
 };
