@@ -152,8 +152,7 @@ int run_invariants(const InvariantsArgs& a) {
     opt.failures_dir = tmpl;
   }
   const bool temp_work = a.work.empty();
-  opt.work_dir = temp_work ? (fs::temp_directory_path() / ("attnoracle-invariants-" + std::to_string(::getpid()))).string()
-                           : a.work;
+  opt.work_dir = temp_work ? make_temp_dir("attnoracle-invariants") : a.work;
 
   std::vector<std::pair<std::string, SafeTensorsFile>> problems;
   std::vector<std::pair<std::string, vectors::ProblemSpec>> specs;
@@ -167,7 +166,10 @@ int run_invariants(const InvariantsArgs& a) {
     specs.emplace_back(id, spec);
   }
   const conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
-  if (temp_work && !a.keep) fs::remove_all(opt.work_dir);
+  if (temp_work && !a.keep) {
+    std::error_code ec;  // best effort: what a leftover process writes into cannot fail the run
+    fs::remove_all(opt.work_dir, ec);
+  }
   if (temp_failures && !r.violated) fs::remove_all(opt.failures_dir);  // nothing was written there
 
   for (const auto& x : r.results)
