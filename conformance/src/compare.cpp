@@ -253,7 +253,6 @@ struct Comparer {
     std::int64_t stat_n = 0;
     Sample sample;              // the statistical tier's normalised errors
     std::int64_t unsampled = 0;  // compared elements outside the sample
-    void zeros(std::int64_t row, std::int64_t k) { sample.add(row, 0, k); }  // k elements of error 0
   };
 
   // One element: y against x = x_hi + x_lo, with limit `lim` (after the safety factor) and the
@@ -295,7 +294,7 @@ struct Comparer {
       statistics(acc, y, x_hi, x_lo, compute);
     }
     if (scale > 0 && std::isfinite(scale) && std::isfinite(d) && std::isfinite(x_hi))
-      acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale);
+      acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale, final_share(unit_roundoff(t), x_hi, scale));
     else
       ++acc.unsampled;
   }
@@ -430,7 +429,8 @@ struct Comparer {
               std::memcpy(&x, xr + 8 * k, 8);
               std::memcpy(&bd, br + 8 * k, 8);
               acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, vsum_at(k), x));
-              acc.zeros(static_cast<std::int64_t>(row), 1);
+              const double sc = out_scale_at(row, k, x, bd, vsum_at(k));
+              acc.sample.add(static_cast<std::int64_t>(row), 0, final_share(uo, x, sc));
               if (x != 0) {
                 if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
                 const double compute = out_compute(L, bd, vsum_at(k));
@@ -490,6 +490,7 @@ struct Comparer {
       Acc a;
       a.t.tensor = name;
       const std::int64_t per = weights ? c.Nk : 1;
+      std::vector<char> slowed;  // per element of a block: compared by element()
       for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t h = 0; h < H; ++h)
           for (std::int64_t i = 0; i < c.Nq; ++i) {
@@ -526,16 +527,24 @@ struct Comparer {
               // only count: by blocks, and one by one in a block with another element.
               const auto n = static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kBlock), per - j));
               const unsigned char *yd = got->data.data(), *gd = gg->data.data(), *rd = gref->data.data();
-              const std::int64_t c0 = a.t.compared, s0 = a.sample.size(), u0 = a.unsampled;
+              slowed.assign(n, 0);
               if (n == kBlock && block_trivial(got->dtype, yd, gd, rd, k)) a.t.compared += static_cast<std::int64_t>(n);
-              else scan_elements(got->dtype, yd, gd, rd, k, n, a.t.compared, slow);
-              // the elements counted without element(): error 0, in the sample
-              a.zeros(static_cast<std::int64_t>(hrow), (a.t.compared - c0) - (a.sample.size() - s0) - (a.unsampled - u0));
-              // the largest limit, over the elements counted without their limit too
+              else
+                scan_elements(got->dtype, yd, gd, rd, k, n, a.t.compared, [&](std::size_t kk) {
+                  slowed[kk - k] = 1;
+                  slow(kk);
+                });
+              // the largest limit, over the elements counted without their limit too; those
+              // (error 0) join the statistical tier's sample
+              const RowScales& R = scales[lrow];
               for (std::size_t e = k; e < k + n; ++e) {
                 double x;
                 std::memcpy(&x, rd + 8 * e, 8);
                 a.t.largest_limit = std::max(a.t.largest_limit, weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x));
+                if (slowed[e - k]) continue;
+                const double sc = weights ? weight_scale(profile, spread, R, L, uo, hrow, x)
+                                          : lse_scale(profile, spread, R, L, uo, hrow, x);
+                a.sample.add(static_cast<std::int64_t>(hrow), 0, final_share(uo, x, sc));
               }
               j += static_cast<std::int64_t>(n);
             }

@@ -172,21 +172,23 @@ double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
 
 Tier judge(Sample& s) {
   Tier t;
+  s.close();
   t.n = s.size();
   t.rows = s.rows;
   const double delta = kFailureProbability;
   t.q99_limit = std::sqrt(2 * std::log(200 / delta));
-  t.rms_limit = std::sqrt(2 * std::log(2.0) + 4 * std::log(1 / delta) / static_cast<double>(std::max<std::int64_t>(s.rows, 1)));
-  t.mean_limit = std::max(std::sqrt(2 * std::log(2 / delta) / static_cast<double>(std::max<std::int64_t>(t.n, 1))), 1.0 / 16);
+  const double R = static_cast<double>(std::max<std::int64_t>(s.rows, 1));
+  t.rms_limit = std::sqrt(2 * std::log(2.0) + 4 * std::log(1 / delta) / R);
+  // the mean is the sum of the final roundings' parts (independent: proxy sum share / n^2) and
+  // of the rest (rows independent, within a row any dependence): the roots of the proxies add
+  t.mean_limit = std::sqrt(2 * std::log(2 / delta)) * (std::sqrt(s.own) + std::sqrt(s.shared)) /
+                 static_cast<double>(std::max<std::int64_t>(t.n, 1));
   t.headroom = std::numeric_limits<double>::infinity();
   if (t.n < kMinSample) return t;
   t.tested = true;
-  s.close();
-  double sum = 0;
-  for (double z : s.z) sum += z;
   const double n = static_cast<double>(t.n);
-  t.mean = sum / n;
-  t.rms = std::sqrt(s.row_mean_sq / static_cast<double>(s.rows));
+  t.mean = s.sum / n;
+  t.rms = std::sqrt(s.row_mean_sq / R);
   // the 99th percentile of |z|: the ceil(0.99 n)-th smallest, the zeros first
   const auto rank = static_cast<std::int64_t>(std::ceil(0.99 * n));
   if (rank > s.zeros) {

@@ -25,7 +25,7 @@ Sample model_sample(std::uint32_t seed, int rows, int per_row, int roundings, do
     for (int e = 0; e < per_row; ++e) {
       double z = 0;
       for (int k = 0; k < roundings; ++k) z += u(gen) / roundings;
-      s.add(r, factor * z + bias);
+      s.add(r, factor * z + bias, 0);
     }
   return s;
 }
@@ -40,33 +40,33 @@ TEST(StatisticsLimits, WorkedByHand) {
   EXPECT_NEAR(t.q99_limit, 6.182852, 1e-6);
   // 2 ln 2 + 4 ln(1e6) / 512 = 1.386294 + 0.107933
   EXPECT_NEAR(t.rms_limit, std::sqrt(1.494227), 1e-6);
-  // sqrt(2 ln(2e6) / 4096) = sqrt(29.017316 / 4096) = 0.084168, above the floor 1/16
-  EXPECT_NEAR(t.mean_limit, 0.084168, 1e-6);
+  // over the 512 row means: sqrt(2 ln(2e6) / 512) = sqrt(29.017316 / 512)
+  EXPECT_NEAR(t.mean_limit, 0.238064, 1e-6);
 }
 
 TEST(StatisticsLimits, FewElementsAreNotTested) {
   Sample s;
-  for (int k = 0; k < kMinSample - 1; ++k) s.add(k, 100.0);  // far beyond every limit
+  for (int k = 0; k < kMinSample - 1; ++k) s.add(k, 100.0, 0);  // far beyond every limit
   const Tier t = judge(s);
   EXPECT_FALSE(t.tested);
   EXPECT_TRUE(t.ok);
-  s.add(99, 100.0);
+  s.add(99, 100.0, 0);
   EXPECT_FALSE(judge(s).ok);
 }
 
 TEST(StatisticsLimits, ZerosCountInTheQuantile) {
   // 99 zeros and one error of 7 in 100 elements: the 99th percentile is 0, the maximum 7
   Sample s;
-  for (int k = 0; k < 99; ++k) s.add(k, 0);
-  s.add(99, 7);
+  for (int k = 0; k < 99; ++k) s.add(k, 0, 0);
+  s.add(99, 7, 0);
   Tier t = judge(s);
   EXPECT_EQ(t.q99, 0);
   EXPECT_EQ(t.n, 100);
   // two of 100 at 7: the percentile is 7, beyond 6.18
   Sample s2;
-  for (int k = 0; k < 98; ++k) s2.add(k, 0);
-  s2.add(98, 7);
-  s2.add(99, -7);
+  for (int k = 0; k < 98; ++k) s2.add(k, 0, 0);
+  s2.add(98, 7, 0);
+  s2.add(99, -7, 0);
   t = judge(s2);
   EXPECT_EQ(t.q99, 7);
   EXPECT_FALSE(t.ok);
@@ -93,12 +93,12 @@ TEST(StatisticsSamples, ScaledByFourFails) {
 }
 
 TEST(StatisticsSamples, BiasedFails) {
-  // an eighth of the scale in one direction: 0.125 against 0.0842
-  Sample s = model_sample(7, 512, 8, 2, 1, 0.125);
+  // half the scale in one direction: 0.5 against 0.238
+  Sample s = model_sample(7, 512, 8, 2, 1, 0.5);
   const Tier t = judge(s);
   EXPECT_FALSE(t.ok);
   EXPECT_NE(t.note.find("biased"), std::string::npos) << t.note;
-  Sample down = model_sample(7, 512, 8, 2, 1, -0.125);
+  Sample down = model_sample(7, 512, 8, 2, 1, -0.5);
   EXPECT_FALSE(judge(down).ok);
 }
 
@@ -110,6 +110,54 @@ RC_GTEST_PROP(StatisticsSamples, ModelSamplesPass, ()) {
   const Tier t = judge(s);
   RC_ASSERT(t.ok);
   RC_ASSERT(t.tested == (rows * per_row >= kMinSample));
+}
+
+// End to end: the FlashAttention-style NumPy kernel under flash-fp16 on the F16 cases of core,
+// correct, then with its output rounded toward +inf (within every element's limit).
+struct GateRun {
+  int status;
+  std::string out;
+  nlohmann::json report;
+};
+GateRun gate_flash_fp16(const std::string& bug) {
+  testing::TempDir dir;
+  const std::string impl = "/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
+                           "/conformance/adapters/flash_numpy/attention.py --block 64 --arith fp16" + bug;
+  const auto r = testing::run_cli({"run", std::string(ATTNORACLE_SOURCE_DIR) + "/vectors/core", "--tag", "f16", "--impl",
+                                   impl, "--profile", "flash-fp16", "--json", (dir / "report.json").string()});
+  return {r.status, r.out + r.err, nlohmann::json::parse(testing::read_text(dir / "report.json"))};
+}
+
+TEST(StatisticsEndToEnd, CorrectKernelPassesWithHeadroom) {
+  const GateRun r = gate_flash_fp16("");
+  EXPECT_EQ(r.status, 0) << r.out;
+  int tested = 0;
+  for (const auto& c : r.report["cases"])
+    for (const auto& t : c["tensors"]) {
+      const auto& tier = t["tier"];
+      EXPECT_TRUE(tier["ok"].get<bool>()) << c["id"] << " " << t.dump();
+      if (!tier["tested"].get<bool>()) continue;
+      ++tested;
+      EXPECT_LE(tier["q99"].get<double>(), tier["q99_limit"].get<double>());
+      if (!tier["headroom"].is_null()) {
+        EXPECT_GE(tier["headroom"].get<double>(), 1) << c["id"];
+      }
+    }
+  EXPECT_GT(tested, 50);
+  EXPECT_NE(r.out.find("statistical tier: "), std::string::npos) << r.out;
+}
+
+TEST(StatisticsEndToEnd, OutputRoundedUpFailsOnlyByTheTier) {
+  const GateRun r = gate_flash_fp16(" --bug stat_round_up");
+  EXPECT_EQ(r.status, 1) << r.out;
+  int biased = 0;
+  for (const auto& c : r.report["cases"]) {
+    if (c["status"] != "fail") continue;
+    EXPECT_EQ(c["failed_elements"], 0) << c["id"];  // every element within its limit
+    if (c["reason"].get<std::string>().find("out: biased: mean normalised error") != std::string::npos) ++biased;
+  }
+  EXPECT_GE(biased, 3) << r.out;
+  EXPECT_NE(r.out.find("out: headroom "), std::string::npos) << r.out;
 }
 
 }  // namespace

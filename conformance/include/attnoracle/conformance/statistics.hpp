@@ -5,6 +5,8 @@
 // signed mean, each failing a correct implementation with probability below kFailureProbability.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,43 +60,61 @@ inline constexpr double kFailureProbability = 1e-6;
 inline constexpr std::int64_t kMinSample = 32;  // fewer normalised errors: no test
 
 // The normalised errors of one tensor: z = (y - x) / scale, the nonzero ones kept, the zeros
-// only counted; and per row (rows are independent in the model) the mean of z^2. The elements
-// of a row are added one after the other.
+// only counted. Each element comes with `share`, the part of its scale^2 that is its own final
+// rounding (final_share), independent of every other element's; the rest may depend on the
+// other elements of its row. Rows are independent in the model. The elements of a row are added
+// one after the other.
 struct Sample {
   std::vector<double> z;
   std::int64_t zeros = 0;
   std::int64_t rows = 0;
   double row_mean_sq = 0;  // sum over the closed rows of their mean z^2
-  void add(std::int64_t row, double zi, std::int64_t count = 1) {
+  double sum = 0;          // of z
+  double own = 0;          // sum of the shares
+  double shared = 0;       // sum over the closed rows of (sum over the row of sqrt(1 - share))^2
+  void add(std::int64_t row, double zi, double share, std::int64_t count = 1) {
     if (count <= 0) return;
     if (row != last_row_) {
       close();
       ++rows;
       last_row_ = row;
     }
+    share = std::clamp(share, 0.0, 1.0);
+    const double n = static_cast<double>(count);
     row_n_ += count;
+    own += n * share;
+    row_rest_ += n * std::sqrt(1 - share);
     if (zi == 0) {
       zeros += count;
       return;
     }
     for (std::int64_t k = 0; k < count; ++k) z.push_back(zi);
-    row_sq_ += static_cast<double>(count) * zi * zi;
+    sum += n * zi;
+    row_sq_ += n * zi * zi;
   }
   void close() {
     if (row_n_ > 0) row_mean_sq += row_sq_ / static_cast<double>(row_n_);
-    row_sq_ = 0;
+    shared += row_rest_ * row_rest_;
+    row_sq_ = row_rest_ = 0;
     row_n_ = 0;
   }
   std::int64_t size() const { return static_cast<std::int64_t>(z.size()) + zeros; }
 
  private:
   std::int64_t last_row_ = -1, row_n_ = 0;
-  double row_sq_ = 0;
+  double row_sq_ = 0, row_rest_ = 0;
 };
+
+// The share of scale^2 that is the final rounding u_out |x| / sqrt 3.
+inline double final_share(double u_out, double x, double scale) {
+  const double f = u_out * std::fabs(x) / std::sqrt(3.0) / scale;
+  return std::min(1.0, f * f);
+}
 
 struct Tier {
   std::int64_t n = 0, rows = 0;
-  double rms = 0, q99 = 0, mean = 0;  // observed; rms: the root of the rows' mean of their mean z^2
+  // observed; rms over the rows of each row's mean z^2 (the plain one for rows of equal size)
+  double rms = 0, q99 = 0, mean = 0;
   double rms_limit = 0, q99_limit = 0, mean_limit = 0;
   double headroom = 0;  // min over the tests of limit / observed (infinite when every error is 0)
   bool tested = false;  // at least kMinSample elements
@@ -104,7 +124,7 @@ struct Tier {
 // The limits for n elements over `rows` independent rows (TOLERANCE.md):
 //   99th percentile of |z| <= sqrt(2 ln(200 / delta))
 //   mean over the rows of their mean z^2 <= 2 ln 2 + 4 ln(1 / delta) / rows
-//   |mean z| <= max(sqrt(2 ln(2 / delta) / n), 1/16)
+//   |mean z| <= sqrt(2 ln(2 / delta)) (sqrt(sum share) + sqrt(sum_rows (sum_row sqrt(1 - share))^2)) / n
 Tier judge(Sample& s);
 
 }  // namespace attnoracle::conformance
