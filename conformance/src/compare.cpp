@@ -215,6 +215,8 @@ struct Comparer {
   CaseReport& rep;
   std::vector<RowLimits> limits;  // per row of row_magnitudes
   int emin = 0, precision = 0;    // of the output format: 1 - bias, p
+  std::vector<RowScales> scales;  // the statistical tier's, per row of row_magnitudes
+  Spread spread;
 
   // Checks dtype and shape of a returned tensor; records the failure.
   const RawTensor* returned(const std::string& name, const std::vector<std::int64_t>& shape) {
@@ -239,19 +241,28 @@ struct Comparer {
     if (rep.reason.empty()) rep.reason = why;
   }
 
+  // The statistical tier's scale of element k of out, in row `row` (of row_magnitudes).
+  double out_scale_at(std::size_t row, std::size_t k, double x, double bound, double vsum) const {
+    return out_scale(profile, spread, scales[row], limits[row], unit_roundoff(c.output_dtype), row, k, x, bound, vsum);
+  }
+
   // Per-tensor accumulation.
   struct Acc {
     TensorReport t;
     double sum = 0, sum_tz = 0, sum_sq = 0;
     std::int64_t stat_n = 0;
+    Sample sample;              // the statistical tier's normalised errors
+    std::int64_t unsampled = 0;  // compared elements outside the sample
   };
 
   // One element: y against x = x_hi + x_lo, with limit `lim` (after the safety factor) and the
   // bound used by the bound error. `alt`: an undecided element's other candidate (bits).
   // `compute`: the part of the (unscaled) limit that is not the final rounding; negative when
-  // the element takes no part in the statistics.
+  // the element takes no part in the statistics. `scale`: the element's scale under the
+  // statistical tier's model, in `row`; negative when it takes no part in the tier.
   void element(Acc& acc, const RawTensor& got, const RawTensor& gold, std::size_t k, double x_hi, double x_lo,
-               double bound, double lim, double compute, const std::uint64_t* alt = nullptr) {
+               double bound, double lim, double compute, double scale, std::int64_t row,
+               const std::uint64_t* alt = nullptr) {
     const double y = value_of(got, k);
     const std::uint64_t yb = bits_of(got, k), gb = bits_of(gold, k);
     const DType t = got.dtype;
@@ -282,6 +293,10 @@ struct Comparer {
     if (compute >= 0 && std::isfinite(d) && std::isfinite(x_hi) && x_hi != 0) {
       statistics(acc, y, x_hi, x_lo, compute);
     }
+    if (scale > 0 && std::isfinite(scale) && std::isfinite(d) && std::isfinite(x_hi))
+      acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale, final_share(unit_roundoff(t), x_hi, scale));
+    else
+      ++acc.unsampled;
   }
 
   // The statistics of an element that takes part (compute >= 0, d finite, x_hi finite, nonzero).
@@ -325,6 +340,8 @@ struct Comparer {
         if (!t.statistics_ok) fail(t.tensor + ": " + t.statistics_note);
       }
     }
+    t.tier = judge(acc.sample);
+    if (t.tier.tested && !t.tier.ok) fail(t.tensor + ": " + t.tier.note);
     rep.tensors.push_back(t);
   }
 
@@ -356,6 +373,9 @@ struct Comparer {
     const auto mags = row_magnitudes(c);
     limits.reserve(mags.size());
     for (const auto& m : mags) limits.push_back(row_limits(profile, c, m));
+    scales.reserve(mags.size());
+    for (const auto& m : mags) scales.push_back(row_scales(profile, c, m));
+    spread = weight_spread(c, profile);
     // P's underflow term needs sum_j |v_jc| per element, only where some row may underflow.
     bool underflows = false;
     for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
@@ -409,6 +429,8 @@ struct Comparer {
               std::memcpy(&x, xr + 8 * k, 8);
               std::memcpy(&bd, br + 8 * k, 8);
               acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, vsum_at(k), x));
+              const double sc = out_scale_at(row, k, x, bd, vsum_at(k));
+              acc.sample.add(static_cast<std::int64_t>(row), 0, final_share(uo, x, sc));
               if (x != 0) {
                 if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
                 const double compute = out_compute(L, bd, vsum_at(k));
@@ -436,12 +458,13 @@ struct Comparer {
               }
               const double n = static_cast<double>(c.Nk);
               const double lim = S * ((L.out_coef + (n + 2) * unit_roundoff(profile.pv_accum)) * sa / n + uo * std::fabs(s / n) + L.floor);
-              element(acc, *out, *g, k, s / n, 0, sa / n, lim, -1);
+              element(acc, *out, *g, k, s / n, 0, sa / n, lim, -1, -1, 0);
               continue;
             }
             const double x = value_of(*ref, k), xl = lo ? value_of(*lo, k) : 0, bd = value_of(*bound, k);
             const double lim = out_limit(profile, L, uo, bd, vsum_at(k), x);
-            element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : out_compute(L, bd, vsum_at(k)), und_at.find(k));
+            element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : out_compute(L, bd, vsum_at(k)),
+                    masked ? -1 : out_scale_at(row, k, x, bd, vsum_at(k)), static_cast<std::int64_t>(row), und_at.find(k));
           }
         }
       }
@@ -467,12 +490,15 @@ struct Comparer {
       Acc a;
       a.t.tensor = name;
       const std::int64_t per = weights ? c.Nk : 1;
+      std::vector<char> slowed;  // per element of a block: compared by element()
       for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t h = 0; h < H; ++h)
           for (std::int64_t i = 0; i < c.Nq; ++i) {
             if (!c.query_valid(b, i)) continue;
             const bool masked = !head_valid(b, h, i);
-            const RowLimits& L = limits[static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i)];
+            const auto lrow = static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i);
+            const auto hrow = static_cast<std::size_t>((b * H + h) * c.Nq + i);
+            const RowLimits& L = limits[lrow];
             const auto row0 = static_cast<std::size_t>(((b * H + h) * c.Nq + i) * per);
             auto slow = [&](std::size_t k) {  // one element, as it has always been compared
               const double y = value_of(*got, k);
@@ -486,7 +512,11 @@ struct Comparer {
               if (masked && conv == MaskedRowConvention::Error) return;  // reported on out
               const double x = value_of(*gref, k);
               const double lim = weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x);
-              element(a, *got, *gg, k, x, 0, weights ? 1.0 : std::max(1.0, std::fabs(x)), lim, -1, u_at.find(k));
+              const RowScales& R = scales[lrow];
+              const double sc = weights ? weight_scale(profile, spread, R, L, uo, hrow, x)
+                                        : lse_scale(profile, spread, R, L, uo, hrow, x);
+              element(a, *got, *gg, k, x, 0, weights ? 1.0 : std::max(1.0, std::fabs(x)), lim, -1, sc,
+                      static_cast<std::int64_t>(hrow), u_at.find(k));
             };
             for (std::int64_t j = 0; j < per;) {
               const auto k = row0 + static_cast<std::size_t>(j);
@@ -499,13 +529,24 @@ struct Comparer {
               // only count: by blocks, and one by one in a block with another element.
               const auto n = static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(kBlock), per - j));
               const unsigned char *yd = got->data.data(), *gd = gg->data.data(), *rd = gref->data.data();
+              slowed.assign(n, 0);
               if (n == kBlock && block_trivial(got->dtype, yd, gd, rd, k)) a.t.compared += static_cast<std::int64_t>(n);
-              else scan_elements(got->dtype, yd, gd, rd, k, n, a.t.compared, slow);
-              // the largest limit, over the elements counted without their limit too
+              else
+                scan_elements(got->dtype, yd, gd, rd, k, n, a.t.compared, [&](std::size_t kk) {
+                  slowed[kk - k] = 1;
+                  slow(kk);
+                });
+              // the largest limit, over the elements counted without their limit too; those
+              // (error 0) join the statistical tier's sample
+              const RowScales& R = scales[lrow];
               for (std::size_t e = k; e < k + n; ++e) {
                 double x;
                 std::memcpy(&x, rd + 8 * e, 8);
                 a.t.largest_limit = std::max(a.t.largest_limit, weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x));
+                if (slowed[e - k]) continue;
+                const double sc = weights ? weight_scale(profile, spread, R, L, uo, hrow, x)
+                                          : lse_scale(profile, spread, R, L, uo, hrow, x);
+                a.sample.add(static_cast<std::int64_t>(hrow), 0, final_share(uo, x, sc));
               }
               j += static_cast<std::int64_t>(n);
             }
@@ -604,7 +645,7 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
                  " elements of fully masked rows checked against the declared convention";
     return rep;
   }
-  Comparer cmp{c, golden, result.output, profile, rep, {}, 0, 0};
+  Comparer cmp{c, golden, result.output, profile, rep, {}, 0, 0, {}, {}};
   cmp.run();
   return rep;
 }

@@ -1,4 +1,5 @@
 // Reports of the gate: for people (terminal), for tools (JSON) and for CI dashboards (JUnit).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -37,6 +38,20 @@ double worst_of(const CaseReport& c, double TensorReport::*field) {
   return w;
 }
 
+// The statistical tier of each tensor tested: headroom, then observed / limit of each test.
+std::string tier_text(const CaseReport& c) {
+  std::string s;
+  for (const auto& t : c.tensors) {
+    if (!t.tier.tested) continue;
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "      %s: headroom %.3g (rms %.3g / %.3g, q99 %.3g / %.3g, mean %.3g / %.3g)\n",
+                  t.tensor.c_str(), t.tier.headroom, t.tier.rms, t.tier.rms_limit, t.tier.q99, t.tier.q99_limit,
+                  t.tier.mean, t.tier.mean_limit);
+    s += buf;
+  }
+  return s;
+}
+
 }  // namespace
 
 std::string text_report(const GateReport& r, bool all_cases) {
@@ -60,8 +75,24 @@ std::string text_report(const GateReport& r, bool all_cases) {
     if (!c.reason.empty()) os << "      " << c.reason << "\n";
     if (c.status == CaseStatus::Skip && r.require_all) os << "      a failure under --require-all\n";
     if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
+    if (c.status != CaseStatus::Skip) os << tier_text(c);
   }
   for (const auto& [reason, n] : skips) os << "skipped " << n << ": " << reason << "\n";
+  {  // the statistical tier over the suite: median and smallest headroom of the tensors tested
+    std::vector<std::pair<double, std::string>> h;
+    for (const auto& c : r.cases)
+      for (const auto& t : c.tensors)
+        if (t.tier.tested) h.emplace_back(t.tier.headroom, c.id + " " + t.tensor);
+    if (!h.empty()) {
+      std::sort(h.begin(), h.end());
+      const std::size_t m = h.size() / 2;
+      const double median = h.size() % 2 ? h[m].first : (h[m - 1].first + h[m].first) / 2;
+      char buf[300];
+      std::snprintf(buf, sizeof buf, "statistical tier: %zu tensors tested, median headroom %.3g, smallest %.3g (%s)\n",
+                    h.size(), median, h.front().first, h.front().second.c_str());
+      os << buf;
+    }
+  }
   char tail[200];
   std::snprintf(tail, sizeof tail, "%zu cases in %.2f s: %zu passed, %zu failed, %zu skipped%s\n", r.cases.size(), r.seconds,
                 r.passed, r.failed, r.skipped,
@@ -99,6 +130,12 @@ std::string json_report(const GateReport& r) {
              {"error", finite(w.error)},
              {"limit", finite(w.limit)}};
   };
+  auto tier_json = [&](const Tier& s) {
+    return J{{"tested", s.tested}, {"ok", s.ok},       {"elements", s.n},
+             {"rows", s.rows},     {"rms", finite(s.rms)}, {"rms_limit", finite(s.rms_limit)},
+             {"q99", finite(s.q99)}, {"q99_limit", finite(s.q99_limit)}, {"mean", finite(s.mean)},
+             {"mean_limit", finite(s.mean_limit)}, {"headroom", s.tested ? finite(s.headroom) : J(nullptr)}};
+  };
   j["skipped_cases"] = J::array();
   for (const auto& c : r.cases)
     if (c.status == CaseStatus::Skip) j["skipped_cases"].push_back({{"id", c.id}, {"reason", c.reason}});
@@ -125,6 +162,7 @@ std::string json_report(const GateReport& r) {
                                {"statistics_ok", t.statistics_ok},
                                {"largest_limit", finite(t.largest_limit)},
                                {"over_limit", t.over_limit},
+                               {"tier", tier_json(t.tier)},
                                {"worst", t.worst ? element(*t.worst) : J(nullptr)}});
     if (c.worst) cj["worst"] = element(*c.worst);
     j["cases"].push_back(std::move(cj));

@@ -10,6 +10,7 @@
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/conformance/profile.hpp"
+#include "attnoracle/conformance/statistics.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle::conformance {
@@ -39,6 +40,9 @@ struct TensorReport {
   double mean_toward_zero = 0;
   bool statistics_ok = true;
   std::string statistics_note;
+  // The statistical tier: the normalised errors against the probabilistic model, the limits,
+  // and the headroom (the smallest limit / observed of its three tests).
+  Tier tier;
   double largest_limit = 0;       // over the compared elements that have a limit
   std::int64_t over_limit = 0;    // compared elements beyond their limit (ratio above 1)
   std::optional<ElementReport> worst;  // the element of largest ratio; none when every error is 0

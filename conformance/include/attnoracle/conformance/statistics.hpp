@@ -1,0 +1,130 @@
+// The statistical tier of the verdict (conformance/TOLERANCE.md, "The statistical tier"): each
+// element's error divided by its scale under a probabilistic model of the declared arithmetic
+// (independent roundings, sqrt(n) u in place of n u), and three tests per tensor on those
+// normalised errors: the root mean square, the 99th percentile of their magnitude and their
+// signed mean, each failing a correct implementation with probability below kFailureProbability.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnoracle/conformance/profile.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
+#include "attnoracle/reference/case_file.hpp"
+
+namespace attnoracle::conformance {
+
+// What the model needs of the exact weights w_j of each row, computed in double from the inputs
+// (sdpa only). kr_j is the bound of weight j's own relative error: its score, the subtraction of
+// the maximum, exp, the division and P's rounding, independent roundings added in quadrature.
+struct Spread {
+  bool exact = false;            // false for mha: the scales are taken on out.bound instead
+  // per row [B, Hq, Nq]
+  std::vector<double> key_sum;   // sqrt(sum_j (w_j kr_j)^2)
+  std::vector<double> key_max;   // max_j kr_j
+  std::vector<double> z_part;    // sqrt(sum_k W_k^2), W_k = sum_{j <= k} w_j: Z's summation
+  // per element of out
+  std::vector<double> key;       // sqrt(sum_j (w_j (v_jc - x_c) kr_j)^2): the weights' errors on out
+  std::vector<double> wv;        // sqrt(sum_j (w_j v_jc)^2): the products of P V
+  std::vector<double> partial;   // sqrt(sum_k P_k^2), P_k = sum_{j <= k} w_j v_jc: its sums
+};
+Spread weight_spread(const Case& c, const Profile& p);
+
+// Per row, for mha (no weights computed): linear bounds of the same contributions, on out.bound.
+struct RowScales {
+  double key_rel = 0;   // relative error of one weight that is its own
+  double sum_rel = 0;   // relative error of Z's summation
+  double pv = 0;        // u of the P V accumulation
+  double extra = 0;     // the projections' relative error on out.bound
+  double score = 0;     // error of a score (lse)
+  double log_abs = 0;   // log's own error (lse)
+};
+RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m);
+
+// The scale of one element's error under the model (TOLERANCE.md): the root of the sum of the
+// squared bounds of its independent contributions, over sqrt 3 (a rounding error uniform in
+// [-b, b] has variance b^2 / 3), plus the worst-case limit's underflow floors. `row`, `k`: the
+// element's row and flat index in `sp`; with sp.exact false, the RowScales bounds on `bound`.
+double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                 std::size_t row, std::size_t k, double x, double bound, double vsum);
+double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                    std::size_t row, double x);
+double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                 std::size_t row, double x);
+
+// The failure probability of each test, for a correct implementation under the model.
+inline constexpr double kFailureProbability = 1e-6;
+inline constexpr std::int64_t kMinSample = 32;  // fewer normalised errors: no test
+
+// The normalised errors of one tensor: z = (y - x) / scale, the nonzero ones kept, the zeros
+// only counted. Each element comes with `share`, the part of its scale^2 that is its own final
+// rounding (final_share), independent of every other element's; the rest may depend on the
+// other elements of its row. Rows are independent in the model. The elements of a row are added
+// one after the other.
+struct Sample {
+  std::vector<double> z;
+  std::int64_t zeros = 0;
+  std::int64_t rows = 0;
+  double row_mean_sq = 0;  // sum over the closed rows of their mean z^2
+  double sum = 0;          // of z
+  double own = 0;          // sum of the shares
+  double shared = 0;       // sum over the closed rows of (sum over the row of sqrt(1 - share))^2
+  void add(std::int64_t row, double zi, double share, std::int64_t count = 1) {
+    if (count <= 0) return;
+    if (row != last_row_) {
+      close();
+      ++rows;
+      last_row_ = row;
+    }
+    share = std::clamp(share, 0.0, 1.0);
+    const double n = static_cast<double>(count);
+    row_n_ += count;
+    own += n * share;
+    row_rest_ += n * std::sqrt(1 - share);
+    if (zi == 0) {
+      zeros += count;
+      return;
+    }
+    for (std::int64_t k = 0; k < count; ++k) z.push_back(zi);
+    sum += n * zi;
+    row_sq_ += n * zi * zi;
+  }
+  void close() {
+    if (row_n_ > 0) row_mean_sq += row_sq_ / static_cast<double>(row_n_);
+    shared += row_rest_ * row_rest_;
+    row_sq_ = row_rest_ = 0;
+    row_n_ = 0;
+  }
+  std::int64_t size() const { return static_cast<std::int64_t>(z.size()) + zeros; }
+
+ private:
+  std::int64_t last_row_ = -1, row_n_ = 0;
+  double row_sq_ = 0, row_rest_ = 0;
+};
+
+// The share of scale^2 that is the final rounding u_out |x| / sqrt 3.
+inline double final_share(double u_out, double x, double scale) {
+  const double f = u_out * std::fabs(x) / std::sqrt(3.0) / scale;
+  return std::min(1.0, f * f);
+}
+
+struct Tier {
+  std::int64_t n = 0, rows = 0;
+  // observed; rms over the rows of each row's mean z^2 (the plain one for rows of equal size)
+  double rms = 0, q99 = 0, mean = 0;
+  double rms_limit = 0, q99_limit = 0, mean_limit = 0;
+  double headroom = 0;  // min over the tests of limit / observed (infinite when every error is 0)
+  bool tested = false;  // at least kMinSample elements
+  bool ok = true;
+  std::string note;     // why it failed
+};
+// The limits for n elements over `rows` independent rows (TOLERANCE.md):
+//   99th percentile of |z| <= sqrt(2 ln(200 / delta))
+//   mean over the rows of their mean z^2 <= 2 ln 2 + 4 ln(1 / delta) / rows
+//   |mean z| <= sqrt(2 ln(2 / delta)) (sqrt(sum share) + sqrt(sum_rows (sum_row sqrt(1 - share))^2)) / n
+Tier judge(Sample& s);
+
+}  // namespace attnoracle::conformance

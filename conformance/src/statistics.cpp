@@ -1,0 +1,222 @@
+// The statistical tier: the probabilistic error model of the declared arithmetic and the tests on
+// the normalised errors (conformance/TOLERANCE.md, "The statistical tier").
+#include "attnoracle/conformance/statistics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+namespace attnoracle::conformance {
+
+namespace {
+double sq(double x) { return x * x; }
+}  // namespace
+
+Spread weight_spread(const Case& c, const Profile& p) {
+  Spread s;
+  if (c.kind != Kind::Sdpa) return s;
+  s.exact = true;
+  const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
+  const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const std::int64_t H = c.Hq, Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
+  const double scale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(Dk));
+  const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
+  const double dot_k = std::sqrt(static_cast<double>(Dk) + 2) * uq * std::fabs(scale);
+  const std::size_t rows = static_cast<std::size_t>(c.B * H * c.Nq);
+  s.key_sum.assign(rows, 0.0);
+  s.key_max.assign(rows, 0.0);
+  s.z_part.assign(rows, 0.0);
+  s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
+  s.wv = s.partial = s.key;
+  std::vector<std::int64_t> keys;
+  std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t g = c.kv_head(h);
+      auto vrow = [&](std::int64_t j) { return &c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dv)]; };
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        const auto row = static_cast<std::size_t>((b * H + h) * c.Nq + i);
+        const double* q = &c.q.values[row * static_cast<std::size_t>(Dk)];
+        keys.clear();
+        w.clear();
+        t.clear();
+        kr.clear();
+        const Case::KeyRange r = c.key_range(i);
+        for (std::int64_t j = r.first; j <= r.last; ++j) {
+          if (!c.allowed(b, h, i, j)) continue;
+          const double* k = &c.k.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dk)];
+          double dot = 0, dabs = 0;
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            dot += q[d] * k[d];
+            dabs += std::fabs(q[d] * k[d]);
+          }
+          double tj = dot * scale;
+          if (cap > 0) tj = cap * std::tanh(tj / cap);
+          keys.push_back(j);
+          t.push_back(tj);
+          w.push_back(tj + c.bias_at(b, h, i, j));
+          kr.push_back(dot_k * dabs);  // the dot (Dk products and sums), the scale, the softcap
+        }
+        if (keys.empty()) continue;
+        const double m = *std::max_element(w.begin(), w.end());
+        double z = 0;
+        for (std::size_t j = 0; j < w.size(); ++j) {
+          // the score's rounding into `softmax` and the bias's addition, the subtraction, exp,
+          // the division, P's rounding
+          kr[j] = std::sqrt(sq(kr[j]) + sq(us * t[j]) + sq(us * w[j]) + sq(us * (w[j] - m)) + sq(p.exp_ulps * us) +
+                            sq(us) + sq(up));
+          z += (w[j] = std::exp(w[j] - m));
+        }
+        double ks = 0, km = 0, zp = 0, wk = 0;
+        for (std::size_t j = 0; j < w.size(); ++j) {
+          w[j] /= z;
+          ks += sq(w[j] * kr[j]);
+          km = std::max(km, kr[j]);
+          wk += w[j];
+          zp += wk * wk;
+        }
+        s.key_sum[row] = std::sqrt(ks);
+        s.key_max[row] = km;
+        s.z_part[row] = std::sqrt(zp);
+        std::fill(x.begin(), x.end(), 0.0);
+        for (std::size_t j = 0; j < keys.size(); ++j) {
+          const double* v = vrow(keys[j]);
+          for (std::int64_t e = 0; e < Dv; ++e) x[static_cast<std::size_t>(e)] += w[j] * v[e];
+        }
+        double* key = &s.key[row * static_cast<std::size_t>(Dv)];
+        double* wv = &s.wv[row * static_cast<std::size_t>(Dv)];
+        double* ps = &s.partial[row * static_cast<std::size_t>(Dv)];
+        std::fill(run.begin(), run.end(), 0.0);
+        for (std::size_t j = 0; j < keys.size(); ++j) {
+          const double* v = vrow(keys[j]);
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            const auto ue = static_cast<std::size_t>(e);
+            key[e] += sq(w[j] * (v[e] - x[ue]) * kr[j]);
+            wv[e] += sq(w[j] * v[e]);
+            run[ue] += w[j] * v[e];
+            ps[e] += sq(run[ue]);
+          }
+        }
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          key[e] = std::sqrt(key[e]);
+          wv[e] = std::sqrt(wv[e]);
+          ps[e] = std::sqrt(ps[e]);
+        }
+      }
+    }
+  return s;
+}
+
+RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m) {
+  const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
+  const double upv = unit_roundoff(p.pv_accum);
+  const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const double n = static_cast<double>(std::max<std::int64_t>(m.keys, 1));
+  RowScales r;
+  // A score: Dk + 2 roundings on at most A (the dot, the scale, the softcap), two on at most M
+  // (into `softmax`, the bias); mha's projections of q and k first.
+  double proj = 0;
+  if (c.kind == Kind::Mha) proj = 2 * (std::sqrt(static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection));
+  r.score = std::sqrt(static_cast<double>(c.Dk) + 2) * uq * m.dot_abs + proj * m.dot_abs + 2 * us * m.score_abs;
+  r.key_rel = r.score + 2 * us * m.score_abs + p.exp_ulps * us + us + up;
+  r.sum_rel = std::sqrt(n) * us;
+  r.pv = upv;
+  if (c.kind == Kind::Mha)
+    r.extra = std::sqrt(static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
+              std::sqrt(static_cast<double>(c.Hq * c.Dv) + 1) * upv;
+  r.log_abs = p.exp_ulps * us * (1 + m.score_abs);
+  return r;
+}
+
+namespace {
+const double kRoot3 = std::sqrt(3.0);
+}
+
+double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                 std::size_t row, std::size_t k, double x, double bound, double vsum) {
+  const double ax = std::fabs(x), floors = L.floor + L.p_sub * (vsum + L.keys * bound);
+  const double us = unit_roundoff(p.softmax);
+  if (!sp.exact)  // every term on out.bound, the partial sums at most it, sum w^2 <= 1
+    return (s.key_rel * bound + (s.key_rel + s.sum_rel) * ax + s.pv * ((std::sqrt(L.keys) + 1) * bound + ax) +
+            s.extra * bound + u_out * ax) / kRoot3 + floors;
+  // the weights' own errors, Z's summation, a rescaling's exp, P V's products, partial sums and
+  // final division, the final rounding
+  const double var = sq(sp.key[k]) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
+                     sq(s.pv) * (sq(sp.wv[k]) + sq(sp.partial[k]) + sq(ax)) + sq(u_out * ax);
+  return std::sqrt(var) / kRoot3 + floors;
+}
+
+double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                    std::size_t row, double x) {
+  const double ax = std::fabs(x);
+  if (!sp.exact) return (s.key_rel * 2 + s.sum_rel + u_out) * ax / kRoot3 + L.floor + L.p_sub;
+  // d w_i = w_i (eps_i - sum_j w_j eps_j): its own error, Z's, the final rounding
+  const double us = unit_roundoff(p.softmax);
+  const double rel = std::sqrt(sq(sp.key_max[row]) + sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(u_out));
+  return rel * ax / kRoot3 + L.floor + L.p_sub;
+}
+
+double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                 std::size_t row, double x) {
+  const double ax = std::fabs(x), floors = L.floor + L.keys * L.p_sub;
+  if (!sp.exact) return (s.score + s.key_rel + s.sum_rel + s.log_abs + u_out * ax) / kRoot3 + floors;
+  // lse = log sum exp(s_j): the weights' errors sum_j w_j eps_j, Z's summation, log's own on
+  // log Z <= log n, the addition of the maximum, the final rounding
+  const double us = unit_roundoff(p.softmax);
+  const double var = sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(p.exp_ulps * us * std::log(L.keys)) +
+                     sq(us * ax) + sq(u_out * ax);
+  return std::sqrt(var) / kRoot3 + floors;
+}
+
+Tier judge(Sample& s) {
+  Tier t;
+  s.close();
+  t.n = s.size();
+  t.rows = s.rows;
+  const double delta = kFailureProbability;
+  t.q99_limit = std::sqrt(2 * std::log(200 / delta));
+  const double R = static_cast<double>(std::max<std::int64_t>(s.rows, 1));
+  t.rms_limit = std::sqrt(2 * std::log(2.0) + 4 * std::log(1 / delta) / R);
+  // the mean is the sum of the final roundings' parts (independent: proxy sum share / n^2) and
+  // of the rest (rows independent, within a row any dependence): the roots of the proxies add
+  t.mean_limit = std::sqrt(2 * std::log(2 / delta)) * (std::sqrt(s.own) + std::sqrt(s.shared)) /
+                 static_cast<double>(std::max<std::int64_t>(t.n, 1));
+  t.headroom = std::numeric_limits<double>::infinity();
+  if (t.n < kMinSample) return t;
+  t.tested = true;
+  const double n = static_cast<double>(t.n);
+  t.mean = s.sum / n;
+  t.rms = std::sqrt(s.row_mean_sq / R);
+  // the 99th percentile of |z|: the ceil(0.99 n)-th smallest, the zeros first
+  const auto rank = static_cast<std::int64_t>(std::ceil(0.99 * n));
+  if (rank > s.zeros) {
+    std::vector<double> a(s.z.size());
+    std::transform(s.z.begin(), s.z.end(), a.begin(), [](double z) { return std::fabs(z); });
+    const auto at = a.begin() + (rank - s.zeros - 1);
+    std::nth_element(a.begin(), at, a.end());
+    t.q99 = *at;
+  }
+  auto room = [](double limit, double seen) {
+    return seen > 0 ? limit / seen : std::numeric_limits<double>::infinity();
+  };
+  t.headroom = std::min({room(t.q99_limit, t.q99), room(t.rms_limit, t.rms), room(t.mean_limit, std::fabs(t.mean))});
+  char buf[200];
+  if (!(std::fabs(t.mean) <= t.mean_limit)) {
+    std::snprintf(buf, sizeof buf, "biased: mean normalised error %.3g over %lld elements, allowed %.3g", t.mean,
+                  static_cast<long long>(t.n), t.mean_limit);
+    t.note = buf;
+  } else if (!(t.q99 <= t.q99_limit)) {
+    std::snprintf(buf, sizeof buf, "99th percentile of the normalised error %.3g exceeds %.3g", t.q99, t.q99_limit);
+    t.note = buf;
+  } else if (!(t.rms <= t.rms_limit)) {
+    std::snprintf(buf, sizeof buf, "root mean square normalised error %.3g exceeds %.3g over %lld rows", t.rms,
+                  t.rms_limit, static_cast<long long>(t.rows));
+    t.note = buf;
+  }
+  t.ok = t.note.empty();
+  return t;
+}
+
+}  // namespace attnoracle::conformance
