@@ -225,8 +225,8 @@ struct Patterns {
       // most of the rows with such keys fail, and there are rows without them (all passing)
       if (all && without > 0 && 2 * fail_with >= with) {
         add("masked_rows", "every failing row (" + std::to_string(n_failing) + ") has keys masked by " +
-                               rules.name(static_cast<Rule>(r)) + "; the " + plural(without, "row", "rows") +
-                               " without such keys pass",
+                               rules.name(static_cast<Rule>(r)) + "; the " +
+                               plural(without, "row without such keys passes", "rows without such keys pass"),
             d.failed_total);
         return;
       }
@@ -256,7 +256,8 @@ struct Patterns {
         "failures only in rows of more than " + std::to_string(block) + " keys: the " +
             plural(n_failing, "failing row spans", "failing rows span") + " " + std::to_string(fmin) +
             (fmax > fmin ? ".." + std::to_string(fmax) : std::string()) + " keys; the " +
-            plural(short_pass, "row", "rows") + " of at most " + std::to_string(block) + " keys pass",
+            plural(short_pass, "row", "rows") + " of at most " + std::to_string(block) + " keys " +
+            (short_pass == 1 ? "passes" : "pass"),
         d.failed_total);
   }
 
@@ -371,7 +372,7 @@ struct Patterns {
         es.push_back(&e);
         big = std::max(big, std::fabs(e.expected));
       }
-    if (es.size() < 2 || !(big > 0)) return;
+    if (es.size() < 4 || !(big > 0)) return;  // fewer elements say little of a constant
     double rmin = INFINITY, rmax = -INFINITY, smin = INFINITY, smax = -INFINITY;
     std::size_t nr = 0;
     for (const auto* e : es) {
@@ -387,7 +388,7 @@ struct Patterns {
     const std::string name = kTensorNames[t];
     const double r = (rmin + rmax) / 2;
     // one factor within 1% over the failing elements, and not 1
-    if (nr >= 2 && rmax - rmin <= 1e-2 * std::fabs(r) && std::fabs(r - 1) > 1e-2) {
+    if (nr >= 4 && rmax - rmin <= 1e-2 * std::fabs(r) && std::fabs(r - 1) > 1e-2) {
       std::string why;
       if (std::fabs(r * std::log(2.0) - 1) < 1e-2) why = " = 1 / ln 2: log2 in place of ln";
       else if (std::fabs(r / std::log(2.0) - 1) < 1e-2) why = " = ln 2: ln in place of log2";
@@ -398,8 +399,9 @@ struct Patterns {
       return;
     }
     const double s = (smin + smax) / 2;
-    // one shift within 1% (or 1e-3 of the largest value) over the failing elements
-    if (smax - smin <= std::max(1e-2 * std::fabs(s), 1e-3 * big) && s != 0) {
+    // one shift within 1% over the failing elements (or within the output's rounding: 4 u of
+    // the largest value, for a shift smaller than the values)
+    if (smax - smin <= std::max(1e-2 * std::fabs(s), 4 * unit_roundoff(c.output_dtype) * big) && s != 0) {
       add(name + "_shift",
           name + " is the exact value plus a constant " + fmt("%+.4g", s) + " (" + g4(smin) + ".." + g4(smax) + " over " +
               plural(static_cast<std::int64_t>(es.size()), "failing element", "failing elements") + ")",
@@ -410,6 +412,7 @@ struct Patterns {
   // The errors of a tensor's failing elements all point one way (weights at masked positions
   // aside: they are reported by rule).
   void one_sign(int t) {
+    if (masked_found) return;  // the weight moved to masked keys: every other error follows from it
     std::int64_t up = 0, down = 0;
     for (const auto& e : d.failed) {
       if (e.tensor != t || !std::isfinite(e.actual) || !std::isfinite(e.expected)) continue;

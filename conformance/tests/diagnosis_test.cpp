@@ -146,7 +146,7 @@ TEST(Diagnosis, CausalLeakInOutAloneNamesTheRule) {
   const CaseReport rep = compare(golden, r);
   const Finding* f = find(rep, "masked_rows");
   ASSERT_NE(f, nullptr) << all(rep);
-  EXPECT_EQ(f->text, "every failing row (5) has keys masked by causal (bottom_right); the 1 row without such keys pass");
+  EXPECT_EQ(f->text, "every failing row (5) has keys masked by causal (bottom_right); the 1 row without such keys passes");
 }
 
 TEST(Diagnosis, WindowAndKeyPaddingAreTold) {
@@ -232,6 +232,17 @@ TEST(Diagnosis, LseShiftedIsAShift) {
   const Finding* s = find(rep, "lse_one_sign");
   ASSERT_NE(s, nullptr) << all(rep);
   EXPECT_EQ(s->text, "errors in one direction: 10 of 10 failing lse elements are above the exact values");
+}
+
+TEST(Diagnosis, FewElementsGiveNoConstant) {
+  const auto golden = golden_of(make_case({1, 1, 1, 5, 6, 4}, {{"attn.outputs", "out,lse"}}));
+  JobResult r = golden_result(golden);
+  // 3 of 5 lse elements times 2: too few to say it is a constant
+  change(r, "lse", [](auto, auto, auto i, auto) { return i < 3; }, [](double x) { return 2 * x; });
+  const CaseReport rep = compare(golden, r);
+  ASSERT_EQ(rep.status, CaseStatus::Fail);
+  EXPECT_EQ(find(rep, "lse_factor"), nullptr) << all(rep);
+  EXPECT_EQ(find(rep, "lse_shift"), nullptr) << all(rep);
 }
 
 TEST(Diagnosis, OneBatchWrong) {
