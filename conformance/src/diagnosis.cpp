@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 
 #include "attnoracle/conformance/compare.hpp"
@@ -261,6 +262,48 @@ struct Patterns {
         d.failed_total);
   }
 
+  // Every failing row has its largest weight (the reference's) past the first block of keys, and
+  // rows with it in the first block pass: a blocked kernel that goes wrong when the row's maximum
+  // changes after its first block (no rescaling).
+  void max_past_block() {
+    const RawTensor* w = golden.find("weights.ref");
+    if (mha || n_failing == 0 || n_passing == 0 || !w || w->dtype != DType::F64 ||
+        w->data.size() != static_cast<std::size_t>(c.B * c.Hq * c.Nq * c.Nk) * 8)
+      return;
+    std::vector<std::int64_t> at(failing.size(), -1);  // the first key of largest weight
+    each_row([&](std::int64_t b, std::int64_t h, std::int64_t i, bool) {
+      const std::size_t r = row(b, h, i);
+      double best = -1;
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        double x;
+        std::memcpy(&x, w->data.data() + 8 * (r * static_cast<std::size_t>(c.Nk) + static_cast<std::size_t>(j)), 8);
+        if (x > best) best = x, at[r] = j;
+      }
+    });
+    std::int64_t block = 16;
+    while (2 * block < c.Nk) block *= 2;
+    for (; block >= 16; block /= 2) {
+      std::int64_t past = 0, past_fail = 0, within_pass = 0;
+      bool all = true;
+      each_row([&](std::int64_t b, std::int64_t h, std::int64_t i, bool f) {
+        const bool p = at[row(b, h, i)] >= block;
+        past += p;
+        past_fail += p && f;
+        within_pass += !p && !f;
+        all = all && (p || !f);
+      });
+      // most rows with the maximum past the block fail; some with it within pass
+      if (!all || within_pass == 0 || 2 * past_fail < past) continue;
+      add("max_past_block",
+          "every failing row (" + std::to_string(n_failing) + ") has its largest weight past the first " +
+              std::to_string(block) + " keys (" + std::to_string(past_fail) + " of the " + std::to_string(past) +
+              " such rows fail); the " + plural(within_pass, "row", "rows") + " with it in keys 0.." +
+              std::to_string(block - 1) + (within_pass == 1 ? " passes" : " pass"),
+          d.failed_total);
+      return;
+    }
+  }
+
   // Failures in some batches, some heads or some kv groups only (complete counts per head).
   void heads() {
     std::set<std::int64_t> fb, fh;
@@ -459,6 +502,7 @@ struct Patterns {
     masked_weights();
     rule_rows();
     blocking();
+    max_past_block();
     heads();
     head_match();
     constant(2);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -274,6 +275,35 @@ TEST(Diagnosis, BlockedBugShowsPastTheBlock) {
   EXPECT_EQ(rep.diagnosis.rows.size(), 12u);
 }
 
+TEST(Diagnosis, RowsWhoseMaximumIsPastTheFirstBlock) {
+  // 40 keys: the rows whose largest reference weight is at key 16 or later made wrong
+  const auto golden = golden_of(make_case({1, 1, 1, 12, 40, 4}, {{"attn.outputs", "out,weights"}}));
+  const RawTensor* w = golden.find("weights.ref");
+  std::vector<bool> past(12);
+  std::int64_t n_past = 0;
+  for (std::size_t i = 0; i < 12; ++i) {
+    std::size_t at = 0;
+    for (std::size_t j = 1; j < 40; ++j)
+      if (decode_float(DType::F64, w->data.data() + 8 * (i * 40 + j)) > decode_float(DType::F64, w->data.data() + 8 * (i * 40 + at))) at = j;
+    past[i] = at >= 16;
+    n_past += past[i];
+  }
+  ASSERT_GT(n_past, 0);
+  ASSERT_LT(n_past, 12);
+  JobResult r = golden_result(golden);
+  change(r, "out", [&](auto, auto, auto i, auto) { return past[static_cast<std::size_t>(i)]; }, [](double x) { return x + 0.1; });
+  const CaseReport rep = compare(golden, r);
+  const Finding* f = find(rep, "max_past_block");
+  ASSERT_NE(f, nullptr) << all(rep);
+  const std::string n = std::to_string(n_past), m = std::to_string(12 - n_past);
+  EXPECT_EQ(f->text, "every failing row (" + n + ") has its largest weight past the first 16 keys (" + n + " of the " + n +
+                         " such rows fail); the " + m + " rows with it in keys 0..15 pass") << all(rep);
+  // one row with its maximum in the first block wrong too: silent
+  change(r, "out", [&](auto, auto, auto i, auto) { return i == std::find(past.begin(), past.end(), false) - past.begin(); },
+         [](double x) { return x + 0.1; });
+  EXPECT_EQ(find(compare(golden, r), "max_past_block"), nullptr);
+}
+
 TEST(Diagnosis, RowsListedUpToTheCap) {
   const auto golden = golden_of(make_case({1, 1, 1, 100, 3, 4}, {{"attn.outputs", "out"}}));
   JobResult r = golden_result(golden);
@@ -347,16 +377,22 @@ class DiagnosisRun : public ::testing::Test {
     };
     add("causal", make_case({1, 2, 2, 6, 6, 4}, {{"attn.outputs", "out,weights"}, {"attn.causal", "top_left"}}), "causal");
     add("gqa", make_case({1, 4, 2, 5, 7, 4}, {{"attn.outputs", "out"}}), "gqa");
+    add("long", make_case({1, 1, 1, 12, 40, 4}, {{"attn.outputs", "out,weights"}}), "long");
     testing::write_text(dir_ / "set" / "manifest.json", vectors::manifest_text(m));
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
-  int gate(const std::string& bug, nlohmann::json& report) {
+  int gate(const std::string& bug, nlohmann::json& report, const std::string& adapter = "numpy", const std::string& extra = "") {
     const fs::path json = dir_ / (bug + ".json");
     const int st = testing::run("run " + (dir_ / "set").string() + " --impl '/usr/bin/python3 " +
-                                    std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/numpy/attention.py --bug " +
-                                    bug + "' --json " + json.string(), out_);
+                                    std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/" + adapter +
+                                    "/attention.py" + extra + " --bug " + bug + "' --json " + json.string(), out_);
     if (fs::exists(json)) report = nlohmann::json::parse(std::ifstream(json));
     return st;
+  }
+  static const nlohmann::json& case_of(const nlohmann::json& r, const std::string& id) {
+    for (const auto& c : r["cases"])
+      if (c["id"] == id) return c;
+    throw std::runtime_error("no case " + id);
   }
   static fs::path dir_;
   std::string out_;
@@ -370,8 +406,8 @@ TEST_F(DiagnosisRun, CausalLeak) {
   // j <= i + 1: key i + 1 of rows 0..4 in both heads
   EXPECT_NE(out_.find("      finding: 10 masked positions got weight (largest "), std::string::npos) << out_;
   EXPECT_NE(out_.find("): masked by causal (top_left)\n"), std::string::npos) << out_;
-  ASSERT_EQ(r["cases"].size(), 2u);
-  const auto& c = r["cases"][0]["id"] == "causal" ? r["cases"][0] : r["cases"][1];
+  ASSERT_EQ(r["cases"].size(), 3u);
+  const auto& c = case_of(r, "causal");
   EXPECT_EQ(c["diagnosis"]["findings"][0]["name"], "masked_weight") << c.dump(1);
 }
 
@@ -380,11 +416,20 @@ TEST_F(DiagnosisRun, TiledGqa) {
   ASSERT_EQ(gate("gqa_tiled", r), 1) << out_;
   EXPECT_NE(out_.find("      finding: failures only in query heads 1, 2 of 4 (kv heads, grouped mapping h / 2: 1 -> 0, 2 -> 1)"),
             std::string::npos) << out_;
-  const auto& c = r["cases"][0]["id"] == "gqa" ? r["cases"][0] : r["cases"][1];
+  const auto& c = case_of(r, "gqa");
   ASSERT_EQ(c["status"], "fail");
   ASSERT_EQ(c["tensors"][0]["heads"].size(), 4u);
   EXPECT_EQ(c["tensors"][0]["heads"][0]["failed"], 0);
   EXPECT_GT(c["tensors"][0]["heads"][1]["failed"].get<int>(), 0);
+}
+
+TEST_F(DiagnosisRun, FlashKernelWithoutRescaling) {
+  nlohmann::json r;
+  ASSERT_EQ(gate("no_rescale", r, "flash_numpy", " --block 16"), 1) << out_;
+  EXPECT_NE(out_.find("FAIL  long"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("      finding: every failing row ("), std::string::npos) << out_;
+  EXPECT_NE(out_.find(") has its largest weight past the first 16 keys ("), std::string::npos) << out_;
+  EXPECT_EQ(case_of(r, "long")["diagnosis"]["findings"][0]["name"], "max_past_block") << case_of(r, "long").dump(1);
 }
 
 }  // namespace
