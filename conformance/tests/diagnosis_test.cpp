@@ -423,6 +423,25 @@ TEST_F(DiagnosisRun, TiledGqa) {
   EXPECT_GT(c["tensors"][0]["heads"][1]["failed"].get<int>(), 0);
 }
 
+TEST_F(DiagnosisRun, CheckReportsTheFindingsToo) {
+  // results made offline: the golden values with key i + 1 of every row i given weight 0.1
+  const fs::path results = dir_ / "results";
+  fs::create_directories(results);
+  const SafeTensorsFile golden = read_safetensors((dir_ / "set" / "cases" / "causal.safetensors").string());
+  JobResult r = golden_result(golden);
+  change(r, "weights", [](auto, auto, auto i, auto j) { return j == i + 1; }, [](double) { return 0.1; });
+  write_file_atomic((results / "causal.safetensors").string(), serialize_safetensors(r.output));
+  const fs::path json = dir_ / "check.json";
+  ASSERT_EQ(testing::run("check " + (dir_ / "set").string() + " --results " + results.string() + " --case causal --json " +
+                             json.string(), out_), 1) << out_;
+  EXPECT_NE(out_.find("      finding: 10 masked positions got weight (largest 0.1): masked by causal (top_left)\n"),
+            std::string::npos) << out_;
+  const auto rep = nlohmann::json::parse(std::ifstream(json));
+  const auto& c = case_of(rep, "causal");
+  EXPECT_EQ(c["diagnosis"]["failing_rows"], 10) << c.dump(1);  // rows 0..4 of both heads
+  EXPECT_EQ(c["diagnosis"]["findings"][0]["text"], "10 masked positions got weight (largest 0.1): masked by causal (top_left)");
+}
+
 TEST_F(DiagnosisRun, FlashKernelWithoutRescaling) {
   nlohmann::json r;
   ASSERT_EQ(gate("no_rescale", r, "flash_numpy", " --block 16"), 1) << out_;
