@@ -274,6 +274,7 @@ struct Comparer {
     ++acc.t.compared;
     acc.t.worst_ulp = std::max(acc.t.worst_ulp, ulp);
     acc.t.worst_bound_error = std::max(acc.t.worst_bound_error, be);
+    rep.diagnosis.record(got.name, got.shape, k, x_hi + x_lo, y, ratio);
     if (ratio > 1) {
       ++rep.failed_elements;
       ++acc.t.over_limit;
@@ -647,6 +648,7 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
   }
   Comparer cmp{c, golden, result.output, profile, rep, {}, 0, 0, {}, {}};
   cmp.run();
+  diagnose(c, golden, result.output, rep);
   return rep;
 }
 

@@ -76,6 +76,7 @@ std::string text_report(const GateReport& r, bool all_cases) {
     if (c.status == CaseStatus::Skip && r.require_all) os << "      a failure under --require-all\n";
     if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
     if (c.status != CaseStatus::Skip) os << tier_text(c);
+    for (const auto& f : c.diagnosis.findings) os << "      finding: " << f.text << "\n";
   }
   for (const auto& [reason, n] : skips) os << "skipped " << n << ": " << reason << "\n";
   {  // the statistical tier over the suite: median and smallest headroom of the tensors tested
@@ -150,7 +151,12 @@ std::string json_report(const GateReport& r) {
     cj["reason"] = c.reason;
     cj["failed_elements"] = c.failed_elements;
     cj["tensors"] = J::array();
-    for (const auto& t : c.tensors)
+    for (const auto& t : c.tensors) {
+      J heads = J::array();  // per (batch, head): worst limit ratio and failed count
+      for (const auto& h : c.diagnosis.heads)
+        if (h.tensor == t.tensor)
+          heads.push_back({{"batch", h.b}, {"head", h.h < 0 ? J(nullptr) : J(h.h)}, {"failed", h.failed},
+                           {"worst_limit_ratio", finite(h.worst_ratio)}});
       cj["tensors"].push_back({{"tensor", t.tensor},
                                {"compared", t.compared},
                                {"worst_ulp", finite(t.worst_ulp)},
@@ -163,8 +169,23 @@ std::string json_report(const GateReport& r) {
                                {"largest_limit", finite(t.largest_limit)},
                                {"over_limit", t.over_limit},
                                {"tier", tier_json(t.tier)},
-                               {"worst", t.worst ? element(*t.worst) : J(nullptr)}});
+                               {"worst", t.worst ? element(*t.worst) : J(nullptr)},
+                               {"heads", std::move(heads)}});
+    }
     if (c.worst) cj["worst"] = element(*c.worst);
+    const Diagnosis& d = c.diagnosis;
+    if (d.failing_rows > 0 || !d.findings.empty()) {
+      J dj;
+      dj["failing_rows"] = d.failing_rows;
+      dj["rows"] = J::array();
+      for (const auto& w : d.rows)
+        dj["rows"].push_back({{"tensor", w.tensor}, {"batch", w.b}, {"head", w.h < 0 ? J(nullptr) : J(w.h)},
+                              {"query", w.i}, {"failed", w.failed}, {"worst_limit_ratio", finite(w.worst_ratio)}});
+      dj["rows_listed_at_most"] = Diagnosis::kMaxRows;
+      dj["findings"] = J::array();
+      for (const auto& f : d.findings) dj["findings"].push_back({{"name", f.name}, {"text", f.text}, {"elements", f.elements}});
+      cj["diagnosis"] = std::move(dj);
+    }
     j["cases"].push_back(std::move(cj));
   }
   return j.dump(2) + "\n";
@@ -203,6 +224,7 @@ std::string junit_report(const GateReport& r) {
     if (c.status == CaseStatus::Fail) {
       std::string body = c.reason;
       if (c.worst) body += "\nworst: " + worst_text(*c.worst);
+      for (const auto& f : c.diagnosis.findings) body += "\nfinding: " + f.text;
       os << "\n      <failure message=\"" << xml_escape(c.reason) << "\">" << xml_escape(body) << "</failure>\n    ";
     } else if (c.status == CaseStatus::Skip && r.require_all) {
       const std::string msg = "skipped, a failure under --require-all: " + c.reason;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/conformance/diagnosis.hpp"
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/conformance/statistics.hpp"
@@ -60,6 +61,7 @@ struct CaseReport {
   std::vector<TensorReport> tensors;
   std::optional<ElementReport> worst;  // the element with the largest limit ratio
   std::int64_t failed_elements = 0;
+  Diagnosis diagnosis;            // per-head and per-row summaries; findings when it failed
 };
 
 std::string_view status_name(CaseStatus s);
