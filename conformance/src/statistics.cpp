@@ -20,6 +20,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
   s.exact = true;
   const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
   const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const double ub = p.bias ? unit_roundoff(*p.bias) : 0;  // a bias rounded to its dtype first
   const std::int64_t H = c.Hq, Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
   const double scale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(Dk));
   const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
@@ -56,8 +57,10 @@ Spread weight_spread(const Case& c, const Profile& p) {
           if (cap > 0) tj = cap * std::tanh(tj / cap);
           keys.push_back(j);
           t.push_back(tj);
-          w.push_back(tj + c.bias_at(b, h, i, j));
-          kr.push_back(dot_k * dabs);  // the dot (Dk products and sums), the scale, the softcap
+          const double bj = c.bias_at(b, h, i, j);
+          w.push_back(tj + bj);
+          // the dot (Dk products and sums), the scale, the softcap; the bias's own rounding
+          kr.push_back(std::hypot(dot_k * dabs, ub * bj));
         }
         if (keys.empty()) continue;
         const double m = *std::max_element(w.begin(), w.end());
@@ -120,6 +123,8 @@ RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m) {
   double proj = 0;
   if (c.kind == Kind::Mha) proj = 2 * (std::sqrt(static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection));
   r.score = std::sqrt(static_cast<double>(c.Dk) + 2) * uq * m.dot_abs + proj * m.dot_abs + 2 * us * m.score_abs;
+  // a bias rounded to its dtype first: one rounding, as in the worst-case limit
+  if (p.bias) r.score += unit_roundoff(*p.bias) * m.bias_abs + min_subnormal(*p.bias) / 2;
   r.key_rel = r.score + 2 * us * m.score_abs + p.exp_ulps * us + us + up;
   r.sum_rel = std::sqrt(n) * us;
   r.pv = upv;

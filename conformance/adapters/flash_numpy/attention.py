@@ -218,7 +218,9 @@ class Kernel:
         ftz = bug == "flush_subnormals" and f32
         tf32 = bug == "tf32_matmul" and f32
         # Q, K, V in the input dtype (kind mha: the projections rounded to it, or to the P dtype).
-        q, k, v = (a.astype(acc) for a in (q, k, v))
+        # Unused positions (keys no query attends, padding queries) may hold NaN or infinities:
+        # read as 0, so that 0 * NaN in P V never reaches a used row.
+        q, k, v = (np.where(np.isfinite(a), a, 0).astype(acc) for a in (q, k, v))
         if rnd is not None:
             q, k, v = rnd(q), rnd(k), rnd(v)
         if ftz:                              # BUG: float32 subnormal inputs read as 0

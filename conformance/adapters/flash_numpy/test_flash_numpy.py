@@ -143,6 +143,42 @@ class PlantedBugTest(unittest.TestCase):
         np.testing.assert_array_equal(right[0], wrong[0])
 
     # Arithmetic.
+    # The statistical tier's bugs: each hook against its correct arithmetic.
+    def test_bug_stat_exp_1e3(self):
+        x = np.array([0.5, -3.0, -np.inf])
+        np.testing.assert_array_equal(attention.stat_exp(None, x), np.exp(x))
+        got = attention.stat_exp("stat_exp_1e3", x)
+        np.testing.assert_allclose(got[:2] / np.exp(x[:2]) - 1, 1e-3 * np.sin(1e4 * x[:2]), rtol=1e-9)
+        self.assertEqual(got[2], 0.0)   # exp(-inf) stays 0
+        right, wrong = self.both("stat_exp_1e3", t([1.0]), t([0.0], [0.5]), t([0.0], [1.0]))
+        self.assertNotEqual(right[0].item(), wrong[0].item())
+
+    def test_bug_stat_f16_denominator(self):
+        third = np.full((1, 1, 1, 2), 1 / 3, np.float32)
+        l0, a = np.zeros((1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32)
+        self.assertEqual(attention.stat_denominator(None, a, l0, third, np.float32).item(), np.float32(2 / 3))
+        f16 = np.float16(np.float16(1 / 3) + np.float16(1 / 3))
+        self.assertEqual(attention.stat_denominator("stat_f16_denominator", a, l0, third, np.float32).item(),
+                         np.float32(f16))
+
+    def test_bug_stat_pv_bf16(self):
+        # 1 * 1 + 1 * 2^-9: BF16 keeps 8 bits, so the sum rounds back to 1
+        a, o = np.ones((1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32)
+        p = np.ones((1, 1, 1, 2), np.float32)
+        vb = np.array([[[[1.0], [2.0 ** -9]]]], np.float32)
+        self.assertEqual(attention.stat_accumulate(None, a, o, p, vb).item(), 1 + 2.0 ** -9)
+        self.assertEqual(attention.stat_accumulate("stat_pv_bf16", a, o, p, vb).item(), 1.0)
+
+    def test_bug_stat_round_up(self):
+        # 1/25 rounds down to nearest in F32; toward +inf it is the float above, 1/5 stays
+        o, l = np.array([[[[1.0], [1.0]]]], np.float32), np.array([[[25.0, 5.0]]], np.float32)
+        right = attention.stat_divide(None, o, l, "F32")
+        wrong = attention.stat_divide("stat_round_up", o, l, "F32")
+        self.assertLess(float(np.float32(0.04)), 0.04)
+        self.assertEqual(right[0, 0, 0, 0], np.float32(1 / 25))
+        self.assertEqual(wrong[0, 0, 0, 0], np.nextafter(np.float32(0.04), np.float32(1)))
+        self.assertEqual(wrong[0, 0, 1, 0], np.float32(0.2))
+
     def test_bug_tf32_matmul(self):
         x = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -12, -(1 + 3 * 2.0 ** -12)], np.float32)
         np.testing.assert_array_equal(attention.round_tf32(x), [1, 1 + 2.0 ** -9, 1, -(1 + 2.0 ** -10)])

@@ -140,7 +140,6 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
   const parts = [];
   if (mask) {
     if (mask.dtype !== 'BOOL') throw new BadCase(`mask: dtype ${mask.dtype}, expected BOOL`);
-    if (mask.shape.length < 2) throw new BadCase(`mask: rank ${mask.shape.length} < 2`);
     parts.push({ t: mask, ...broadcastStrides(mask.shape, dims, 'mask') });
   }
   let biasValues = null;
