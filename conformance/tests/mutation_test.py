@@ -184,9 +184,23 @@ MUTANTS = {
                                      not_expected={"fp32": "with --arith fp32 the scores stay float32: "
                                                    "no change"},
                                      tags=("large_scores",)),
-    # Statistical bugs of the flash kernel's arithmetic (names stat_*; exp with 1e-3 error, F16
-    # denominator, P V in BF16, rounding toward +inf): their entries go here, with the profiles
-    # that must catch them and why the others need not.
+    # Statistical bugs of the flash kernel's arithmetic, caught by the error distribution's tests
+    # (TOLERANCE.md, the statistical tier) where each element stays within its limit.
+    "flash:stat_exp_1e3": flash("stat_exp_1e3", "exp with a relative error of 1e-3: many cases",
+                                expected=("fp32", "flash-fp16"),
+                                not_expected={"flash-bf16": "1e-3 is a quarter of BF16's unit roundoff "
+                                              "(P is rounded to BF16): within the declared arithmetic"},
+                                tags=("basic", "normal")),
+    "flash:stat_f16_denominator": flash("stat_f16_denominator", "the row sum in F16: F32 cases",
+                                        expected=("fp32",),
+                                        not_expected={"flash-fp16": "P is rounded to F16 already: the "
+                                                      "sum's F16 error is of the same order",
+                                                      "flash-bf16": "below BF16's rounding of P"},
+                                        tags=("basic", "normal")),
+    "flash:stat_pv_bf16": flash("stat_pv_bf16", "P V in BF16: most F32 and F16 cases, BF16 ones with "
+                                "long sums", tags=("basic", "normal")),
+    "flash:stat_round_up": flash("stat_round_up", "every output rounded toward +inf: the mean of the "
+                                 "signed errors", tags=("basic", "normal")),
     "flash:scale_dv": flash("scale_dv", "cases with the default scale and Dv != Dk (normal-001, gqa, "
                             "mha, edges)", tags=("dv_ne_dk",)),
     "flash:scale_twice": flash("scale_twice", "every case with scale != 1", tags=("basic",)),
