@@ -9,7 +9,6 @@
 #include <numeric>
 #include <stdexcept>
 
-#include <mpfr.h>
 
 #include "attnoracle/conformance/metamorphic.hpp"
 #include "attnoracle/oracle/oracle.hpp"
@@ -143,15 +142,6 @@ std::vector<char> all_tokens(const Case& c) {
   return r;
 }
 
-// x rounded to nearest-even into t.
-double round_into(double x, DType t) {
-  mpfr_t m;
-  mpfr_init2(m, 53);
-  mpfr_set_d(m, x, MPFR_RNDN);
-  const double r = round_to_format(m, t);
-  mpfr_clear(m);
-  return r;
-}
 
 std::string hexf(double x) {
   char buf[64];
@@ -355,7 +345,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
         for (std::int64_t i = 0; i < c.Nq; ++i)
           for (std::int64_t j = 0; j < c.Nk; ++j, at += es) {
             double x = c.bias ? c.bias_at(b, h, i, j) : 0.0;
-            if (h == 0 && j % 2 == 0 && std::isfinite(x)) x = round_into(x + 1, bt);
+            if (h == 0 && j % 2 == 0 && std::isfinite(x)) x = round_double(x + 1, bt);
             encode_float(bt, x, nb.data.data() + at);
           }
     TwinPair p = ref_twin("bias_sensitivity", "bias", "the bias of head 0 raised by 1 on even keys");

@@ -24,6 +24,16 @@ double round_to_format(mpfr_srcptr x, DType t) {
   return d;
 }
 
+double round_double(double x, DType t) {
+  if (t == DType::F64 || std::isnan(x)) return x;
+  mpfr_t m;
+  mpfr_init2(m, 53);
+  mpfr_set_d(m, x, MPFR_RNDN);  // exact
+  const double r = round_to_format(m, t);
+  mpfr_clear(m);
+  return r;
+}
+
 RoundedEnclosure round_enclosure(mpfr_srcptr lo, mpfr_srcptr hi, DType t) {
   const double a = round_to_format(lo, t);
   const double b = round_to_format(hi, t);

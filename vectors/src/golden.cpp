@@ -41,24 +41,14 @@ Values values(const SafeTensorsFile& f, const std::string& name) {
   return out;
 }
 
-double rn(double x, DType t) {
-  if (t == DType::F64 || std::isnan(x)) return x;
-  mpfr_t m;
-  mpfr_init2(m, 53);
-  mpfr_set_d(m, x, MPFR_RNDN);
-  const double r = round_to_format(m, t);
-  mpfr_clear(m);
-  return r;
-}
-
 // y (in format t) is the rounding of the exact value whose F64 rounding is ref: then y is a
 // neighbour in t of ref, and the rounding of ref or of one of its F64 neighbours (double
 // rounding can move a midpoint).
 bool consistent(double y, double ref, DType t) {
   if (std::isnan(y) || std::isnan(ref)) return false;
   if (t == DType::F64) return y == ref;
-  if (y == rn(ref, t)) return true;
-  return y == rn(std::nextafter(ref, -INFINITY), t) || y == rn(std::nextafter(ref, INFINITY), t);
+  if (y == round_double(ref, t)) return true;
+  return y == round_double(std::nextafter(ref, -INFINITY), t) || y == round_double(std::nextafter(ref, INFINITY), t);
 }
 
 class Checker {
@@ -200,7 +190,7 @@ class Checker {
         return at("out.ref", base + col,
                   hexf(r) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
       const DType o = c_.output_dtype;
-      if (!(rn(mn, o) <= y && y <= rn(mx, o)))
+      if (!(round_double(mn, o) <= y && y <= round_double(mx, o)))
         return at("out", base + col,
                   hexf(y) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
     }

@@ -21,11 +21,7 @@ double round_into(double x, DType t) {
     if (!std::isfinite(x)) throw std::invalid_argument("a generated value is not finite");
     return x;
   }
-  mpfr_t m;
-  mpfr_init2(m, 53);
-  mpfr_set_d(m, x, MPFR_RNDN);  // exact
-  const double r = round_to_format(m, t);
-  mpfr_clear(m);
+  const double r = round_double(x, t);
   if (!std::isfinite(r))
     throw std::invalid_argument("a generated value overflows " + std::string(dtype_name(t)));
   return r;

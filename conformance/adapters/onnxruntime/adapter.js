@@ -125,6 +125,25 @@ function broadcastStrides(shape, target, name) {
 }
 
 /**
+ * The graph's outputs: finish(name, shape, resultName) adds a node output (cast to the output
+ * dtype when it differs from the input's) and the result it becomes.
+ */
+function graphOutputs(nodes, inType, outType, O) {
+  const outputs = [];
+  const results = [];
+  const finish = (name, shape, resultName) => {
+    let final = name;
+    if (outType !== inType) {
+      final = `${name}_cast`;
+      nodes.push(onnx.node('Cast', [name], [final], { to: { i: O.elem } }, `cast_${name}`));
+    }
+    outputs.push(onnx.valueInfo(final, O.elem, shape));
+    results.push({ ort: final, name: resultName });
+  };
+  return { outputs, results, finish };
+}
+
+/**
  * The attn_mask: null when there is nothing to mask or add; else {type (onnxruntime-node tensor
  * type), elem (ONNX data type), shape [mb, mh, Nq, Nk] (mb in {1, B}, mh in {1, Hq}), data}:
  * boolean (true = may attend) without a bias, else the bias in the input dtype with -inf where
@@ -341,17 +360,7 @@ function plan(tensors, meta) {
     nodes.push(onnx.node('MatMul', ['concat', 'w_o'], ['y'], {}, 'project_out'));
     outName = 'y';
   }
-  const outputs = [];
-  const results = [];
-  const finish = (name, shape, resultName) => {
-    let final = name;
-    if (outType !== inType) {
-      final = `${name}_cast`;
-      nodes.push(onnx.node('Cast', [name], [final], { to: { i: O.elem } }, `cast_${name}`));
-    }
-    outputs.push(onnx.valueInfo(final, O.elem, shape));
-    results.push({ ort: final, name: resultName });
-  };
+  const { outputs, results, finish } = graphOutputs(nodes, inType, outType, O);
   finish(outName, outShape, 'out');
   if (wantWeights) finish('w', dims, 'weights');
 
@@ -491,17 +500,7 @@ function contribPlan(c) {
     nodes.push(onnx.node('MatMul', ['y_bsd', 'w_o'], ['y'], {}, 'project_out'));
     [outName, outShape] = ['y', [B, Nq, tensors.w_o.shape[1]]];
   }
-  const outputs = [];
-  const results = [];
-  const finish = (name, shape, resultName) => {
-    let final = name;
-    if (outType !== inType) {
-      final = `${name}_cast`;
-      nodes.push(onnx.node('Cast', [name], [final], { to: { i: O.elem } }, `cast_${name}`));
-    }
-    outputs.push(onnx.valueInfo(final, O.elem, shape));
-    results.push({ ort: final, name: resultName });
-  };
+  const { outputs, results, finish } = graphOutputs(nodes, inType, outType, O);
   finish(outName, outShape, 'out');
   if (OP === 'gqa' && wantWeights) finish('w', c.dims, 'weights');
   const model = onnx.model({ nodes, inputs, outputs, initializers }, { contrib: true });

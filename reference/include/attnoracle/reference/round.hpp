@@ -10,6 +10,8 @@ namespace attnoracle {
 // x rounded to nearest-even in format t (subnormals kept, overflow to infinity), as the double
 // holding that value exactly. Uses MPFR with the format's precision and exponent range.
 double round_to_format(mpfr_srcptr x, DType t);
+// The double x rounded to nearest-even in format t (NaN stays NaN, overflow to infinity).
+double round_double(double x, DType t);
 
 struct RoundedEnclosure {
   bool decided;  // every value of the enclosure rounds to `value`
