@@ -579,8 +579,7 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
   rep.id = id;
   const Case c = case_from_file(id, inputs_of(golden));
   rep.dtype = c.input_dtype;
-  if (!profile.input_dtypes.empty() &&
-      std::find(profile.input_dtypes.begin(), profile.input_dtypes.end(), c.input_dtype) == profile.input_dtypes.end()) {
+  if (!profile.covers(c.input_dtype)) {
     rep.status = CaseStatus::Skip;
     rep.reason = "profile " + profile.name + " does not cover " + std::string(dtype_name(c.input_dtype)) + " inputs";
     return rep;

@@ -314,8 +314,7 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
       return jobs.size() - 1;
     };
     const DType in = case_from_file(id, file).input_dtype;
-    const auto& covered = opt.profile.input_dtypes;
-    const bool skip = !covered.empty() && std::find(covered.begin(), covered.end(), in) == covered.end();
+    const bool skip = !opt.profile.covers(in);
     for (TwinPair& p : make_twins(id, file)) {
       Pending q{id, std::move(p), 0, 0, {}, {}, {}};
       if (skip) {  // as the gate skips a case

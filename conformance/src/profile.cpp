@@ -149,7 +149,10 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
 }
 
 std::vector<DType> covered(const Profile& p) {
-  return p.input_dtypes.empty() ? std::vector<DType>{DType::F64, DType::F32, DType::F16, DType::BF16} : p.input_dtypes;
+  std::vector<DType> out;
+  for (DType t : {DType::F64, DType::F32, DType::F16, DType::BF16})
+    if (p.covers(t)) out.push_back(t);
+  return out;
 }
 
 // Adds `p` to the set, refusing a second member for an input dtype.
@@ -172,10 +175,13 @@ Profile profile_from_json(const std::string& path) {
   return profile_from_object(j, path);
 }
 
+bool Profile::covers(DType t) const {
+  return input_dtypes.empty() || std::find(input_dtypes.begin(), input_dtypes.end(), t) != input_dtypes.end();
+}
+
 const Profile* ProfileSet::for_dtype(DType t) const {
   for (const Profile& p : members)
-    if (p.input_dtypes.empty() || std::find(p.input_dtypes.begin(), p.input_dtypes.end(), t) != p.input_dtypes.end())
-      return &p;
+    if (p.covers(t)) return &p;
   return nullptr;
 }
 

@@ -347,6 +347,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
   if (c.mask) mask.emplace(c.mask->shape, c.mask->values.data());
   if (c.bias) bias.emplace(c.bias->shape, c.bias->values.data());
   std::vector<unsigned char> allow(static_cast<std::size_t>(Nk));
+  std::vector<double> scores(filtered ? 0 : static_cast<std::size_t>(Nk));  // one row's, exact path
   std::vector<std::int64_t> cand(static_cast<std::size_t>(Nk));
   const ScanFn scan_row = scan_kernel();
 
@@ -446,24 +447,27 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
           if (!filtered) {
             const double* srow = &sd[static_cast<std::size_t>(r * Nkp)];
             const double* arow = &ad[static_cast<std::size_t>(r * Nkp)];
-            auto score = [&](std::int64_t j) {
-              double t = srow[j] * sscale;
-              if (cap > 0) t = cap * std::tanh(t / cap);
-              return t + bias_of(j);
-            };
-            double smax = -INFINITY, A = 0;
+            double smax = -INFINITY, A = 0, M = 0;
             for (std::int64_t j = lo; j <= hi; ++j) {
               if (!allowed_key(j)) continue;
-              smax = std::max(smax, score(j));
+              double t = srow[j] * sscale;
+              if (cap > 0) t = cap * std::tanh(t / cap);
+              const double sj = t + bias_of(j);
+              scores[static_cast<std::size_t>(j)] = sj;
+              smax = std::max(smax, sj);
+              M = std::max(M, std::fabs(sj));
               A = std::max(A, arow[j] * scale);
             }
             m.dot_abs = std::max(m.dot_abs, A);
+            // only a bias puts keys far below the row's maximum; then M is taken again without them
             const double far = brow && std::isfinite(smax) ? far_below(std::fabs(smax), A) : -INFINITY;
-            for (std::int64_t j = lo; j <= hi; ++j) {
-              if (!allowed_key(j)) continue;
-              const double sj = score(j);
-              if (!(sj < far)) m.score_abs = std::max(m.score_abs, std::fabs(sj));
+            if (far > -INFINITY) {
+              M = 0;
+              for (std::int64_t j = lo; j <= hi; ++j)
+                if (allowed_key(j) && !(scores[static_cast<std::size_t>(j)] < far))
+                  M = std::max(M, std::fabs(scores[static_cast<std::size_t>(j)]));
             }
+            m.score_abs = std::max(m.score_abs, M);
             continue;
           }
 

@@ -32,6 +32,8 @@ struct Profile {
   MaskedRowConvention masked_rows = MaskedRowConvention::Zero;
   bool returns_weights = true;
   bool returns_lse = true;
+  // The cases it judges: those of its input dtypes (every dtype when none is listed).
+  bool covers(DType t) const;
 };
 
 // fp64, fp32, fp16 and bf16 (inputs in that dtype, fp32 accumulation and softmax), flash-fp16
