@@ -39,4 +39,10 @@ std::string make_temp_dir(const std::string& prefix) {
   return tmpl;
 }
 
+TempDirGuard::~TempDirGuard() {
+  if (path_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
 }  // namespace attnoracle::cli

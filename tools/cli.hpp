@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "attnoracle/oracle/oracle.hpp"
 
@@ -30,6 +31,20 @@ void require_parent_dir(const std::string& path);
 // A fresh directory PREFIX-XXXXXX in the temporary directory, made with mkdtemp (a name no one
 // can plant beforehand); InputError when it cannot be made.
 std::string make_temp_dir(const std::string& prefix);
+// Removes a temporary directory when it goes out of scope, on every path out (an exception
+// included), unless release() was called. Best effort: what a leftover process still writes
+// into cannot fail the command.
+class TempDirGuard {
+ public:
+  explicit TempDirGuard(std::string path) : path_(std::move(path)) {}
+  TempDirGuard(const TempDirGuard&) = delete;
+  TempDirGuard& operator=(const TempDirGuard&) = delete;
+  ~TempDirGuard();
+  void release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
 // Prints an oracle report for `file` on stderr ("attnoracle: invariant violated: ...").
 void print_violations(const std::string& file, const oracle::InvariantViolation& e);
 

@@ -1,14 +1,11 @@
 // attnoracle invariants --impl 'CMD': metamorphic checks of an implementation, no golden data.
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -145,14 +142,15 @@ int run_invariants(const InvariantsArgs& a) {
   opt.timeout = a.timeout;
   opt.failures_dir = a.failures;
   const bool temp_failures = a.failures.empty();
-  if (temp_failures) {
-    std::string tmpl = (fs::temp_directory_path() / "attnoracle-invariants-failures-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr)
-      throw InputError(tmpl, "", std::string("cannot create the failures directory: ") + std::strerror(errno));
-    opt.failures_dir = tmpl;
-  }
+  if (temp_failures) opt.failures_dir = make_temp_dir("attnoracle-invariants-failures");
+  // Both temporary directories go on every path out, a thrown error included; the failures
+  // directory stays when a relation was violated (its cases are the replay), the work directory
+  // with --keep.
+  TempDirGuard failures_guard(temp_failures ? opt.failures_dir : "");
   const bool temp_work = a.work.empty();
   opt.work_dir = temp_work ? make_temp_dir("attnoracle-invariants") : a.work;
+  TempDirGuard work_guard(temp_work ? opt.work_dir : "");
+  if (a.keep) work_guard.release();
 
   std::vector<std::pair<std::string, SafeTensorsFile>> problems;
   std::vector<std::pair<std::string, vectors::ProblemSpec>> specs;
@@ -166,11 +164,7 @@ int run_invariants(const InvariantsArgs& a) {
     specs.emplace_back(id, spec);
   }
   const conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
-  if (temp_work && !a.keep) {
-    std::error_code ec;  // best effort: what a leftover process writes into cannot fail the run
-    fs::remove_all(opt.work_dir, ec);
-  }
-  if (temp_failures && !r.violated) fs::remove_all(opt.failures_dir);  // nothing was written there
+  if (r.violated) failures_guard.release();
 
   for (const auto& x : r.results)
     if (x.status == conformance::RelationResult::Status::Violated)
