@@ -14,7 +14,7 @@ namespace {
 
 using J = nlohmann::ordered_json;
 
-// kPageHead (up to the data, with @TITLE@) and kPageTail (the script that draws it).
+// kPageHead (up to the data) and kPageTail (the script that draws it).
 #include "html_page.inc"
 
 // Checks the fields of a JSON report the page reads; InputError(path, field, what) for the first
@@ -163,33 +163,33 @@ struct Checker {
   }
 };
 
-// The data as a script element's text: "<", ">", "&" and "/" escaped inside the strings (the
-// only place JSON has them), so that no "</script>" ends it and no address appears as one.
+// The data as a script element's text: inside its strings "<", ">", "&", "/" and ":" escaped,
+// so that nothing in it ends the script ("</script>") or reads as an address ("https://").
 std::string embedded(const J& j) {
-  const std::string s = j.dump(-1, ' ', true, J::error_handler_t::replace);
+  const std::string s = j.dump(-1, ' ', true, J::error_handler_t::replace);  // ASCII only
   std::string o;
   o.reserve(s.size() + s.size() / 16);
+  bool in_string = false, escaped = false;
   for (char ch : s) {
-    switch (ch) {
-      case '<': o += "\\u003c"; break;
-      case '>': o += "\\u003e"; break;
-      case '&': o += "\\u0026"; break;
-      case '/': o += "\\/"; break;
-      default: o += ch;
+    if (in_string && !escaped) {
+      switch (ch) {
+        case '<': o += "\\u003c"; continue;
+        case '>': o += "\\u003e"; continue;
+        case '&': o += "\\u0026"; continue;
+        case '/': o += "\\/"; continue;
+        case ':': o += "\\u003a"; continue;
+        default: break;
+      }
     }
+    if (in_string && escaped) escaped = false;
+    else if (in_string && ch == '\\') escaped = true;
+    else if (ch == '"') in_string = !in_string;
+    o += ch;
   }
   return o;
 }
 
-std::string page(const J& j) {
-  std::string title = "attnoracle report";
-  if (j.contains("suite") && j["suite"].is_string()) title += ": " + j["suite"].get<std::string>();
-  std::string t;  // HTML-escaped title
-  for (char ch : title) t += ch == '<' ? std::string("&lt;") : ch == '&' ? std::string("&amp;") : ch == '>' ? std::string("&gt;") : std::string(1, ch);
-  std::string head = kPageHead;
-  head.replace(head.find("@TITLE@"), 7, t);
-  return head + embedded(j) + kPageTail;
-}
+std::string page(const J& j) { return kPageHead + embedded(j) + kPageTail; }
 
 }  // namespace
 
