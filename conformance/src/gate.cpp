@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
