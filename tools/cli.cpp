@@ -26,22 +26,6 @@ void require_parent_dir(const std::string& path) {
     throw InputError(path, "", "directory " + parent.string() + " does not exist");
 }
 
-void print_violations(const std::string& file, const oracle::InvariantViolation& e) {
-  const auto& v = e.violations();
-  std::cerr << "attnoracle: invariant violated: " << file << ": " << v.size() << " violation"
-            << (v.size() == 1 ? "" : "s") << "; nothing written\n";
-  for (std::size_t k = 0; k < v.size() && k < 20; ++k) std::cerr << "  " << v[k].message() << "\n";
-  if (v.size() > 20) std::cerr << "  ... and " << v.size() - 20 << " more\n";
-  std::cerr.flush();
-}
-
-std::string make_temp_dir(const std::string& prefix) {
-  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-  if (::mkdtemp(tmpl.data()) == nullptr)
-    throw InputError(tmpl, "", std::string("cannot create a temporary directory: ") + std::strerror(errno));
-  return tmpl;
-}
-
 void ProgressFlags::add(CLI::App* sub) {
   CLI::Option* yes = sub->add_flag("--progress", on, "show progress on stderr even when it is not a terminal");
   CLI::Option* no = sub->add_flag("--no-progress", off, "no progress line (default where stderr is not a terminal, or CI is set)");
@@ -107,6 +91,22 @@ void Progress::clear() {
   if (!shown_) return;
   std::lock_guard<std::mutex> g(m_);
   erase_locked();
+}
+
+void print_violations(const std::string& file, const oracle::InvariantViolation& e) {
+  const auto& v = e.violations();
+  std::cerr << "attnoracle: invariant violated: " << file << ": " << v.size() << " violation"
+            << (v.size() == 1 ? "" : "s") << "; nothing written\n";
+  for (std::size_t k = 0; k < v.size() && k < 20; ++k) std::cerr << "  " << v[k].message() << "\n";
+  if (v.size() > 20) std::cerr << "  ... and " << v.size() - 20 << " more\n";
+  std::cerr.flush();
+}
+
+std::string make_temp_dir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    throw InputError(tmpl, "", std::string("cannot create a temporary directory: ") + std::strerror(errno));
+  return tmpl;
 }
 
 }  // namespace attnoracle::cli
