@@ -1,8 +1,11 @@
 #include "cli.hpp"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -21,6 +24,73 @@ void require_parent_dir(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty() && !std::filesystem::is_directory(parent))
     throw InputError(path, "", "directory " + parent.string() + " does not exist");
+}
+
+void ProgressFlags::add(CLI::App* sub) {
+  CLI::Option* yes = sub->add_flag("--progress", on, "show progress on stderr even when it is not a terminal");
+  CLI::Option* no = sub->add_flag("--no-progress", off, "no progress line (default where stderr is not a terminal, or CI is set)");
+  yes->excludes(no);
+}
+
+bool ProgressFlags::wanted() const {
+  if (on || off) return on;
+  const char* ci = std::getenv("CI");
+  return ::isatty(2) != 0 && (ci == nullptr || *ci == '\0');
+}
+
+Progress::Progress(std::string what, bool shown)
+    : what_(std::move(what)), shown_(shown), start_(Clock::now()), unit_start_(start_), drawn_(start_) {}
+
+Progress::~Progress() { clear(); }
+
+namespace {
+std::string duration_text(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.1f s", s);
+  else std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  return buf;
+}
+}  // namespace
+
+void Progress::update(std::size_t done, std::size_t total, const std::string& unit) {
+  if (!shown_) return;
+  std::lock_guard<std::mutex> g(m_);
+  const Clock::time_point now = Clock::now();
+  if (unit != unit_) {
+    unit_ = unit;
+    unit_start_ = now;
+    unit_done0_ = done;
+  } else if (any_drawn_ && done < total && now - drawn_ < std::chrono::milliseconds(100)) {
+    return;
+  }
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double unit_elapsed = std::chrono::duration<double>(now - unit_start_).count();
+  std::string line = what_ + ": " + std::to_string(done) + "/" + std::to_string(total) + " " + unit + ", " +
+                     duration_text(elapsed);
+  // the rate of this unit so far, carried over what is left of it
+  if (done > unit_done0_ && done < total && unit_elapsed > 0)
+    line += ", about " + duration_text(unit_elapsed * static_cast<double>(total - done) / static_cast<double>(done - unit_done0_)) + " left";
+  const std::size_t w = line.size();
+  if (w < width_) line.append(width_ - w, ' ');  // cover the longer line before
+  width_ = w;
+  std::fprintf(stderr, "\r%s", line.c_str());
+  std::fflush(stderr);
+  drawn_ = now;
+  any_drawn_ = true;
+}
+
+void Progress::erase_locked() {
+  if (!any_drawn_) return;
+  std::fprintf(stderr, "\r%s\r", std::string(width_, ' ').c_str());
+  std::fflush(stderr);
+  any_drawn_ = false;
+  width_ = 0;
+}
+
+void Progress::clear() {
+  if (!shown_) return;
+  std::lock_guard<std::mutex> g(m_);
+  erase_locked();
 }
 
 void print_violations(const std::string& file, const oracle::InvariantViolation& e) {

@@ -4,7 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <cstddef>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -23,6 +26,7 @@ Command add_verify(CLI::App& app);
 Command add_invariants(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_check(CLI::App& app);
+Command add_report(CLI::App& app);
 Command add_plugin_host(CLI::App& app);
 
 int default_threads();
@@ -47,5 +51,38 @@ class TempDirGuard {
 };
 // Prints an oracle report for `file` on stderr ("attnoracle: invariant violated: ...").
 void print_violations(const std::string& file, const oracle::InvariantViolation& e);
+
+// --progress and --no-progress of a subcommand.
+struct ProgressFlags {
+  bool on = false, off = false;
+  void add(CLI::App* sub);
+  // Forced by a flag; otherwise when stderr is a terminal and CI is not set in the environment.
+  bool wanted() const;
+};
+
+// One line on stderr, rewritten in place with \r: what, done / total units, the time elapsed and
+// an estimate of the time left (from the rate of the current unit). Redrawn at most ten times
+// a second and at the last unit; nothing at all unless shown. One update at a time (a lock).
+class Progress {
+ public:
+  Progress(std::string what, bool shown);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  bool shown() const { return shown_; }
+  void update(std::size_t done, std::size_t total, const std::string& unit = "cases");
+  // Erases the line (the next update draws it again), e.g. before another message.
+  void clear();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void erase_locked();
+  std::string what_, unit_;
+  bool shown_;
+  std::mutex m_;
+  Clock::time_point start_, unit_start_, drawn_;
+  std::size_t unit_done0_ = 0, width_ = 0;  // done at the unit's first update; the line's length
+  bool any_drawn_ = false;
+};
 
 }  // namespace attnoracle::cli

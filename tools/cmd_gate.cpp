@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
 #include "attnoracle/conformance/gate.hpp"
 #include "cli.hpp"
 
@@ -20,8 +21,9 @@ struct GateArgs {
   std::vector<std::string> tags, dtypes, ids;
   double timeout = 600;
   bool require_all = false, all = false, keep = false;
-  std::string json, junit, work;
+  std::string json, junit, html, work;
   int threads = default_threads();
+  ProgressFlags progress;
 };
 
 conformance::ProfileSet profiles_of(const GateArgs& a) {
@@ -57,8 +59,18 @@ conformance::GateOptions options_of(const GateArgs& a) {
   o.threads = a.threads;
   if (!a.json.empty()) require_parent_dir(a.json);
   if (!a.junit.empty()) require_parent_dir(a.junit);
+  if (!a.html.empty()) require_parent_dir(a.html);
+  o.pictures = !a.json.empty() || !a.html.empty();
   if (!fs::is_directory(a.dir)) throw InputError(a.dir, "", "not a vector set directory");
   return o;
+}
+
+// The progress line of the gate: results as they arrive, then comparisons.
+void add_progress(conformance::GateOptions& o, Progress& line) {
+  if (!line.shown()) return;
+  o.progress = [&line](const char* phase, std::size_t done, std::size_t total) {
+    line.update(done, total, std::string(phase) == "run" ? "results" : "compared");
+  };
 }
 
 int finish(const GateArgs& a, const conformance::GateReport& r) {
@@ -68,6 +80,7 @@ int finish(const GateArgs& a, const conformance::GateReport& r) {
   };
   if (!a.json.empty()) put(a.json, conformance::json_report(r));
   if (!a.junit.empty()) put(a.junit, conformance::junit_report(r));
+  if (!a.html.empty()) put(a.html, conformance::html_report(r));
   return conformance::gate_exit_status(r, a.require_all);
 }
 
@@ -97,12 +110,16 @@ int run_run(const GateArgs& a) {
     if (temp && !a.keep) fs::remove_all(o.work_dir, ec);
   };
   conformance::GateReport r;
+  Progress line("run", a.progress.wanted());
+  add_progress(o, line);
   try {
     r = conformance::run_gate(o);
   } catch (...) {
+    line.clear();
     clean();
     throw;
   }
+  line.clear();
   clean();
   if (temp && a.keep) std::fprintf(stderr, "attnoracle: work directory kept: %s\n", o.work_dir.c_str());
   return finish(a, r);
@@ -111,7 +128,17 @@ int run_run(const GateArgs& a) {
 int run_check(const GateArgs& a) {
   conformance::GateOptions o = options_of(a);
   o.results = a.results;
-  return finish(a, conformance::check_gate(o));
+  Progress line("check", a.progress.wanted());
+  add_progress(o, line);
+  conformance::GateReport r;
+  try {
+    r = conformance::check_gate(o);
+  } catch (...) {
+    line.clear();
+    throw;
+  }
+  line.clear();
+  return finish(a, r);
 }
 
 void common(CLI::App* sub, GateArgs& a) {
@@ -129,10 +156,33 @@ void common(CLI::App* sub, GateArgs& a) {
   sub->add_flag("--all", a.all, "list passing cases too");
   sub->add_option("--json", a.json, "write the report as JSON");
   sub->add_option("--junit", a.junit, "write the report as JUnit XML");
+  sub->add_option("--html", a.html, "write the report as one self-contained HTML page, with pictures of the failing cases");
+  a.progress.add(sub);
   sub->add_option("--threads", a.threads, "comparisons in parallel")->check(CLI::Range(1, 1024));
 }
 
+struct ReportArgs {
+  std::string json, html;
+};
+
+int run_report(const ReportArgs& a) {
+  require_parent_dir(a.html);
+  const std::vector<unsigned char> bytes = read_regular_file(a.json);
+  const std::string page =
+      conformance::html_report_from_json(a.json, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  write_file_atomic(a.html, std::vector<unsigned char>(page.begin(), page.end()));
+  return 0;
+}
+
 }  // namespace
+
+Command add_report(CLI::App& app) {
+  auto a = std::make_shared<ReportArgs>();
+  CLI::App* sub = app.add_subcommand("report", "another format of a saved JSON report (run or check --json)");
+  sub->add_option("REPORT", a->json, "the JSON report")->required();
+  sub->add_option("--html", a->html, "write it as one self-contained HTML page")->required();
+  return {sub, [a] { return run_report(*a); }};
+}
 
 Command add_run(CLI::App& app) {
   auto a = std::make_shared<GateArgs>();

@@ -1,7 +1,5 @@
 // attnoracle gen SPEC -o DIR: generates a vector set from a suite spec.
 // attnoracle verify DIR: checks a vector set.
-#include <unistd.h>
-
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,6 +22,7 @@ struct GenArgs {
   }();
   std::string shard;
   bool quiet = false;
+  ProgressFlags progress;
 };
 
 // "k/n" with 0 <= k < n.
@@ -60,24 +59,25 @@ int run_gen(const GenArgs& a) {
   }
   require_parent_dir(o.out_dir);
 
-  const bool tty = ::isatty(2) != 0;
+  // On a terminal a progress line; elsewhere (or with --no-progress) one line per case.
+  Progress line("gen", !a.quiet && a.progress.wanted());
   vectors::GenCallbacks cb;
-  cb.violation = [tty, quiet = a.quiet](const std::string& id,
-                                       const oracle::InvariantViolation& e) {
-    if (tty && !quiet) std::fputc('\n', stderr);  // end the progress line
+  cb.violation = [&line](const std::string& id, const oracle::InvariantViolation& e) {
+    line.clear();
     print_violations(id, e);
   };
-  if (!a.quiet)
-    cb.progress = [tty](const vectors::CaseEvent& e) {
+  if (line.shown())
+    cb.progress = [&line](const vectors::CaseEvent& e) { line.update(e.done, e.total); };
+  else if (!a.quiet)
+    cb.progress = [](const vectors::CaseEvent& e) {
       const char* what = e.what == vectors::CaseEvent::Present  ? " present"
                          : e.what == vectors::CaseEvent::Failed ? " FAILED"
                                                                 : "";
-      const bool last = e.done == e.total;
-      std::fprintf(stderr, "%s[%zu/%zu] %s  %.2f s%s%s", tty ? "\r\033[K" : "", e.done, e.total,
-                   e.spec->id.c_str(), e.seconds, what, tty && !last ? "" : "\n");
+      std::fprintf(stderr, "[%zu/%zu] %s  %.2f s%s\n", e.done, e.total, e.spec->id.c_str(), e.seconds, what);
       std::fflush(stderr);
     };
   const vectors::GenSummary s = vectors::generate(o, cb);
+  line.clear();
   if (!a.quiet || s.failed) {
     std::fprintf(stderr, "%s: %zu cases written, %zu already present, %zu failed",
                  o.out_dir.c_str(), s.written, s.present, s.failed);
@@ -101,11 +101,18 @@ struct VerifyArgs {
     return d;
   }();
   bool quiet = false;
+  ProgressFlags progress;
 };
 
 int run_verify(const VerifyArgs& a) {
   const vectors::VerifyOptions& o = a.o;
-  const vectors::VerifyReport r = vectors::verify(o);
+  Progress line("verify", !a.quiet && a.progress.wanted());
+  vectors::VerifyReport r;
+  if (line.shown())
+    r = vectors::verify(o, [&line](std::size_t done, std::size_t total) { line.update(done, total); });
+  else
+    r = vectors::verify(o);
+  line.clear();
   for (const auto& p : r.problems) std::printf("%s: %s\n", p.where.c_str(), p.reason.c_str());
   std::fflush(stdout);
   if (!a.quiet)
@@ -131,6 +138,7 @@ Command add_gen(CLI::App& app) {
   sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits")
       ->check(CLI::Range(64L, 1L << 20));
   sub->add_flag("-q,--quiet", a->quiet, "no progress on stderr");
+  a->progress.add(sub);
   return {sub, [a] { return run_gen(*a); }};
 }
 
@@ -144,7 +152,8 @@ Command add_verify(CLI::App& app) {
   sub->add_option("--jobs", a->o.jobs, "cases checked in parallel")->check(CLI::Range(1, 1024));
   sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits (as in gen)")
       ->check(CLI::Range(64L, 1L << 20));
-  sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");
+  sub->add_flag("-q,--quiet", a->quiet, "no summary and no progress on stderr");
+  a->progress.add(sub);
   return {sub, [a] { return run_verify(*a); }};
 }
 

@@ -217,6 +217,8 @@ struct Comparer {
   int emin = 0, precision = 0;    // of the output format: 1 - bias, p
   std::vector<RowScales> scales;  // the statistical tier's, per row of row_magnitudes
   Spread spread;
+  std::vector<RowMagnitudes> mags;      // per row, as row_magnitudes
+  PictureCollector* pictures = nullptr;  // when the report draws pictures
 
   // Checks dtype and shape of a returned tensor; records the failure.
   const RawTensor* returned(const std::string& name, const std::vector<std::int64_t>& shape) {
@@ -275,6 +277,7 @@ struct Comparer {
     acc.t.worst_ulp = std::max(acc.t.worst_ulp, ulp);
     acc.t.worst_bound_error = std::max(acc.t.worst_bound_error, be);
     rep.diagnosis.record(got.name, got.shape, k, x_hi + x_lo, y, ratio);
+    if (pictures) pictures->record(got.name, k, ratio);
     if (ratio > 1) {
       ++rep.failed_elements;
       ++acc.t.over_limit;
@@ -371,7 +374,7 @@ struct Comparer {
   void run() {
     const bool mha = c.kind == Kind::Mha;
     const std::int64_t H = c.Hq, W = mha ? c.Dout : c.Dv;
-    const auto mags = row_magnitudes(c);
+    mags = row_magnitudes(c);
     limits.reserve(mags.size());
     for (const auto& m : mags) limits.push_back(row_limits(profile, c, m));
     scales.reserve(mags.size());
@@ -574,7 +577,7 @@ struct Comparer {
 }  // namespace
 
 CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
-                        const JobResult& result, const Profile& profile) {
+                        const JobResult& result, const Profile& profile, bool pictures) {
   CaseReport rep;
   rep.id = id;
   const Case c = case_from_file(id, inputs_of(golden));
@@ -645,9 +648,20 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
                  " elements of fully masked rows checked against the declared convention";
     return rep;
   }
-  Comparer cmp{c, golden, result.output, profile, rep, {}, 0, 0, {}, {}};
+  Comparer cmp{c, golden, result.output, profile, rep, {}, 0, 0, {}, {}, {}, nullptr};
+  std::optional<PictureCollector> collector;
+  if (pictures) {
+    collector.emplace(c);
+    cmp.pictures = &*collector;
+  }
   cmp.run();
   diagnose(c, golden, result.output, rep);
+  if (collector && rep.status == CaseStatus::Fail) {
+    std::int64_t compared[3] = {-1, -1, -1};
+    for (const auto& t : rep.tensors)
+      compared[t.tensor == "out" ? 0 : t.tensor == "weights" ? 1 : 2] = t.compared;
+    rep.pictures = collector->finish(cmp.mags, compared);
+  }
   return rep;
 }
 

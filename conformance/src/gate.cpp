@@ -8,11 +8,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/error.hpp"
@@ -149,6 +153,9 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
                  KeptGoldens& kept, GateReport& rep) {
   std::vector<CaseReport> reports(cases.size());
   std::vector<double> bytes(cases.size(), 0);
+  const auto total = static_cast<std::size_t>(std::count(chosen.begin(), chosen.end(), 1));
+  std::size_t done = 0;
+  std::mutex progress_lock;
   // A throw of result_of stops the loop; the smallest case's is rethrown, as when the results
   // were read first.
   parallel_for(cases.size(), std::max(1, opt.threads), [&](std::size_t k) {
@@ -172,7 +179,7 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
       } else {
         JobResult result = result_of(k);
         try {
-          r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, *profile);
+          r = compare_case(cases[k].mc.id, *golden, cases[k].mc.expect, result, *profile, opt.pictures);
           r.profile = profile->name;
           for (const auto& t : result.output.tensors) bytes[k] += static_cast<double>(t.data.size());
         } catch (const InputError& e) {
@@ -181,6 +188,10 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
       }
     }
     r.tags = cases[k].mc.tags;
+    if (opt.progress) {
+      std::lock_guard<std::mutex> g(progress_lock);
+      opt.progress("compare", ++done, total);
+    }
   });
   for (std::size_t k = 0; k < cases.size(); ++k) {
     if (!chosen[k]) continue;
@@ -250,6 +261,39 @@ AdapterRun run_jobs(const GateOptions& opt, const std::vector<AdapterJob>& jobs,
   return run;
 }
 
+// While the implementation runs: the results written so far, counted every quarter of a second
+// and given to opt.progress; stopped when destroyed.
+class ResultPoller {
+ public:
+  ResultPoller(const GateOptions& opt, const std::vector<AdapterJob>& jobs) : thread_([this, &opt, &jobs] {
+      std::unique_lock<std::mutex> lock(m_);
+      while (!over_) {
+        std::size_t n = 0;
+        std::error_code ec;
+        for (const auto& j : jobs)
+          if (fs::exists(j.output, ec) || fs::exists(j.output + ".error", ec) || fs::exists(j.output + ".unsupported", ec)) ++n;
+        opt.progress("run", n, jobs.size());
+        cv_.wait_for(lock, std::chrono::milliseconds(250), [this] { return over_; });
+      }
+    }) {}
+  ResultPoller(const ResultPoller&) = delete;
+  ResultPoller& operator=(const ResultPoller&) = delete;
+  ~ResultPoller() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      over_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool over_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
+
 }  // namespace
 
 GateReport run_gate(const GateOptions& opt) {
@@ -295,7 +339,11 @@ GateReport run_gate(const GateOptions& opt) {
   }
   AdapterRun run;
   std::vector<std::string> notes;
-  if (!jobs.empty()) run = run_jobs(opt, jobs, work, notes);
+  if (!jobs.empty()) {
+    std::optional<ResultPoller> poller;
+    if (opt.progress) poller.emplace(opt, jobs);
+    run = run_jobs(opt, jobs, work, notes);
+  }
   for (const auto& n : notes) rep.adapter_note += (rep.adapter_note.empty() ? "" : "; ") + n;
   std::string end;
   if (run.timed_out) end = "the implementation timed out after " + std::to_string(opt.timeout) + " s";

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -50,6 +51,40 @@ std::string tier_text(const CaseReport& c) {
     s += buf;
   }
   return s;
+}
+
+// A ratio with 3 significant digits (what a picture can show), 0 as an integer, null when infinite.
+nlohmann::ordered_json ratio_json(double x) {
+  if (x == 0) return 0;
+  if (!std::isfinite(x)) return nullptr;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return std::strtod(buf, nullptr);
+}
+
+nlohmann::ordered_json pictures_json(const Pictures& p) {
+  using J = nlohmann::ordered_json;
+  auto head = [](std::int64_t h) { return h < 0 ? J(nullptr) : J(h); };
+  J maps = J::array();
+  for (const auto& m : p.maps) {
+    J cells = J::array();
+    for (float v : m.cells) cells.push_back(ratio_json(v));
+    maps.push_back({{"tensor", m.tensor}, {"batch", m.b}, {"head", head(m.h)}, {"kv_head", head(m.kv)},
+                    {"rows", m.rows}, {"cols", m.cols}, {"cell_rows", m.cell_rows}, {"cell_cols", m.cell_cols},
+                    {"worst_limit_ratio", ratio_json(m.worst)}, {"cells", std::move(cells)}});
+  }
+  J rows = J::array();
+  for (const auto& s : p.rows) {
+    J pts = J::array();  // [batch, head, query, keys, score magnitude, worst ratio]
+    for (const auto& r : s.points)
+      pts.push_back(J::array({r.b, head(r.h), r.i, r.keys, ratio_json(r.score_abs), ratio_json(r.ratio)}));
+    rows.push_back({{"tensor", s.tensor}, {"rows", s.rows}, {"points", std::move(pts)}});
+  }
+  J hists = J::array();
+  for (const auto& h : p.histograms)
+    hists.push_back({{"tensor", h.tensor}, {"log2_from", Histogram::kLog2From}, {"bins", h.bins}, {"zero", h.zero},
+                     {"below", h.below}, {"above", h.above}, {"infinite", h.infinite}});
+  return J{{"maps", std::move(maps)}, {"rows", std::move(rows)}, {"histograms", std::move(hists)}};
 }
 
 }  // namespace
@@ -186,6 +221,7 @@ std::string json_report(const GateReport& r) {
       for (const auto& f : d.findings) dj["findings"].push_back({{"name", f.name}, {"text", f.text}, {"elements", f.elements}});
       cj["diagnosis"] = std::move(dj);
     }
+    if (!c.pictures.empty()) cj["pictures"] = pictures_json(c.pictures);
     j["cases"].push_back(std::move(cj));
   }
   return j.dump(2) + "\n";

@@ -9,6 +9,7 @@
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/conformance/diagnosis.hpp"
+#include "attnoracle/conformance/pictures.hpp"
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/conformance/statistics.hpp"
@@ -62,14 +63,16 @@ struct CaseReport {
   std::optional<ElementReport> worst;  // the element with the largest limit ratio
   std::int64_t failed_elements = 0;
   Diagnosis diagnosis;            // per-head and per-row summaries; findings when it failed
+  Pictures pictures;              // what the HTML report draws; only for a failing case, when asked
 };
 
 std::string_view status_name(CaseStatus s);
 
 // The golden file (inputs and golden tensors) of a case with expectation `expect` ("ok" or
-// "error"), and what the implementation did with it.
+// "error"), and what the implementation did with it. With `pictures`, a failing case's report
+// carries the data of its pictures.
 CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
-                        const JobResult& result, const Profile& profile);
+                        const JobResult& result, const Profile& profile, bool pictures = false);
 
 // The case file an implementation receives: inputs and the case's own metadata only.
 SafeTensorsFile strip_golden(const SafeTensorsFile& golden);

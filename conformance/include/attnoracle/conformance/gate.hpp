@@ -1,6 +1,8 @@
 // The conformance gate: a vector set, an implementation's results, and a verdict per case.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,10 @@ struct GateOptions {
   // `run`: the implementation is the plugin host, which runs the jobs in order; when it dies of
   // a signal, the job it was on fails as crashed and the host is started again on the jobs left.
   bool restart_after_crash = false;
+  bool pictures = false;           // failing cases carry the data of the HTML report's pictures
+  // Called as results arrive ("run": the implementation's output files, polled) and as cases are
+  // compared ("compare"), from any thread, one call at a time.
+  std::function<void(const char* phase, std::size_t done, std::size_t total)> progress;
 };
 
 struct GateReport {
@@ -47,5 +53,11 @@ int gate_exit_status(const GateReport& r, bool require_all);
 std::string text_report(const GateReport& r, bool all_cases);
 std::string json_report(const GateReport& r);
 std::string junit_report(const GateReport& r);
+// One self-contained HTML page (inline style and script, no network) drawing the JSON report:
+// the cases with filters and sorting, per failing case its findings and pictures.
+std::string html_report(const GateReport& r);
+// The same page from a saved JSON report (its text; `path` names it in errors): throws
+// InputError(path, field, what) for the first field the page reads that is missing or wrong.
+std::string html_report_from_json(const std::string& path, const std::string& text);
 
 }  // namespace attnoracle::conformance
