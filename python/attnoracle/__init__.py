@@ -524,10 +524,12 @@ class Suite:
         return [e for e in self.entries if (tags is None or set(tags) & set(e.tags)) and (ids is None or e.id in ids)]
 
 
-def parametrize_suite(path, profile="fp32", *, tags=None, ids=None, unsupported=()):
+def parametrize_suite(path, profile="fp32", *, tags=None, ids=None, unsupported=(), masked_rows=None, returns=None):
     """A decorator giving a test one item per case of the vector set at `path` (ids: the case
     ids), through the `attnoracle_case` fixture of the pytest plugin (-p attnoracle.pytest_plugin):
-    cases using a feature listed in `unsupported` (see FEATURES) are skipped with the reason."""
+    cases using a feature listed in `unsupported` (see FEATURES) are skipped with the reason;
+    masked_rows and returns are the implementation's declarations, as in Case.check."""
     from .pytest_plugin import parametrize_suite as p
 
-    return p(path, profile=profile, tags=tags, ids=ids, unsupported=unsupported)
+    return p(path, profile=profile, tags=tags, ids=ids, unsupported=unsupported, masked_rows=masked_rows,
+             returns=returns)
