@@ -135,3 +135,40 @@ def test_write_case_rounds_with_the_format_library_and_eval_reads_it(tmp_path):
     assert r.returncode == 0, r.stderr
     assert golden_bytes(c.evaluate(threads=1).tensors) == golden_bytes(
         attnoracle.load_case(tmp_path / "g.safetensors").golden.tensors)
+
+
+def test_undecided_elements_are_reported_with_both_candidates():
+    # Scores 0, 0, 1 with v = 1, 1 + 2^-10, 1 + 2^-11: the output is exactly 1 + 2^-11, the
+    # midpoint of two F16 values, which no enclosure can settle.
+    f = np.float32
+    r = attnoracle.evaluate(np.ones((1, 1, 1, 1), f), np.array([0, 0, 1], f).reshape(1, 1, 3, 1),
+                            np.array([1, 1 + 2.0 ** -10, 1 + 2.0 ** -11], f).reshape(1, 1, 3, 1), output_dtype="F16")
+    assert r.stats["undecided"] == 1 and r.metadata["attn.undecided"] == "1"
+    assert r.undecided["out"].tolist() == [0] and set(r.undecided) == {"out"}
+    assert sorted([float(r["out"][0, 0, 0, 0]), float(r.alt["out"][0])]) == [1.0, 1 + 2.0 ** -10]
+    assert r["out.ref"][0, 0, 0, 0] == 1 + 2.0 ** -11  # in F64 it is proven
+    assert r["out"].dtype == np.float16 and r.bits["out"].dtype == np.uint16
+
+
+class DLPackOnly:
+    """An array that offers only the DLPack protocol."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_arrays_through_dlpack_and_torch_tensors_give_the_same_bits():
+    import torch
+
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
+    a = attnoracle.evaluate(q, k, v, threads=1)
+    b = attnoracle.evaluate(DLPackOnly(q), DLPackOnly(k), DLPackOnly(v), threads=1)
+    c = attnoracle.evaluate(*(torch.from_numpy(x) for x in (q, k, v)), threads=1)
+    assert golden_bytes(a.tensors) == golden_bytes(b.tensors) == golden_bytes(c.tensors)
