@@ -96,25 +96,6 @@ py::bytes py_encode(const std::string& dtype, const py::bytes& values, bool roun
   return py::bytes(out);
 }
 
-// The elements of a float tensor as a float64 buffer, exactly.
-py::bytes py_decode(const std::string& dtype, const py::bytes& data) {
-  const DType t = dtype_of(dtype, "<tensor>", "dtype");
-  if (!is_float_format(t)) throw InputError("<tensor>", "dtype", "dtype " + dtype + " is not F64, F32, F16 or BF16");
-  const std::string_view in = data;
-  const std::size_t n = in.size() / dtype_size(t);
-  std::string out(n * sizeof(double), '\0');
-  for (std::size_t k = 0; k < n; ++k) {
-    const double x = decode_float(t, reinterpret_cast<const unsigned char*>(in.data()) + k * dtype_size(t));
-    std::memcpy(out.data() + k * sizeof(double), &x, sizeof x);
-  }
-  return py::bytes(out);
-}
-
-// The case built from tensors and metadata, validated as `attnoracle eval` validates a file.
-void py_validate(const std::vector<PyTensor>& tensors, const Metadata& metadata, const std::string& path) {
-  case_from_file(path, file_of(tensors, metadata, path));
-}
-
 // Certified evaluation, as `attnoracle eval` does it: the golden file's tensors and metadata,
 // and the statistics.
 py::tuple py_evaluate(const std::vector<PyTensor>& tensors, const Metadata& metadata, const std::string& path, int threads,
@@ -272,8 +253,6 @@ PYBIND11_MODULE(_attnoracle, m) {
     invariant_error_type = invariant_error.release().ptr();
   });
   m.def("encode", &py_encode, py::arg("dtype"), py::arg("values"), py::arg("round"), py::arg("file"), py::arg("field"));
-  m.def("decode", &py_decode);
-  m.def("validate", &py_validate);
   m.def("evaluate", &py_evaluate);
   m.def("read_case", &py_read_case);
   m.def("write_case", &py_write_case);
@@ -281,12 +260,6 @@ PYBIND11_MODULE(_attnoracle, m) {
   m.def("read_manifest", &py_read_manifest);
   m.def("read_set_case", &py_read_set_case);
   m.def("check", &py_check);
-  m.def("round_double", [](double x, const std::string& dtype) { return round_double(x, dtype_of(dtype, "<value>", "dtype")); });
-  m.def("profile_names", [] {
-    std::vector<std::string> n = conformance::builtin_profile_names();
-    for (const auto& f : conformance::builtin_family_names()) n.push_back(f);
-    return n;
-  });
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
