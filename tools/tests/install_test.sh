@@ -31,4 +31,11 @@ dpkg-deb --field "$deb" Package Version Depends
 dpkg-deb -x "$deb" "$work/root"
 "$work/root/usr/bin/attnoracle" verify "$src/vectors/core" >/dev/null
 "$work/root/usr/bin/attnoracle" run "$src/vectors/core" --plugin "$work/pc_plugin.so" --profile fp32 --tag mqa
+# The Python package, when it was built (ATTNORACLE_PYTHON): importable from the prefix and from
+# the Debian package, reading a vector set.
+for dir in "$work/prefix/lib/python3/dist-packages" "$work/root/usr/lib/python3/dist-packages"; do
+  if [[ -d "$work/prefix/lib/python3/dist-packages/attnoracle" ]]; then
+    PYTHONPATH="$dir" /usr/bin/python3 -c 'import sys, attnoracle; assert attnoracle.__file__.startswith(sys.argv[1]); assert len(attnoracle.Suite(sys.argv[2])) > 0' "$dir" "$src/vectors/core"
+  fi
+done
 echo "install test: passed"

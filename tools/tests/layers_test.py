@@ -1,4 +1,4 @@
-"""Folders are layers: reference < oracle < conformance, vectors < tools.
+"""Folders are layers: reference < oracle < conformance, vectors < tools, python.
 
 Reads every C/C++ source of the tree and the folder each `#include "attnoracle/<layer>/..."`
 names; a folder may include its own layer and those below it, and the libraries of
@@ -10,7 +10,7 @@ import subprocess
 import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RANK = {"reference": 0, "oracle": 1, "conformance": 2, "vectors": 2, "tools": 3, "bench": 3}
+RANK = {"reference": 0, "oracle": 1, "conformance": 2, "vectors": 2, "tools": 3, "bench": 3, "python": 3}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"attnoracle/(\w+)/', re.M)
 SOURCES = ("*.cpp", "*.hpp", "*.h", "*.c")
 

@@ -1,0 +1,535 @@
+"""AttnOracle from Python: certified golden values for attention on arrays, case files, vector
+sets, and the conformance gate's verdict on one case.
+
+    import attnoracle
+    r = attnoracle.evaluate(q, k, v, causal="top_left")   # NumPy arrays, PyTorch tensors, ...
+    r["out"], r["out.ref"], r["out.bound"], r.undecided
+
+    for entry in attnoracle.Suite("vectors/core"):
+        case = entry.load()
+        verdict = case.check({"out": my_attention(**case.inputs)}, profile="fp32")
+
+Everything goes through the C++ libraries the attnoracle command uses (the case checks, the
+evaluator, the format, the comparison and the diagnosis), so that results are those of
+`attnoracle eval` and `attnoracle check`, bit for bit. NumPy has no bfloat16: BF16 values are
+given and returned as float32 arrays holding them exactly, or as uint16 bit patterns (python/README.md).
+"""
+
+import json
+import os
+
+import numpy as np
+
+from . import _attnoracle as _native
+
+__version__ = _native.__version__
+
+__all__ = ["evaluate", "load_case", "write_case", "Suite", "Case", "SuiteEntry", "Result", "Verdict",
+           "InputError", "InvariantViolation", "Refused", "Unsupported", "parametrize_suite", "FEATURES"]
+
+
+class InputError(ValueError):
+    """Bad input, with the command line's one-line message: `<file>: <field>: <what>`.
+
+    `file` and `field` hold its first two parts (field may be empty)."""
+
+    file = None
+    field = None
+
+
+class InvariantViolation(RuntimeError):
+    """The oracle found an invariant of the definition violated by the reference's own enclosures
+    (a bug in the reference: nothing is returned)."""
+
+
+class Refused(Exception):
+    """What an implementation raises to refuse a case (the adapter protocol's `.error`)."""
+
+
+class Unsupported(Exception):
+    """What an implementation raises for a feature it does not do (`.unsupported`)."""
+
+
+_native.set_exception_types(InputError, InvariantViolation)
+
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_NUMPY_OF = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "|u1", "I64": "<i8",
+             "I32": "<i4"}
+_DTYPE_OF_NUMPY = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+_INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o")
+_OPTIONAL = ("mask", "bias", "query_mask")
+_ARRAYS = "<arrays>"  # the file name in messages about arrays given in memory
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays in, tensors out
+
+
+def _as_array(x, name, file):
+    """NumPy's view of `x` and, for a PyTorch bfloat16 tensor, its dtype name "BF16" (the array
+    then holds the bit patterns as uint16)."""
+    if hasattr(x, "detach") and hasattr(x, "dtype"):  # a PyTorch tensor, on any device
+        import torch
+
+        t = x.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16), "BF16"
+        return t.numpy(), None
+    if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
+        return np.from_dlpack(x), None
+    try:
+        return np.asarray(x), None
+    except Exception as e:  # noqa: BLE001 - any conversion failure is bad input
+        raise _error(file, name, f"not an array ({e})")
+
+
+def _error(file, field, what):
+    e = InputError(f"{file}: {field}: {what}" if field else f"{file}: {what}")
+    e.file, e.field = file, field
+    return e
+
+
+def _float_tensor(name, x, dtype, round_values, file):
+    """The tensor (name, dtype, shape, bytes) of array x in `dtype`: uint16 arrays are bit
+    patterns of BF16 or F16; other arrays are values, encoded exactly (or rounded to nearest-even
+    when round_values) by the C++ format library."""
+    a, bits_dtype = _as_array(x, name, file)
+    if bits_dtype == "BF16" and dtype != "BF16":  # a bfloat16 tensor given for another dtype: its values
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    shape = [int(n) for n in a.shape]
+    if a.dtype == np.uint16:
+        if dtype not in ("BF16", "F16"):
+            raise _error(file, name, f"uint16 bit patterns are read only as BF16 or F16, not {dtype}")
+        return (name, dtype, shape, np.ascontiguousarray(a, "<u2").tobytes())
+    if a.dtype.kind not in "fiub":
+        raise _error(file, name, f"array of {a.dtype} is not numeric")
+    if a.dtype.kind == "f" and _DTYPE_OF_NUMPY.get(a.dtype) == dtype:
+        return (name, dtype, shape, np.ascontiguousarray(a, _NUMPY_OF[dtype]).tobytes())
+    values = np.ascontiguousarray(a, "<f8")
+    if a.dtype.kind in "iu" and not np.array_equal(values.astype(a.dtype), a):
+        raise _error(file, name, "integer values beyond float64's exact range")
+    return (name, dtype, shape, _native.encode(dtype, values.tobytes(), round_values, file, name))
+
+
+def _bool_tensor(name, x, file):
+    a, _ = _as_array(x, name, file)
+    if a.dtype != np.bool_:
+        if a.dtype.kind not in "iub" or not np.isin(a, (0, 1)).all():
+            raise _error(file, name, f"a mask is boolean (or 0 and 1), not {a.dtype}")
+    return (name, "BOOL", [int(n) for n in a.shape], np.ascontiguousarray(a, np.uint8).tobytes())
+
+
+def _number_text(x, field, file):
+    """attn.scale and attn.softcap: a str is the exact value of its text ("0.1" is 1/10); a
+    float is the exact value of that double, written as a C hex float."""
+    if isinstance(x, str):
+        return x
+    try:
+        return float(x).hex()
+    except (TypeError, ValueError):
+        raise _error(file, field, f"not a number: {x!r}")
+
+
+def _input_dtype_of(x, file, name):
+    a, bits_dtype = _as_array(x, name, file)
+    if bits_dtype:
+        return bits_dtype
+    t = _DTYPE_OF_NUMPY.get(a.dtype)
+    if t is None:
+        raise _error(file, name, f"input_dtype is needed for an array of {a.dtype} (F64, F32, F16 or BF16)")
+    return t
+
+
+def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, outputs, input_dtype, output_dtype,
+                  round_values, file, metadata=None):
+    """The tensors and metadata of a case file from arrays and options."""
+    arrays = {n: a for n, a in arrays.items() if a is not None}
+    kind = "mha" if "x_q" in arrays else "sdpa"
+    first = "x_q" if kind == "mha" else "q"
+    if first not in arrays:
+        raise _error(file, "q", "missing (give q, k and v, or x_q, x_kv and w_q, w_k, w_v, w_o)")
+    dtype = input_dtype.upper() if isinstance(input_dtype, str) else None
+    if input_dtype is not None and dtype not in FLOAT_DTYPES:
+        raise _error(file, "input_dtype", f"{input_dtype!r} is not F64, F32, F16 or BF16")
+    dtype = dtype or _input_dtype_of(arrays[first], file, first)
+    tensors = []
+    for name, a in arrays.items():
+        if name in ("mask", "query_mask"):
+            tensors.append(_bool_tensor(name, a, file))
+        elif name == "bias":
+            arr, bits_dtype = _as_array(a, name, file)
+            bias_dtype = bits_dtype or _DTYPE_OF_NUMPY.get(arr.dtype)
+            if bias_dtype not in ("F64", "F32", dtype):
+                bias_dtype = dtype if arr.dtype.kind == "f" or arr.dtype == np.uint16 else "F64"
+            tensors.append(_float_tensor(name, a, bias_dtype, round_values, file))
+        elif name in _INPUTS:
+            tensors.append(_float_tensor(name, a, dtype, round_values, file))
+        else:
+            raise _error(file, name, "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask)")
+    meta = {"attn.format": "1"}
+    if kind == "mha":
+        meta["attn.kind"] = "mha"
+    if scale is not None:
+        meta["attn.scale"] = _number_text(scale, "attn.scale", file)
+    if causal not in (None, False, "none"):
+        meta["attn.causal"] = "top_left" if causal is True else str(causal)
+    if window is not None and window != "none":
+        meta["attn.window"] = window if isinstance(window, str) else f"{int(window[0])},{int(window[1])}"
+    if softcap is not None:
+        meta["attn.softcap"] = _number_text(softcap, "attn.softcap", file)
+    if masked_rows is not None:
+        meta["attn.masked_rows"] = str(masked_rows)
+    if output_dtype is not None:
+        meta["attn.output_dtype"] = str(output_dtype).upper()
+    if outputs is not None:
+        names = [outputs] if isinstance(outputs, str) else list(outputs)
+        meta["attn.outputs"] = ",".join(names)
+    for key, value in (metadata or {}).items():
+        meta[str(key)] = str(value)
+    return tensors, meta
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors in, arrays out
+
+
+def _tensor_arrays(tensors):
+    """(values, bits): values of every tensor as arrays (F64, F32, F16 in their NumPy dtype; BF16
+    as float32 holding the values exactly; BOOL as bool; integers as int64), and the raw bit
+    patterns of the BF16 and F16 ones as uint16."""
+    values, bits = {}, {}
+    for name, dtype, shape, data in tensors:
+        shape = tuple(shape)
+        if dtype == "BF16":
+            raw = np.frombuffer(data, "<u2").reshape(shape)
+            bits[name] = raw.copy()
+            values[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        elif dtype in ("F64", "F32", "F16"):
+            values[name] = np.frombuffer(data, _NUMPY_OF[dtype]).reshape(shape).astype(_NUMPY_OF[dtype][1:])
+            if dtype == "F16":
+                bits[name] = np.frombuffer(data, "<u2").reshape(shape).copy()
+        elif dtype == "BOOL":
+            values[name] = np.frombuffer(data, np.uint8).reshape(shape) != 0
+        elif dtype in ("I64", "I32"):
+            values[name] = np.frombuffer(data, _NUMPY_OF[dtype]).reshape(shape).astype(np.int64)
+        else:
+            values[name] = np.frombuffer(data, np.uint8).copy()
+    return values, bits
+
+
+class Result(dict):
+    """Golden tensors by name: `out`, `out.ref` (F64), `out.bound`, `row.valid` (bool), and
+    `weights`, `weights.ref`, `lse`, `lse.ref` when asked, `out.ref_lo` for F64 outputs.
+
+    undecided: {tensor: flat indices} of the elements whose rounding could not be proven (empty
+    when every element is proven); alt: {tensor: the other candidate of each}; bits: raw uint16
+    patterns of BF16 and F16 tensors; stats: counts and time of the evaluation; metadata: the
+    golden file's metadata; tensors: the golden tensors as (name, dtype, shape, bytes)."""
+
+    def __init__(self, tensors, metadata=None, stats=None):
+        values, bits = _tensor_arrays(tensors)
+        golden = [t for t in tensors if _is_golden(t[0])]
+        super().__init__({n: values[n] for n, *_ in golden if not n.endswith((".undecided", ".alt"))})
+        self.bits = {n: b for n, b in bits.items() if n in self}
+        self.undecided = {n[: -len(".undecided")]: values[n] for n, *_ in golden if n.endswith(".undecided")}
+        self.alt = {n[: -len(".alt")]: values[n] for n, *_ in golden if n.endswith(".alt")}
+        self.metadata = dict(metadata or {})
+        self.stats = dict(stats or {})
+        self.tensors = golden
+
+    @property
+    def out(self):
+        return self["out"]
+
+
+_GOLDEN = ("out", "out.ref", "out.ref_lo", "out.bound", "row.valid", "weights", "weights.ref", "lse", "lse.ref")
+
+
+def _is_golden(name):
+    base = name[: -len(".undecided")] if name.endswith(".undecided") else name[: -len(".alt")] if name.endswith(".alt") else name
+    return base in _GOLDEN
+
+
+def _threads(threads):
+    return int(threads) if threads else (os.cpu_count() or 1)
+
+
+def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, scale=None, causal=None, window=None,
+             softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None, threads=None,
+             max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
+    """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
+    file these arrays make, bit for bit (a Result).
+
+    q [B, Hq, Nq, Dk], k [B, Hkv, Nk, Dk], v [B, Hkv, Nk, Dv] (or kind mha: x_q, x_kv, w_q, w_k,
+    w_v, w_o); mask, query_mask boolean; bias F64, F32 or the input dtype; causal "top_left",
+    "bottom_right" (True: top_left); window (left, right); scale and softcap a float (its exact
+    value) or a str (the exact value of the text); outputs among "out", "weights", "lse".
+    input_dtype: by default the dtype of q (float64, float32, float16; a PyTorch bfloat16 tensor
+    is BF16); "BF16" takes float arrays whose values BF16 holds exactly (refused otherwise) or
+    uint16 bit patterns. Every value must be exactly representable in the input dtype: nothing
+    is rounded silently. Raises InputError with the command line's message."""
+    arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
+                  query_mask=query_mask)
+    tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
+                                  masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
+                                  input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
+                                  file=_ARRAYS)
+    return _evaluate(tensors, meta, _ARRAYS, threads, max_precision)
+
+
+def _evaluate(tensors, meta, path, threads, max_precision):
+    golden, metadata, stats = _native.evaluate(tensors, meta, path, _threads(threads), int(max_precision))
+    return Result(golden, metadata, stats)
+
+
+def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, scale=None, causal=None,
+               window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None, output_dtype=None,
+               round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
+    """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
+    eval` checks it, written atomically. Arguments as for evaluate(); the inputs are rounded to
+    nearest-even into input_dtype (round_inputs=False: refused unless exact); `metadata` adds
+    keys (e.g. "gen.note"). Returns the path."""
+    arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
+                  query_mask=query_mask)
+    path = os.fspath(path)
+    tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
+                                  masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
+                                  output_dtype=output_dtype, round_values=round_inputs, file=path, metadata=metadata)
+    _native.write_case(path, tensors, meta)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases, suites, verdicts
+
+# Features a case can use, as the pytest plugin's `unsupported` names them.
+FEATURES = ("mha", "gqa", "mask", "bias", "query_mask", "causal", "causal_top_left", "causal_bottom_right",
+            "window", "softcap", "scale", "masked_rows_zero", "weights", "lse", "output_dtype", "F64", "F32",
+            "F16", "BF16", "expect_error")
+
+
+class Case:
+    """A case file: inputs as arrays, options, golden tensors when present.
+
+    inputs: {name: array} of the tensors an implementation reads (q, k, v or the mha ones, mask,
+    bias, query_mask); BF16 inputs are float32 arrays holding the values exactly, and `bits`
+    holds the raw uint16 patterns of the BF16 and F16 ones. golden: a Result (empty for a case
+    without golden tensors). expect: "ok", or "error" for a case that must be refused."""
+
+    def __init__(self, path, tensors, metadata, *, id=None, tags=(), expect="ok"):
+        self.path = os.fspath(path)
+        self.id = id or os.path.basename(self.path).removesuffix(".safetensors")
+        self.tags = tuple(tags)
+        self.expect = expect
+        self.metadata = dict(metadata)
+        self._tensors = tensors
+        values, bits = _tensor_arrays([t for t in tensors if not _is_golden(t[0])])
+        self.inputs = values
+        self.bits = bits
+        self.dtypes = {n: d for n, d, *_ in tensors}
+        self.golden = Result(tensors, metadata)
+        m = self.metadata
+        self.kind = m.get("attn.kind", "sdpa")
+        self.input_dtype = self.dtypes["x_q" if self.kind == "mha" else "q"]
+        self.output_dtype = m.get("attn.output_dtype", self.input_dtype)
+        self.scale = m.get("attn.scale")
+        self.softcap = m.get("attn.softcap")
+        self.causal = m.get("attn.causal", "none")
+        w = m.get("attn.window", "none")
+        self.window = None if w == "none" else tuple(int(x) for x in w.split(","))
+        self.masked_rows = m.get("attn.masked_rows", "error")
+        self.outputs = tuple(m.get("attn.outputs", "out").split(","))
+
+    def __repr__(self):
+        return f"<attnoracle.Case {self.id} {self.kind} {self.input_dtype}>"
+
+    @property
+    def softcap_value(self):
+        """attn.softcap as a float (0.0 when absent); its text is exact, this may round."""
+        return _number(self.softcap) if self.softcap else 0.0
+
+    @property
+    def scale_value(self):
+        """attn.scale as a float, or 1/sqrt(Dk) when absent (this may round; the text is exact)."""
+        if self.scale is not None:
+            return _number(self.scale)
+        dk = (self.inputs["q"].shape[-1] if self.kind == "sdpa" else self.inputs["w_q"].shape[-1])
+        return 1.0 / float(np.sqrt(dk))
+
+    @property
+    def features(self):
+        """The features this case uses, among FEATURES."""
+        f = {self.input_dtype}
+        if self.kind == "mha":
+            f.add("mha")
+        elif self.inputs["k"].shape[1] != self.inputs["q"].shape[1]:
+            f.add("gqa")
+        f.update(n for n in ("mask", "bias", "query_mask") if n in self.inputs)
+        if self.causal != "none":
+            f.update(("causal", "causal_" + self.causal))
+        if self.window:
+            f.add("window")
+        if self.softcap and _number(self.softcap) != 0:
+            f.add("softcap")
+        if self.scale is not None:
+            f.add("scale")
+        if self.masked_rows == "zero":
+            f.add("masked_rows_zero")
+        f.update(n for n in ("weights", "lse") if n in self.outputs)
+        if self.output_dtype != self.input_dtype:
+            f.add("output_dtype")
+        if self.expect == "error":
+            f.add("expect_error")
+        return frozenset(f)
+
+    def torch(self):
+        """The inputs as PyTorch tensors, floats in the input dtype (BF16 as torch.bfloat16, exactly),
+        masks as bool."""
+        import torch
+
+        out = {}
+        for name, a in self.inputs.items():
+            if self.dtypes[name] == "BF16":
+                out[name] = torch.from_numpy(self.bits[name].view(np.int16).copy()).view(torch.bfloat16)
+            else:
+                out[name] = torch.from_numpy(np.array(a))
+        return out
+
+    def evaluate(self, threads=None, max_precision=2048):
+        """The golden tensors of this case's inputs, as `attnoracle eval` computes them."""
+        inputs = [t for t in self._tensors if not _is_golden(t[0])]
+        meta = {k: v for k, v in self.metadata.items() if k not in ("attn.reference", "attn.undecided")}
+        return _evaluate(inputs, meta, self.path, threads, max_precision)
+
+    def check(self, outputs, profile="fp32", *, masked_rows=None, returns=None):
+        """The gate's verdict on what an implementation returned for this case, computed by the
+        conformance library as `attnoracle check` computes it (a Verdict).
+
+        outputs: {"out": array, "weights": ..., "lse": ...} (each converted to the case's output
+        dtype, rounded to nearest-even like a final cast; uint16 arrays are bit patterns of a
+        BF16 or F16 output), or a Refused or Unsupported exception (any other exception counts
+        as a refusal). profile as for `attnoracle check --profile` (fp32, fp16, a list, a
+        family, a JSON file); masked_rows and returns as its --masked-rows and --returns."""
+        outcome, reason, result = "output", "", []
+        if isinstance(outputs, Unsupported):
+            outcome, reason = "unsupported", str(outputs)
+        elif isinstance(outputs, BaseException):
+            outcome, reason = "refused", str(outputs) or type(outputs).__name__
+        else:
+            for name, a in dict(outputs).items():
+                if a is None:
+                    continue
+                result.append(_float_tensor(name, a, self.output_dtype, True, self.id + " (result)"))
+        if returns is not None and not isinstance(returns, str):
+            returns = ",".join(returns)
+        report, text = _native.check(self.id, list(self.tags), self._tensors, self.metadata, self.expect, outcome,
+                                     reason, result, str(profile), masked_rows or "", returns or "")
+        return Verdict(json.loads(report), text)
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return float.fromhex(text)
+
+
+class Verdict:
+    """The gate's verdict on one case: status ("pass", "fail", "skip"), reason, worst (the
+    element of largest error relative to its limit: tensor, index, expected, actual, error,
+    limit, ulp, limit_ratio), findings (the diagnosis, one line each), text (the lines
+    `attnoracle check --all` prints for this case), report (the case's entry of --json)."""
+
+    def __init__(self, report, text):
+        self.report = report["cases"][0]
+        c = self.report
+        self.id = c.get("id")
+        self.status = c.get("status")
+        self.reason = c.get("reason", "")
+        self.profile = c.get("profile", "")
+        self.worst = c.get("worst")
+        diag = c.get("diagnosis") or {}
+        self.findings = [f.get("text", "") for f in diag.get("findings", [])]
+        lines = text.splitlines()
+        # The report's heading and its tail (suite-wide figures) are not this case's.
+        self.text = "\n".join(l for l in lines[1:] if not l.startswith(("statistical tier:", "1 cases in ")))
+
+    @property
+    def passed(self):
+        return self.status == "pass"
+
+    @property
+    def failed(self):
+        return self.status == "fail"
+
+    @property
+    def skipped(self):
+        return self.status == "skip"
+
+    def __bool__(self):
+        return self.passed
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return f"<attnoracle.Verdict {self.id} {self.status}>"
+
+
+def load_case(path):
+    """Reads a case file (checked as `attnoracle eval` checks it) as a Case."""
+    path = os.fspath(path)
+    tensors, metadata = _native.read_case(path)
+    return Case(path, tensors, metadata)
+
+
+class SuiteEntry:
+    """One case of a vector set's manifest: id, tags, expect, file (path); load() reads it,
+    checked against the manifest's sha256 as the gate checks it."""
+
+    def __init__(self, suite, id, file, sha256, expect, tags):
+        self.suite, self.id, self.sha256, self.expect, self.tags = suite, id, sha256, expect, tuple(tags)
+        self._file = file
+        self.file = os.path.join(suite.path, file)
+
+    def load(self):
+        tensors, metadata = _native.read_set_case(self.suite.path, self._file, self.sha256)
+        return Case(self.file, tensors, metadata, id=self.id, tags=self.tags, expect=self.expect)
+
+    def __repr__(self):
+        return f"<attnoracle.SuiteEntry {self.id}>"
+
+
+class Suite:
+    """A vector set (manifest.json and cases/): iterating gives its SuiteEntry objects in the
+    manifest's order; suite[id] one of them; name is the manifest's suite."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.name, cases = _native.read_manifest(self.path)
+        self.entries = [SuiteEntry(self, *c) for c in cases]
+        self._by_id = {e.id: e for e in self.entries}
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __getitem__(self, id):
+        return self._by_id[id]
+
+    def select(self, tags=None, ids=None):
+        """The entries with one of `tags` (all when None) and among `ids` (all when None)."""
+        return [e for e in self.entries if (tags is None or set(tags) & set(e.tags)) and (ids is None or e.id in ids)]
+
+
+def parametrize_suite(path, profile="fp32", *, tags=None, ids=None, unsupported=(), masked_rows=None, returns=None):
+    """A decorator giving a test one item per case of the vector set at `path` (ids: the case
+    ids), through the `attnoracle_case` fixture of the pytest plugin (-p attnoracle.pytest_plugin):
+    cases using a feature listed in `unsupported` (see FEATURES) are skipped with the reason;
+    masked_rows and returns are the implementation's declarations, as in Case.check."""
+    from .pytest_plugin import parametrize_suite as p
+
+    return p(path, profile=profile, tags=tags, ids=ids, unsupported=unsupported, masked_rows=masked_rows,
+             returns=returns)
