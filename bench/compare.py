@@ -80,6 +80,10 @@ def parse_eval_summary(stderr):
     m = re.search(r"([\d.]+)\s*s on \d+ thread", line)
     if m:
         info["seconds"] = float(m.group(1))
+    for key in ("reading", "evaluation", "oracle", "writing"):  # the parts, where eval gives them
+        m = re.search(key + r"\s+([\d.]+)\s*s", line)
+        if m:
+            info[key] = float(m.group(1))
     return info
 
 
@@ -247,6 +251,8 @@ def main(argv=None):
     p.add_argument("--mpmath-budget", type=float, default=300,
                    help="seconds one mpmath run may take (estimated beforehand); beyond, skipped (default 300)")
     p.add_argument("--no-mpmath", action="store_true")
+    p.add_argument("--no-decode", action="store_true",
+                   help="skip the decode shape (B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048, D = 128, BF16)")
     p.add_argument("--mpfr-only", action="store_true",
                    help="also time `eval --no-fast-path` (all rows by MPFR) with the most threads, where eval has it")
     p.add_argument("--fallback-dtypes", default="F32,F16,BF16",
@@ -315,11 +321,19 @@ def main(argv=None):
     def eval_cmd(t, extra=()):
         return lambda case, out: [args.attnoracle, "eval", case, "-o", out, "--threads", str(t), *extra]
 
-    def measure_size(n, d, with_refs, reps):
-        """Builds the case, runs the commands alternately, returns (case bytes, [Command])."""
+    def measure_size(n, d, with_refs, reps, decode=False):
+        """Builds the case, runs the commands alternately, returns (case bytes, [Command]).
+        decode: the decode shape instead (B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048,
+        D = 128, BF16 inputs and outputs), with NumPy but no mpmath."""
         nonlocal mp_cost
-        case = os.path.join(workdir, f"sdpa-{n}x{n}-D{d}.safetensors")
-        case_bytes = make_case.make_case(case, n, d, seed=args.seed)
+        tag = "decode" if decode else f"{n}x{n} D={d}"
+        if decode:
+            case = os.path.join(workdir, "decode.safetensors")
+            case_bytes = make_case.make_case(case, 8, 128, heads=32, kv_heads=8, nk=2048, seed=args.seed,
+                                             input_dtype="BF16", output_dtype="BF16")
+        else:
+            case = os.path.join(workdir, f"sdpa-{n}x{n}-D{d}.safetensors")
+            case_bytes = make_case.make_case(case, n, d, seed=args.seed)
         cmds = [Command(f"attnoracle eval, {t} thread{'s' if t > 1 else ''}", "eval", eval_cmd(t), t)
                 for t in threads]
         if args.mpfr_only and has_no_fast:
@@ -328,7 +342,7 @@ def main(argv=None):
                                 "eval-mpfr", eval_cmd(t, ["--no-fast-path"]), t))
         if with_refs:
             cmds.append(Command("numpy_ref.py (float64)", "numpy", lambda c, o: [py, numpy_ref, c, "-o", o]))
-            if have_mpmath:
+            if have_mpmath and not decode:
                 mp = Command("mpmath_ref.py (30 digits)", "mpmath", lambda c, o: [py, mpmath_ref, c, "-o", o])
                 if mp_cost is None:  # calibrate on a 32 x 32 case
                     cal = os.path.join(workdir, f"calibration-32x32-D{d}.safetensors")
@@ -365,14 +379,14 @@ def main(argv=None):
                     wall, peak, err = run_once(c.argv_for(case, out), timeout, workdir)
                 except Failure as e:
                     c.failed = str(e)
-                    log(f"{n}x{n} D={d} {c.label}: FAILED {e}")
+                    log(f"{tag} {c.label}: FAILED {e}")
                     continue
                 c.walls.append(wall)
                 c.peaks.append(peak)
                 if c.kind.startswith("eval"):
                     info = parse_eval_summary(err)
                     c.infos.append(info)
-                log(f"{n}x{n} D={d} {c.label} run {r + 1}: {wall:.3f} s, {peak / MIB:.1f} MiB"
+                log(f"{tag} {c.label} run {r + 1}: {wall:.3f} s, {peak / MIB:.1f} MiB"
                     + (f"; {info['line']}" if c.kind.startswith("eval") else ""))
                 if c.last_output and c.last_output != out and os.path.exists(c.last_output):
                     os.remove(c.last_output)
@@ -393,6 +407,17 @@ def main(argv=None):
                     if c.kind in ("numpy", "mpmath", "eval-mpfr") and c.last_output:
                         agree[c.label] = agreement(golden, c.last_output)
             results.append((n, args.d, case_bytes, cmds, agree))
+            for c in cmds:
+                if c.last_output and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+            os.remove(case)
+        decode = None  # (case bytes, cmds, agreement)
+        if not args.no_decode:
+            case, case_bytes, cmds = measure_size(8, 128, True, args.reps, decode=True)
+            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
+            agree = {c.label: agreement(golden, c.last_output) for c in cmds
+                     if golden and c.kind == "numpy" and c.last_output}
+            decode = (case_bytes, cmds, agree)
             for c in cmds:
                 if c.last_output and os.path.exists(c.last_output):
                     os.remove(c.last_output)
@@ -485,6 +510,32 @@ def main(argv=None):
               "median over this command's. `2 vs 1 thread`: eval's 1-thread median over this one's. "
               "`rows by MPFR`: from eval's summary line (fast path: the rows that fell back). "
               "`out = golden`: elements of the command's `out` equal to the golden `out` of eval (with the fast path).")
+
+    if decode:
+        case_bytes, cmds, agree = decode
+        npy = next((c for c in cmds if c.kind == "numpy" and c.walls), None)
+        md.append("")
+        md.append(f"## Decode shape: B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048, D = 128, BF16 inputs "
+                  f"and outputs ({case_bytes / MIB:.2f} MiB case)")
+        md.append("")
+        md.append("eval's parts are the medians of what its summary line gives (evaluation, the oracle's twin "
+                  "checks); `whole / evaluation` is the median wall time over the median evaluation time.")
+        md.append("")
+        md.append("| command | runs | median wall s | peak MiB | vs NumPy | evaluation s | oracle s "
+                  "| whole / evaluation | out = golden |")
+        md.append("|---|---|---|---|---|---|---|---|---|")
+        for c in cmds:
+            if not c.walls:
+                md.append(f"| {c.label} | 0 | – | – | – | – | – | – | {c.failed or 'not run'} |")
+                continue
+            med = c.median()
+            part = lambda key: statistics.median([i[key] for i in c.infos if key in i]) if any(  # noqa: E731
+                key in i for i in c.infos) else None
+            ev, orc = part("evaluation"), part("oracle")
+            eq = f"{agree[c.label][0]}/{agree[c.label][1]}" if c.label in agree else "–"
+            md.append(f"| {c.label} | {len(c.walls)} | {fmt(med, 4)} | {c.peak() / MIB:.1f} "
+                      f"| {fmt(med / npy.median()) + 'x' if npy else '–'} | {fmt(ev, 4) if ev else '–'} "
+                      f"| {fmt(orc, 4) if orc is not None else '–'} | {fmt(med / ev) + 'x' if ev else '–'} | {eq} |")
 
     if fallback:
         md.append("")

@@ -1,4 +1,5 @@
 // attnoracle eval CASE -o OUT: certified evaluation of one case file.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -21,9 +22,16 @@ struct EvalArgs {
   bool no_fast_path = false;
 };
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 int run_eval(const EvalArgs& a) {
+  const auto t0 = std::chrono::steady_clock::now();
   require_parent_dir(a.output);
   const Case c = read_case(a.input);
+  const double reading = seconds_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
   EvalOptions opt;
   opt.threads = a.threads;
   opt.max_precision = a.max_precision;
@@ -39,7 +47,10 @@ int run_eval(const EvalArgs& a) {
     print_violations(a.input, e);
     return 1;
   }
+  const double certified = seconds_since(t1);  // the evaluation, then the oracle's twins
+  const auto t2 = std::chrono::steady_clock::now();
   write_golden_file(a.output, c, r);
+  const double writing = seconds_since(t2), whole = seconds_since(t0);
   if (!a.quiet) {
     const EvalStats& st = r.stats;
     std::string fast = st.fast_path_note.empty()
@@ -49,12 +60,13 @@ int run_eval(const EvalArgs& a) {
                            : "all by MPFR (fast path: " + st.fast_path_note + ")";
     std::fprintf(stderr,
                  "%s: %llu golden elements, %llu undecided; %llu rows, %s, %llu needed more "
-                 "precision (up to %ld bits); %.3f s on %d thread%s\n",
+                 "precision (up to %ld bits); %.3f s on %d thread%s (reading %.3f s, evaluation "
+                 "%.3f s, oracle %.3f s, writing %.3f s)\n",
                  a.output.c_str(), static_cast<unsigned long long>(st.elements),
                  static_cast<unsigned long long>(st.undecided), static_cast<unsigned long long>(st.rows),
                  fast.c_str(), static_cast<unsigned long long>(st.rows_raised),
-                 static_cast<long>(st.max_precision_reached), st.seconds, a.threads,
-                 a.threads == 1 ? "" : "s");
+                 static_cast<long>(st.max_precision_reached), whole, a.threads,
+                 a.threads == 1 ? "" : "s", reading, st.seconds, certified - st.seconds, writing);
   }
   return 0;
 }

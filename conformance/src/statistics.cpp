@@ -6,12 +6,62 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+
+// Every sum is rounded as written (no fused multiply-adds), so the faster loops below give the
+// scalar loops' results bit for bit.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace attnoracle::conformance {
 
 namespace {
 double sq(double x) { return x * x; }
+
+typedef double v2d __attribute__((vector_size(16)));  // SSE2: in every x86-64's base ABI
+v2d load(const double* at) {
+  v2d x;
+  std::memcpy(&x, at, sizeof x);
+  return x;
+}
+void store(double* at, v2d x) { std::memcpy(at, &x, sizeof x); }
+
+// dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d k_jd|, each summed in d order, four keys at a
+// time (four independent sums: the same roundings as one key at a time).
+void key_dots(const double* q, const double* kb, std::int64_t Dk, const std::vector<std::int64_t>& keys,
+              std::vector<double>& dot, std::vector<double>& dabs) {
+  const std::size_t n = keys.size();
+  dot.resize(n);
+  dabs.resize(n);
+  std::size_t a = 0;
+  for (; a + 4 <= n; a += 4) {
+    const double* k0 = kb + keys[a] * Dk;
+    const double* k1 = kb + keys[a + 1] * Dk;
+    const double* k2 = kb + keys[a + 2] * Dk;
+    const double* k3 = kb + keys[a + 3] * Dk;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+    for (std::int64_t d = 0; d < Dk; ++d) {
+      const double p0 = q[d] * k0[d], p1 = q[d] * k1[d], p2 = q[d] * k2[d], p3 = q[d] * k3[d];
+      s0 += p0, s1 += p1, s2 += p2, s3 += p3;
+      t0 += std::fabs(p0), t1 += std::fabs(p1), t2 += std::fabs(p2), t3 += std::fabs(p3);
+    }
+    dot[a] = s0, dot[a + 1] = s1, dot[a + 2] = s2, dot[a + 3] = s3;
+    dabs[a] = t0, dabs[a + 1] = t1, dabs[a + 2] = t2, dabs[a + 3] = t3;
+  }
+  for (; a < n; ++a) {
+    const double* k = kb + keys[a] * Dk;
+    double s0 = 0, t0 = 0;
+    for (std::int64_t d = 0; d < Dk; ++d) {
+      s0 += q[d] * k[d];
+      t0 += std::fabs(q[d] * k[d]);
+    }
+    dot[a] = s0, dabs[a] = t0;
+  }
+}
 }  // namespace
 
 Spread weight_spread(const Case& c, const Profile& p) {
@@ -32,7 +82,8 @@ Spread weight_spread(const Case& c, const Profile& p) {
   s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
   s.wv = s.partial = s.key;
   std::vector<std::int64_t> keys;
-  std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
+  std::vector<double> w, t, kr, dots, dabss, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
+  const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
@@ -45,22 +96,19 @@ Spread weight_spread(const Case& c, const Profile& p) {
         t.clear();
         kr.clear();
         const Case::KeyRange r = c.key_range(i);
-        for (std::int64_t j = r.first; j <= r.last; ++j) {
-          if (!c.allowed(b, h, i, j)) continue;
-          const double* k = &c.k.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dk)];
-          double dot = 0, dabs = 0;
-          for (std::int64_t d = 0; d < Dk; ++d) {
-            dot += q[d] * k[d];
-            dabs += std::fabs(q[d] * k[d]);
-          }
-          double tj = dot * scale;
+        for (std::int64_t j = r.first; j <= r.last; ++j)
+          if (plain ? c.position_allowed(i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
+        key_dots(q, &c.k.values[static_cast<std::size_t>((b * c.Hkv + g) * Nk * Dk)], Dk, keys, dots, dabss);
+        for (std::size_t a = 0; a < keys.size(); ++a) {
+          double tj = dots[a] * scale;
           if (cap > 0) tj = cap * std::tanh(tj / cap);
-          keys.push_back(j);
           t.push_back(tj);
-          const double bj = c.bias_at(b, h, i, j);
+          const double bj = plain ? 0.0 : c.bias_at(b, h, i, keys[a]);
           w.push_back(tj + bj);
           // the dot (Dk products and sums), the scale, the softcap; the bias's own rounding
-          kr.push_back(std::hypot(dot_k * dabs, ub * bj));
+          // (hypot(x, 0) is |x| exactly)
+          const double ebias = ub * bj;
+          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabss[a]) : std::hypot(dot_k * dabss[a], ebias));
         }
         if (keys.empty()) continue;
         const double m = *std::max_element(w.begin(), w.end());
@@ -83,22 +131,45 @@ Spread weight_spread(const Case& c, const Profile& p) {
         s.key_sum[row] = std::sqrt(ks);
         s.key_max[row] = km;
         s.z_part[row] = std::sqrt(zp);
-        std::fill(x.begin(), x.end(), 0.0);
-        for (std::size_t j = 0; j < keys.size(); ++j) {
-          const double* v = vrow(keys[j]);
-          for (std::int64_t e = 0; e < Dv; ++e) x[static_cast<std::size_t>(e)] += w[j] * v[e];
-        }
+        // Four elements at a time over all keys, their sums in registers; each element's sums
+        // still run over the keys in order, so the results are the scalar loops' bit for bit.
         double* key = &s.key[row * static_cast<std::size_t>(Dv)];
         double* wv = &s.wv[row * static_cast<std::size_t>(Dv)];
         double* ps = &s.partial[row * static_cast<std::size_t>(Dv)];
-        std::fill(run.begin(), run.end(), 0.0);
-        for (std::size_t j = 0; j < keys.size(); ++j) {
-          const double* v = vrow(keys[j]);
-          for (std::int64_t e = 0; e < Dv; ++e) {
-            const auto ue = static_cast<std::size_t>(e);
-            key[e] += sq(w[j] * (v[e] - x[ue]) * kr[j]);
-            wv[e] += sq(w[j] * v[e]);
-            run[ue] += w[j] * v[e];
+        const std::int64_t Dv4 = Dv / 4 * 4;
+        for (std::int64_t e = 0; e < Dv4; e += 4) {
+          v2d x0{}, x1{};
+          for (std::size_t j = 0; j < keys.size(); ++j) {
+            const double* v = vrow(keys[j]) + e;
+            x0 += w[j] * load(v);
+            x1 += w[j] * load(v + 2);
+          }
+          v2d k0{}, k1{}, w0{}, w1{}, r0{}, r1{}, p0{}, p1{};
+          for (std::size_t j = 0; j < keys.size(); ++j) {
+            const double* v = vrow(keys[j]) + e;
+            const double wj = w[j], kj = kr[j];
+            const v2d v0 = load(v), v1 = load(v + 2);
+            const v2d d0 = wj * (v0 - x0) * kj, d1 = wj * (v1 - x1) * kj;
+            const v2d q0 = wj * v0, q1 = wj * v1;
+            k0 += d0 * d0, k1 += d1 * d1;
+            w0 += q0 * q0, w1 += q1 * q1;
+            r0 += q0, r1 += q1;
+            p0 += r0 * r0, p1 += r1 * r1;
+          }
+          store(key + e, k0), store(key + e + 2, k1);
+          store(wv + e, w0), store(wv + e + 2, w1);
+          store(ps + e, p0), store(ps + e + 2, p1);
+        }
+        for (std::int64_t e = Dv4; e < Dv; ++e) {
+          const auto ue = static_cast<std::size_t>(e);
+          x[ue] = 0;
+          for (std::size_t j = 0; j < keys.size(); ++j) x[ue] += w[j] * vrow(keys[j])[e];
+          run[ue] = 0;
+          for (std::size_t j = 0; j < keys.size(); ++j) {
+            const double ve = vrow(keys[j])[e];
+            key[e] += sq(w[j] * (ve - x[ue]) * kr[j]);
+            wv[e] += sq(w[j] * ve);
+            run[ue] += w[j] * ve;
             ps[e] += sq(run[ue]);
           }
         }

@@ -3,16 +3,147 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/conformance/statistics.hpp"
 #include "cli_run.hpp"
 
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace attnoracle::conformance {
 namespace {
+
+double sq(double x) { return x * x; }
+
+// weight_spread as plain loops, one key and one element at a time: the faster loops of
+// statistics.cpp must give the same numbers bit for bit.
+Spread plain_spread(const Case& c, const Profile& p) {
+  Spread s;
+  s.exact = true;
+  const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
+  const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const double ub = p.bias ? unit_roundoff(*p.bias) : 0;
+  const std::int64_t H = c.Hq, Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
+  const double scale = 1 / std::sqrt(static_cast<double>(Dk));
+  const double dot_k = std::sqrt(static_cast<double>(Dk) + 2) * uq * std::fabs(scale);
+  const std::size_t rows = static_cast<std::size_t>(c.B * H * c.Nq);
+  s.key_sum.assign(rows, 0.0);
+  s.key_max.assign(rows, 0.0);
+  s.z_part.assign(rows, 0.0);
+  s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
+  s.wv = s.partial = s.key;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        const std::int64_t g = c.kv_head(h);
+        const auto row = static_cast<std::size_t>((b * H + h) * c.Nq + i);
+        std::vector<std::int64_t> keys;
+        std::vector<double> w, t, kr;
+        for (std::int64_t j = 0; j < Nk; ++j) {
+          if (!c.allowed(b, h, i, j)) continue;
+          double dot = 0, dabs = 0;
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            const double x = c.q.values[row * static_cast<std::size_t>(Dk) + static_cast<std::size_t>(d)] *
+                             c.k.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dk + d)];
+            dot += x;
+            dabs += std::fabs(x);
+          }
+          const double tj = dot * scale, bj = c.bias_at(b, h, i, j);
+          keys.push_back(j);
+          t.push_back(tj);
+          w.push_back(tj + bj);
+          kr.push_back(std::hypot(dot_k * dabs, ub * bj));
+        }
+        if (keys.empty()) continue;
+        const double m = *std::max_element(w.begin(), w.end());
+        double z = 0;
+        for (std::size_t j = 0; j < w.size(); ++j) {
+          kr[j] = std::sqrt(sq(kr[j]) + sq(us * t[j]) + sq(us * w[j]) + sq(us * (w[j] - m)) + sq(p.exp_ulps * us) +
+                            sq(us) + sq(up));
+          z += (w[j] = std::exp(w[j] - m));
+        }
+        double ks = 0, km = 0, zp = 0, wk = 0;
+        for (std::size_t j = 0; j < w.size(); ++j) {
+          w[j] /= z;
+          ks += sq(w[j] * kr[j]);
+          km = std::max(km, kr[j]);
+          wk += w[j];
+          zp += wk * wk;
+        }
+        s.key_sum[row] = std::sqrt(ks);
+        s.key_max[row] = km;
+        s.z_part[row] = std::sqrt(zp);
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          const std::size_t at = row * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e);
+          auto v = [&](std::size_t j) { return c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + keys[j]) * Dv + e)]; };
+          double x = 0, run = 0;
+          for (std::size_t j = 0; j < keys.size(); ++j) x += w[j] * v(j);
+          for (std::size_t j = 0; j < keys.size(); ++j) {
+            s.key[at] += sq(w[j] * (v(j) - x) * kr[j]);
+            s.wv[at] += sq(w[j] * v(j));
+            run += w[j] * v(j);
+            s.partial[at] += sq(run);
+          }
+          s.key[at] = std::sqrt(s.key[at]);
+          s.wv[at] = std::sqrt(s.wv[at]);
+          s.partial[at] = std::sqrt(s.partial[at]);
+        }
+      }
+  return s;
+}
+
+RC_GTEST_PROP(StatisticsSpread, SameAsThePlainLoopsBitForBit, ()) {
+  Case c;
+  c.kind = Kind::Sdpa;
+  c.B = *rc::gen::inRange<std::int64_t>(1, 3);
+  c.Hkv = *rc::gen::inRange<std::int64_t>(1, 3);
+  c.Hq = c.Hkv * *rc::gen::inRange<std::int64_t>(1, 3);
+  c.Nq = *rc::gen::inRange<std::int64_t>(1, 6);
+  c.Nk = *rc::gen::inRange<std::int64_t>(1, 14);  // tails of the four-key blocks
+  c.Dk = *rc::gen::inRange<std::int64_t>(1, 10);
+  c.Dv = *rc::gen::inRange<std::int64_t>(1, 10);  // tails of the four-element blocks
+  std::mt19937_64 gen(*rc::gen::arbitrary<std::uint32_t>());
+  std::normal_distribution<double> normal;
+  auto fill = [&](FloatTensor& t, std::vector<std::int64_t> shape) {
+    t.shape = shape;
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    for (std::int64_t k = 0; k < n; ++k) t.values.push_back(normal(gen));
+  };
+  fill(c.q, {c.B, c.Hq, c.Nq, c.Dk});
+  fill(c.k, {c.B, c.Hkv, c.Nk, c.Dk});
+  fill(c.v, {c.B, c.Hkv, c.Nk, c.Dv});
+  if (*rc::gen::arbitrary<bool>()) {
+    BoolTensor m{{c.B, c.Hq, c.Nq, c.Nk}, {}};
+    for (std::int64_t k = 0; k < c.B * c.Hq * c.Nq * c.Nk; ++k) m.values.push_back(gen() % 4 != 0);
+    c.mask = std::move(m);
+  }
+  if (*rc::gen::arbitrary<bool>()) {
+    c.bias = FloatTensor{};
+    fill(*c.bias, {c.Nq, c.Nk});
+    c.bias->values[0] = -INFINITY;
+  }
+  if (*rc::gen::arbitrary<bool>()) c.causal = Causal::BottomRight;
+  for (const char* name : {"fp32", "fp16", "bf16"}) {
+    const Profile p = builtin_profile(name);
+    const Spread a = weight_spread(c, p), z = plain_spread(c, p);
+    RC_ASSERT(a.key_sum == z.key_sum);
+    RC_ASSERT(a.key_max == z.key_max);
+    RC_ASSERT(a.z_part == z.z_part);
+    RC_ASSERT(a.key == z.key);
+    RC_ASSERT(a.wv == z.wv);
+    RC_ASSERT(a.partial == z.partial);
+  }
+}
 
 // `rows` rows of `per_row` normalised errors, each the sum of `roundings` independent roundings
 // uniform in [-c, c] with c = 1 / roundings (their scales add to 1, as out_scale's terms do),

@@ -60,6 +60,74 @@ bool exact_sum(double a, double b) {
   return (a - (s - bb)) + (b - bb) == 0;
 }
 
+// The inputs an sdpa row unit (b, h, i) reads, as a case of its own (kind sdpa twins are built
+// on it, not on a copy of the whole case): batch b, the query heads `heads` over the kv heads
+// `groups` (heads[k] reads groups[k / (heads / groups)]), query row i of each head (the other
+// rows 0: they are not read), and row i of the mask and bias, broadcast over the queries. The
+// unit is (0, 0, i) of the slice; Nq, Nk and the options stay, so the positional rules too.
+Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
+           const std::vector<std::int64_t>& groups) {
+  Case t;
+  t.path = c.path;
+  t.kind = c.kind;
+  t.input_dtype = c.input_dtype;
+  t.output_dtype = c.output_dtype;
+  t.scale = c.scale;
+  t.softcap = c.softcap;
+  t.causal = c.causal;
+  t.window = c.window;
+  t.window_left = c.window_left;
+  t.window_right = c.window_right;
+  t.masked_rows = c.masked_rows;
+  t.want_weights = true;
+  t.want_lse = true;
+  const auto nh = static_cast<std::int64_t>(heads.size()), ng = static_cast<std::int64_t>(groups.size());
+  t.B = 1, t.Hq = nh, t.Hkv = ng, t.Nq = c.Nq, t.Nk = c.Nk;
+  t.Dk = c.Dk, t.Dv = c.Dv;
+  t.q = FloatTensor{c.q.dtype, {1, nh, c.Nq, c.Dk}, std::vector<double>(static_cast<std::size_t>(nh * c.Nq * c.Dk), 0.0)};
+  for (std::int64_t k = 0; k < nh; ++k)
+    std::copy_n(c.q.values.begin() + ((b * c.Hq + heads[static_cast<std::size_t>(k)]) * c.Nq + i) * c.Dk, c.Dk,
+                t.q.values.begin() + (k * c.Nq + i) * c.Dk);
+  auto blocks = [&](const FloatTensor& x, std::int64_t E) {
+    FloatTensor y{x.dtype, {1, ng, c.Nk, E}, {}};
+    y.values.reserve(static_cast<std::size_t>(ng * c.Nk * E));
+    for (std::int64_t g : groups) {
+      const auto from = x.values.begin() + (b * c.Hkv + g) * c.Nk * E;
+      y.values.insert(y.values.end(), from, from + c.Nk * E);
+    }
+    return y;
+  };
+  t.k = blocks(c.k, c.Dk);
+  t.v = blocks(c.v, c.Dv);
+  // [1, heads or 1, 1, Nk or 1]: the extents 1 where the original broadcasts.
+  auto row_shape = [&](const std::vector<std::int64_t>& s) {
+    auto extent = [&](std::size_t from_right) {
+      return s.size() > from_right ? s[s.size() - 1 - from_right] : std::int64_t{1};
+    };
+    return std::vector<std::int64_t>{1, extent(2) == 1 ? 1 : nh, 1, extent(0) == 1 ? 1 : c.Nk};
+  };
+  if (c.mask) {
+    const auto sh = row_shape(c.mask->shape);
+    BoolTensor m{sh, {}};
+    for (std::int64_t k = 0; k < sh[1]; ++k)
+      for (std::int64_t j = 0; j < sh[3]; ++j)
+        m.values.push_back(c.mask_at(b, heads[static_cast<std::size_t>(k)], i, j) ? 1 : 0);
+    t.mask = std::move(m);
+  }
+  if (c.bias) {
+    const auto sh = row_shape(c.bias->shape);
+    FloatTensor f{c.bias->dtype, sh, {}};
+    for (std::int64_t k = 0; k < sh[1]; ++k)
+      for (std::int64_t j = 0; j < sh[3]; ++j) f.values.push_back(c.bias_at(b, heads[static_cast<std::size_t>(k)], i, j));
+    t.bias = std::move(f);
+  }
+  if (c.query_mask) {
+    const auto from = c.query_mask->values.begin() + b * c.Nq;
+    t.query_mask = BoolTensor{{1, c.Nq}, std::vector<unsigned char>(from, from + c.Nq)};
+  }
+  return t;
+}
+
 struct TwinChecker {
   const Case& c;
   std::int64_t b, h, i;  // the unit; h is 0 for mha
@@ -77,9 +145,13 @@ struct TwinChecker {
     return c.kind == Kind::Sdpa ? 0 : static_cast<std::size_t>(head);
   }
 
+  bool sdpa() const { return c.kind == Kind::Sdpa; }
+  // The unit's own inputs (sdpa), or a copy of the case (mha, whose rows read every head).
+  Case twin_case() const { return sdpa() ? slice(c, b, i, {h}, {c.kv_head(h)}) : inputs_of(c); }
+
   bool eval(const Case& twin, RowEnclosures& r) {
     try {
-      r = rows(twin)->row(b, h, i);
+      r = sdpa() ? rows(twin)->row(0, 0, i) : rows(twin)->row(b, h, i);
       return true;
     } catch (const FullyMaskedRow&) {
       return false;
@@ -124,16 +196,16 @@ struct TwinChecker {
 
   // A constant added to every score through the bias.
   void shift() {
+    Case t = twin_case();
     for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8, 0x1p-16, 0x1p-24}) {
       bool exact = true;
-      if (c.bias)
-        for (double x : c.bias->values)
+      if (t.bias)  // every bias value the twin reads
+        for (double x : t.bias->values)
           if (std::isfinite(x) && !exact_sum(x, cst)) {
             exact = false;
             break;
           }
       if (!exact) continue;
-      Case t = inputs_of(c);
       if (t.bias) {
         t.bias->dtype = DType::F64;
         for (double& x : t.bias->values) x += cst;  // exact, checked above; -inf stays -inf
@@ -157,12 +229,10 @@ struct TwinChecker {
     for (std::int64_t j = 0; j < c.Nk; ++j)
       if (detail::positional(c, i, j)) last = j;
     if (last + 1 >= c.Nk) return;  // nothing in the future
-    Case t = inputs_of(c);
-    if (c.kind == Kind::Sdpa) {
-      for (std::int64_t g = 0; g < c.Hkv; ++g) {
-        perturb_rows(t.k.values, static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dk), last + 1, c.Nk, c.Dk);
-        perturb_rows(t.v.values, static_cast<std::size_t>((b * c.Hkv + g) * c.Nk * c.Dv), last + 1, c.Nk, c.Dv);
-      }
+    Case t = twin_case();
+    if (sdpa()) {
+      perturb_rows(t.k.values, 0, last + 1, c.Nk, c.Dk);
+      perturb_rows(t.v.values, 0, last + 1, c.Nk, c.Dv);
     } else {
       perturb_rows(t.x_kv.values, static_cast<std::size_t>(b * c.Nk * c.D), last + 1, c.Nk, c.D);
     }
@@ -192,20 +262,49 @@ struct TwinChecker {
     std::iota(perm.begin(), perm.end(), 0);
     std::reverse(perm.begin(), perm.end());
     if (c.Nk > 2) std::rotate(perm.begin(), perm.begin() + 1, perm.end());
-    Case t = inputs_of(c);
-    auto permute_rows = [&](std::vector<double>& dst, const std::vector<double>& src,
-                            std::int64_t blocks, std::int64_t E) {
-      for (std::int64_t blk = 0; blk < blocks; ++blk)
-        for (std::int64_t j = 0; j < c.Nk; ++j)
-          std::copy_n(src.begin() + (blk * c.Nk + j) * E, E,
-                      dst.begin() + (blk * c.Nk + perm[static_cast<std::size_t>(j)]) * E);
-    };
-    if (c.kind == Kind::Sdpa) {
-      permute_rows(t.k.values, c.k.values, c.B * c.Hkv, c.Dk);
-      permute_rows(t.v.values, c.v.values, c.B * c.Hkv, c.Dv);
+    Case t = twin_case();
+    if (sdpa()) {
+      permute_sdpa(t, perm);
     } else {
-      permute_rows(t.x_kv.values, c.x_kv.values, c.B, c.D);
+      permute_mha(t, perm);
     }
+    RowEnclosures r;
+    if (!eval(t, r)) return;
+    agree(Invariant::KeyPermutation, r, heads(), "when keys and values are permuted", &perm);
+    if (c.kind == Kind::Mha) mha_out(Invariant::KeyPermutation, r, "when keys are permuted");
+  }
+
+  // On the unit's slice: its keys, values, mask row and bias row.
+  void permute_sdpa(Case& t, const std::vector<std::int64_t>& perm) const {
+    const Case src = t;  // the slice before the permutation
+    auto permute_rows = [&](std::vector<double>& dst, const std::vector<double>& from, std::int64_t E) {
+      for (std::int64_t j = 0; j < c.Nk; ++j)
+        std::copy_n(from.begin() + j * E, E, dst.begin() + perm[static_cast<std::size_t>(j)] * E);
+    };
+    permute_rows(t.k.values, src.k.values, c.Dk);
+    permute_rows(t.v.values, src.v.values, c.Dv);
+    if (c.mask || c.causal != Causal::None || c.window) {
+      // mask'[perm[j]] = mask[i, j] and positional(i, j), over the keys of row i
+      BoolTensor m{{1, 1, 1, c.Nk}, std::vector<unsigned char>(static_cast<std::size_t>(c.Nk), 0)};
+      for (std::int64_t j = 0; j < c.Nk; ++j)
+        m.values[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] =
+            src.mask_at(0, 0, i, j) && detail::positional(c, i, j);
+      t.mask = std::move(m);
+      t.causal = Causal::None;
+      t.window = false;
+    }
+    if (src.bias && src.bias->shape.back() == c.Nk)  // else constant over keys
+      for (std::int64_t j = 0; j < c.Nk; ++j)
+        t.bias->values[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] =
+            src.bias->values[static_cast<std::size_t>(j)];
+  }
+
+  // On a copy of the whole case: the projected inputs' rows, the mask and bias columns.
+  void permute_mha(Case& t, const std::vector<std::int64_t>& perm) const {
+    for (std::int64_t blk = 0; blk < c.B; ++blk)
+      for (std::int64_t j = 0; j < c.Nk; ++j)
+        std::copy_n(c.x_kv.values.begin() + (blk * c.Nk + j) * c.D, c.D,
+                    t.x_kv.values.begin() + (blk * c.Nk + perm[static_cast<std::size_t>(j)]) * c.D);
     const bool positional_rules = c.causal != Causal::None || c.window;
     if (c.mask || positional_rules) {
       // mask'[b', h', i, perm[j]] = mask[b', h', i, j] and positional(i, j), of shape
@@ -234,30 +333,26 @@ struct TwinChecker {
           t.bias->values[static_cast<std::size_t>(rr * c.Nk + perm[static_cast<std::size_t>(j)])] =
               c.bias->values[static_cast<std::size_t>(rr * c.Nk + j)];
     }
-    RowEnclosures r;
-    if (!eval(t, r)) return;
-    agree(Invariant::KeyPermutation, r, heads(), "when keys and values are permuted", &perm);
-    if (c.kind == Kind::Mha) mha_out(Invariant::KeyPermutation, r, "when keys are permuted");
   }
 
   // Changing another head's inputs leaves this unit's heads alone.
   void head_independence() {
-    if (c.kind == Kind::Sdpa) {
-      if (c.Hq > 1) {  // another query head's queries
-        const std::int64_t other = (h + 1) % c.Hq;
-        Case t = inputs_of(c);
-        perturb_rows(t.q.values, static_cast<std::size_t>((b * c.Hq + other) * c.Nq * c.Dk), 0, c.Nq, c.Dk);
+    if (sdpa()) {
+      const std::int64_t g = c.kv_head(h), per = c.Hq / c.Hkv;
+      if (c.Hq > 1) {  // another query head's queries: one of the same kv head where there is one
+        const std::int64_t other = per > 1 ? g * per + (h - g * per + 1) % per : (h + 1) % c.Hq;
+        Case t = per > 1 ? slice(c, b, i, {h, other}, {g}) : slice(c, b, i, {h, other}, {g, c.kv_head(other)});
+        perturb_rows(t.q.values, static_cast<std::size_t>(c.Nq * c.Dk), i, i + 1, c.Dk);
         RowEnclosures r;
         if (eval(t, r))
           agree(Invariant::HeadIndependence, r, {h},
                 "when the queries of head " + std::to_string(other) + " change");
       }
-      const std::int64_t g = c.kv_head(h);
       if (c.Hkv > 1) {  // another kv head's keys and values
         const std::int64_t og = (g + 1) % c.Hkv;
-        Case t = inputs_of(c);
-        perturb_rows(t.k.values, static_cast<std::size_t>((b * c.Hkv + og) * c.Nk * c.Dk), 0, c.Nk, c.Dk);
-        perturb_rows(t.v.values, static_cast<std::size_t>((b * c.Hkv + og) * c.Nk * c.Dv), 0, c.Nk, c.Dv);
+        Case t = slice(c, b, i, {h, og * per}, {g, og});
+        perturb_rows(t.k.values, static_cast<std::size_t>(c.Nk * c.Dk), 0, c.Nk, c.Dk);
+        perturb_rows(t.v.values, static_cast<std::size_t>(c.Nk * c.Dv), 0, c.Nk, c.Dv);
         RowEnclosures r;
         if (eval(t, r))
           agree(Invariant::HeadIndependence, r, {h},
@@ -286,12 +381,19 @@ struct TwinChecker {
 
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                    const RowSourceFactory& rows) {
-  std::vector<Violation> out;
-  TwinChecker t{c, b, h, i, rows, out, {}};
-  {
-    Case base = inputs_of(c);
-    if (!t.eval(base, t.base)) return out;  // refused: the policy, checked elsewhere
+  RowEnclosures base;
+  try {
+    base = rows(c)->row(b, h, i);
+  } catch (const FullyMaskedRow&) {
+    return {};  // refused: the policy, checked elsewhere
   }
+  return check_twins(c, b, h, i, rows, std::move(base));
+}
+
+std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                   const RowSourceFactory& rows, RowEnclosures base) {
+  std::vector<Violation> out;
+  TwinChecker t{c, b, h, i, rows, out, std::move(base)};
   bool any_valid = false;
   for (bool v : t.base.head_valid) any_valid = any_valid || v;
   if (!any_valid) return out;  // nothing to relate

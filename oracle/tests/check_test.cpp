@@ -5,11 +5,13 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
 
 #include "attnoracle/oracle/oracle.hpp"
+#include "../src/detail.hpp"
 
 namespace attnoracle::testing {
 namespace {
@@ -285,6 +287,96 @@ TEST(Oracle, CertifiedEvaluateRefusesABrokenRow) {
     EXPECT_EQ(x.violations().front().i, 2);
   }
   EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+}
+
+// A broken evaluation on eval's tiers: the tiered reference of a modified copy of each case.
+class BrokenTiered : public RowSource {
+ public:
+  BrokenTiered(const Case& c, const std::function<void(Case&)>& change) : m_(c) {
+    change(m_);
+    ev_ = std::make_unique<TieredRowEvaluator>(m_);
+  }
+  RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i) override { return ev_->row(b, h, i, 128); }
+
+ private:
+  Case m_;
+  std::unique_ptr<TieredRowEvaluator> ev_;
+};
+RowSourceFactory broken_tiered(std::function<void(Case&)> change) {
+  return [change](const Case& c) { return std::make_unique<BrokenTiered>(c, change); };
+}
+
+double width(const Enclosure& e) {
+  mpfr_t w;
+  mpfr_init2(w, 64);
+  mpfr_sub(w, e.hi, e.lo, MPFR_RNDU);
+  const double d = mpfr_get_d(w, MPFR_RNDU);
+  mpfr_clear(w);
+  return d;
+}
+
+TEST(OracleTiered, RowsComeFromTheFastPathWhereItApplies) {
+  const Case c = sdpa({{"attn.output_dtype", "F32"}});  // F64 outputs need out.ref_lo: MPFR here
+  const RowEnclosures t = TieredRowEvaluator(c).row(0, 1, 2, 128);
+  const RowEnclosures m = RowEvaluator(c).row(0, 1, 2, 128);
+  ASSERT_EQ(t.weights[0].size(), 6u);
+  for (std::size_t j = 0; j < 6; ++j) {
+    EXPECT_TRUE(oracle::detail::overlap(t.weights[0][j], m.weights[0][j])) << j;
+    // the fast path's balls, not MPFR's enclosures, and as tight as the roundings need
+    EXPECT_FALSE(mpfr_equal_p(t.weights[0][j].lo, m.weights[0][j].lo) &&
+                 mpfr_equal_p(t.weights[0][j].hi, m.weights[0][j].hi)) << j;
+    EXPECT_LT(width(t.weights[0][j]), 0x1p-80) << j;
+  }
+  // softcap: no fast path, the MPFR enclosures themselves
+  const Case s = sdpa({{"attn.output_dtype", "F32"}, {"attn.softcap", "2.5"}});
+  const RowEnclosures ts = TieredRowEvaluator(s).row(0, 1, 2, 128);
+  const RowEnclosures ms = RowEvaluator(s).row(0, 1, 2, 128);
+  for (std::size_t j = 0; j < 6; ++j)
+    EXPECT_TRUE(mpfr_equal_p(ts.weights[0][j].lo, ms.weights[0][j].lo) &&
+                mpfr_equal_p(ts.weights[0][j].hi, ms.weights[0][j].hi)) << j;
+}
+
+// Two batches, a mask per batch and head, a bias per batch broadcast over heads, causal: the
+// twins' slices of the mask and bias rows.
+Case sliced_options() {
+  std::vector<int> mask;
+  for (int k = 0; k < 2 * 4 * 5 * 6; ++k) mask.push_back(k % 7 != 3);
+  std::vector<double> bias = ramp(2 * 5 * 6, 0.3, 0.6);
+  bias[4] = -INFINITY;
+  std::vector<double> v = ramp(2 * 2 * 6 * 2, 0.7, 0.1);
+  return make({floats("q", {2, 4, 5, 3}, ramp(120, 0.37, 0.2)), floats("k", {2, 2, 6, 3}, ramp(72, 0.91, 1.1)),
+               floats("v", {2, 2, 6, 2}, v), bools("mask", {2, 4, 5, 6}, mask),
+               floats("bias", {2, 1, 5, 6}, bias)},
+              {{"attn.causal", "bottom_right"}, {"attn.masked_rows", "zero"}, {"attn.output_dtype", "F32"}});
+}
+
+TEST(OracleTiered, ReferencePassesEveryInvariantOnTheFastTier) {
+  for (const Case& c : {sdpa({{"attn.output_dtype", "F32"}}), sliced_options(), 
+                        sdpa({{"attn.causal", "top_left"}, {"attn.window", "2,0"}, {"attn.masked_rows", "zero"}, {"attn.output_dtype", "F32"}}),
+                        mha()})
+    for (const auto& rows : {tiered_rows(), reference_rows()}) {
+      CheckOptions all;
+      all.twin_units = 1000;
+      const auto v = check_case(c, rows, all);
+      EXPECT_TRUE(v.empty()) << list(v);
+    }
+  EXPECT_NO_THROW(certified_evaluate(sliced_options(), {}, {}));
+}
+
+TEST(OracleTiered, TwinsOnTheFastTierCatchBrokenEvaluations) {
+  // a score that depends on the key's position
+  auto v = check_case(sliced_options(), broken_tiered([](Case& m) {
+    for (std::size_t k = 0; k < m.bias->values.size(); ++k) m.bias->values[k] += 0x1p-8 * static_cast<double>(k % 6);
+  }));
+  EXPECT_TRUE(names(v, Invariant::KeyPermutation)) << list(v);
+  // the causal option ignored
+  v = check_case(sliced_options(), broken_tiered([](Case& m) { m.causal = Causal::None; }));
+  EXPECT_TRUE(names(v, Invariant::CausalDependence)) << list(v);
+  // one kv head reading the other's values
+  v = check_case(sdpa({{"attn.output_dtype", "F32"}}), broken_tiered([](Case& m) {
+    if (m.Hkv > 1) m.Hq = m.Hkv;  // every query head reads kv head h: GQA ignored
+  }));
+  EXPECT_TRUE(names(v, Invariant::HeadIndependence)) << list(v);
 }
 
 TEST(Oracle, InvariantNamesAreDistinct) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,22 @@ TEST_F(EvalRefusal, ValidCaseEvaluates) {
   const CliResult r = run({"eval", in, "-o", out});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(fs::exists(out));
+}
+
+TEST_F(EvalRefusal, SummaryGivesTheWholeTimeAndItsParts) {
+  const std::string in = dir_ / "ok.safetensors";
+  const std::string out = dir_ / "ok.out.safetensors";
+  write_bytes(in, bytes_of(valid_case()));
+  const CliResult r = run({"eval", in, "-o", out, "--threads", "1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::regex line(R"(; ([0-9.]+) s on 1 thread \(reading ([0-9.]+) s, evaluation ([0-9.]+) s, )"
+                        R"(oracle ([0-9.]+) s, writing ([0-9.]+) s\)\n$)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
+  double parts = 0;
+  for (int k = 2; k <= 5; ++k) parts += std::stod(m[k].str());
+  // five figures each rounded to 1 ms: the parts' sum exceeds the whole by under 2.5 ms
+  EXPECT_LE(parts, std::stod(m[1].str()) + 0.0025) << r.err;
 }
 
 TEST_F(EvalRefusal, OutputDirectoryMissing) {

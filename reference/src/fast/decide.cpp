@@ -98,11 +98,16 @@ Enclosure lse_enclosure(const FastRow& fr) {
 }
 
 bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedRow& d) {
+  return decide_row(c, fr, lse, d, c.want_weights, c.want_lse);
+}
+
+bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedRow& d,
+                bool weights, bool with_lse) {
   d = DecidedRow{};
   for (std::size_t e = 0; e < fr.out.size(); ++e)
     if (!decide_out(c, fr, e, d)) return false;
-  if (c.want_weights && !decide_weights(c, fr, d)) return false;
-  if (c.want_lse)
+  if (weights && !decide_weights(c, fr, d)) return false;
+  if (with_lse)
     for (auto [t, into] : {std::pair{c.output_dtype, &d.lse}, std::pair{DType::F64, &d.lse_ref}}) {
       const RoundedEnclosure re = round_enclosure(lse.lo, lse.hi, t);
       if (!re.decided) return false;

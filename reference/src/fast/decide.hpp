@@ -25,6 +25,9 @@ struct DecidedRow {
 
 // Fills d when every element of the row is decided; false sends the row to MPFR.
 bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedRow& d);
+// The same with weights and lse decided or not whatever the case asks for.
+bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedRow& d,
+                bool weights, bool with_lse);
 
 // The row in F64 intervals rounded outward, and as the enclosures the oracle checks.
 RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse);

@@ -59,6 +59,8 @@ class RowSource {
 using RowSourceFactory = std::function<std::unique_ptr<RowSource>(const Case&)>;
 // The reference itself at working precision p.
 RowSourceFactory reference_rows(mpfr_prec_t p = 128);
+// The reference on eval's tiers: the fast path's balls where they decide the row, else MPFR at p.
+RowSourceFactory tiered_rows(mpfr_prec_t p = 128);
 
 // The checks that need no second evaluation, on one row unit's enclosures. The oracle derives
 // which keys are allowed from the case itself (its own reading of mask, causal, window, bias).
@@ -71,8 +73,12 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
 
 // The metamorphic relations on one row unit: its evaluation is compared with evaluations of
 // twin cases (shifted bias, perturbed future keys, permuted keys, one head changed).
+// Kind sdpa twins are built on the inputs the unit reads (its batch, heads and rows), not on a
+// copy of the case; the unit's own evaluation is rows(c)'s, or `base` when given.
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                    const RowSourceFactory& rows);
+std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                   const RowSourceFactory& rows, RowEnclosures base);
 
 struct CheckOptions {
   std::int64_t twin_units = 16;  // row units given the metamorphic checks (evenly spread)

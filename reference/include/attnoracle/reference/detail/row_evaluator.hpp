@@ -72,4 +72,23 @@ class RowEvaluator {
   Impl* impl_;
 };
 
+// The evaluator's tiers for a row evaluated again (the oracle's twins): the double-double fast
+// path where it applies and its balls decide every rounding of the row's out, weights and lse
+// (the test by which eval commits a fast row, with weights and lse always included), else
+// RowEvaluator at precision p. The fast path's enclosures are its balls, which hold the exact
+// values as the MPFR ones do.
+class TieredRowEvaluator {
+ public:
+  explicit TieredRowEvaluator(const Case& c);
+  ~TieredRowEvaluator();
+  TieredRowEvaluator(const TieredRowEvaluator&) = delete;
+  TieredRowEvaluator& operator=(const TieredRowEvaluator&) = delete;
+  // Safe to call from several threads at once.
+  RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p) const;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
 }  // namespace attnoracle

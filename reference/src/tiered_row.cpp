@@ -1,0 +1,32 @@
+// Rows evaluated again, on the same tiers as eval: the fast path first, MPFR for what it cannot
+// decide.
+#include "attnoracle/reference/detail/row_evaluator.hpp"
+#include "fast/decide.hpp"
+#include "fast/fast_row.hpp"
+
+namespace attnoracle {
+
+struct TieredRowEvaluator::Impl {
+  const Case& c;
+  const fast::Setup fast;
+  const RowEvaluator mpfr;
+  explicit Impl(const Case& cs) : c(cs), fast(fast::prepare(cs)), mpfr(cs) {}
+};
+
+TieredRowEvaluator::TieredRowEvaluator(const Case& c) : impl_(new Impl(c)) {}
+TieredRowEvaluator::~TieredRowEvaluator() { delete impl_; }
+
+RowEnclosures TieredRowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
+                                      mpfr_prec_t p) const {
+  if (impl_->fast.applies) {
+    const fast::FastRow fr = fast::fast_row(impl_->c, impl_->fast, b, h, i);
+    if (fr.ok) {
+      const Enclosure lse = fast::lse_enclosure(fr);
+      fast::DecidedRow d;
+      if (fast::decide_row(impl_->c, fr, lse, d, true, true)) return fast::row_enclosures(fr, lse);
+    }
+  }
+  return impl_->mpfr.row(b, h, i, p);
+}
+
+}  // namespace attnoracle
