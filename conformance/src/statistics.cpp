@@ -44,7 +44,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
         w.clear();
         t.clear();
         kr.clear();
-        const Case::KeyRange r = c.key_range(i);
+        const Case::KeyRange r = c.key_range(b, i);
         for (std::int64_t j = r.first; j <= r.last; ++j) {
           if (!c.allowed(b, h, i, j)) continue;
           const double* k = &c.k.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dk)];

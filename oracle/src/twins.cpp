@@ -37,6 +37,8 @@ Case inputs_of(const Case& c) {
   t.mask = c.mask;
   t.bias = c.bias;
   t.query_mask = c.query_mask;
+  t.seqlens_q = c.seqlens_q;
+  t.seqlens_k = c.seqlens_k;
   return t;
 }
 
@@ -155,7 +157,7 @@ struct TwinChecker {
     if (c.causal == Causal::None) return;
     std::int64_t last = -1;
     for (std::int64_t j = 0; j < c.Nk; ++j)
-      if (detail::positional(c, i, j)) last = j;
+      if (detail::positional(c, b, i, j)) last = j;
     if (last + 1 >= c.Nk) return;  // nothing in the future
     Case t = inputs_of(c);
     if (c.kind == Kind::Sdpa) {
@@ -206,7 +208,7 @@ struct TwinChecker {
     } else {
       permute_rows(t.x_kv.values, c.x_kv.values, c.B, c.D);
     }
-    const bool positional_rules = c.causal != Causal::None || c.window;
+    const bool positional_rules = c.causal != Causal::None || c.window || c.seqlens_k;
     if (c.mask || positional_rules) {
       // mask'[b', h', i, perm[j]] = mask[b', h', i, j] and positional(i, j), of shape
       // [mB, mH, Nq, Nk]: the mask's own batch and head extents (1 where it broadcasts).
@@ -214,18 +216,20 @@ struct TwinChecker {
       auto extent = [&](std::size_t from_right) {
         return ms.size() > from_right ? ms[ms.size() - 1 - from_right] : std::int64_t{1};
       };
-      const std::int64_t mb = extent(3), mh = extent(2);
+      // with sequence lengths the positions differ per batch
+      const std::int64_t mb = c.seqlens_q || c.seqlens_k ? c.B : extent(3), mh = extent(2);
       BoolTensor m{{mb, mh, c.Nq, c.Nk}, std::vector<unsigned char>(static_cast<std::size_t>(mb * mh * c.Nq * c.Nk), 0)};
       for (std::int64_t bb = 0; bb < mb; ++bb)
         for (std::int64_t hh = 0; hh < mh; ++hh)
           for (std::int64_t qi = 0; qi < c.Nq; ++qi)
             for (std::int64_t j = 0; j < c.Nk; ++j) {
-              const bool keep = c.mask_at(bb, hh, qi, j) && detail::positional(c, qi, j);
+              const bool keep = c.mask_at(bb, hh, qi, j) && detail::positional(c, bb, qi, j);
               m.values[static_cast<std::size_t>(((bb * mh + hh) * c.Nq + qi) * c.Nk + perm[static_cast<std::size_t>(j)])] = keep;
             }
       t.mask = std::move(m);
       t.causal = Causal::None;
       t.window = false;
+      t.seqlens_k.reset();  // now in the mask
     }
     if (c.bias && !c.bias->shape.empty() && c.bias->shape.back() == c.Nk) {  // else constant over keys
       const std::int64_t nrows = static_cast<std::int64_t>(c.bias->values.size()) / c.Nk;
