@@ -86,6 +86,12 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t&
   if (k % 4 == 3) p.window = std::make_pair(draw(0, 3), draw(0, 3));
   if (k % 5 == 4) p.softcap = "5";
   p.query_mask = k % 6 == 5 || k % 8 == 4;  // mha and sdpa problems
+  if (k % 7 == 6) {  // padded varlen, three sequences, each with its own alignment
+    static const vectors::SeqlensKind lens[] = {vectors::SeqlensKind::Varlen, vectors::SeqlensKind::Decode,
+                                                vectors::SeqlensKind::Chunked};
+    p.seqlens = lens[(k / 7) % 3];
+    p.B = 3;
+  }
   p.generator = "normal";
   return p;
 }

@@ -83,7 +83,7 @@ namespace {
 // The rules that can mask key j of row (b, h, i), in the order a masked key is attributed to
 // them: causal, window, mask, -inf bias. `causal_only` is the case's causal rule without its
 // window (the window follows the causal alignment, so it cannot be taken alone).
-enum Rule { kCausal, kWindow, kMask, kBias, kRules };
+enum Rule { kSeqlens, kCausal, kWindow, kMask, kBias, kRules };
 
 struct Rules {
   const Case& c;
@@ -94,6 +94,9 @@ struct Rules {
     causal_only.causal = c.causal;
     causal_only.Nq = c.Nq;
     causal_only.Nk = c.Nk;
+    causal_only.B = c.B;
+    causal_only.seqlens_q = c.seqlens_q;  // the alignment, per batch
+    causal_only.seqlens_k = c.seqlens_k;
     // key padding: every query of a (batch, head) masks the same keys (trailing dims [Nq, Nk])
     if (c.mask && c.mask->shape.size() >= 2) {
       const auto& m = c.mask->values;
@@ -104,14 +107,16 @@ struct Rules {
   }
   // The rule that masks key j, or kRules when it is allowed.
   Rule masking(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    if (!causal_only.position_allowed(i, j)) return kCausal;
-    if (!c.position_allowed(i, j)) return kWindow;
+    if (j >= c.key_length(b)) return kSeqlens;
+    if (!causal_only.position_allowed(b, i, j)) return kCausal;
+    if (!c.position_allowed(b, i, j)) return kWindow;
     if (!c.mask_at(b, h, i, j)) return kMask;
     if (c.bias_at(b, h, i, j) == -INFINITY) return kBias;
     return kRules;
   }
   std::string name(Rule r) const {
     switch (r) {
+      case kSeqlens: return "seqlens_k";
       case kCausal: return "causal (" + std::string(causal_name(c.causal)) + ")";
       case kWindow: return "window (" + std::to_string(c.window_left) + ", " + std::to_string(c.window_right) + ")";
       case kMask: return key_padding ? "mask (key padding)" : "mask";
@@ -121,13 +126,16 @@ struct Rules {
   }
   // Does rule r mask some key of row (b, h, i) that the rules before it allow?
   bool masks_some(Rule r, std::int64_t b, std::int64_t h, std::int64_t i) const {
-    if (r == kCausal) return c.causal != Causal::None && causal_only.key_range(i).last < c.Nk - 1;
+    const std::int64_t lk = c.key_length(b);
+    if (r == kSeqlens) return lk < c.Nk;
+    const auto co = causal_only.key_range(b, i);
+    if (r == kCausal) return c.causal != Causal::None && co.last < lk - 1;
     if (r == kWindow) {
-      const auto all = c.key_range(i), co = causal_only.key_range(i);
+      const auto all = c.key_range(b, i);
       return c.window && (all.first > co.first || all.last < co.last);
     }
     if ((r == kMask && !c.mask) || (r == kBias && !c.bias)) return false;
-    const auto kr = c.key_range(i);
+    const auto kr = c.key_range(b, i);
     for (std::int64_t j = kr.first; j <= kr.last; ++j)
       if (masking(b, h, i, j) == r) return true;
     return false;
@@ -239,8 +247,8 @@ struct Patterns {
   void blocking() {
     if (n_failing == 0 || n_passing == 0) return;
     std::int64_t fmin = INT64_MAX, fmax = 0, pmin = INT64_MAX, short_pass = 0;
-    each_row([&](std::int64_t, std::int64_t, std::int64_t i, bool f) {
-      const std::int64_t span = c.key_range(i).last + 1;  // keys 0..last, as a kernel loops over them
+    each_row([&](std::int64_t b, std::int64_t, std::int64_t i, bool f) {
+      const std::int64_t span = c.key_range(b, i).last + 1;  // keys 0..last, as a kernel loops over them
       if (f) {
         fmin = std::min(fmin, span);
         fmax = std::max(fmax, span);
@@ -251,7 +259,7 @@ struct Patterns {
     if (fmin <= 16) return;
     std::int64_t block = 16;
     while (2 * block < fmin) block *= 2;  // the largest power of two below fmin
-    each_row([&](std::int64_t, std::int64_t, std::int64_t i, bool f) { short_pass += !f && c.key_range(i).last + 1 <= block; });
+    each_row([&](std::int64_t b, std::int64_t, std::int64_t i, bool f) { short_pass += !f && c.key_range(b, i).last + 1 <= block; });
     if (short_pass == 0) return;
     add("rows_beyond_keys",
         "failures only in rows of more than " + std::to_string(block) + " keys: the " +

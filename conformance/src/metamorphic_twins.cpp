@@ -110,7 +110,9 @@ void fold_positions(const Case& c, SafeTensorsFile& f) {
   auto extent = [&](std::size_t from_right) {
     return ms.size() > from_right ? ms[ms.size() - 1 - from_right] : std::int64_t{1};
   };
-  const std::int64_t mb = extent(3), mh = extent(2);
+  // with sequence lengths the positions differ per batch
+  const bool varlen = c.seqlens_q || c.seqlens_k;
+  const std::int64_t mb = varlen ? c.B : extent(3), mh = extent(2);
   RawTensor m{"mask", DType::BOOL, {mb, mh, c.Nq, c.Nk}, {}};
   m.data.resize(static_cast<std::size_t>(mb * mh * c.Nq * c.Nk));
   for (std::int64_t b = 0; b < mb; ++b)
@@ -118,8 +120,9 @@ void fold_positions(const Case& c, SafeTensorsFile& f) {
       for (std::int64_t i = 0; i < c.Nq; ++i)
         for (std::int64_t j = 0; j < c.Nk; ++j)
           m.data[static_cast<std::size_t>(((b * mh + h) * c.Nq + i) * c.Nk + j)] =
-              (c.mask_at(b, h, i, j) && c.position_allowed(i, j)) ? 1 : 0;
+              (c.mask_at(b, h, i, j) && c.position_allowed(b, i, j)) ? 1 : 0;
   f.put(std::move(m));
+  std::erase_if(f.tensors, [](const RawTensor& t) { return t.name == "seqlens_k"; });
   f.metadata["attn.causal"] = "none";
   f.metadata["attn.window"] = "none";
 }
@@ -174,7 +177,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     std::iota(p.perm.begin(), p.perm.end(), 0);
     std::reverse(p.perm.begin(), p.perm.end());
     if (c.Nk > 2) std::rotate(p.perm.begin(), p.perm.begin() + 1, p.perm.end());
-    if (c.causal != Causal::None || c.window) fold_positions(c, p.b);
+    if (c.causal != Causal::None || c.window || c.seqlens_k) fold_positions(c, p.b);
     for (auto& [name, dim] : key_tensors(c)) permute_dim(need(p.b, name), dim, p.perm);
     if (RawTensor* m = p.b.find("mask"); m && along_keys(*m, c.Nk)) permute_dim(*m, m->shape.size() - 1, p.perm);
     if (RawTensor* bt = p.b.find("bias"); bt && along_keys(*bt, c.Nk))
@@ -210,7 +213,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     const std::int64_t mid = c.Nq / 2;
     std::int64_t last = -1;
     for (std::int64_t j = 0; j < c.Nk; ++j)
-      if (c.position_allowed(mid, j)) last = j;
+      if (c.position_allowed(0, mid, j)) last = j;
     const std::int64_t from = last + 1;
     if (from < c.Nk) {
       TwinPair p{name(oracle::Invariant::CausalDependence), "future",
@@ -222,7 +225,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
           for (std::int64_t i = 0; i < c.Nq; ++i) {
             std::int64_t li = -1;
             for (std::int64_t j = 0; j < c.Nk; ++j)
-              if (c.position_allowed(i, j)) li = j;
+              if (c.position_allowed(b, i, j)) li = j;
             p.rows[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = li < from && c.query_valid(b, i);
             p.out_rows[static_cast<std::size_t>(b * c.Nq + i)] = li < from && c.query_valid(b, i);
           }
@@ -261,6 +264,35 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
       out.push_back(std::move(nan));
     }
     out.push_back(std::move(p));
+  }
+
+  // sdpa: every unused position of the case (keys past seqlens_k, keys no compared query
+  // attends, q rows of padding queries) refilled with NaN: nothing compared may change.
+  if (c.kind == Kind::Sdpa) {
+    TwinPair p{name(oracle::Invariant::MaskedZero), "unused", "unused positions refilled with NaN", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    std::size_t filled = 0;
+    auto fill = [&](const char* tensor, std::int64_t row, std::int64_t width) {
+      RawTensor& t = need(p.b, tensor);
+      const std::size_t es = dtype_size(t.dtype);
+      for (std::int64_t e = 0; e < width; ++e, ++filled)
+        encode_float(t.dtype, std::nan(""), t.data.data() + static_cast<std::size_t>(row * width + e) * es);
+    };
+    for (std::int64_t b = 0; b < c.B; ++b) {
+      for (std::int64_t g = 0; g < c.Hkv; ++g)
+        for (std::int64_t j = 0; j < c.Nk; ++j) {
+          bool used = false;
+          for (std::int64_t h = 0; h < c.Hq && !used; ++h)
+            for (std::int64_t i = 0; i < c.Nq && !used; ++i)
+              used = c.kv_head(h) == g && c.query_valid(b, i) && c.allowed(b, h, i, j);
+          if (used) continue;
+          fill("k", (b * c.Hkv + g) * c.Nk + j, c.Dk);
+          fill("v", (b * c.Hkv + g) * c.Nk + j, c.Dv);
+        }
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        if (!c.query_valid(b, i))
+          for (std::int64_t h = 0; h < c.Hq; ++h) fill("q", (b * c.Hq + h) * c.Nq + i, c.Dk);
+    }
+    if (filled > 0) out.push_back(std::move(p));
   }
 
   // One head changed.

@@ -95,9 +95,9 @@ Spread weight_spread(const Case& c, const Profile& p) {
         w.clear();
         t.clear();
         kr.clear();
-        const Case::KeyRange r = c.key_range(i);
+        const Case::KeyRange r = c.key_range(b, i);
         for (std::int64_t j = r.first; j <= r.last; ++j)
-          if (plain ? c.position_allowed(i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
+          if (plain ? c.position_allowed(b, i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
         key_dots(q, &c.k.values[static_cast<std::size_t>((b * c.Hkv + g) * Nk * Dk)], Dk, keys, dots, dabss);
         for (std::size_t a = 0; a < keys.size(); ++a) {
           double tj = dots[a] * scale;

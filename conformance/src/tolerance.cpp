@@ -391,7 +391,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
         // The keys any row of the block may attend by position (causal, window).
         std::int64_t jlo = Nk, jhi = -1;
         for (std::int64_t i = i0; i < i0 + rows; ++i) {
-          const Case::KeyRange kr = c.key_range(i);
+          const Case::KeyRange kr = c.key_range(b, i);
           const std::int64_t lo = kr.first, hi = kr.last;
           if (lo <= hi) {
             jlo = std::min(jlo, lo);
@@ -422,7 +422,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
           const std::int64_t i = i0 + r;
           RowMagnitudes& m = out[static_cast<std::size_t>(mha ? b * Nq + i : (b * H + h) * Nq + i)];
           // Allowed keys: j in [lo, hi] by position, and by mask and bias (-inf) when given.
-          const Case::KeyRange kr = c.key_range(i);
+          const Case::KeyRange kr = c.key_range(b, i);
           const std::int64_t lo = kr.first, hi = kr.last;
           if (lo > hi) continue;  // no key: keys stays as it is (max with 0)
           const unsigned char* mrow = mask ? mask->row(b, h, i) : nullptr;
@@ -548,7 +548,7 @@ std::vector<double> value_magnitude(const Case& c, bool sum) {
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < c.Nq; ++i) {
           double* o = &out[static_cast<std::size_t>(((b * H + h) * c.Nq + i) * Dv)];
-          const Case::KeyRange r = c.key_range(i);
+          const Case::KeyRange r = c.key_range(b, i);
           for (std::int64_t j = r.first; j <= r.last; ++j) {
             if (!c.allowed(b, h, i, j)) continue;
             const double* v = &c.v.values[static_cast<std::size_t>(((b * c.Hkv + c.kv_head(h)) * Nk + j) * Dv)];

@@ -120,6 +120,24 @@ TEST(Diagnosis, PassHasSummariesAndNoFinding) {
   for (const auto& h : rep.diagnosis.heads) EXPECT_EQ(h.failed, 0);
 }
 
+TEST(Diagnosis, WeightPastSeqlensKNamesTheRule) {
+  // seqlens_k = 4 of Nk = 6, bottom_right aligned to 4 - 6: keys 4 and 5 get weight 0.1 in
+  // every row; key 3 in row 0 (causal: i' = i - 2) too.
+  SafeTensorsFile f = make_case({}, {{"attn.outputs", "out,weights"}, {"attn.causal", "bottom_right"},
+                                     {"attn.masked_rows", "zero"}});
+  f.put(RawTensor{"seqlens_k", DType::I32, {1}, {4, 0, 0, 0}});
+  const auto golden = golden_of(f);
+  JobResult r = golden_result(golden);
+  change(r, "weights", [](auto, auto, auto i, auto j) { return j >= 4 || (i == 2 && j == 1); },
+         [](double) { return 0.1; });
+  const CaseReport rep = compare(golden, r);
+  ASSERT_EQ(rep.status, CaseStatus::Fail);
+  const Finding* fd = find(rep, "masked_weight");
+  ASSERT_NE(fd, nullptr) << all(rep);
+  EXPECT_EQ(fd->text, "13 masked positions got weight (largest 0.1): masked by seqlens_k (12), causal (bottom_right) (1)")
+      << all(rep);
+}
+
 TEST(Diagnosis, CausalLeakInWeightsNamesTheRule) {
   const auto golden = golden_of(make_case({}, {{"attn.outputs", "out,weights"}, {"attn.causal", "top_left"}}));
   JobResult r = golden_result(golden);

@@ -19,6 +19,9 @@ Runs `attnoracle run SUITE --impl CMD --profile P` (CONTRACT section 5) on:
   arithmetic, or the bug changes nothing there: the reason is printed) or where it needs rows
   longer than the suite has, and a catch there is reported. A failure that is the adapter's own
   crash (a Python exception written as `.error`) does not count: that would be a broken mutant.
+- the bugs that need non-finite values at unused positions (core has none) on a small suite of
+  poisoned cases (POISON_SPEC) generated with `attnoracle gen` into a temporary directory, where
+  the NumPy adapter under fp32 and the flash kernel at block 16 under FLASH run correct as well.
 
 Prints a table (implementation or mutant, profile, passed/failed/skipped, caught?), the reasons
 for the pairs not expected, then `mutation score: caught/seeded` and `false failures: N`. Exit
@@ -64,8 +67,9 @@ class Mutant:
     tags it is run on (None: every case of the profile's dtype)."""
 
     def __init__(self, adapter, bug, expected, where, not_expected=None, long_rows=None, tags=None,
-                 block=None):
+                 block=None, poison=False):
         self.adapter, self.bug, self.expected, self.where = adapter, bug, tuple(expected), where
+        self.poison = poison   # run on the poisoned suite (POISON_SPEC) instead of --suite
         self.not_expected, self.long_rows = dict(not_expected or {}), dict(long_rows or {})
         self.tags, self.block = tags, block
         self.profiles = self.expected + tuple(self.not_expected) + tuple(self.long_rows)
@@ -223,7 +227,45 @@ MUTANTS = {
                                      tags=("window",)),
     "flash:window_right_ignored": flash("window_right_ignored", "window cases with a finite right edge",
                                         tags=("window",)),
+    "flash:seqlens_align_nk_nq": flash("seqlens_align_nk_nq", "bottom_right varlen cases (varlen, "
+                                       "varlen_decode, varlen_chunked, varlen_window): rows of the "
+                                       "shorter sequences", tags=("seqlens",)),
+    "flash:nan_from_padded_key": flash("nan_from_padded_key", "the poisoned suite: NaN in the value "
+                                       "rows of masked and padded keys reaches the output", poison=True),
 }
+
+# Poisoned cases for the mutants that need them: unused positions (keys past seqlens_k, masked
+# keys, padding queries) hold NaN and infinities. Small, so that generating them takes seconds.
+POISON_SPEC = {
+    "suite": "poison", "seed": 14,
+    "description": "unused positions filled with NaN and infinities, for the mutation test",
+    "families": [
+        {"name": "poison_varlen", "generator": "normal", "tags": ["poison", "seqlens"],
+         "cross": {"dtype": ["F32", "F16", "BF16"], "seqlens": ["varlen", "decode"]},
+         "fixed": {"shape": [3, 2, 2, 6, 20, 8, 8], "causal": "bottom_right", "poison": True,
+                   "masked_rows": "zero", "outputs": "out,weights,lse"}},
+        {"name": "poison_mask", "generator": "normal", "tags": ["poison", "padding"],
+         "cross": {"dtype": ["F32", "F16", "BF16"]},
+         "fixed": {"shape": [2, 2, 2, 5, 12, 8, 8], "mask": "key_padding", "query_mask": True,
+                   "poison": True, "masked_rows": "zero", "outputs": "out,weights"}},
+    ],
+}
+
+
+def make_poison_suite(cli, work, timeout):
+    """Generates POISON_SPEC into work/poison; returns (its directory, None) or (None, error text)."""
+    spec = os.path.join(work, "poison.json")
+    with open(spec, "w", encoding="utf-8") as f:
+        json.dump(POISON_SPEC, f)
+    out = os.path.join(work, "poison")
+    cmd = [cli, "gen", spec, "-o", out, "--jobs", "2", "--quiet"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s: {' '.join(cmd)}"
+    if p.returncode != 0:
+        return None, f"exit status {p.returncode}: {' '.join(cmd)}\n{p.stderr.strip()}"
+    return out, None
 
 
 def adapter_bugs(path):
@@ -319,10 +361,31 @@ def main(argv=None):
     def impl(adapter, profile, flags):
         return " ".join([python, adapters[adapter]] + PROFILES[adapter][profile][2] + flags)
 
-    # (label, kind, profile label, profile, dtype, impl, returns, cases)
+    mutants = args.mutant or list(MUTANTS)
+    for m in mutants:
+        if m not in MUTANTS:
+            print(f"mutation_test: error: unknown mutant {m}", file=sys.stderr)
+            return 2
+    work = tempfile.mkdtemp(prefix="attn_mutation_")
+    poison_suite = None
+    if any(MUTANTS[m].poison for m in mutants):
+        poison_suite, err = make_poison_suite(args.cli, work, args.timeout)
+        if err:
+            print(f"mutation_test: error: the poisoned suite: {err}", file=sys.stderr)
+            shutil.rmtree(work, ignore_errors=True)
+            return 2
+
+    # (label, kind, profile label, profile, dtype, impl, returns, cases, suite)
     runs = []
     for name, (prof, dtype, _) in PROFILES["numpy"].items():
         runs.append(("numpy", "correct", name, prof, dtype, impl("numpy", name, []), "", None))
+    if poison_suite:
+        runs.append(("numpy (poison)", "correct", "fp32", "fp32", "F32", impl("numpy", "fp32", []), "",
+                     None, poison_suite))
+        for name in FLASH:
+            prof, dtype, _ = PROFILES["flash"][name]
+            runs.append(("flash@16 (poison)", "correct", name, prof, dtype,
+                         impl("flash", name, ["--block", "16"]), "", None, poison_suite))
     for block in FLASH_BLOCKS:
         for name in FLASH + ("fp64",):
             prof, dtype, _ = PROFILES["flash"][name]
@@ -338,11 +401,6 @@ def main(argv=None):
         adapter = f"{node} {os.path.join(ort_dir, 'adapter.js')}"
         runs.append(("onnxruntime", "correct", "fp32", "fp32", "F32", adapter, "weights", None))
         runs.append(("onnxruntime", "correct", "onnxruntime-fp16", ort_profile, "F16", adapter, "weights", None))
-    mutants = args.mutant or list(MUTANTS)
-    for m in mutants:
-        if m not in MUTANTS:
-            print(f"mutation_test: error: unknown mutant {m}", file=sys.stderr)
-            return 2
     unlisted = []
     for name, path in adapters.items():
         known = {MUTANTS[m].bug for m in MUTANTS if MUTANTS[m].adapter == name}
@@ -357,6 +415,10 @@ def main(argv=None):
         mu = MUTANTS[m]
         for name in mu.profiles:
             prof, dtype, _ = PROFILES[mu.adapter][name]
+            if mu.poison:
+                runs.append((m, "mutant", name, prof, dtype, impl(mu.adapter, name, mu.flags()), "", None,
+                             poison_suite))
+                continue
             cases = selection(manifest, dtype, mu.tags)
             if not cases:
                 no_case.append((m, name))
@@ -365,11 +427,10 @@ def main(argv=None):
                          None if mu.tags is None else cases))
 
     start = time.monotonic()
-    work = tempfile.mkdtemp(prefix="attn_mutation_")
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [pool.submit(run_gate, args.cli, args.suite, r[5], r[3], r[4], r[6], r[7], work,
-                                   args.timeout) for r in runs]
+            futures = [pool.submit(run_gate, args.cli, r[8] if len(r) > 8 else args.suite, r[5], r[3], r[4],
+                                   r[6], r[7], work, args.timeout) for r in runs]
             results = [f.result() for f in futures]
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -117,6 +117,46 @@ TEST(Tolerance, SubnormalWeightsOfFlashFp16) {
   EXPECT_EQ(row_limits(builtin_profile("flash-bf16"), c, m).p_sub, 0);
 }
 
+// Sequence lengths: keys past seqlens_k add nothing to a row's magnitudes (key 1 holds the
+// largest score and value, but seqlens_k = 1), and the rows past seqlens_q are padding: not
+// compared, whatever they hold.
+TEST(Tolerance, SeqlensInRowMagnitudesAndPadding) {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.scale", "1"}};
+  auto put = [&](const char* name, std::vector<std::int64_t> shape, std::vector<double> v) {
+    RawTensor t{name, DType::F32, shape, {}};
+    t.data.resize(v.size() * 4);
+    for (std::size_t k = 0; k < v.size(); ++k) encode_float(DType::F32, v[k], t.data.data() + 4 * k);
+    f.put(std::move(t));
+  };
+  put("q", {1, 1, 2, 1}, {2, 1});
+  put("k", {1, 1, 2, 1}, {0.5, 100});
+  put("v", {1, 1, 2, 1}, {3, 1000});
+  const Case full = case_from_file("t", f);
+  EXPECT_EQ(row_magnitudes(full)[0].dot_abs, 200);
+  EXPECT_EQ(row_magnitudes(full)[0].keys, 2);
+  RawTensor lq{"seqlens_q", DType::I32, {1}, {1, 0, 0, 0}}, lk{"seqlens_k", DType::I64, {1}, {1, 0, 0, 0, 0, 0, 0, 0}};
+  f.put(lq);
+  f.put(lk);
+  const Case c = case_from_file("t", f);
+  const RowMagnitudes m = row_magnitudes(c)[0];
+  EXPECT_EQ(m.dot_abs, 1);  // |2 * 0.5|: key 1 is past seqlens_k
+  EXPECT_EQ(m.score_abs, 1);
+  EXPECT_EQ(m.keys, 1);
+  EXPECT_EQ(out_value_sum(c)[0], 3);
+  const SafeTensorsFile golden = golden_file(c, evaluate(c, {}));
+  EXPECT_EQ(decode_float(DType::F64, golden.find("out.ref")->data.data()), 3);
+  JobResult j;
+  j.outcome = Outcome::Output;
+  RawTensor out = *golden.find("out");
+  encode_float(DType::F32, std::nan(""), out.data.data() + 4);  // query 1: padding
+  j.output.put(out);
+  CaseReport r = compare_case("t", golden, "ok", j, builtin_profile("fp32"));
+  EXPECT_EQ(r.status, CaseStatus::Pass) << r.reason;
+  encode_float(DType::F32, 3.5, j.output.find("out")->data.data());  // query 0 is compared
+  EXPECT_EQ(compare_case("t", golden, "ok", j, builtin_profile("fp32")).status, CaseStatus::Fail);
+}
+
 TEST(Tolerance, UlpErrorFollowsTosa) {
   // F32: x = 1, y = 1 + 2^-23 is one ulp; near the smallest normal the ulp stays 2^-149.
   EXPECT_DOUBLE_EQ(ulp_error(1 + 0x1p-23, 1, 0, DType::F32), 1.0);

@@ -36,9 +36,14 @@ inline bool exactly_zero(const Enclosure& e) { return mpfr_zero_p(e.lo) && mpfr_
 
 // The oracle's own reading of the contract's positional rules (CONTRACT section 1), a
 // deliberate second reading beside Case::position_allowed: a bug in either shows as a violation.
-inline bool positional(const Case& c, std::int64_t i, std::int64_t j) {
+inline bool positional(const Case& c, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const auto at = [b](const auto& lengths, std::int64_t n) {
+    return lengths ? lengths->at(static_cast<std::size_t>(b)) : n;
+  };
+  const std::int64_t lq = at(c.seqlens_q, c.Nq), lk = at(c.seqlens_k, c.Nk);
+  if (j >= lk) return false;  // past the sequence's keys
   const bool bottom = c.causal == Causal::BottomRight;
-  const std::int64_t ip = bottom ? i + (c.Nk - c.Nq) : i;  // the query's aligned position
+  const std::int64_t ip = bottom ? i + (lk - lq) : i;  // the query's aligned position
   if (c.causal != Causal::None && j > ip) return false;
   if (c.window && (j < ip - c.window_left || j > ip + c.window_right)) return false;
   return true;
@@ -46,7 +51,7 @@ inline bool positional(const Case& c, std::int64_t i, std::int64_t j) {
 
 inline bool allowed(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                     std::int64_t j) {
-  return positional(c, i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
+  return positional(c, b, i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
 }
 
 }  // namespace attnoracle::oracle::detail

@@ -37,6 +37,8 @@ Case inputs_of(const Case& c) {
   t.mask = c.mask;
   t.bias = c.bias;
   t.query_mask = c.query_mask;
+  t.seqlens_q = c.seqlens_q;
+  t.seqlens_k = c.seqlens_k;
   return t;
 }
 
@@ -125,6 +127,9 @@ Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std:
     const auto from = c.query_mask->values.begin() + b * c.Nq;
     t.query_mask = BoolTensor{{1, c.Nq}, std::vector<unsigned char>(from, from + c.Nq)};
   }
+  // batch b's lengths, so that the slice's positions and padding are those of the unit
+  if (c.seqlens_q) t.seqlens_q = std::vector<std::int64_t>{(*c.seqlens_q)[static_cast<std::size_t>(b)]};
+  if (c.seqlens_k) t.seqlens_k = std::vector<std::int64_t>{(*c.seqlens_k)[static_cast<std::size_t>(b)]};
   return t;
 }
 
@@ -227,7 +232,7 @@ struct TwinChecker {
     if (c.causal == Causal::None) return;
     std::int64_t last = -1;
     for (std::int64_t j = 0; j < c.Nk; ++j)
-      if (detail::positional(c, i, j)) last = j;
+      if (detail::positional(c, b, i, j)) last = j;
     if (last + 1 >= c.Nk) return;  // nothing in the future
     Case t = twin_case();
     if (sdpa()) {
@@ -283,15 +288,16 @@ struct TwinChecker {
     };
     permute_rows(t.k.values, src.k.values, c.Dk);
     permute_rows(t.v.values, src.v.values, c.Dv);
-    if (c.mask || c.causal != Causal::None || c.window) {
-      // mask'[perm[j]] = mask[i, j] and positional(i, j), over the keys of row i
+    if (c.mask || c.causal != Causal::None || c.window || c.seqlens_k) {
+      // mask'[perm[j]] = mask[i, j] and positional(b, i, j), over the keys of row i
       BoolTensor m{{1, 1, 1, c.Nk}, std::vector<unsigned char>(static_cast<std::size_t>(c.Nk), 0)};
       for (std::int64_t j = 0; j < c.Nk; ++j)
         m.values[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] =
-            src.mask_at(0, 0, i, j) && detail::positional(c, i, j);
+            src.mask_at(0, 0, i, j) && detail::positional(c, b, i, j);
       t.mask = std::move(m);
       t.causal = Causal::None;
       t.window = false;
+      t.seqlens_k.reset();  // now in the mask
     }
     if (src.bias && src.bias->shape.back() == c.Nk)  // else constant over keys
       for (std::int64_t j = 0; j < c.Nk; ++j)
@@ -305,7 +311,7 @@ struct TwinChecker {
       for (std::int64_t j = 0; j < c.Nk; ++j)
         std::copy_n(c.x_kv.values.begin() + (blk * c.Nk + j) * c.D, c.D,
                     t.x_kv.values.begin() + (blk * c.Nk + perm[static_cast<std::size_t>(j)]) * c.D);
-    const bool positional_rules = c.causal != Causal::None || c.window;
+    const bool positional_rules = c.causal != Causal::None || c.window || c.seqlens_k;
     if (c.mask || positional_rules) {
       // mask'[b', h', i, perm[j]] = mask[b', h', i, j] and positional(i, j), of shape
       // [mB, mH, Nq, Nk]: the mask's own batch and head extents (1 where it broadcasts).
@@ -313,18 +319,20 @@ struct TwinChecker {
       auto extent = [&](std::size_t from_right) {
         return ms.size() > from_right ? ms[ms.size() - 1 - from_right] : std::int64_t{1};
       };
-      const std::int64_t mb = extent(3), mh = extent(2);
+      // with sequence lengths the positions differ per batch
+      const std::int64_t mb = c.seqlens_q || c.seqlens_k ? c.B : extent(3), mh = extent(2);
       BoolTensor m{{mb, mh, c.Nq, c.Nk}, std::vector<unsigned char>(static_cast<std::size_t>(mb * mh * c.Nq * c.Nk), 0)};
       for (std::int64_t bb = 0; bb < mb; ++bb)
         for (std::int64_t hh = 0; hh < mh; ++hh)
           for (std::int64_t qi = 0; qi < c.Nq; ++qi)
             for (std::int64_t j = 0; j < c.Nk; ++j) {
-              const bool keep = c.mask_at(bb, hh, qi, j) && detail::positional(c, qi, j);
+              const bool keep = c.mask_at(bb, hh, qi, j) && detail::positional(c, bb, qi, j);
               m.values[static_cast<std::size_t>(((bb * mh + hh) * c.Nq + qi) * c.Nk + perm[static_cast<std::size_t>(j)])] = keep;
             }
       t.mask = std::move(m);
       t.causal = Causal::None;
       t.window = false;
+      t.seqlens_k.reset();  // now in the mask
     }
     if (c.bias && !c.bias->shape.empty() && c.bias->shape.back() == c.Nk) {  // else constant over keys
       const std::int64_t nrows = static_cast<std::int64_t>(c.bias->values.size()) / c.Nk;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +28,11 @@ RawTensor floats(const std::string& name, std::vector<std::int64_t> shape, const
 RawTensor bools(const std::string& name, std::vector<std::int64_t> shape, const std::vector<int>& v) {
   RawTensor r{name, DType::BOOL, std::move(shape), {}};
   for (int x : v) r.data.push_back(x ? 1 : 0);
+  return r;
+}
+RawTensor lengths(const std::string& name, std::int64_t n) {  // [B = 1], I64
+  RawTensor r{name, DType::I64, {1}, std::vector<unsigned char>(8)};
+  std::memcpy(r.data.data(), &n, 8);
   return r;
 }
 std::vector<double> ramp(std::size_t n, double a, double b) {  // deterministic, no two equal
@@ -112,6 +118,9 @@ TEST(Oracle, ReferencePassesEveryInvariant) {
                                                0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1}),
                         floats("bias", {6}, {0, 0.5, -INFINITY, 1, 0, -2})}));
   cases.push_back(mha());
+  // sequence lengths: 3 queries and 4 keys of 5 and 6, bottom_right aligned to 4 - 3
+  cases.push_back(sdpa({{"attn.causal", "bottom_right"}}, {lengths("seqlens_q", 3), lengths("seqlens_k", 4)}));
+  cases.push_back(sdpa({{"attn.window", "1,1"}}, {lengths("seqlens_k", 2)}));
   for (const Case& c : cases) {
     const auto v = check_case(c, reference_rows(), {});
     EXPECT_TRUE(v.empty()) << list(v);
@@ -243,6 +252,38 @@ TEST(Oracle, CausalDependenceCatchesALeakFromTheFuture) {
                       }));
   EXPECT_TRUE(names(v, Invariant::CausalDependence)) << list(v);
   EXPECT_FALSE(names(v, Invariant::MaskedZero)) << list(v);
+}
+
+TEST(Oracle, SeqlensKeysPastTheLengthHaveWeightZero) {
+  // An evaluation that ignores seqlens_k gives keys 4 and 5 weight.
+  Case c = sdpa({}, {lengths("seqlens_k", 4)});
+  auto v = check_case(c, broken([](const Case& cs, RowEvaluator&, auto b, auto h, auto i) {
+                        return eval_modified(cs, [](Case& m) { m.seqlens_k.reset(); }, b, h, i);
+                      }));
+  EXPECT_TRUE(names(v, Invariant::MaskedZero)) << list(v);
+}
+
+TEST(Oracle, SeqlensCausalDependenceAlignsPerBatch) {
+  // bottom_right with Lq = 3 of Nq = 5 and Lk = Nk = 6: query i sees keys up to i + 3 (not
+  // i + 1, the alignment of the padded sizes, under which the reference itself would fail the
+  // causal twin: ReferencePassesEveryInvariant). A leak from key i + 4 is caught.
+  Case c = sdpa({{"attn.causal", "bottom_right"}}, {lengths("seqlens_q", 3)});
+  EXPECT_EQ(c.aligned_position(0, 0), 3);
+  auto v = check_case(c, broken([](const Case& cs, RowEvaluator& ev, auto b, auto h, auto i) {
+                        auto r = ev.row(b, h, i, 128);
+                        if (i + 4 < cs.Nk) {
+                          const std::int64_t g = cs.kv_head(h);
+                          for (std::int64_t col = 0; col < cs.Dv; ++col) {
+                            const double leak = 1e-3 * cs.v.values[static_cast<std::size_t>(((b * cs.Hkv + g) * cs.Nk + i + 4) * cs.Dv + col)];
+                            for (auto* e : {&r.heads[0].out[static_cast<std::size_t>(col)], &r.heads[0].raw_out[static_cast<std::size_t>(col)]}) {
+                              mpfr_add_d(e->lo, e->lo, leak, MPFR_RNDD);
+                              mpfr_add_d(e->hi, e->hi, leak, MPFR_RNDU);
+                            }
+                          }
+                        }
+                        return r;
+                      }));
+  EXPECT_TRUE(names(v, Invariant::CausalDependence)) << list(v);
 }
 
 TEST(Oracle, KeyPermutationCatchesAPositionDependentScore) {

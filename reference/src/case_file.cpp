@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -175,7 +176,8 @@ class CaseReader {
   void tensors(const SafeTensorsFile& file) {
     static const std::set<std::string> sdpa = {"q", "k", "v"};
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
-    static const std::set<std::string> optional = {"mask", "bias", "query_mask"};
+    static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
+                                                   "seqlens_k"};
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
     const auto& theirs = is_sdpa ? mha : sdpa;
@@ -187,7 +189,7 @@ class CaseReader {
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
       fail(printable(t.name), std::string("unknown tensor (expected ") +
                                   (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-                                  ", and optionally mask, bias, query_mask)");
+                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k)");
     }
     file_ = &file;
     if (is_sdpa)
@@ -215,6 +217,8 @@ class CaseReader {
       expect_shape(*t, {c_.B, c_.Nq}, "[B,Nq]");
       c_.query_mask = bools(*t);
     }
+    if (const RawTensor* t = file.find("seqlens_q")) c_.seqlens_q = lengths(*t, c_.Nq, "Nq");
+    if (const RawTensor* t = file.find("seqlens_k")) c_.seqlens_k = lengths(*t, c_.Nk, "Nk");
     if (!unchecked_.empty()) unused_positions();
   }
 
@@ -353,6 +357,32 @@ class CaseReader {
     return out;
   }
 
+  // seqlens_q or seqlens_k: [B] of I32 or I64, each in [0, limit].
+  std::vector<std::int64_t> lengths(const RawTensor& t, std::int64_t limit,
+                                    const char* dim) const {
+    if (t.dtype != DType::I32 && t.dtype != DType::I64)
+      fail(t.name, "dtype " + std::string(dtype_name(t.dtype)) + " is not I32 or I64");
+    if (t.shape != Shape{c_.B})
+      fail(t.name, "shape " + shape_string(t.shape) + " is not [B] = " + shape_string({c_.B}));
+    std::vector<std::int64_t> out(static_cast<std::size_t>(c_.B));
+    for (std::size_t e = 0; e < out.size(); ++e) {
+      if (t.dtype == DType::I32) {
+        std::int32_t x;
+        std::memcpy(&x, t.data.data() + 4 * e, 4);
+        out[e] = x;
+      } else {
+        std::memcpy(&out[e], t.data.data() + 8 * e, 8);
+      }
+      if (out[e] < 0)
+        fail(t.name, "element " + std::to_string(e) + " is " + std::to_string(out[e]) +
+                         "; sequence lengths must be at least 0");
+      if (out[e] > limit)
+        fail(t.name, "element " + std::to_string(e) + " is " + std::to_string(out[e]) + ", more than " +
+                         dim + " = " + std::to_string(limit));
+    }
+    return out;
+  }
+
   // Decodes each input into its field of the case, in order.
   void decode(std::initializer_list<std::pair<const RawTensor*, FloatTensor*>> inputs,
               bool lenient) {
@@ -458,7 +488,7 @@ class CaseReader {
       for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t h = 0; h < c.Hq; ++h)
           for (std::int64_t i = 0; i < c.Nq; ++i) {
-            const Case::KeyRange kr = c.key_range(i);
+            const Case::KeyRange kr = c.key_range(b, i);
             for (std::int64_t j = kr.first; j <= kr.last; ++j) {
               const auto key = static_cast<std::size_t>((b * c.Hkv + c.kv_head(h)) * c.Nk + j);
               if (!bad[key] || !c.allowed(b, h, i, j)) continue;
@@ -584,21 +614,23 @@ double Case::bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_
 }
 
 bool Case::query_valid(std::int64_t b, std::int64_t i) const {
+  if (i >= query_length(b)) return false;
   if (!query_mask) return true;
   return query_mask->values[static_cast<std::size_t>(b * Nq + i)] != 0;
 }
 
-bool Case::position_allowed(std::int64_t i, std::int64_t j) const {
+bool Case::position_allowed(std::int64_t b, std::int64_t i, std::int64_t j) const {
+  if (j >= key_length(b)) return false;
   // The window follows the causal alignment.
-  const std::int64_t d = j - aligned_position(i);  // |d| < Nq + Nk: no overflow
+  const std::int64_t d = j - aligned_position(b, i);  // |d| < Nq + Nk: no overflow
   if (causal != Causal::None && d > 0) return false;
   if (window && (d < -window_left || d > window_right)) return false;
   return true;
 }
 
-Case::KeyRange Case::key_range(std::int64_t i) const {
-  const std::int64_t a = aligned_position(i);
-  KeyRange r{0, Nk - 1};
+Case::KeyRange Case::key_range(std::int64_t b, std::int64_t i) const {
+  const std::int64_t a = aligned_position(b, i);
+  KeyRange r{0, key_length(b) - 1};
   if (causal != Causal::None) r.last = std::min(r.last, a);
   if (window) {
     // a - L and a + R stay far from overflow: L, R have at most 18 digits, |a| < Nq + Nk.

@@ -179,7 +179,7 @@ struct HeadWork {
 
 // The allowed keys; false when there is none.
 bool find_keys(HeadWork& w, HeadDetail& det) {
-  const Case::KeyRange r = w.c.key_range(w.i);
+  const Case::KeyRange r = w.c.key_range(w.b, w.i);
   for (std::int64_t j = r.first; j <= r.last; ++j)
     if (w.c.allowed(w.b, w.h, w.i, j)) {
       w.allowed.push_back(j);

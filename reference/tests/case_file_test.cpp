@@ -320,7 +320,8 @@ TEST(CaseTensors, Missing) {
 
 TEST(CaseTensors, Unknown) {
   expect_refused(with(sdpa(), floats("qq", {1})), "qq",
-                 "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask)");
+                 "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask, seqlens_q, "
+                 "seqlens_k)");
 }
 
 TEST(CaseTensors, OtherKind) {
@@ -632,6 +633,71 @@ TEST(CaseUnused, BiasOnPaddingRows) {
   expect_refused(poisoned(f, "bias", {3, 1}, 1), "bias", "on query 1 of b=1, which is not padding");
 }
 
+RawTensor ints(const std::string& name, DType dtype, Shape shape, const std::vector<std::int64_t>& v) {
+  RawTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  const std::size_t size = dtype_size(dtype);
+  for (std::int64_t x : v)
+    for (std::size_t byte = 0; byte < size; ++byte)
+      t.data.push_back(static_cast<unsigned char>(static_cast<std::uint64_t>(x) >> (8 * byte)));
+  return t;
+}
+
+TEST(CaseSeqlens, Accepted) {
+  const Case c = accept(with(with(sdpa(), ints("seqlens_q", DType::I32, {2}, {1, 3})),
+                             ints("seqlens_k", DType::I64, {2}, {0, 5})));
+  EXPECT_EQ(*c.seqlens_q, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(*c.seqlens_k, (std::vector<std::int64_t>{0, 5}));
+  EXPECT_TRUE(c.query_valid(0, 0));
+  EXPECT_FALSE(c.query_valid(0, 1));
+  EXPECT_TRUE(c.query_valid(1, 2));
+  EXPECT_FALSE(c.row_has_key(0, 0, 0));  // no key in batch 0
+  ASSERT_TRUE(c.first_refused_row());  // query 0 of batch 0 is compared and has no key
+  EXPECT_EQ(c.first_refused_row()->b, 0);
+  EXPECT_EQ(c.first_refused_row()->i, 0);
+  EXPECT_TRUE(c.row_has_key(1, 0, 0));
+  const Case m = accept(with(mha(), ints("seqlens_k", DType::I32, {2}, {2, 5})));
+  EXPECT_FALSE(m.position_allowed(0, 0, 2));
+  EXPECT_TRUE(m.position_allowed(1, 0, 4));
+}
+
+TEST(CaseSeqlens, Refusals) {
+  expect_refused(with(sdpa(), ints("seqlens_q", DType::I16, {2}, {1, 1})), "seqlens_q",
+                 "dtype I16 is not I32 or I64");
+  expect_refused(with(sdpa(), floats("seqlens_k", {2})), "seqlens_k", "dtype F32 is not I32 or I64");
+  expect_refused(with(sdpa(), ints("seqlens_q", DType::I32, {3}, {1, 1, 1})), "seqlens_q",
+                 "shape [3] is not [B] = [2]");
+  expect_refused(with(sdpa(), ints("seqlens_k", DType::I64, {2, 1}, {1, 1})), "seqlens_k",
+                 "shape [2,1] is not [B] = [2]");
+  expect_refused(with(sdpa(), ints("seqlens_q", DType::I32, {2}, {1, -1})), "seqlens_q",
+                 "element 1 is -1; sequence lengths must be at least 0");
+  expect_refused(with(sdpa(), ints("seqlens_q", DType::I64, {2}, {4, 1})), "seqlens_q",
+                 "element 0 is 4, more than Nq = 3");
+  expect_refused(with(sdpa(), ints("seqlens_k", DType::I32, {2}, {5, 6})), "seqlens_k",
+                 "element 1 is 6, more than Nk = 5");
+}
+
+TEST(CaseSeqlens, NonFiniteValuesOnlyWhereUnused) {
+  // seqlens_k = {3, 5}: keys 3 and 4 of batch 0 are unused, key 2 is used.
+  SafeTensorsFile f = with(sdpa(), ints("seqlens_k", DType::I32, {2}, {3, 5}));
+  const std::size_t key3 = (0 * 2 + 1) * 5 + 3;  // b=0, kv head 1, key 3
+  const Case c = accept(poisoned(f, "k", {2, 2, 5, 2}, key3 * 2 + 1, kInf));
+  EXPECT_EQ(c.k.values[key3 * 2 + 1], 0);
+  EXPECT_TRUE(c.row_has_key(0, 2, 0));  // no row is masked out: none attends key 3
+  EXPECT_NO_THROW(accept(poisoned(f, "v", {2, 2, 5, 3}, 4 * 3)));
+  expect_refused(poisoned(f, "v", {2, 2, 5, 3}, 2 * 3), "v",
+                 "element 6 is NaN, in key 2 of b=0, kv head 0, which query 0 of head 0 attends");
+  // seqlens_q = {1, 3}: queries 1 and 2 of batch 0 are padding
+  SafeTensorsFile g = with(sdpa(), ints("seqlens_q", DType::I64, {2}, {1, 3}));
+  const std::size_t e = ((0 * 4 + 3) * 3 + 2) * 2;  // q[0, 3, 2, 0]
+  const Case d = accept(poisoned(g, "q", {2, 4, 3, 2}, e));
+  EXPECT_FALSE(d.row_has_key(0, 3, 2));
+  expect_refused(poisoned(g, "q", {2, 4, 3, 2}, e - 4), "q",
+                 "in query 0 of b=0, h=3, which is not padding");
+}
+
 TEST(CaseUnused, MhaInputsMustBeFinite) {
   std::vector<double> values(2 * 5 * 6, 0);
   values[59] = std::nan("");
@@ -722,7 +788,7 @@ void expect_pattern(const std::string& causal, const std::string& window, std::i
   ASSERT_EQ(rows.size(), static_cast<std::size_t>(nq));
   for (std::int64_t i = 0; i < nq; ++i)
     for (std::int64_t j = 0; j < nk; ++j)
-      EXPECT_EQ(c.position_allowed(i, j),
+      EXPECT_EQ(c.position_allowed(0, i, j),
                 rows[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] == '1')
           << causal << " window " << window << " Nq " << nq << " Nk " << nk << " at " << i << ","
           << j;

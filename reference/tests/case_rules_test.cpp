@@ -41,7 +41,7 @@ std::vector<std::int64_t> kv_heads(const Case& c) {
 }
 
 std::pair<std::int64_t, std::int64_t> range(const Case& c, std::int64_t i) {
-  const Case::KeyRange r = c.key_range(i);
+  const Case::KeyRange r = c.key_range(0, i);
   return {r.first, r.last};
 }
 
@@ -61,10 +61,10 @@ TEST(CaseKvHead, GroupsOfEveryRatio) {
 }
 
 TEST(CaseAlignedPosition, BottomRightShiftsByNkMinusNq) {
-  EXPECT_EQ(positions(3, 5, Causal::None).aligned_position(1), 1);
-  EXPECT_EQ(positions(3, 5, Causal::TopLeft).aligned_position(1), 1);
-  EXPECT_EQ(positions(3, 5, Causal::BottomRight).aligned_position(1), 3);
-  EXPECT_EQ(positions(5, 3, Causal::BottomRight).aligned_position(1), -1);
+  EXPECT_EQ(positions(3, 5, Causal::None).aligned_position(0, 1), 1);
+  EXPECT_EQ(positions(3, 5, Causal::TopLeft).aligned_position(0, 1), 1);
+  EXPECT_EQ(positions(3, 5, Causal::BottomRight).aligned_position(0, 1), 3);
+  EXPECT_EQ(positions(5, 3, Causal::BottomRight).aligned_position(0, 1), -1);
 }
 
 TEST(CaseKeyRange, WorkedByHand) {
@@ -73,8 +73,8 @@ TEST(CaseKeyRange, WorkedByHand) {
   EXPECT_EQ(range(positions(3, 5, Causal::BottomRight), 0), (Range{0, 2}));
   EXPECT_EQ(range(positions(5, 3, Causal::TopLeft), 4), (Range{0, 2}));  // clipped to Nk - 1
   // bottom_right with more queries than keys: rows 0 and 1 sit before every key
-  EXPECT_GT(positions(5, 3, Causal::BottomRight).key_range(1).first,
-            positions(5, 3, Causal::BottomRight).key_range(1).last);
+  EXPECT_GT(positions(5, 3, Causal::BottomRight).key_range(0, 1).first,
+            positions(5, 3, Causal::BottomRight).key_range(0, 1).last);
   EXPECT_EQ(range(positions(5, 3, Causal::BottomRight), 3), (Range{0, 1}));
   // windows: [a - L, a + R] around the aligned position a, clipped
   EXPECT_EQ(range(positions(3, 5, Causal::None, {{1, 1}}), 0), (Range{0, 1}));
@@ -82,10 +82,51 @@ TEST(CaseKeyRange, WorkedByHand) {
   EXPECT_EQ(range(positions(3, 5, Causal::TopLeft, {{0, 5}}), 2), (Range{2, 2}));
   EXPECT_EQ(range(positions(3, 5, Causal::BottomRight, {{1, 0}}), 2), (Range{3, 4}));
   const Case far = positions(5, 3, Causal::None, {{0, 2}});
-  EXPECT_GT(far.key_range(3).first, far.key_range(3).last);  // window past the last key
+  EXPECT_GT(far.key_range(0, 3).first, far.key_range(0, 3).last);  // window past the last key
   const std::int64_t huge = 999999999999999999;
   EXPECT_EQ(range(positions(3, 2, Causal::BottomRight, {{huge, 0}}), 2), (Range{0, 1}));
   EXPECT_EQ(range(positions(2, 3, Causal::None, {{huge, huge}}), 0), (Range{0, 2}));
+}
+
+// Sequence lengths: batch 0 holds Lq = 2 queries and Lk = 5 keys in a batch padded to Nq = 4,
+// Nk = 8; batch 1 is full. bottom_right aligns each batch to its own Lk - Lq (3, then 4), not
+// to Nk - Nq = 4 for both.
+TEST(CaseSeqlens, BottomRightAlignsPerBatch) {
+  Case c = positions(4, 8, Causal::BottomRight);
+  c.B = 2;
+  c.seqlens_q = std::vector<std::int64_t>{2, 4};
+  c.seqlens_k = std::vector<std::int64_t>{5, 8};
+  EXPECT_EQ(c.aligned_position(0, 0), 3);
+  EXPECT_EQ(c.aligned_position(0, 1), 4);
+  EXPECT_EQ(c.aligned_position(1, 0), 4);
+  auto keys = [&](std::int64_t b, std::int64_t i) {
+    std::string s;
+    for (std::int64_t j = 0; j < c.Nk; ++j) s += c.position_allowed(b, i, j) ? '1' : '0';
+    return s;
+  };
+  EXPECT_EQ(keys(0, 0), "11110000");  // Nk - Nq would also allow key 4
+  EXPECT_EQ(keys(0, 1), "11111000");  // the last query sees every key of its sequence
+  EXPECT_EQ(keys(0, 2), "11111000");  // padding: clipped to Lk, never compared
+  EXPECT_EQ(keys(1, 0), "11111000");
+  EXPECT_EQ(keys(1, 3), "11111111");
+  EXPECT_TRUE(c.query_valid(0, 1));
+  EXPECT_FALSE(c.query_valid(0, 2));
+  EXPECT_FALSE(c.query_valid(0, 3));
+  EXPECT_TRUE(c.query_valid(1, 3));
+  EXPECT_EQ(c.key_range(0, 0).last, 3);
+  EXPECT_EQ(c.key_range(0, 3).last, 4);
+  // a window follows the same alignment: [a - 1, a] around a = i + 3
+  c.window = true, c.window_left = 1, c.window_right = 0;
+  EXPECT_EQ(keys(0, 1), "00011000");
+  EXPECT_EQ(keys(1, 1), "00001100");
+  // decode: one query against 5 keys of 8
+  c.window = false;
+  c.seqlens_q = std::vector<std::int64_t>{1, 4};
+  EXPECT_EQ(keys(0, 0), "11111000");
+  EXPECT_FALSE(c.query_valid(0, 1));
+  // no key at all: Lk = 0
+  c.seqlens_k = std::vector<std::int64_t>{0, 8};
+  EXPECT_GT(c.key_range(0, 0).first, c.key_range(0, 0).last);
 }
 
 // key_range against position_allowed tried on every key: the allowed keys are exactly the
@@ -99,12 +140,14 @@ RC_GTEST_PROP(CaseKeyRange, MatchesPositionAllowed, ()) {
                                    rc::gen::just<std::int64_t>(999999999999999999));
   std::optional<std::pair<std::int64_t, std::int64_t>> window;
   if (*rc::gen::arbitrary<bool>()) window = {{*side, *side}};
-  const Case c = positions(Nq, Nk, causal, window);
+  Case c = positions(Nq, Nk, causal, window);
+  if (*rc::gen::arbitrary<bool>()) c.seqlens_q = std::vector{*rc::gen::inRange<std::int64_t>(0, Nq + 1)};
+  if (*rc::gen::arbitrary<bool>()) c.seqlens_k = std::vector{*rc::gen::inRange<std::int64_t>(0, Nk + 1)};
   for (std::int64_t i = 0; i < Nq; ++i) {
-    const Case::KeyRange r = c.key_range(i);
-    if (r.first <= r.last) RC_ASSERT(0 <= r.first && r.last <= Nk - 1);
+    const Case::KeyRange r = c.key_range(0, i);
+    if (r.first <= r.last) RC_ASSERT(0 <= r.first && r.last <= c.key_length(0) - 1);
     for (std::int64_t j = 0; j < Nk; ++j)
-      RC_ASSERT(c.position_allowed(i, j) == (r.first <= j && j <= r.last));
+      RC_ASSERT(c.position_allowed(0, i, j) == (r.first <= j && j <= r.last));
   }
 }
 

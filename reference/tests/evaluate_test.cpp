@@ -380,6 +380,58 @@ TEST(Evaluate, NaNInAPaddingQueryGivesZerosMarkedInvalid) {
   EXPECT_GT(at(b.r, "out.ref", 0), 0.88);  // 1 / (1 + e^-2) = 0.8808
 }
 
+RawTensor ints(const std::string& name, DType t, const std::vector<std::int64_t>& v) {
+  RawTensor r{name, t, {static_cast<std::int64_t>(v.size())}, {}};
+  for (std::int64_t x : v)
+    for (std::size_t byte = 0; byte < dtype_size(t); ++byte)
+      r.data.push_back(static_cast<unsigned char>(static_cast<std::uint64_t>(x) >> (8 * byte)));
+  return r;
+}
+
+TEST(Evaluate, SeqlensAlignCausalPerBatch) {
+  // Batch 0 holds Lq = 2 queries and Lk = 5 keys padded to Nq = 4, Nk = 8; batch 1 is full.
+  // Every score is 0 (q = 0) and v_j = j, so each output is the mean of its allowed keys.
+  // bottom_right aligns batch 0 to Lk - Lq = 3: query 0 sees keys 0..3 (mean 1.5), query 1
+  // keys 0..4 (mean 2); Nk - Nq = 4 would give 2 and 2.5. Keys 5..7 of batch 0 hold NaN and
+  // infinity: they are past seqlens_k, so unused. Batch 1 aligns to 4: query i sees 0..i+4.
+  std::vector<double> k(16, 1.0), v(16);
+  for (int j = 0; j < 8; ++j) v[static_cast<std::size_t>(j)] = v[static_cast<std::size_t>(8 + j)] = j;
+  k[5] = NAN, k[6] = INFINITY, v[7] = -INFINITY, v[5] = NAN;
+  auto b = run({floats("q", DType::F32, {2, 1, 4, 1}, std::vector<double>(8, 0.0)),
+                floats("k", DType::F32, {2, 1, 8, 1}, k), floats("v", DType::F32, {2, 1, 8, 1}, v),
+                ints("seqlens_q", DType::I32, {2, 4}), ints("seqlens_k", DType::I64, {5, 8})},
+               {{"attn.causal", "bottom_right"}, {"attn.outputs", "out,weights"}});
+  EXPECT_EQ(at(b.r, "out", 0), 1.5);
+  EXPECT_EQ(at(b.r, "out", 1), 2.0);
+  for (int j = 0; j < 8; ++j) {
+    EXPECT_EQ(at(b.r, "weights", static_cast<std::size_t>(j)), j <= 3 ? 0.25 : 0.0) << j;
+    EXPECT_EQ(at(b.r, "weights", static_cast<std::size_t>(8 + j)), j <= 4 ? 0.2f : 0.0f) << j;
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(at(b.r, "out", static_cast<std::size_t>(4 + i)), (i + 4) / 2.0) << i;
+  // The same without seqlens, the padded keys given finite values, aligns to Nk - Nq = 4.
+  k[5] = k[6] = 1, v[5] = 5, v[7] = 7;
+  auto plain = run({floats("q", DType::F32, {2, 1, 4, 1}, std::vector<double>(8, 0.0)),
+                    floats("k", DType::F32, {2, 1, 8, 1}, k), floats("v", DType::F32, {2, 1, 8, 1}, v)},
+                   {{"attn.causal", "bottom_right"}});
+  EXPECT_EQ(at(plain.r, "out", 0), 2.0);
+  EXPECT_EQ(at(plain.r, "out", 1), 2.5);
+}
+
+TEST(Evaluate, NaNPastSeqlensKChangesNothing) {
+  // Key 2 is past seqlens_k = 2: its k and v rows hold NaN and the result is that of the two
+  // keys alone, byte for byte, as with a mask.
+  auto clean = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                    floats("k", DType::F32, {1, 1, 2, 1}, {3, -1}),
+                    floats("v", DType::F32, {1, 1, 2, 1}, {1, 0})},
+                   {{"attn.outputs", "out,lse"}, {"attn.scale", "1"}});
+  auto poisoned = run({floats("q", DType::F32, {1, 1, 1, 1}, {0.5}),
+                       floats("k", DType::F32, {1, 1, 3, 1}, {3, -1, NAN}),
+                       floats("v", DType::F32, {1, 1, 3, 1}, {1, 0, NAN}), ints("seqlens_k", DType::I32, {2})},
+                      {{"attn.outputs", "out,lse"}, {"attn.scale", "1"}});
+  for (const char* t : {"out", "out.ref", "out.bound", "lse", "lse.ref", "row.valid"})
+    EXPECT_EQ(find(poisoned.r, t).data, find(clean.r, t).data) << t;
+}
+
 TEST(Evaluate, ThreadCountDoesNotChangeBytes) {
   std::vector<double> q, k, v;
   for (int i = 0; i < 7 * 5; ++i) q.push_back(std::ldexp(std::sin(i * 1.7) , 2));

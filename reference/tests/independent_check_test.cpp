@@ -146,6 +146,7 @@ struct Spec {
   std::int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
   Arr q, k, v, x_q, x_kv, w_q, w_k, w_v, w_o;
   std::optional<Arr> mask, bias, query_mask;
+  std::vector<std::int64_t> lq, lk;  // [B]: seqlens_q, seqlens_k, else Nq, Nk
   std::string scale;    // attn.scale text, empty: 1/sqrt(Dk)
   std::string softcap;  // attn.softcap text, empty: off
   std::string causal = "none";
@@ -156,13 +157,15 @@ struct Spec {
 
   std::int64_t width() const { return mha ? Dout : Dv; }
   bool padding(std::int64_t b, std::int64_t i) const {
-    return query_mask && query_mask->at(b * Nq + i) == 0;
+    return i >= lq.at(static_cast<std::size_t>(b)) || (query_mask && query_mask->at(b * Nq + i) == 0);
   }
   // A deliberate second reading of the positional rules, beside Case's: the check stays
   // independent of the reader it judges.
   bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     if (mask && bcast_at(*mask, b, h, i, j) == 0) return false;
-    const std::int64_t aligned = causal == "bottom_right" ? i + (Nk - Nq) : i;
+    const auto n = static_cast<std::size_t>(b);
+    if (j >= lk.at(n)) return false;
+    const std::int64_t aligned = causal == "bottom_right" ? i + (lk.at(n) - lq.at(n)) : i;
     if (causal != "none" && j > aligned) return false;
     if (window && (j < aligned - left || j > aligned + right)) return false;
     if (bias && std::isinf(bcast_at(*bias, b, h, i, j))) return false;
@@ -203,6 +206,22 @@ Spec read_spec(const SafeTensorsFile& f) {
   if (f.find("mask")) s.mask = get("mask");
   if (f.find("bias")) s.bias = get("bias");
   if (f.find("query_mask")) s.query_mask = get("query_mask");
+  // seqlens: I32 or I64 little-endian, [B]
+  auto lengths = [&](const char* name, std::int64_t n) {
+    std::vector<std::int64_t> l(static_cast<std::size_t>(s.B), n);
+    if (const RawTensor* t = f.find(name)) {
+      const std::size_t size = t->dtype == DType::I32 ? 4 : 8;
+      for (std::size_t e = 0; e < l.size(); ++e) {
+        std::uint64_t x = 0;
+        for (std::size_t byte = 0; byte < size; ++byte)
+          x |= std::uint64_t{t->data.at(e * size + byte)} << (8 * byte);
+        l[e] = size == 4 ? static_cast<std::int32_t>(x) : static_cast<std::int64_t>(x);
+      }
+    }
+    return l;
+  };
+  s.lq = lengths("seqlens_q", s.Nq);
+  s.lk = lengths("seqlens_k", s.Nk);
   const std::string dt = meta("attn.output_dtype", "");
   s.out = dt.empty() ? s.in : *dtype_from_name(dt);
   s.scale = meta("attn.scale", "");
@@ -1055,6 +1074,153 @@ TEST(IndependentCheck, BroadcastMasksAndBiases) {
                           "mask rank 4", "key padding", "bias rank 0", "mha"})
       EXPECT_GT(seen[k], 0) << k;
   }
+}
+
+// Runs `seeds` on two threads (each its own problem), totals and reports them.
+Counts run_seeds(const std::vector<std::uint64_t>& seeds, const std::function<Outcome(std::uint64_t)>& one) {
+  std::vector<Outcome> outcomes(seeds.size());
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t k; (k = next.fetch_add(1)) < seeds.size();) outcomes[k] = one(seeds[k]);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < std::max(1u, std::min(2u, std::thread::hardware_concurrency())); ++w)
+    pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  Counts total;
+  for (const auto& o : outcomes) {
+    total.add(o.counts);
+    report(o);
+  }
+  return total;
+}
+
+// Options drawing sequence lengths in every problem, over up to 3 batches.
+RandomCaseOptions seqlens_options() {
+  RandomCaseOptions opt = check_options();
+  opt.seqlens_fraction = 1;
+  opt.max_batch = 3;
+  opt.large_fraction = 0.02;
+  return opt;
+}
+
+// Sequence lengths (padded varlen): at least 500 problems (ATTNORACLE_TEST_SCALE scales it)
+// with seqlens_q or seqlens_k, causal aligned per batch, each golden element checked against
+// our own evaluation.
+TEST(IndependentCheck, SequenceLengths) {
+  const auto start = std::chrono::steady_clock::now();
+  const RandomCaseOptions opt = seqlens_options();
+  const auto want = static_cast<std::size_t>(std::max(1.0, std::round(500 * env_scale())));
+  std::vector<std::uint64_t> seeds;
+  std::map<std::string, int> seen;
+  for (std::uint64_t seed = 2'000'001; seeds.size() < want; ++seed) {
+    RandomCaseInfo info;
+    const SafeTensorsFile f = random_case(seed, opt, &info);
+    if (!info.seqlens) continue;
+    seeds.push_back(seed);
+    const Spec s = read_spec(f);
+    if (f.find("seqlens_q")) ++seen[std::string("seqlens_q ") + std::string(dtype_name(f.find("seqlens_q")->dtype))];
+    if (f.find("seqlens_k")) ++seen["seqlens_k"];
+    for (std::int64_t b = 0; b < s.B; ++b) {
+      const auto n = static_cast<std::size_t>(b);
+      if (s.lq[n] == 1 && s.Nq > 1) ++seen["decode"];
+      if (s.lk[n] < s.Nk && s.lq[n] < s.Nq && s.causal == "bottom_right") ++seen["bottom_right padded"];
+      if (s.lk[n] == 0) ++seen["no key"];
+    }
+    if (s.window) ++seen["window"];
+    if (s.mha) ++seen["mha"];
+  }
+  const Counts total = run_seeds(seeds, [&](std::uint64_t seed) { return run_seed(seed, opt); });
+  std::string all;
+  for (const auto& [k, v] : seen) all += k + "=" + std::to_string(v) + " ";
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "sequence lengths: " << all << "\nindependent check: " << summary(total, secs) << std::endl;
+  EXPECT_EQ(total.problems, want);
+  EXPECT_GE(total.elements, want - total.refused);
+  if (env_scale() >= 1) {
+    for (const char* k : {"seqlens_q I32", "seqlens_q I64", "seqlens_k", "decode", "bottom_right padded",
+                          "no key", "window", "mha"})
+      EXPECT_GT(seen[k], 0) << k;
+  }
+}
+
+// Poisoned unused positions: at least 500 problems (ATTNORACLE_TEST_SCALE scales it) whose
+// padding queries' q rows and unused keys' k and v rows hold NaN and infinities. The same case
+// with zeros there passes the independent check, and the golden tensors of both agree byte for
+// byte on every compared row (padding rows are not compared; the reader may zero them).
+TEST(IndependentCheck, PoisonedPositions) {
+  const auto start = std::chrono::steady_clock::now();
+  RandomCaseOptions opt = seqlens_options();
+  opt.seqlens_fraction = 0.6;
+  opt.query_mask_fraction = 0.4;
+  opt.mask_fraction = 0.5;
+  opt.poison_fraction = 1;
+  const auto want = static_cast<std::size_t>(std::max(1.0, std::round(500 * env_scale())));
+  std::vector<std::uint64_t> seeds;
+  std::size_t poisoned = 0;
+  for (std::uint64_t seed = 3'000'001; seeds.size() < want; ++seed) {
+    RandomCaseInfo info;
+    random_case(seed, opt, &info);
+    if (info.poisoned == 0) continue;
+    seeds.push_back(seed);
+    poisoned += info.poisoned;
+  }
+  std::atomic<std::size_t> compared_rows{0};
+  auto one = [&](std::uint64_t seed) {
+    RandomCaseInfo info;
+    const SafeTensorsFile bad = random_case(seed, opt, &info);
+    const std::string context = info.summary + "\n    case: " + describe_case(bad) +
+                                "\n    replay: ATTNORACLE_SEED=" + std::to_string(seed);
+    Outcome o = run_problem("clean-" + std::to_string(seed), *info.clean, seed, context);
+    try {
+      const Case cb = case_from_file("poisoned", bad), cc = case_from_file("clean", *info.clean);
+      std::optional<EvalResult> rb, rc;
+      try {
+        rc.emplace(evaluate(cc, EvalOptions{}));
+      } catch (const FullyMaskedRow&) {
+      }
+      try {
+        rb.emplace(evaluate(cb, EvalOptions{}));
+      } catch (const FullyMaskedRow&) {
+      }
+      if (rb.has_value() != rc.has_value()) {
+        o.fail("one of the poisoned and clean cases was refused, not the other");
+        return o;
+      }
+      if (!rb) return o;
+      for (const RawTensor& t : rc->golden) {
+        if (t.shape.size() < 3 || t.shape[0] != cc.B || t.shape[1] != cc.Hq || t.shape[2] != cc.Nq) continue;
+        const RawTensor* u = nullptr;
+        for (const RawTensor& x : rb->golden)
+          if (x.name == t.name) u = &x;
+        if (!u || u->data.size() != t.data.size()) {
+          o.fail(t.name + ": missing or resized in the poisoned case");
+          continue;
+        }
+        const std::size_t per = t.data.size() / static_cast<std::size_t>(cc.B * cc.Hq * cc.Nq);
+        for (std::int64_t b = 0; b < cc.B; ++b)
+          for (std::int64_t h = 0; h < cc.Hq; ++h)
+            for (std::int64_t i = 0; i < cc.Nq; ++i) {
+              if (!cc.query_valid(b, i)) continue;
+              ++compared_rows;
+              const std::size_t at = static_cast<std::size_t>((b * cc.Hq + h) * cc.Nq + i) * per;
+              if (!std::equal(t.data.begin() + at, t.data.begin() + at + per, u->data.begin() + at))
+                o.fail(t.name + ": row " + std::to_string(b) + "," + std::to_string(h) + "," +
+                       std::to_string(i) + " differs between the poisoned and the clean case");
+            }
+      }
+    } catch (const std::exception& e) {
+      o.fail(std::string("the poisoned case: ") + e.what());
+    }
+    return o;
+  };
+  const Counts total = run_seeds(seeds, one);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "poisoned positions: " << poisoned << " non-finite elements in " << seeds.size()
+            << " problems, " << compared_rows << " rows compared byte for byte\nindependent check: "
+            << summary(total, secs) << std::endl;
+  EXPECT_EQ(total.problems, want);
+  EXPECT_GT(compared_rows.load(), want);
 }
 
 // ---- hand-made cases ----

@@ -187,6 +187,17 @@ struct Masking {
   DType bias_dtype = DType::F32;
   std::vector<double> bias;
   std::optional<std::vector<unsigned char>> query_mask;  // [B, Nq]
+  std::optional<Shape> seqlens_q, seqlens_k;            // [B]
+  DType seqlens_dtype = DType::I32;
+  std::int64_t lq(const Problem& p, std::int64_t b) const {
+    return seqlens_q ? (*seqlens_q)[static_cast<std::size_t>(b)] : p.Nq;
+  }
+  std::int64_t lk(const Problem& p, std::int64_t b) const {
+    return seqlens_k ? (*seqlens_k)[static_cast<std::size_t>(b)] : p.Nk;
+  }
+  bool padding(const Problem& p, std::int64_t b, std::int64_t i) const {
+    return i >= lq(p, b) || (query_mask && !(*query_mask)[static_cast<std::size_t>(b * p.Nq + i)]);
+  }
 };
 
 // Flat index of a tensor of `shape` broadcast (right-aligned) against [B, H, Nq, Nk].
@@ -224,7 +235,8 @@ struct RowStats {
 bool allowed(const Problem& p, const Masking& m, std::int64_t b, std::int64_t h, std::int64_t i,
              std::int64_t j) {
   if (m.mask_shape && !m.mask[bcast(*m.mask_shape, {b, h, i, j})]) return false;
-  const std::int64_t aligned = m.causal == "bottom_right" ? i + (p.Nk - p.Nq) : i;
+  if (j >= m.lk(p, b)) return false;
+  const std::int64_t aligned = m.causal == "bottom_right" ? i + (m.lk(p, b) - m.lq(p, b)) : i;
   if (m.causal != "none" && j > aligned) return false;
   if (m.window && (j < aligned - m.left || j > aligned + m.right)) return false;
   if (m.bias_shape && std::isinf(m.bias[bcast(*m.bias_shape, {b, h, i, j})])) return false;
@@ -244,15 +256,30 @@ RowStats row_stats(const Problem& p, const Masking& m) {
     for (std::int64_t h = 0; h < p.Hq; ++h)
       for (std::int64_t i = 0; i < p.Nq; ++i) {
         if (!row_masked(p, m, b, h, i)) continue;
-        const bool padding =
-            m.query_mask && !(*m.query_mask)[static_cast<std::size_t>(b * p.Nq + i)];
-        (padding ? s.padding_masked : s.fully_masked) = true;
+        (m.padding(p, b, i) ? s.padding_masked : s.fully_masked) = true;
       }
   return s;
 }
 
+// Lengths of B sequences padded to n: distinct where they can be, one full (B > 1), one short.
+Shape random_lengths(Rng& rng, std::int64_t B, std::int64_t n, bool decode) {
+  Shape l(static_cast<std::size_t>(B));
+  for (auto& x : l) x = decode && rng.chance(0.5) ? std::min<std::int64_t>(1, n) : rng.range(0, n);
+  if (B > 1) {
+    l[static_cast<std::size_t>(rng.range(0, B - 1))] = n;
+    l[static_cast<std::size_t>(rng.range(0, B - 1))] = rng.range(0, std::min<std::int64_t>(2, n));
+  }
+  return l;
+}
+
 Masking random_masking(Rng& rng, const Problem& p, const RandomCaseOptions& opt, bool large_bias) {
   Masking m;
+  if (opt.seqlens_fraction > 0 && rng.chance(opt.seqlens_fraction)) {
+    m.seqlens_dtype = rng.chance(0.5) ? DType::I32 : DType::I64;
+    const int which = rng.irange(0, 2);  // q only, k only, both
+    if (which != 1) m.seqlens_q = random_lengths(rng, p.B, p.Nq, true);
+    if (which != 0) m.seqlens_k = random_lengths(rng, p.B, p.Nk, false);
+  }
   const std::array<std::int64_t, 4> full = {p.B, p.Hq, p.Nq, p.Nk};
   if (rng.chance(opt.mask_fraction)) {
     m.mask_shape = rng.chance(opt.key_padding_mask_fraction)
@@ -295,10 +322,75 @@ Masking random_masking(Rng& rng, const Problem& p, const RandomCaseOptions& opt,
               (*m.query_mask)[static_cast<std::size_t>(b * p.Nq + i)] = 0;
     }
   }
+  if (m.seqlens_k && rng.chance(0.5)) {  // rows with no key become padding: Lq at most Lk
+    if (!m.seqlens_q) m.seqlens_q = Shape(static_cast<std::size_t>(p.B), p.Nq);
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      auto& lq = (*m.seqlens_q)[static_cast<std::size_t>(b)];
+      lq = std::min(lq, (*m.seqlens_k)[static_cast<std::size_t>(b)]);
+    }
+  }
   return m;
 }
 
 // ---- file assembly ----
+
+RawTensor int_tensor(const std::string& name, DType t, const Shape& values) {
+  RawTensor r;
+  r.name = name;
+  r.dtype = t;
+  r.shape = {static_cast<std::int64_t>(values.size())};
+  const std::size_t size = t == DType::I32 ? 4 : 8;
+  r.data.resize(values.size() * size);
+  for (std::size_t e = 0; e < values.size(); ++e) {
+    const auto x = static_cast<std::uint64_t>(values[e]);
+    for (std::size_t byte = 0; byte < size; ++byte)  // little-endian
+      r.data[e * size + byte] = static_cast<unsigned char>(x >> (8 * byte));
+  }
+  return r;
+}
+
+// The bits of a NaN (quiet) or an infinity in t.
+std::uint64_t bad_bits(double x, DType t) {
+  if (!std::isnan(x)) return round_double(x, t);
+  const BinaryFormat f = binary_format(t);
+  return ((std::uint64_t{1} << f.exponent_bits) - 1) << (f.precision - 1) |
+         std::uint64_t{1} << (f.precision - 2);
+}
+
+// Non-finite values at the unused positions of an sdpa case (CONTRACT section 1): q rows of
+// padding queries, k and v rows of keys that no compared query of a head reading them attends.
+// Some rows are poisoned, or all; returns the count of elements set.
+std::size_t poison(Rng& rng, const Problem& p, const Masking& m, SafeTensorsFile& f) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> bad = {std::numeric_limits<double>::quiet_NaN(), inf, -inf};
+  const bool all = rng.chance(0.5);
+  std::size_t n = 0;
+  auto fill = [&](const char* name, std::int64_t row, std::int64_t width) {
+    if (!all && !rng.chance(0.5)) return;
+    RawTensor& t = *f.find(name);
+    const auto size = static_cast<std::size_t>(format_width(t.dtype) / 8);
+    for (std::int64_t e = row * width; e < (row + 1) * width; ++e, ++n)
+      store_bits(bad_bits(rng.pick(bad), t.dtype), t.dtype,
+                 t.data.data() + static_cast<std::size_t>(e) * size);
+  };
+  const std::int64_t group = p.Hq / p.Hkv;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i)
+        if (m.padding(p, b, i)) fill("q", (b * p.Hq + h) * p.Nq + i, p.Dk);
+    for (std::int64_t g = 0; g < p.Hkv; ++g)
+      for (std::int64_t j = 0; j < p.Nk; ++j) {
+        bool used = false;
+        for (std::int64_t h = g * group; h < (g + 1) * group && !used; ++h)
+          for (std::int64_t i = 0; i < p.Nq && !used; ++i)
+            used = !m.padding(p, b, i) && allowed(p, m, b, h, i, j);
+        if (used) continue;
+        fill("k", (b * p.Hkv + g) * p.Nk + j, p.Dk);
+        fill("v", (b * p.Hkv + g) * p.Nk + j, p.Dv);
+      }
+  }
+  return n;
+}
 
 RawTensor bool_tensor(const std::string& name, Shape shape, std::vector<unsigned char> values) {
   RawTensor r;
@@ -446,6 +538,8 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
   if (m.mask_shape) f.put(bool_tensor("mask", *m.mask_shape, m.mask));
   if (m.bias_shape) f.put(float_tensor("bias", m.bias_dtype, *m.bias_shape, m.bias));
   if (m.query_mask) f.put(bool_tensor("query_mask", {p.B, p.Nq}, *m.query_mask));
+  if (m.seqlens_q) f.put(int_tensor("seqlens_q", m.seqlens_dtype, *m.seqlens_q));
+  if (m.seqlens_k) f.put(int_tensor("seqlens_k", m.seqlens_dtype, *m.seqlens_k));
 
   // ---- metadata ----
   auto& md = f.metadata;
@@ -483,7 +577,16 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
     md["attn.outputs"] = list;
   }
 
+  std::size_t poisoned = 0;
+  if (!p.mha && opt.poison_fraction > 0 && rng.chance(opt.poison_fraction)) {
+    SafeTensorsFile clean = f;
+    poisoned = poison(rng, p, m, f);
+    if (poisoned > 0 && info) info->clean = std::move(clean);
+  }
+
   if (info) {
+    info->seqlens = m.seqlens_q || m.seqlens_k;
+    info->poisoned = poisoned;
     info->family = p.family;
     info->fully_masked_row = rows.fully_masked;
     info->padding_masked_row = rows.padding_masked;

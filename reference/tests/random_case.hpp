@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,14 @@ struct RandomCaseOptions {
   bool allow_masked_rows = true;
   bool allow_refusal = true;
   double refusal_fraction = 0.1;
+  // Sequence lengths seqlens_q, seqlens_k [B] (I32 or I64): each batch its own lengths, one of
+  // them full where B > 1, some decode (Lq = 1) or with few keys. 0: never drawn (the random
+  // stream of the other options is then unchanged).
+  double seqlens_fraction = 0;
+  // kind sdpa: unused positions (q rows of padding queries, k and v rows of keys no compared
+  // query attends) filled with NaN and infinities; RandomCaseInfo::clean then holds the same
+  // case with zeros there. 0: never drawn.
+  double poison_fraction = 0;
 };
 
 struct RandomCaseInfo {
@@ -66,6 +75,9 @@ struct RandomCaseInfo {
   bool padding_masked_row = false;  // some padding row (query_mask false) has none
   bool expect_refusal = false;      // policy error and fully_masked_row
   std::string summary;              // one line: kind, sizes, dtypes, family, options
+  bool seqlens = false;             // seqlens_q or seqlens_k present
+  std::size_t poisoned = 0;         // non-finite elements at unused positions
+  std::optional<SafeTensorsFile> clean;  // when poisoned: the case with zeros in their place
 };
 
 SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,

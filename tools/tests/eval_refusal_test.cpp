@@ -272,6 +272,47 @@ TEST_F(EvalRefusal, NaNInAMaskedKeyEvaluates) {
     EXPECT_EQ(decode_float(o->dtype, o->data.data() + e * 4), 1.0) << e;  // every v entry used is 1
 }
 
+RawTensor lengths(const std::string& name, DType t, const std::vector<std::int64_t>& v) {
+  RawTensor r{name, t, {static_cast<std::int64_t>(v.size())}, {}};
+  for (std::int64_t x : v)
+    for (std::size_t b = 0; b < dtype_size(t); ++b)
+      r.data.push_back(static_cast<unsigned char>(static_cast<std::uint64_t>(x) >> (8 * b)));
+  return r;
+}
+
+TEST_F(EvalRefusal, SeqlensOutOfRange) {
+  SafeTensorsFile f = valid_case();
+  f.put(lengths("seqlens_k", DType::I32, {6}));
+  expect_refused(bytes_of(f), "seqlens_k", "element 0 is 6, more than Nk = 5");
+  f = valid_case();
+  f.put(lengths("seqlens_q", DType::I64, {-1}));
+  expect_refused(bytes_of(f), "seqlens_q", "element 0 is -1; sequence lengths must be at least 0");
+}
+
+TEST_F(EvalRefusal, SeqlensOfWrongShapeOrDtype) {
+  SafeTensorsFile f = valid_case();
+  f.put(lengths("seqlens_q", DType::I32, {1, 1}));
+  expect_refused(bytes_of(f), "seqlens_q", "shape [2] is not [B] = [1]");
+  f = valid_case();
+  f.put(floats("seqlens_k", {1}, [](std::size_t) { return 3.0; }));
+  expect_refused(bytes_of(f), "seqlens_k", "dtype F32 is not I32 or I64");
+}
+
+TEST_F(EvalRefusal, NaNInAKeyBeforeSeqlensK) {
+  // seqlens_k = 4: key 3 is used, its v row holding NaN is refused; key 4 may hold it.
+  SafeTensorsFile f = valid_case();
+  f.put(lengths("seqlens_k", DType::I32, {4}));
+  f.put(floats("v", {1, 2, 5, 2}, [](std::size_t e) { return e == 7 ? std::nan("") : 1.0; }));
+  expect_refused(bytes_of(f), "v",
+                 "element 7 is NaN, in key 3 of b=0, kv head 0, which query 0 of head 0 attends");
+  f.put(floats("v", {1, 2, 5, 2}, [](std::size_t e) { return e == 9 ? std::nan("") : 1.0; }));
+  const std::string in = dir_ / "varlen.safetensors", out = dir_ / "varlen.out.safetensors";
+  write_bytes(in, bytes_of(f));
+  const CliResult r = run({"eval", in, "-o", out});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out));
+}
+
 TEST_F(EvalRefusal, BadCausalValue) {
   SafeTensorsFile f = valid_case();
   f.metadata["attn.causal"] = "lower";

@@ -32,7 +32,8 @@ RawTensor float_tensor(const std::string& name, DType t, Shape shape,
   return r;
 }
 
-// The causal and window rules of CONTRACT section 1.
+// The causal and window rules of CONTRACT section 1, before sequence lengths (the generators
+// that use them draw masks and biases for every position).
 bool position_allowed(const ProblemSpec& p, std::int64_t i, std::int64_t j) {
   const std::int64_t aligned = p.causal == Causal::BottomRight ? i + (p.Nk - p.Nq) : i;
   const std::int64_t d = j - aligned;
@@ -250,6 +251,40 @@ std::string shortest(double x) {
   return buf;
 }
 
+RawTensor int_tensor(const std::string& name, DType t, const std::vector<std::int64_t>& v) {
+  RawTensor r{name, t, {static_cast<std::int64_t>(v.size())}, {}};
+  const std::size_t size = dtype_size(t);
+  for (std::int64_t x : v)
+    for (std::size_t byte = 0; byte < size; ++byte)  // little-endian
+      r.data.push_back(static_cast<unsigned char>(static_cast<std::uint64_t>(x) >> (8 * byte)));
+  return r;
+}
+
+// seqlens_q and seqlens_k of the spec's kind (SeqlensKind): batch 0 full, batch 1 with few keys,
+// the other batches distinct key counts where Nk allows.
+void put_seqlens(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::int64_t> lq(sz(p.B)), lk(sz(p.B));
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    std::int64_t k = b == 0 ? p.Nk : b == 1 ? std::min<std::int64_t>(2, p.Nk) : 0;
+    for (int attempt = 0; k == 0 && attempt < 64; ++attempt) {
+      const auto c = 1 + static_cast<std::int64_t>(rng.below(sz(p.Nk)));
+      if (std::find(lk.begin(), lk.begin() + b, c) == lk.begin() + b || attempt == 63) k = c;
+    }
+    lk[sz(b)] = k;
+    switch (p.seqlens) {
+      case SeqlensKind::Decode: lq[sz(b)] = 1; break;
+      case SeqlensKind::Chunked:
+        lq[sz(b)] = b == 0 ? p.Nq
+                           : 1 + static_cast<std::int64_t>(rng.below(sz(std::min(p.Nq, k))));
+        break;
+      default: lq[sz(b)] = b == 0 ? p.Nq : std::max<std::int64_t>(1, k * p.Nq / p.Nk);
+    }
+  }
+  if (p.seqlens != SeqlensKind::Keys) f.put(int_tensor("seqlens_q", p.seqlens_dtype, lq));
+  f.put(int_tensor("seqlens_k", p.seqlens_dtype, lk));
+}
+
 std::string outputs_text(const ProblemSpec& p) {
   return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "");
 }
@@ -267,6 +302,9 @@ constexpr std::pair<MaskKind, std::string_view> kMaskKindNames[] = {
     {MaskKind::CausalMask, "causal_mask"},
     {MaskKind::KeyPaddingBroadcast, "key_padding_broadcast"},
     {MaskKind::KeyVector, "key_vector"}};
+constexpr std::pair<SeqlensKind, std::string_view> kSeqlensKindNames[] = {
+    {SeqlensKind::None, "none"},       {SeqlensKind::Varlen, "varlen"}, {SeqlensKind::Decode, "decode"},
+    {SeqlensKind::Chunked, "chunked"}, {SeqlensKind::Keys, "keys"}};
 constexpr std::pair<BiasKind, std::string_view> kBiasKindNames[] = {
     {BiasKind::None, "none"}, {BiasKind::Alibi, "alibi"}, {BiasKind::Random, "random"},
     {BiasKind::Fill, "fill"}, {BiasKind::Scalar, "scalar"}, {BiasKind::PerKey, "per_key"}};
@@ -276,6 +314,10 @@ constexpr std::pair<BiasKind, std::string_view> kBiasKindNames[] = {
 std::string_view mask_kind_name(MaskKind m) { return table_name(kMaskKindNames, m); }
 std::optional<MaskKind> mask_kind_from_name(std::string_view s) {
   return table_from_name(kMaskKindNames, s);
+}
+std::string_view seqlens_kind_name(SeqlensKind k) { return table_name(kSeqlensKindNames, k); }
+std::optional<SeqlensKind> seqlens_kind_from_name(std::string_view s) {
+  return table_from_name(kSeqlensKindNames, s);
 }
 std::string_view bias_kind_name(BiasKind b) { return table_name(kBiasKindNames, b); }
 std::optional<BiasKind> bias_kind_from_name(std::string_view s) {
@@ -351,6 +393,8 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   if (!p.bias_fill.empty() && p.bias != BiasKind::Fill) return "bias_fill needs bias fill";
   if (p.bias == BiasKind::Fill)
     if (auto f = bias_fill_value(p); !f.error.empty()) return f.error;
+  if (p.seqlens_dtype != DType::I32 && p.seqlens_dtype != DType::I64)
+    return "seqlens_dtype must be I32 or I64";
   if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
   if (p.self_attention && (!mha || p.Nq != p.Nk))
     return "self attention needs kind mha and Nq = Nk";
@@ -457,6 +501,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     }
     f.put(std::move(qm));
   }
+  if (p.seqlens != SeqlensKind::None) put_seqlens(p, f, mix64(seed, 5));
   if (p.poison) poison_unused(f);
   return f;
 }

@@ -22,10 +22,11 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 18> kOptions = {
+constexpr std::array<std::string_view, 20> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
-    "query_mask", "poison",     "masked_rows",  "outputs", "self",       "params"};
+    "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
+    "self",       "params"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -243,6 +244,12 @@ class SpecReader {
       if (auto f = bias_fill_value(p); !f.error.empty()) fail(path, f.error);
     } else if (key == "query_mask") {
       p.query_mask = boolean(v, path);
+    } else if (key == "seqlens") {
+      p.seqlens = named(v, path, seqlens_kind_from_name, seqlens_kind_name,
+                        {SeqlensKind::None, SeqlensKind::Varlen, SeqlensKind::Decode,
+                         SeqlensKind::Chunked, SeqlensKind::Keys});
+    } else if (key == "seqlens_dtype") {
+      p.seqlens_dtype = *dtype_from_name(choice(v, path, {"I32", "I64"}));
     } else if (key == "poison") {
       p.poison = boolean(v, path);
     } else if (key == "masked_rows") {
@@ -474,6 +481,10 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.mask != MaskKind::None) t.push_back("mask_" + std::string(mask_kind_name(p.mask)));
   if (p.bias != BiasKind::None) t.push_back("bias_" + std::string(bias_kind_name(p.bias)));
   if (p.query_mask) t.push_back("query_mask");
+  if (p.seqlens != SeqlensKind::None) {
+    t.push_back("seqlens");
+    t.push_back("seqlens_" + std::string(seqlens_kind_name(p.seqlens)));
+  }
   if (p.poison) t.push_back("poison");
   if (p.masked_rows == MaskedRows::Zero) t.push_back("masked_rows_zero");
   if (p.want_weights) t.push_back("weights");

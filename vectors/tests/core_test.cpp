@@ -53,7 +53,7 @@ std::vector<double> row_out(const Case& c, std::int64_t b, std::int64_t h, std::
   std::vector<double> s(static_cast<std::size_t>(c.Nk), -INFINITY);
   double m = -INFINITY;
   for (std::int64_t j = 0; j < c.Nk; ++j) {
-    if (!c.position_allowed(i, j) || !c.mask_at(mb, mh, i, j)) continue;
+    if (!c.position_allowed(b, i, j) || !c.mask_at(mb, mh, i, j)) continue;
     double x = 0;
     for (std::int64_t d = 0; d < c.Dk; ++d)
       x += c.q.values[static_cast<std::size_t>(((b * c.Hq + h) * c.Nq + i) * c.Dk + d)] *

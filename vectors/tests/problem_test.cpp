@@ -264,7 +264,7 @@ TEST(VectorsGenerators, SubnormalValues) {
 std::int64_t allowed_keys(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i) {
   std::int64_t n = 0;
   for (std::int64_t j = 0; j < c.Nk; ++j)
-    n += c.position_allowed(i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
+    n += c.position_allowed(b, i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
   return n;
 }
 
@@ -401,6 +401,80 @@ TEST(VectorsPoison, UnusedPositionsChangeNothing) {
   EXPECT_GT(poisoned_elements, 500u);
 }
 
+std::vector<std::int64_t> lengths_of(const SafeTensorsFile& f, const char* name) {
+  const RawTensor* t = f.find(name);
+  std::vector<std::int64_t> l;
+  if (!t) return l;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(t->numel()); ++e) {
+    std::int64_t x = 0;
+    if (t->dtype == DType::I32) {
+      std::int32_t y;
+      std::memcpy(&y, t->data.data() + 4 * e, 4);
+      x = y;
+    } else {
+      std::memcpy(&x, t->data.data() + 8 * e, 8);
+    }
+    l.push_back(x);
+  }
+  return l;
+}
+
+TEST(VectorsSeqlens, EachKindOfLengths) {
+  for (SeqlensKind kind : {SeqlensKind::Varlen, SeqlensKind::Decode, SeqlensKind::Chunked, SeqlensKind::Keys}) {
+    ProblemSpec p = sdpa("normal", DType::F32, 5, 2, 2, 6, 24);
+    p.seqlens = kind;
+    p.causal = Causal::BottomRight;
+    p.seqlens_dtype = kind == SeqlensKind::Keys ? DType::I64 : DType::I32;
+    const SafeTensorsFile f = make_problem(p, 3);
+    const Case c = case_from_file("varlen", f);  // valid: lengths within [0, N]
+    const auto lq = lengths_of(f, "seqlens_q"), lk = lengths_of(f, "seqlens_k");
+    ASSERT_EQ(lk.size(), 5u) << seqlens_kind_name(kind);
+    EXPECT_EQ(f.find("seqlens_k")->dtype, p.seqlens_dtype);
+    EXPECT_EQ(lk[0], 24);  // one full sequence
+    EXPECT_EQ(lk[1], 2);   // one with few keys
+    EXPECT_EQ(std::set<std::int64_t>(lk.begin(), lk.end()).size(), 5u) << "distinct key counts";
+    if (kind == SeqlensKind::Keys) {
+      EXPECT_EQ(f.find("seqlens_q"), nullptr);
+      continue;
+    }
+    ASSERT_EQ(lq.size(), 5u);
+    for (std::size_t b = 0; b < 5; ++b) {
+      EXPECT_GE(lq[b], 1);
+      EXPECT_LE(lq[b], std::min<std::int64_t>(6, lk[b])) << seqlens_kind_name(kind) << " b=" << b;
+      if (kind == SeqlensKind::Decode) {
+        EXPECT_EQ(lq[b], 1);
+      }
+    }
+    if (kind != SeqlensKind::Decode) {
+      EXPECT_EQ(lq[0], 6);
+    }
+    EXPECT_EQ(c.first_refused_row(), std::nullopt);  // bottom_right: Lq <= Lk leaves no row empty
+    // the last valid query of each sequence sees exactly its sequence's keys
+    for (std::int64_t b = 0; b < 5; ++b)
+      EXPECT_EQ(c.key_range(b, lq[static_cast<std::size_t>(b)] - 1).last, lk[static_cast<std::size_t>(b)] - 1);
+  }
+  ProblemSpec bad = sdpa("normal", DType::F32, 2, 1, 1, 2, 2);
+  bad.seqlens = SeqlensKind::Varlen;
+  bad.seqlens_dtype = DType::F32;
+  EXPECT_EQ(problem_error(bad), "seqlens_dtype must be I32 or I64");
+}
+
+TEST(VectorsSeqlens, PoisonFillsKeysPastSeqlensK) {
+  ProblemSpec p = sdpa("normal", DType::F16, 3, 2, 1, 4, 10);
+  p.seqlens = SeqlensKind::Varlen;
+  p.causal = Causal::BottomRight;
+  p.poison = true;
+  const SafeTensorsFile f = make_problem(p, 5);
+  const auto lk = lengths_of(f, "seqlens_k");
+  const RawTensor* v = f.find("v");
+  for (std::int64_t b = 0; b < 3; ++b)
+    for (std::int64_t j = 0; j < 10; ++j) {
+      const double x = decode_float(DType::F16, v->data.data() + static_cast<std::size_t>((b * 10 + j) * 8) * 2);
+      EXPECT_EQ(std::isfinite(x), j < lk[static_cast<std::size_t>(b)]) << "b=" << b << " j=" << j;
+    }
+  EXPECT_NO_THROW(evaluate(case_from_file("poisoned", f), {}));
+}
+
 TEST(VectorsPoison, NeedsKindSdpa) {
   ProblemSpec p;
   p.kind = Kind::Mha;
@@ -480,7 +554,7 @@ TEST(VectorsBias, FillWritesAMaskAsABias) {
         for (std::int64_t i = 0; i < c.Nq; ++i) {
           bool open = false;
           for (std::int64_t j = 0; j < c.Nk; ++j)
-            open = open || (c.position_allowed(i, j) && c.mask_at(b, h, i, j) &&
+            open = open || (c.position_allowed(b, i, j) && c.mask_at(b, h, i, j) &&
                             c.bias_at(b, h, i, j) == 0);
           EXPECT_TRUE(open) << text << " row " << b << "," << h << "," << i;
         }

@@ -71,6 +71,12 @@ BUGS = {
     "bottom_right_off_by_one": "bottom_right causal aligned at i + Nk - Nq + 1 (one key too many)",
     "window_off_by_one": "the window's left edge one key short (j > i - left instead of j >= i - left)",
     "window_right_ignored": "the window's right edge ignored (only the left one applied)",
+    # Sequence lengths and unused positions
+    "seqlens_align_nk_nq": "bottom_right causal aligned at i + Nk - Nq, the padded sizes, instead of "
+                           "i + Lk - Lq, the lengths of the batch's sequences (keys past seqlens_k "
+                           "still skipped)",
+    "nan_from_padded_key": "P V multiplies the zero weights of masked and padded keys by their value "
+                           "rows instead of skipping them: a NaN or infinity there gives NaN",
 }
 
 
@@ -154,16 +160,25 @@ def flush(a, tiny):
     return np.where(np.abs(a) < tiny, a.dtype.type(0), a)
 
 
-def key_allowed(meta, Nq, Nk, j0, j1, bug=None):
-    """[Nq, j1 - j0]: causal and window for keys j0..j1-1, with i' = i (top_left) or
-    i + Nk - Nq (bottom_right); the window takes the causal alignment (top_left when none)."""
+def key_allowed(meta, Nq, Nk, j0, j1, bug=None, lq=None, lk=None):
+    """[B or 1, 1, Nq, j1 - j0]: causal, window and seqlens_k for keys j0..j1-1, with i' = i
+    (top_left) or i + Lk - Lq (bottom_right; lq, lk [B] the sequences' lengths, Nq and Nk without
+    them); the window takes the causal alignment (top_left when none)."""
     causal = meta.get("attn.causal", "none")
     if bug == "causal_top_left":        # BUG: bottom_right read as top_left
         causal = "top_left" if causal != "none" else causal
-    offset = Nk - Nq + (1 if bug == "bottom_right_off_by_one" else 0)   # BUG: + 1
-    rows = np.arange(Nq)[:, None] + (offset if causal == "bottom_right" else 0)
-    cols = np.arange(j0, j1)[None, :]
-    ok = cols <= rows if causal != "none" else np.ones((Nq, j1 - j0), bool)
+    varlen = lk is not None
+    lq = np.array([Nq]) if lq is None else lq
+    lk = np.array([Nk]) if lk is None else lk
+    offset = lk - lq
+    if bug == "seqlens_align_nk_nq":    # BUG: the padded sizes' alignment
+        offset = np.full_like(lk, Nk - Nq)
+    offset = offset + (1 if bug == "bottom_right_off_by_one" else 0)   # BUG: + 1
+    rows = np.arange(Nq)[None, None, :, None] + (offset[:, None, None, None] if causal == "bottom_right" else 0)
+    cols = np.arange(j0, j1)[None, None, None, :]
+    ok = cols <= rows if causal != "none" else np.ones((1, 1, Nq, j1 - j0), bool)
+    if varlen:                          # keys past seqlens_k (without it, the keys past Nk of
+        ok = ok & (cols < lk[:, None, None, None])   # bug tail_unmasked stay allowed)
     window = meta.get("attn.window", "none")
     if window != "none":
         left, right = (int(x) for x in window.split(","))
@@ -192,7 +207,7 @@ class Kernel:
             s = qk * acc.type(scale)
             if cap != 0:
                 s = acc.type(cap) * np.tanh(s / acc.type(cap))
-        ok = np.broadcast_to(key_allowed(meta, q.shape[2], Nk, j0, j1, bug), s.shape)
+        ok = np.broadcast_to(key_allowed(meta, q.shape[2], Nk, j0, j1, bug, self.lq, self.lk), s.shape)
         if bias is not None:
             b = pad(bias[..., j0:j1].astype(acc), 0)
             ok = ok & (b != -np.inf)
@@ -206,8 +221,18 @@ class Kernel:
         masked = np.finfo(acc).min if bug == "masked_fill_min" else -np.inf   # BUG: finite
         return np.where(ok, s, acc.type(masked))
 
-    def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None):
+    def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
+                 seqlens_q=None, seqlens_k=None):
         bug = self.bug
+        B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
+        self.lq = None if seqlens_q is None else seqlens_q.astype(np.int64)
+        self.lk = None if seqlens_k is None else seqlens_k.astype(np.int64)
+        if self.lq is not None:              # queries past seqlens_q are padding
+            valid = np.arange(Nq)[None, :] < self.lq[:, None]
+            query_mask = valid if query_mask is None else query_mask & valid
+        if self.lq is not None or self.lk is not None:
+            self.lq = np.full(B, Nq) if self.lq is None else self.lq
+            self.lk = np.full(B, Nk) if self.lk is None else self.lk
         acc = np.float64 if in_dtype == "F64" else np.float32
         f32 = acc == np.float32
         self.rnd = rnd = ROUND[self.arith] if in_dtype != "F64" else None
@@ -216,7 +241,10 @@ class Kernel:
         # Q, K, V in the input dtype (kind mha: the projections rounded to it, or to the P dtype).
         # Unused positions (keys no query attends, padding queries) may hold NaN or infinities:
         # read as 0, so that 0 * NaN in P V never reaches a used row.
-        q, k, v = (np.where(np.isfinite(a), a, 0).astype(acc) for a in (q, k, v))
+        q, k = (np.where(np.isfinite(a), a, 0).astype(acc) for a in (q, k))
+        if bug != "nan_from_padded_key":     # BUG: the value rows kept as they are
+            v = np.where(np.isfinite(v), v, 0)
+        v = v.astype(acc)
         if rnd is not None:
             q, k, v = rnd(q), rnd(k), rnd(v)
         if ftz:                              # BUG: float32 subnormal inputs read as 0

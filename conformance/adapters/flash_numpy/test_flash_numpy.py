@@ -67,7 +67,8 @@ def t(*rows):
 def kernel(bug, q, k, v, block=16, arith="fp32", in_dtype="F32", **meta_and_tensors):
     """(out, weights, lse) of the kernel with --bug `bug` (None: the correct kernel); keyword
     arguments mask, bias are tensors, the others attn.* metadata (scale 1 unless given)."""
-    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias") if n in meta_and_tensors}
+    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias", "seqlens_q", "seqlens_k")
+               if n in meta_and_tensors}
     meta = {"attn.scale": "1", "attn.masked_rows": "zero", "attn.outputs": "out,weights,lse"}
     meta.update({"attn." + key: str(value) for key, value in meta_and_tensors.items()})
     meta = {key: value for key, value in meta.items() if value != "None"}
@@ -287,7 +288,7 @@ class PlantedBugTest(unittest.TestCase):
 
     # Causal and window (keys allowed for 2 queries over 4 keys).
     def allowed(self, bug, **meta):
-        return attention.key_allowed({"attn." + k: v for k, v in meta.items()}, 2, 4, 0, 4, bug).astype(int).tolist()
+        return attention.key_allowed({"attn." + k: v for k, v in meta.items()}, 2, 4, 0, 4, bug)[0, 0].astype(int).tolist()
 
     def test_bug_causal_top_left(self):
         self.assertEqual(self.allowed(None, causal="bottom_right"), [[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -306,6 +307,33 @@ class PlantedBugTest(unittest.TestCase):
         self.assertEqual(self.allowed("window_right_ignored", window="1,1"), [[1, 1, 1, 1], [1, 1, 1, 1]])
         self.assertEqual(self.allowed("window_right_ignored", window="0,0", causal="top_left"),
                          [[1, 0, 0, 0], [0, 1, 0, 0]])
+
+    # Sequence lengths: batch 0 holds Lq = 2 queries and Lk = 5 keys padded to Nq = 4, Nk = 8;
+    # v_j = j and equal scores, so each output is the mean of the allowed keys.
+    def varlen(self, bug):
+        v = np.tile(np.arange(8, dtype=np.float64).reshape(1, 1, 8, 1), (2, 1, 1, 1))
+        out = kernel(bug, np.zeros((2, 1, 4, 1)), np.zeros((2, 1, 8, 1)), v, causal="bottom_right",
+                     seqlens_q=np.array([2, 4]), seqlens_k=np.array([5, 8]))[0]
+        return out[:, 0, :, 0]
+
+    def test_seqlens_align_per_batch(self):
+        out = self.varlen(None)
+        self.assertEqual(out[0, :2].tolist(), [1.5, 2.0])            # keys 0..3, then 0..4
+        self.assertEqual(out[1].tolist(), [2.0, 2.5, 3.0, 3.5])      # full: keys 0..i+4
+
+    def test_bug_seqlens_align_nk_nq(self):
+        out = self.varlen("seqlens_align_nk_nq")
+        self.assertEqual(out[0, :2].tolist(), [2.0, 2.0])            # keys 0..4 twice: aligned to 4
+        self.assertEqual(out[1].tolist(), [2.0, 2.5, 3.0, 3.5])      # the full batch is right
+
+    def test_bug_nan_from_padded_key(self):
+        # key 2 is past seqlens_k = 2 and its value row is NaN
+        q, k = np.zeros((1, 1, 1, 1)), np.zeros((1, 1, 3, 1))
+        v = np.array([1.0, 3.0, np.nan]).reshape(1, 1, 3, 1)
+        right = kernel(None, q, k, v, seqlens_k=np.array([2]))[0]
+        self.assertEqual(right[0, 0, 0, 0], 2.0)
+        wrong = kernel("nan_from_padded_key", q, k, v, seqlens_k=np.array([2]))[0]
+        self.assertTrue(np.isnan(wrong[0, 0, 0, 0]))
 
 
 if __name__ == "__main__":

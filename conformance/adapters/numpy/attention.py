@@ -73,12 +73,19 @@ def number(text):
         return float.fromhex(text)
 
 
-def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None):
+def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
+              seqlens_q=None, seqlens_k=None):
     """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv] -> out, weights, lse (compute dtype).
 
+    seqlens_q, seqlens_k [B]: valid query and key counts per batch (padded varlen).
     in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels."""
     B, Hq, Nq, Dk = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    lq = np.full(B, Nq) if seqlens_q is None else seqlens_q.astype(np.int64)
+    lk = np.full(B, Nk) if seqlens_k is None else seqlens_k.astype(np.int64)
+    if seqlens_q is not None:           # queries past seqlens_q are padding, like query_mask false
+        valid = np.arange(Nq)[None, :] < lq[:, None]
+        query_mask = valid if query_mask is None else query_mask & valid
     dt = q.dtype
 
     # GQA / MQA: query head h reads kv head h // (Hq / Hkv).
@@ -119,12 +126,15 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
     if mask is not None and bug != "mask_ignored":      # BUG mask_ignored skips this
         allowed &= np.broadcast_to(mask, allowed.shape)
 
-    # Causal and window masks, 0-based; i' = i (top_left) or i + Nk - Nq (bottom_right).
+    # Causal and window masks, 0-based; i' = i (top_left) or i + Lk - Lq (bottom_right), with
+    # Lk, Lq the batch's lengths (Nk, Nq without seqlens); keys j >= Lk are not allowed.
     causal = meta.get("attn.causal", "none")
     if bug == "other_alignment":        # BUG: the alignments swapped
         causal = {"top_left": "bottom_right", "bottom_right": "top_left"}.get(causal, causal)
-    i = np.arange(Nq)[:, None] + (Nk - Nq if causal == "bottom_right" else 0)
-    j = np.arange(Nk)[None, :]
+    shift = (lk - lq)[:, None, None, None] if causal == "bottom_right" else 0
+    i = np.arange(Nq)[None, None, :, None] + shift      # [B,1,Nq,1]
+    j = np.arange(Nk)[None, None, None, :]
+    allowed &= j < lk[:, None, None, None]
     if causal != "none":
         allowed &= j <= i + (1 if bug == "causal_leak" else 0)   # BUG causal_leak: + 1
         if bug == "causal_off_by_one":  # BUG: j < i
@@ -230,7 +240,7 @@ def run_case(path, compute, bug=None):
         compute = np.dtype(np.float64)
     x = {name: a.astype(compute) for name, a in tensors.items() if dtypes[name] in FLOATS}
     extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"),
-                 in_dtype=in_dtype)
+                 in_dtype=in_dtype, seqlens_q=tensors.get("seqlens_q"), seqlens_k=tensors.get("seqlens_k"))
     if kind == "sdpa":
         out, w, lse = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:

@@ -3,7 +3,7 @@
     tensors, metadata = load("case.safetensors")      # name -> np.ndarray, str -> str
     save("out.safetensors", {"out": out}, {"k": "v"}, dtypes={"out": "BF16"})
 
-Dtypes: F64, F32, F16, BF16, BOOL, I64. NumPy has no bfloat16: BF16 is read as uint16 and
+Dtypes: F64, F32, F16, BF16, BOOL, I64, I32. NumPy has no bfloat16: BF16 is read as uint16 and
 widened to float32 (the bits go in the upper half), and written by rounding to nearest-even.
 """
 import json
@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 # safetensors dtype name -> NumPy dtype of the stored bytes (little-endian).
-DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "?", "I64": "<i8"}
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "?", "I64": "<i8", "I32": "<i4"}
 
 
 class UnsupportedDtype(ValueError):
@@ -68,7 +68,7 @@ def bf16_bits(a):
 
 
 _NAMES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-          np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "I64"}
+          np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
 
 
 def save(path, tensors, metadata=None, dtypes=None):

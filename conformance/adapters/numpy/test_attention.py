@@ -206,6 +206,31 @@ class AdapterTest(unittest.TestCase):
         np.testing.assert_allclose(r["out"].ravel(), [1 / (1 + np.exp(-2))], rtol=1e-15)
         np.testing.assert_array_equal(r["weights"][0, 0, 0, 2], 0.0)
 
+    def test_seqlens_align_bottom_right_per_batch(self):
+        # Batch 0 holds Lq = 2 queries and Lk = 5 keys padded to Nq = 4, Nk = 8; batch 1 is full.
+        # Equal scores, v_j = j: each output is the mean of the allowed keys. Keys past Lk hold
+        # NaN and infinity (unused positions).
+        v = np.tile(np.arange(8.0).reshape(1, 1, 8, 1), (2, 1, 1, 1))
+        k = np.zeros((2, 1, 8, 1))
+        k[0, 0, 5:, 0], v[0, 0, 6:, 0] = np.nan, np.inf
+        t = {"q": np.zeros((2, 1, 4, 1)), "k": k, "v": v,
+             "seqlens_q": np.array([2, 4], np.int32), "seqlens_k": np.array([5, 8], np.int64)}
+        r = self.run_one(self.case(t, meta(causal="bottom_right", outputs="out,weights")), "--dtype", "float64")
+        np.testing.assert_array_equal(r["out"][0, 0, :2, 0], [1.5, 2.0])   # keys 0..3, then 0..4
+        np.testing.assert_allclose(r["out"][1, 0, :, 0], [2.0, 2.5, 3.0, 3.5], rtol=1e-15)
+        np.testing.assert_array_equal(r["weights"][0, 0, 1, 5:], 0.0)
+
+    def test_seqlens_q_rows_are_padding(self):
+        # seqlens_k = 0 in batch 0: its query 0 has no key; with seqlens_q = 0 it is padding and
+        # not refused under policy error, with seqlens_q = 1 it is refused.
+        t = {"q": np.ones((2, 1, 1, 1)), "k": np.ones((2, 1, 2, 1)), "v": np.ones((2, 1, 2, 1)),
+             "seqlens_k": np.array([0, 2], np.int32)}
+        ok = self.case(dict(t, seqlens_q=np.array([0, 1], np.int32)), meta())
+        bad = self.case(dict(t, seqlens_q=np.array([1, 1], np.int32)), meta())
+        got = self.run_adapter([ok, bad])
+        self.assertEqual(got[0][0], "ok", got[0])
+        self.assertEqual(got[1][0], "error", got[1])
+
     def fully_masked_case(self, policy, query_mask=None):
         mask = np.ones((1, 2, 3, 2), bool)
         mask[0, 1, 2, :] = False                   # b=0, h=1, i=2 sees nothing

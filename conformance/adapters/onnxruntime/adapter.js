@@ -154,7 +154,12 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
   const [B, H, Nq, Nk] = dims;
   const mask = tensors.mask;
   const bias = tensors.bias;
-  if (!mask && !bias && causal === 'none' && window === 'none') return null;
+  // Sequence lengths [B]: keys j >= seqlens_k[b] masked, bottom_right aligned per batch.
+  const lengths = (name, n) => (tensors[name] ? Array.from(st.values(tensors[name])) : new Array(B).fill(n));
+  const varlen = Boolean(tensors.seqlens_q || tensors.seqlens_k);
+  const lq = lengths('seqlens_q', Nq);
+  const lk = lengths('seqlens_k', Nk);
+  if (!mask && !bias && causal === 'none' && window === 'none' && !tensors.seqlens_k) return null;
 
   const parts = [];
   if (mask) {
@@ -167,11 +172,12 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
     parts.push({ t: bias, ...broadcastStrides(bias.shape, dims, 'bias') });
     biasValues = st.values(bias);
   }
-  const mb = parts.some((p) => p.padded[0] !== 1) ? B : 1;
+  const mb = varlen || parts.some((p) => p.padded[0] !== 1) ? B : 1;
   const mh = parts.some((p) => p.padded[1] !== 1) ? H : 1;
 
-  // Causal and window, 0-based; i' = i (top_left, and windows with no causal) or i + Nk - Nq.
-  const shift = causal === 'bottom_right' ? Nk - Nq : 0;
+  // Causal and window, 0-based; i' = i (top_left, and windows with no causal) or i + Lk - Lq,
+  // the lengths of the batch's sequences (Nk and Nq without seqlens).
+  const shift = (b) => (causal === 'bottom_right' ? lk[b] - lq[b] : 0);
   let left = Infinity; let right = Infinity;
   if (window !== 'none') {
     const m = /^(\d+),(\d+)$/.exec(window);
@@ -179,8 +185,9 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
     left = Number(m[1]);
     right = Number(m[2]);
   }
-  const positional = (i, j) => {
-    const ip = i + shift;
+  const positional = (b, i, j) => {
+    if (j >= lk[b]) return false;
+    const ip = i + shift(b);
     if (causal !== 'none' && j > ip) return false;
     return ip - left <= j && j <= ip + right;
   };
@@ -195,7 +202,7 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
     for (let h = 0; h < mh; h++) {
       for (let i = 0; i < Nq; i++) {
         for (let j = 0; j < Nk; j++, at++) {
-          let ok = positional(i, j);
+          let ok = positional(b, i, j);
           if (ok && mask) ok = mask.data[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]] !== 0;
           if (bias) {
             const x = biasValues[b * bs[0] + h * bs[1] + i * bs[2] + j * bs[3]];
@@ -250,6 +257,15 @@ function plan(tensors, meta) {
   }
   if (!(outType in ORT_TYPES)) {
     throw new Unsupported(`output dtype ${outType}: this adapter writes ${Object.keys(ORT_TYPES).join(' or ')} only`);
+  }
+  for (const name of ['seqlens_q', 'seqlens_k']) {
+    const t = tensors[name];
+    if (!t) continue;
+    if (OP !== 'attention') {
+      throw new Unsupported(`${name}: sequence lengths go into the mask of the Attention operator `
+        + `(the default --op), not ${OP_NAMES[OP]}`);
+    }
+    if (t.dtype !== 'I32' && t.dtype !== 'I64') throw new BadCase(`${name}: dtype ${t.dtype}, expected I32 or I64`);
   }
   const asked = (meta['attn.outputs'] || 'out').split(',').map((s) => s.trim());
   for (const o of asked) {

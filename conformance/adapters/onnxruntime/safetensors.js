@@ -8,7 +8,7 @@
 //
 // Dtypes and how their data is held in memory:
 //   F64 Float64Array, F32 Float32Array, F16 and BF16 Uint16Array (the bit patterns),
-//   BOOL Uint8Array (0 or 1), I64 BigInt64Array.
+//   BOOL Uint8Array (0 or 1), I64 BigInt64Array, I32 Int32Array.
 // `values(t)` gives any floating tensor as a Float64Array of its exact values. When writing,
 // `data` may also be any array of numbers: it is rounded once, to nearest-even, into the dtype
 // (F16 and BF16 directly from the double, never through float32; overflow gives infinity,
@@ -16,10 +16,10 @@
 
 const fs = require('fs');
 
-const SIZES = { F64: 8, F32: 4, F16: 2, BF16: 2, BOOL: 1, I64: 8 };
+const SIZES = { F64: 8, F32: 4, F16: 2, BF16: 2, BOOL: 1, I64: 8, I32: 4 };
 const ARRAYS = {
   F64: Float64Array, F32: Float32Array, F16: Uint16Array, BF16: Uint16Array,
-  BOOL: Uint8Array, I64: BigInt64Array,
+  BOOL: Uint8Array, I64: BigInt64Array, I32: Int32Array,
 };
 
 class UnsupportedDtype extends Error {}
@@ -105,7 +105,7 @@ function numberToBf16(x) {
 
 /**
  * Reads a safetensors file -> { tensors: name -> {dtype, shape, data}, metadata: key -> string }.
- * Throws UnsupportedDtype for a dtype outside F64, F32, F16, BF16, BOOL, I64, FormatError for a
+ * Throws UnsupportedDtype for a dtype outside F64, F32, F16, BF16, BOOL, I64, I32, FormatError for a
  * malformed file.
  */
 function read(path) {
@@ -139,7 +139,7 @@ function read(path) {
   return { tensors, metadata };
 }
 
-/** A floating tensor's values as a Float64Array (exact). BOOL gives 0/1, I64 Number(). */
+/** A floating tensor's values as a Float64Array (exact). BOOL gives 0/1, I64 and I32 Number(). */
 function values(t) {
   const out = new Float64Array(t.data.length);
   if (t.dtype === 'F16') for (let i = 0; i < out.length; i++) out[i] = halfToNumber(t.data[i]);

@@ -239,6 +239,24 @@ ortTest('window, aligned like the causal option', (w) => {
   close(w.one(base, meta({ window: '1,0', causal: 'bottom_right' })).out.v, [3, 6], 1e-6, 'window br');
 });
 
+ortTest('seqlens: keys past seqlens_k masked, bottom_right aligned per batch', (w) => {
+  // Batch 0: Lq = 1, Lk = 3 of Nq = 2, Nk = 4; batch 1 full. Equal scores: the mean of the
+  // allowed values. bottom_right: batch 0 query 0 sees keys 0..2 (not 0..2 + 1 from Nk - Nq).
+  const zeros = (n) => Array(n).fill(0);
+  const base = { q: T('F32', [2, 1, 2, 1], zeros(4)), k: T('F32', [2, 1, 4, 1], zeros(8)),
+    v: T('F32', [2, 1, 4, 1], [1, 2, 4, 8, 1, 2, 4, 8]),
+    seqlens_q: T('I64', [2], [1, 2]), seqlens_k: T('I64', [2], [3, 4]) };
+  const r = w.one(base, meta({ causal: 'bottom_right' })).out.v;
+  close([r[0], r[2], r[3]], [7 / 3, 7 / 3, 15 / 4], 1e-6, 'bottom_right per batch');
+  close(w.one(base, meta()).out.v.slice(0, 2), [7 / 3, 7 / 3], 1e-6, 'seqlens_k alone');
+  // I32 lengths read alike; the contrib operators say they do not take them
+  const i32 = { ...base, seqlens_q: T('I32', [2], [1, 2]), seqlens_k: T('I32', [2], [3, 4]) };
+  close(w.one(i32, meta({ causal: 'bottom_right' })).out.v, r, 1e-7, 'I32');
+  const [gqa] = w.run([w.case(i32, meta())], ['--op', 'gqa']);
+  assert.equal(gqa.kind, 'unsupported');
+  assert.match(gqa.text, /^seqlens_q: sequence lengths go into the mask of the Attention operator/);
+});
+
 ortTest('GQA and MQA: query head h reads kv head h / (Hq / Hkv)', (w) => {
   const ones = (n) => Array(n).fill(1);
   const r = w.one({ q: T('F32', [1, 6, 1, 1], ones(6)), k: T('F32', [1, 3, 1, 1], ones(3)),

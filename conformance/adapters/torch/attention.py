@@ -42,17 +42,26 @@ def tensor(a, dtype=None):
     return t if dtype is None else t.to(dtype)
 
 
-def allowed_keys(meta, shape, mask, bias):
-    """Bool [B, H, Nq, Nk]: the boolean mask, causal (either alignment), window, bias != -inf."""
-    Nq, Nk = shape[-2], shape[-1]
+def lengths(seqlens, B, n):
+    """seqlens_q or seqlens_k [B] as int64, or n for every batch when absent."""
+    return torch.full((B,), n, dtype=torch.int64) if seqlens is None else tensor(seqlens).long()
+
+
+def allowed_keys(meta, shape, mask, bias, seqlens_q=None, seqlens_k=None):
+    """Bool [B, H, Nq, Nk]: the boolean mask, keys before seqlens_k, causal (either alignment,
+    bottom_right per batch: i' = i + Lk - Lq), window, bias != -inf."""
+    B, Nq, Nk = shape[0], shape[-2], shape[-1]
+    lq, lk = lengths(seqlens_q, B, Nq).view(B, 1, 1, 1), lengths(seqlens_k, B, Nk).view(B, 1, 1, 1)
     causal = meta.get("attn.causal", "none")
-    shift = Nk - Nq if causal == "bottom_right" else 0           # i' = i + shift
-    ones = torch.ones(Nq, Nk, dtype=torch.bool)
-    allowed = ones.tril(diagonal=shift) if causal != "none" else ones
+    i = torch.arange(Nq).view(1, 1, Nq, 1) + (lk - lq if causal == "bottom_right" else 0)
+    j = torch.arange(Nk).view(1, 1, 1, Nk)
+    allowed = j < lk
+    if causal != "none":
+        allowed = allowed & (j <= i)
     window = meta.get("attn.window", "none")
     if window != "none":
         left, right = (int(x) for x in window.split(","))
-        allowed = allowed & ones.tril(diagonal=shift + right) & ones.triu(diagonal=shift - left)
+        allowed = allowed & (j >= i - left) & (j <= i + right)
     allowed = allowed.expand(*shape)
     if mask is not None:
         allowed = allowed & tensor(mask)
@@ -61,12 +70,18 @@ def allowed_keys(meta, shape, mask, bias):
     return allowed
 
 
-def refuse_masked_rows(meta, live, query_mask):
+def queries(live, query_mask, seqlens_q):
+    """Bool [B, Nq]: the rows compared (query_mask true and i < seqlens_q[b])."""
+    B, Nq = live.shape[0], live.shape[2]
+    valid = torch.arange(Nq).view(1, Nq) < lengths(seqlens_q, B, Nq).view(B, 1)
+    return valid if query_mask is None else valid & tensor(query_mask)
+
+
+def refuse_masked_rows(meta, live, query_mask, seqlens_q=None):
     """Under attn.masked_rows=error, a row with no allowed key that is not padding is refused."""
     if meta.get("attn.masked_rows", "error") != "error":
         return
-    is_query = torch.ones(live.shape[0], live.shape[2], dtype=torch.bool) if query_mask is None \
-        else tensor(query_mask)
+    is_query = queries(live, query_mask, seqlens_q)
     bad = (~live & is_query[:, None, :]).nonzero()
     if len(bad):
         b, h, i = bad[0].tolist()
@@ -77,7 +92,8 @@ def scale_of(meta, head_dim):
     return nx.number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(head_dim)
 
 
-def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None, in_dtype=None):
+def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None, in_dtype=None,
+                  seqlens_q=None, seqlens_k=None):
     """Called as the NumPy adapter's `attention` (float64 arrays in, float64 arrays out)."""
     if meta.get("attn.kind", "sdpa") != "sdpa":
         raise nx.Unsupported("attn.kind mha in --mode ops (--mode mha runs it)")
@@ -92,9 +108,9 @@ def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None
         scores = cap * torch.tanh(scores / cap)
     if bias is not None:
         scores = scores + tensor(bias, dt)
-    allowed = allowed_keys(meta, scores.shape, mask, bias)
+    allowed = allowed_keys(meta, scores.shape, mask, bias, seqlens_q, seqlens_k)
     live = allowed.any(dim=-1)
-    refuse_masked_rows(meta, live, query_mask)
+    refuse_masked_rows(meta, live, query_mask, seqlens_q)
     scores = scores.masked_fill(~allowed, -math.inf)
     weights = torch.softmax(scores, dim=-1)
     weights = weights.masked_fill(~live[..., None], 0)          # policy zero: no NaN from 0/0
@@ -132,10 +148,10 @@ def mha_case(path, compute=None, bug=None):
         raise nx.Unsupported("attn.softcap")
     B, Nq, Nk = x["x_q"].shape[0], x["x_q"].shape[1], x["x_kv"].shape[1]
     bias = x.get("bias")
-    allowed = allowed_keys(meta, (B, H, Nq, Nk), x.get("mask"), bias)
+    allowed = allowed_keys(meta, (B, H, Nq, Nk), x.get("mask"), bias, x.get("seqlens_q"), x.get("seqlens_k"))
     live = allowed.any(dim=-1)
-    refuse_masked_rows(meta, live, x.get("query_mask"))
-    padding = torch.zeros(B, Nq, dtype=torch.bool) if "query_mask" not in x else ~tensor(x["query_mask"])
+    refuse_masked_rows(meta, live, x.get("query_mask"), x.get("seqlens_q"))
+    padding = ~queries(live, x.get("query_mask"), x.get("seqlens_q"))
     if (~live & ~padding[:, None, :]).any():
         raise nx.Unsupported("fully masked rows under attn.masked_rows=zero: the softmax of a row of "
                              "-inf is NaN, and out_proj mixes it into every feature of the row")

@@ -33,6 +33,8 @@ std::optional<torch::Dtype> torch_dtype(const std::string& name) {
   if (name == "F16") return torch::kFloat16;
   if (name == "BF16") return torch::kBFloat16;
   if (name == "BOOL") return torch::kBool;
+  if (name == "I32") return torch::kInt32;  // seqlens_q, seqlens_k
+  if (name == "I64") return torch::kInt64;
   return std::nullopt;
 }
 
@@ -119,13 +121,20 @@ Result sdpa(torch::Tensor q, torch::Tensor k, torch::Tensor v, const Inputs& in)
   }
   if (auto mask = in.get("mask")) allowed = allowed & *mask;
 
-  // Causal and window, 0-based; i' = i (top_left) or i + Nk - Nq (bottom_right).
+  // Causal and window, 0-based; i' = i (top_left) or i + Lk - Lq (bottom_right), with Lk, Lq
+  // the batch's seqlens_k, seqlens_q (Nk, Nq without them); keys j >= Lk are not allowed.
   const std::string causal = in.meta_or("attn.causal", "none");
   if (causal != "none" && causal != "top_left" && causal != "bottom_right")
     throw Unsupported("attn.causal " + causal);
-  const auto i =
-      torch::arange(Nq, index_opts).unsqueeze(1) + (causal == "bottom_right" ? Nk - Nq : 0);
-  const auto j = torch::arange(Nk, index_opts).unsqueeze(0);
+  const auto length = [&](const char* name, int64_t n) {
+    auto t = in.get(name);
+    return (t ? t->to(torch::kInt64) : torch::full({B}, n, index_opts)).view({B, 1, 1, 1});
+  };
+  const torch::Tensor lq = length("seqlens_q", Nq), lk = length("seqlens_k", Nk);
+  const auto i = torch::arange(Nq, index_opts).view({1, 1, Nq, 1}) +
+                 (causal == "bottom_right" ? lk - lq : torch::zeros_like(lq));
+  const auto j = torch::arange(Nk, index_opts).view({1, 1, 1, Nk});
+  allowed = allowed & (j < lk);
   if (causal != "none") allowed = allowed & (j <= i);
   const std::string window = in.meta_or("attn.window", "none");
   if (window != "none") {
@@ -145,6 +154,7 @@ Result sdpa(torch::Tensor q, torch::Tensor k, torch::Tensor v, const Inputs& in)
   if (in.meta_or("attn.masked_rows", "error") == "error") {
     torch::Tensor query = torch::ones({B, 1, Nq}, bool_opts);
     if (auto qm = in.get("query_mask")) query = qm->unsqueeze(1);
+    query = query & (torch::arange(Nq, index_opts).view({1, 1, Nq}) < lq.view({B, 1, 1}));
     const torch::Tensor bad = torch::nonzero(live.logical_not() & query);
     if (bad.size(0) > 0) {
       const auto at = [&](int64_t col) { return std::to_string(bad[0][col].item<int64_t>()); };
@@ -214,7 +224,8 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
   if (!out_type || *out_type == torch::kBool)
     throw Unsupported("attn.output_dtype " + in.meta_or("attn.output_dtype", ""));
   for (const auto& [name, t] : in.tensors)
-    if (name != "mask" && name != "query_mask" && name != "bias" && t.scalar_type() != in_type)
+    if (name != "mask" && name != "query_mask" && name != "bias" && name != "seqlens_q" &&
+        name != "seqlens_k" && t.scalar_type() != in_type)
       throw std::runtime_error("tensor " + name + " differs in dtype from " + dtype_name(in_type));
 
   torch::NoGradGuard no_grad;

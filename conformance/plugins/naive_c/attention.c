@@ -4,7 +4,8 @@
  *     attnoracle run DIR --plugin build/plugins/libattnoracle_naive_c.so --profile fp32
  *
  * Kind sdpa with everything a case can ask for: scale, softcap, bias, a broadcast boolean mask,
- * causal (top_left and bottom_right), window, GQA/MQA, query_mask, fully masked rows (refused
+ * causal (top_left and bottom_right), window, GQA/MQA, query_mask, sequence lengths (seqlens_q,
+ * seqlens_k, I32 or I64, bottom_right aligned per batch), fully masked rows (refused
  * under attn.masked_rows=error, zeros and lse -inf under zero; padding rows never refused), and
  * the optional weights and lse. F32 inputs are computed in float, F64 inputs in double; results
  * are rounded once, to nearest-even, into the output dtype (F64, F32, F16 or BF16). Kind mha and
@@ -41,7 +42,25 @@ typedef struct problem {
   int bias_f64;
   int64_t bias_stride[4];
   const unsigned char* query_mask;  /* [B, Nq], NULL: every row is a query */
+  const void *seqlens_q, *seqlens_k; /* [B], NULL: Nq and Nk */
+  int seqlens_q_i64, seqlens_k_i64;
 } problem;
+
+/* Element b of an I32 or I64 tensor [B]. */
+static int64_t length_at(const void* data, int i64, int64_t b)
+{
+  return i64 ? ((const int64_t*)data)[b] : ((const int32_t*)data)[b];
+}
+
+/* The valid query and key counts of batch b. */
+static int64_t len_q(const struct problem* p, int64_t b)
+{
+  return p->seqlens_q ? length_at(p->seqlens_q, p->seqlens_q_i64, b) : p->Nq;
+}
+static int64_t len_k(const struct problem* p, int64_t b)
+{
+  return p->seqlens_k ? length_at(p->seqlens_k, p->seqlens_k_i64, b) : p->Nk;
+}
 
 static int64_t offset4(const int64_t stride[4], int64_t b, int64_t h, int64_t i, int64_t j)
 {
@@ -54,11 +73,13 @@ static double bias_at(const problem* p, int64_t b, int64_t h, int64_t i, int64_t
   return p->bias_f64 ? ((const double*)p->bias)[at] : ((const float*)p->bias)[at];
 }
 
-/* allowed(i, j) = mask and causal and window and bias != -inf (CONTRACT section 1). */
+/* allowed(i, j) = j < seqlens_k and mask and causal and window and bias != -inf (CONTRACT
+ * section 1). */
 static unsigned char key_allowed(const problem* p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
   /* i': the row's position among the keys, for causal and window alike. */
-  int64_t ii = i + (p->causal == CAUSAL_BOTTOM_RIGHT ? p->Nk - p->Nq : 0);
+  int64_t ii = i + (p->causal == CAUSAL_BOTTOM_RIGHT ? len_k(p, b) - len_q(p, b) : 0);
+  if (j >= len_k(p, b)) return 0;
   if (p->mask && !p->mask[offset4(p->mask_stride, b, h, i, j)]) return 0;
   if (p->causal != CAUSAL_NONE && j > ii) return 0;
   if (p->window && (j < ii - p->left || j > ii + p->right)) return 0;
@@ -165,7 +186,8 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
   for (t = 0; t < c->num_tensors; ++t) {
     const char* name = c->tensors[t].name;
     if (strcmp(name, "q") && strcmp(name, "k") && strcmp(name, "v") && strcmp(name, "mask") &&
-        strcmp(name, "bias") && strcmp(name, "query_mask"))
+        strcmp(name, "bias") && strcmp(name, "query_mask") && strcmp(name, "seqlens_q") &&
+        strcmp(name, "seqlens_k"))
       return unsupported(msg, size, "tensor ", name);
   }
 
@@ -210,6 +232,16 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
         qmask->shape[1] != p->Nq)
       return bad_case(msg, size, "query_mask is not BOOL [B, Nq]");
     p->query_mask = (const unsigned char*)qmask->data;
+  }
+  for (t = 0; t < 2; ++t) {
+    const attnoracle_tensor* s = find_tensor(c, t ? "seqlens_k" : "seqlens_q");
+    int i64;
+    if (!s) continue;
+    i64 = !strcmp(s->dtype, "I64");
+    if ((!i64 && strcmp(s->dtype, "I32")) || s->ndim != 1 || s->shape[0] != p->B)
+      return bad_case(msg, size, t ? "seqlens_k is not I32 or I64 [B]" : "seqlens_q is not I32 or I64 [B]");
+    if (t) p->seqlens_k = s->data, p->seqlens_k_i64 = i64;
+    else p->seqlens_q = s->data, p->seqlens_q_i64 = i64;
   }
 
   /* Metadata. */

@@ -44,7 +44,7 @@ static int SDPA(const problem* p, REAL* out, REAL* weights, int weights_full, RE
         }
 
         if (!any) { /* a fully masked row */
-          int padding = p->query_mask && !p->query_mask[b * p->Nq + i];
+          int padding = (p->query_mask && !p->query_mask[b * p->Nq + i]) || i >= len_q(p, b);
           if (!p->zero_rows && !padding) {
             snprintf(message, message_size,
                      "fully masked row: b=%lld, h=%lld, i=%lld has no allowed key "

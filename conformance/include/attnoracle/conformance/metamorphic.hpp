@@ -32,7 +32,7 @@ struct TwinPair {
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,
 // future keys changed (causal), a masked padding key appended (for sdpa also with NaN keys and
-// values), and one head changed; then, related through the reference: one kv head's keys and
+// values), every unused position refilled with NaN (sdpa), and one head changed; then, related through the reference: one kv head's keys and
 // values changed, the scale doubled, the softcap changed, head 0's bias changed, the window
 // widened by one key on each side.
 std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);

@@ -90,6 +90,8 @@ struct Case {
   std::optional<BoolTensor> mask;
   std::optional<FloatTensor> bias;  // may hold -inf
   std::optional<BoolTensor> query_mask;
+  // [B] each: valid query and key counts per batch (padded varlen); absent = Nq, Nk.
+  std::optional<std::vector<std::int64_t>> seqlens_q, seqlens_k;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;
@@ -97,28 +99,37 @@ struct Case {
   // mask/bias lookup with broadcasting to [B, Hq, Nq, Nk]
   bool mask_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   double bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
+  // Whether query i of batch b is compared: query_mask true and i < seqlens_q[b].
   bool query_valid(std::int64_t b, std::int64_t i) const;
   // GQA/MQA: the kv head query head h reads (CONTRACT section 1); h itself for kind mha.
   std::int64_t kv_head(std::int64_t h) const { return h / (Hq / Hkv); }
-  // The position of query i on the key axis: i (top_left, none) or i + (Nk - Nq) (bottom_right).
-  std::int64_t aligned_position(std::int64_t i) const {
-    return causal == Causal::BottomRight ? i + (Nk - Nq) : i;
+  // The sequence lengths of batch b: seqlens_q[b] (else Nq) and seqlens_k[b] (else Nk).
+  std::int64_t query_length(std::int64_t b) const {
+    return seqlens_q ? (*seqlens_q)[static_cast<std::size_t>(b)] : Nq;
   }
-  // causal and window rules of CONTRACT section 1
-  bool position_allowed(std::int64_t i, std::int64_t j) const;
-  // The keys [first, last] that causal and window leave to query i, clipped to [0, Nk - 1];
-  // empty when first > last. Every allowed key of row i lies in it.
+  std::int64_t key_length(std::int64_t b) const {
+    return seqlens_k ? (*seqlens_k)[static_cast<std::size_t>(b)] : Nk;
+  }
+  // The position of query i of batch b on the key axis: i (top_left, none) or
+  // i + (Lk - Lq) (bottom_right), with Lk, Lq the lengths of batch b.
+  std::int64_t aligned_position(std::int64_t b, std::int64_t i) const {
+    return causal == Causal::BottomRight ? i + (key_length(b) - query_length(b)) : i;
+  }
+  // causal, window and seqlens_k rules of CONTRACT section 1
+  bool position_allowed(std::int64_t b, std::int64_t i, std::int64_t j) const;
+  // The keys [first, last] that causal, window and seqlens_k leave to query i of batch b,
+  // clipped to [0, Nk - 1]; empty when first > last. Every allowed key of row i lies in it.
   struct KeyRange {
     std::int64_t first = 0, last = -1;
   };
-  KeyRange key_range(std::int64_t i) const;
+  KeyRange key_range(std::int64_t b, std::int64_t i) const;
   // Whether query i of head h attends key j: position, mask, and a bias other than -inf.
   bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    return position_allowed(i, j) && mask_at(b, h, i, j) && bias_at(b, h, i, j) != -INFINITY;
+    return position_allowed(b, i, j) && mask_at(b, h, i, j) && bias_at(b, h, i, j) != -INFINITY;
   }
   // Whether the row has any allowed key (else it is fully masked).
   bool row_has_key(std::int64_t b, std::int64_t h, std::int64_t i) const {
-    const KeyRange r = key_range(i);
+    const KeyRange r = key_range(b, i);
     for (std::int64_t j = r.first; j <= r.last; ++j)
       if (allowed(b, h, i, j)) return true;
     return false;

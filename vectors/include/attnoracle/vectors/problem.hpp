@@ -34,6 +34,15 @@ enum class BiasKind {
   Scalar,  // one value uniform in [-2,2) for every score; []
   PerKey,  // uniform [-2,2) per batch and key; [B,1,1,Nk]
 };
+// Sequence lengths seqlens_q, seqlens_k [B] (padded varlen). Batch 0 is full (Lk = Nk), batch 1
+// has few keys (Lk = min(2, Nk)), the others distinct random key counts.
+enum class SeqlensKind {
+  None,
+  Varlen,   // Lq = max(1, Lk Nq / Nk): Lq = Lk when Nq = Nk
+  Decode,   // Lq = 1 in every batch
+  Chunked,  // chunked prefill: Lq random in [1, min(Nq, Lk)], Lk - Lq keys of earlier chunks
+  Keys,     // seqlens_k only
+};
 
 struct ProblemSpec {
   Kind kind = Kind::Sdpa;
@@ -53,6 +62,8 @@ struct ProblemSpec {
   DType bias_dtype = DType::F32;
   std::string bias_fill;  // bias fill: "-inf", "-max" (lowest finite) or a number; empty: -inf
   bool query_mask = false;
+  SeqlensKind seqlens = SeqlensKind::None;
+  DType seqlens_dtype = DType::I32;  // I32 or I64
   // kind sdpa: NaN, +inf and -inf in turn at every unused position (the k and v rows of keys no
   // query other than padding attends, the q rows of padding queries): they must change nothing
   bool poison = false;
@@ -73,6 +84,8 @@ std::string_view mask_kind_name(MaskKind m);
 std::optional<MaskKind> mask_kind_from_name(std::string_view s);
 std::string_view bias_kind_name(BiasKind b);
 std::optional<BiasKind> bias_kind_from_name(std::string_view s);
+std::string_view seqlens_kind_name(SeqlensKind k);
+std::optional<SeqlensKind> seqlens_kind_from_name(std::string_view s);
 
 // The value of masked entries of bias fill in bias_dtype, or the reason it cannot be built.
 struct FillValue {
