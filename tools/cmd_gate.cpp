@@ -51,7 +51,8 @@ conformance::GateOptions options_of(const GateArgs& a) {
   o.ids = a.ids;
   for (const auto& d : a.dtypes) {
     const auto t = dtype_from_name(d);
-    if (!t || !is_float_format(*t)) throw InputError("--dtype", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16)");
+    if (!t || !is_input_format(*t))
+      throw InputError("--dtype", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16, F8_E4M3, F8_E5M2)");
     o.dtypes.push_back(*t);
   }
   o.timeout = a.timeout;

@@ -12,7 +12,8 @@
 namespace attnoracle::conformance {
 
 std::vector<std::string> builtin_profile_names() {
-  return {"fp64", "fp32", "fp16", "bf16", "flash-fp16", "flash-bf16", "torch-cpu-bf16"};
+  return {"fp64", "fp32", "fp16", "bf16", "flash-fp16", "flash-bf16", "torch-cpu-bf16", "fp8",
+          "flash-fp8"};
 }
 
 std::vector<std::string> builtin_family_names() { return {"standard", "flash"}; }
@@ -33,6 +34,11 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
     p.input_dtypes = {DType::BF16};
     p.projection = DType::BF16;
     if (name == "flash-bf16") p.p = DType::BF16;
+  } else if (name == "fp8" || name == "flash-fp8") {
+    // FP8 inputs (exact), descales applied, Q K^T, softmax and P V in F32; flash-fp8 rounds P
+    // to E4M3 for the P V product, as FlashAttention 3's FP8 kernel does.
+    p.input_dtypes = {DType::F8_E4M3, DType::F8_E5M2};
+    if (name == "flash-fp8") p.p = DType::F8_E4M3;
   } else if (name == "torch-cpu-bf16") {
     // BF16 matmuls (an F32 sum rounded to BF16), scale, softcap and bias in BF16, softmax rounding
     // P to BF16, P V a BF16 matmul again.
@@ -90,7 +96,12 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     if (!j.contains(key)) return;
     const auto& v = j[key];
     const auto t = v.is_string() ? dtype_from_name(v.get<std::string>()) : std::nullopt;
-    if (!t || !is_float_format(*t)) throw InputError(path, key, "must be one of F64, F32, F16, BF16");
+    // P may be rounded to E4M3 (FP8 kernels); the other stages compute in a float format.
+    const bool ok = t && (is_float_format(*t) || (key == "p" && *t == DType::F8_E4M3));
+    if (!ok)
+      throw InputError(path, key,
+                       key == "p" ? "must be one of F64, F32, F16, BF16, F8_E4M3"
+                                  : "must be one of F64, F32, F16, BF16");
     out = *t;
   };
   auto number = [&](const std::string& key, double& out, double lo) {
@@ -117,7 +128,8 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     p.input_dtypes.clear();
     for (const auto& v : j["input_dtypes"]) {
       const auto t = v.is_string() ? dtype_from_name(v.get<std::string>()) : std::nullopt;
-      if (!t || !is_float_format(*t)) throw InputError(path, "input_dtypes", "must be a list of F64, F32, F16, BF16");
+      if (!t || !is_input_format(*t))
+        throw InputError(path, "input_dtypes", "must be a list of F64, F32, F16, BF16, F8_E4M3, F8_E5M2");
       p.input_dtypes.push_back(*t);
     }
   }
@@ -150,7 +162,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
 
 std::vector<DType> covered(const Profile& p) {
   std::vector<DType> out;
-  for (DType t : {DType::F64, DType::F32, DType::F16, DType::BF16})
+  for (DType t : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::F8_E5M2})
     if (p.covers(t)) out.push_back(t);
   return out;
 }
@@ -199,6 +211,7 @@ ProfileSet load_profile_set(const std::string& spec, const std::string& what) {
     const bool flash = spec == "flash";
     for (const char* n : {"fp64", "fp32", flash ? "flash-fp16" : "fp16", flash ? "flash-bf16" : "bf16"})
       add_member(set, builtin_profile(n, what), what);
+    if (flash) add_member(set, builtin_profile("flash-fp8", what), what);
     return set;
   }
   if (is_json_path(spec) && spec.find(',') == std::string::npos) {

@@ -599,6 +599,12 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   // a bias rounded to its dtype first: |fl(b) - b| <= u_b |b| where fl(b) is normal, and at most
   // half the smallest spacing below (so the sum of both bounds it everywhere).
   if (p.bias) r.score += unit_roundoff(*p.bias) * m.bias_abs + min_subnormal(*p.bias) / 2;
+  // FP8 descales applied in the qk dtype: q and k each rounded once after scaling (a product off
+  // by (1 + u)^2 - 1 <= 3u), or dq dk formed and multiplied into the score (two roundings, 2u):
+  // 3u on the dot's magnitude covers both. v's descale: one rounding of each v (or of the
+  // output), u_pv on the bound, added in (4).
+  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale");
+  if (descaled) r.score += 3 * uq * m.dot_abs;
   // (2) exp(S_j - m): both S_j and the row maximum m are off by `score`, the subtraction rounds
   // (us |S_j - m| <= 2 us max|S|), exp adds exp_ulps: a relative error of e_j of
   double e_rel = 2 * r.score + 2 * us * m.score_abs + p.exp_ulps * us;
@@ -615,6 +621,7 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
   // (4) the output: P V over n terms (gamma_n of the accumulation) on sum_j A_j |v_j| = bound;
   // mha adds the projection of V and the output projection over H Dv terms.
   r.out_coef = r.weight_rel + (n + nb) * upv;
+  if (c.file.find("v_descale")) r.out_coef += 2 * upv;  // one rounding of v or of the output
   if (c.kind == Kind::Mha)
     r.out_coef += (static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
                   (static_cast<double>(c.Hq * c.Dv) + 1) * upv;

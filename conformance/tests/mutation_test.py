@@ -53,11 +53,15 @@ PROFILES = {
         "flash-fp16": ("flash-fp16", "F16", ["--arith", "fp16"]),
         "flash-bf16": ("flash-bf16", "BF16", ["--arith", "bf16"]),
         "fp64": ("fp64", "F64", []),
+        # FP8 inputs under FlashAttention 3's arithmetic (P rounded to E4M3), one label a format
+        "flash-fp8": ("flash-fp8", "F8_E4M3", ["--arith", "fp8"]),
+        "flash-fp8-e5m2": ("flash-fp8", "F8_E5M2", ["--arith", "fp8"]),
     },
 }
 ALL = ("fp32", "fp16", "bf16", "fp64")
 FLASH = ("fp32", "flash-fp16", "flash-bf16")
-FLASH_BLOCKS = (16, 64, 128)   # the correct kernel runs at each, under FLASH and fp64
+FP8 = ("flash-fp8", "flash-fp8-e5m2")
+FLASH_BLOCKS = (16, 64, 128)   # the correct kernel runs at each, under FLASH, fp64 and FP8
 
 
 class Mutant:
@@ -188,6 +192,11 @@ MUTANTS = {
                                      not_expected={"fp32": "with --arith fp32 the scores stay float32: "
                                                    "no change"},
                                      tags=("large_scores",)),
+    # FP8 descales (FlashAttention 3's convention, per batch and kv head).
+    "flash:descales_dropped": flash("descales_dropped", "every FP8 case with descales (all differ from 1)",
+                                    expected=FP8, tags=("descales",)),
+    "flash:descales_kv_head0": flash("descales_kv_head0", "every FP8 case with descales: B and Hkv are 2, "
+                                     "the descales distinct", expected=FP8, tags=("descales",)),
     # Statistical bugs of the flash kernel's arithmetic, caught by the error distribution's tests
     # (TOLERANCE.md, the statistical tier) where each element stays within its limit.
     "flash:stat_exp_1e3": flash("stat_exp_1e3", "exp with a relative error of 1e-3: many cases",
@@ -387,7 +396,7 @@ def main(argv=None):
             runs.append(("flash@16 (poison)", "correct", name, prof, dtype,
                          impl("flash", name, ["--block", "16"]), "", None, poison_suite))
     for block in FLASH_BLOCKS:
-        for name in FLASH + ("fp64",):
+        for name in FLASH + ("fp64",) + FP8:
             prof, dtype, _ = PROFILES["flash"][name]
             runs.append((f"flash@{block}", "correct", name, prof, dtype,
                          impl("flash", name, ["--block", str(block)]), "", None))

@@ -74,6 +74,25 @@ TEST_F(Profiles, Families) {
   EXPECT_EQ(flash.for_dtype(DType::F16)->name, "flash-fp16");
   EXPECT_EQ(flash.for_dtype(DType::BF16)->p, DType::BF16);
   EXPECT_EQ(flash.for_dtype(DType::F64)->name, "fp64");
+  for (DType t : {DType::F8_E4M3, DType::F8_E5M2}) {
+    EXPECT_EQ(std_.for_dtype(t), nullptr);
+    ASSERT_NE(flash.for_dtype(t), nullptr);
+    EXPECT_EQ(flash.for_dtype(t)->name, "flash-fp8");
+    EXPECT_EQ(flash.for_dtype(t)->p, DType::F8_E4M3);
+  }
+  EXPECT_EQ(load_profile_set("fp8").for_dtype(DType::F8_E5M2)->p, DType::F32);
+}
+
+TEST_F(Profiles, Fp8Fields) {
+  file("p8.json", R"({"name": "p8", "base": "fp8", "input_dtypes": ["F8_E5M2"], "p": "F8_E4M3"})");
+  const Profile p = conformance::profile_from_json((dir_ / "p8.json").string());
+  EXPECT_TRUE(p.covers(DType::F8_E5M2));
+  EXPECT_FALSE(p.covers(DType::F8_E4M3));
+  EXPECT_EQ(p.p, DType::F8_E4M3);
+  file("s8.json", R"({"name": "s8", "softmax": "F8_E4M3"})");
+  EXPECT_NE(refusal([&] { conformance::profile_from_json((dir_ / "s8.json").string()); })
+                .find("s8.json: softmax: must be one of F64, F32, F16, BF16"),
+            std::string::npos);
 }
 
 TEST_F(Profiles, JsonFamilyWithNamesFilesAndObjects) {
@@ -226,9 +245,9 @@ TEST_F(Profiles, OneRunGatesSeveralDtypes) {
   std::set<std::string> skipped_ids;
   for (const auto& c : r["cases"]) {
     const std::string dt = c["dtype"];
-    if (dt == "F64") {
+    if (dt == "F64" || dt.rfind("F8_", 0) == 0) {  // F64 and FP8: no member covers them
       EXPECT_EQ(c["status"], "skip");
-      EXPECT_EQ(c["reason"], "profile fp32,fp16,bf16 does not cover F64 inputs");
+      EXPECT_EQ(c["reason"], "profile fp32,fp16,bf16 does not cover " + dt + " inputs");
       EXPECT_FALSE(c.contains("profile"));
       skipped_ids.insert(c["id"].get<std::string>());
       continue;

@@ -45,6 +45,25 @@ TEST(Tolerance, FlashProfileRoundsP) {
   EXPECT_EQ(row_limits(builtin_profile("flash-fp16"), c, m).lse_abs, row_limits(builtin_profile("fp16"), c, m).lse_abs);
 }
 
+// FP8 (TOLERANCE.md, the fp8 profiles): descales add 3 u_qk A to a score and 2 u_pv to the output
+// coefficient; flash-fp8 rounds P to E4M3 (u_p = 2^-4).
+TEST(Tolerance, Fp8DescalesAndE4M3Weights) {
+  Case c;
+  c.Dk = 4;
+  c.input_dtype = DType::F8_E4M3;
+  c.output_dtype = DType::F32;
+  const RowMagnitudes m{2.0, 3.0, 8};
+  const RowLimits plain = row_limits(builtin_profile("fp8"), c, m);
+  c.file.put(RawTensor{"q_descale", DType::F32, {1, 1}, {0, 0, 0x80, 0x3f}});
+  c.file.put(RawTensor{"v_descale", DType::F32, {1, 1}, {0, 0, 0x80, 0x3f}});
+  const RowLimits d = row_limits(builtin_profile("fp8"), c, m);
+  const double u = 0x1p-24;
+  EXPECT_DOUBLE_EQ(d.score - plain.score, 3 * u * 2.0);  // A = dot_abs = 2
+  EXPECT_GT(d.out_coef - plain.out_coef, 2 * u);         // 2 u_pv, and the scores' share
+  const RowLimits f = row_limits(builtin_profile("flash-fp8"), c, m);
+  EXPECT_DOUBLE_EQ(f.weight_rel - d.weight_rel, 0x1p-4 - u);
+}
+
 // The smallest false failure the absolute term of P's rounding removes (TOLERANCE.md, step 4b):
 // one F16 query over two keys, Dk = Dv = 1, q = 1, k = (0, -16.25), v = (0, 60000), scale 1, so
 // scores (0, -16.25) and the exact output x = 60000 e / (1 + e), e = exp(-16.25) = 8.773e-8.
@@ -274,7 +293,7 @@ TEST(Tolerance, InfinitiesAndNan) {
 
 TEST(Tolerance, ProfilesFromNamesAndRefusals) {
   for (const auto& n : builtin_profile_names()) EXPECT_EQ(builtin_profile(n).name, n);
-  EXPECT_THROW(builtin_profile("fp8"), InputError);
+  EXPECT_THROW(builtin_profile("fp7"), InputError);
 }
 
 // A case with golden tensors, and results made from its golden values.

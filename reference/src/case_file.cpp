@@ -4,6 +4,7 @@
 #include <array>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -26,6 +27,12 @@ constexpr std::array<std::string_view, 9> kMetadataKeys = {
 constexpr std::array<std::string_view, 2> kReferenceKeys = {"attn.reference", "attn.undecided"};
 
 std::string quoted(std::string_view s) { return "\"" + printable(s) + "\""; }
+
+std::string decimal(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -178,12 +185,14 @@ class CaseReader {
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
     static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
                                                    "seqlens_k"};
+    static const std::set<std::string> descales = {"q_descale", "k_descale", "v_descale"};
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
     const auto& theirs = is_sdpa ? mha : sdpa;
     for (const auto& t : file.tensors) {
       consistent(t);
-      if (mine.count(t.name) || optional.count(t.name)) continue;
+      if (mine.count(t.name) || optional.count(t.name) || (is_sdpa && descales.count(t.name)))
+        continue;
       if (theirs.count(t.name))
         fail(t.name, std::string("is an input of kind ") + (is_sdpa ? "mha" : "sdpa") +
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
@@ -196,7 +205,16 @@ class CaseReader {
       sdpa_inputs();
     else
       mha_inputs();
+    if (is_fp8(c_.input_dtype)) {
+      const std::string in(dtype_name(c_.input_dtype));
+      if (!is_sdpa) fail(first_input_, "dtype " + in + " is for attn.kind sdpa only");
+      if (!output_dtype_)
+        fail("attn.output_dtype", "missing (required for " + in + " inputs: F32, F16 or BF16)");
+      if (*output_dtype_ == DType::F64)
+        bad("attn.output_dtype", "F64", "F32, F16 or BF16 (the output dtypes of " + in + " inputs)");
+    }
     c_.output_dtype = output_dtype_.value_or(c_.input_dtype);
+    if (is_sdpa) apply_descales(file);
 
     const std::array<std::int64_t, 4> full = {c_.B, c_.Hq, c_.Nq, c_.Nk};
     // mask and bias broadcast to [B,Hq,Nq,Nk] by NumPy's rules (CONTRACT section 1).
@@ -245,9 +263,9 @@ class CaseReader {
   // Checks dtype and shape of a required floating input; the first one fixes the input dtype.
   const RawTensor& input(const std::string& name, std::size_t rank, const char* layout) {
     const RawTensor& t = required(name);
-    if (!is_float_format(t.dtype))
+    if (!is_input_format(t.dtype))
       fail(name, "dtype " + std::string(dtype_name(t.dtype)) +
-                     " is not supported (inputs must be F64, F32, F16 or BF16)");
+                     " is not supported (inputs must be F64, F32, F16, BF16, F8_E4M3 or F8_E5M2)");
     if (first_input_.empty()) {
       first_input_ = name;
       c_.input_dtype = t.dtype;
@@ -422,6 +440,42 @@ class CaseReader {
     c_.Hq = c_.Hkv = h, c_.Dk = w_q.shape[2], c_.Dv = dv, c_.Dout = w_o.shape[1];
     decode({{&x_q, &c_.x_q}, {&x_kv, &c_.x_kv}, {&w_q, &c_.w_q}, {&w_k, &c_.w_k},
             {&w_v, &c_.w_v}, {&w_o, &c_.w_o}}, false);
+  }
+
+  // FP8 descales [B, Hkv], F32, finite and > 0: the real q[b, h] is the stored value times
+  // q_descale[b, g(h)], likewise k[b, g] and v[b, g] (FlashAttention 3's convention). An FP8
+  // value has at most 4 significant bits and an F32 24, so each product is exact in a double
+  // (within its exponent range too): the case holds the real inputs, and nothing else changes.
+  void apply_descales(const SafeTensorsFile& file) {
+    struct Target {
+      const char* name;
+      FloatTensor* t;
+      bool per_query_head;
+    };
+    for (const Target& d : {Target{"q_descale", &c_.q, true}, Target{"k_descale", &c_.k, false},
+                            Target{"v_descale", &c_.v, false}}) {
+      const RawTensor* t = file.find(d.name);
+      if (!t) continue;
+      if (!is_fp8(c_.input_dtype))
+        fail(d.name, "is for FP8 inputs only (F8_E4M3, F8_E5M2), but the inputs are " +
+                         std::string(dtype_name(c_.input_dtype)));
+      expect_dtype(*t, DType::F32);
+      expect_shape(*t, {c_.B, c_.Hkv}, "[B,Hkv]");
+      const FloatTensor s = floats(*t, false);
+      for (std::size_t e = 0; e < s.values.size(); ++e)
+        if (!(s.values[e] > 0))
+          fail(d.name, "element " + std::to_string(e) + " is " + decimal(s.values[e]) +
+                           "; descales must be > 0");
+      const std::int64_t heads = d.per_query_head ? c_.Hq : c_.Hkv;
+      const auto row = static_cast<std::int64_t>(d.t->values.size()) / (c_.B * heads);
+      for (std::int64_t b = 0; b < c_.B; ++b)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const double f = s.values[static_cast<std::size_t>(
+              b * c_.Hkv + (d.per_query_head ? c_.kv_head(h) : h))];
+          double* x = d.t->values.data() + (b * heads + h) * row;
+          for (std::int64_t e = 0; e < row; ++e) x[e] *= f;  // exact (above)
+        }
+    }
   }
 
   // Non-finite values at unused positions (CONTRACT section 1, kind sdpa): a q row of a padding

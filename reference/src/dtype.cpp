@@ -93,6 +93,8 @@ std::size_t dtype_size(DType t) { return info(t).size; }
 bool is_float_format(DType t) {
   return t == DType::F64 || t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
+bool is_fp8(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2; }
+bool is_input_format(DType t) { return is_float_format(t) || is_fp8(t); }
 
 FloatFormat float_format(DType t) {
   switch (t) {
@@ -100,6 +102,8 @@ FloatFormat float_format(DType t) {
     case DType::F32: return {24, 3 - 127 - 24, 128, 8, 127};
     case DType::F16: return {11, 3 - 15 - 11, 16, 5, 15};
     case DType::BF16: return {8, 3 - 127 - 8, 128, 8, 127};
+    case DType::F8_E4M3: return {4, 3 - 7 - 4, 9, 4, 7};
+    case DType::F8_E5M2: return {3, 3 - 15 - 3, 16, 5, 15};
     default: throw std::logic_error("float_format: not a float format");
   }
 }
@@ -113,12 +117,43 @@ std::uint16_t bf16_bits_exact(double x) {
 double f16_from_bits(std::uint16_t b) { return decode_small(b, 10, 5); }
 double bf16_from_bits(std::uint16_t b) { return decode_small(b, 7, 8); }
 
+// E4M3FN: s eeee mmm, value (-1)^s 2^(e-7) (1 + m/8), or 2^-6 (m/8) when e = 0; s 1111 111 is NaN
+// and exponent 15 is otherwise a normal binade (up to 1.75 * 2^8 = 448).
+double f8_e4m3_from_bits(std::uint8_t b) {
+  const unsigned e = (b >> 3) & 0xFu, m = b & 7u;
+  double v;
+  if (e == 15 && m == 7)
+    v = std::numeric_limits<double>::quiet_NaN();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), -9);
+  else
+    v = std::ldexp(static_cast<double>(8 + m), static_cast<int>(e) - 10);
+  return (b & 0x80u) ? -v : v;
+}
+double f8_e5m2_from_bits(std::uint8_t b) { return decode_small(b, 2, 5); }
+
+std::uint8_t f8_e4m3_bits_exact(double x) {
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7F;
+  if (!(std::fabs(x) <= 448)) throw std::logic_error("F8_E4M3: value out of range");
+  // Below 2^8 the layout is IEEE's with bias 7; the binade [256, 448] continues it.
+  if (std::fabs(x) < 256) return static_cast<std::uint8_t>(encode_small(x, 3, 4, "F8_E4M3"));
+  const double n = std::ldexp(std::fabs(x), -5);  // in [8, 14]
+  if (n != std::floor(n)) throw std::logic_error("F8_E4M3: value not representable");
+  return static_cast<std::uint8_t>(sign | (15u << 3) | (static_cast<unsigned>(n) - 8));
+}
+std::uint8_t f8_e5m2_bits_exact(double x) {
+  return static_cast<std::uint8_t>(encode_small(x, 2, 5, "F8_E5M2"));
+}
+
 double decode_float(DType t, const unsigned char* p) {
   switch (t) {
     case DType::F64: return load_le<double>(p);
     case DType::F32: return static_cast<double>(load_le<float>(p));  // exact widening
     case DType::F16: return f16_from_bits(load_le<std::uint16_t>(p));
     case DType::BF16: return bf16_from_bits(load_le<std::uint16_t>(p));
+    case DType::F8_E4M3: return f8_e4m3_from_bits(*p);
+    case DType::F8_E5M2: return f8_e5m2_from_bits(*p);
     default: throw std::logic_error("decode_float: not a float format");
   }
 }
@@ -143,6 +178,8 @@ void encode_float(DType t, double x, unsigned char* p) {
       std::memcpy(p, &b, 2);
       return;
     }
+    case DType::F8_E4M3: *p = f8_e4m3_bits_exact(x); return;
+    case DType::F8_E5M2: *p = f8_e5m2_bits_exact(x); return;
     default: throw std::logic_error("encode_float: not a float format");
   }
 }

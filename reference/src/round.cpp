@@ -18,9 +18,11 @@ double round_to_format(mpfr_srcptr x, DType t) {
   mpfr_subnormalize(y, inex, MPFR_RNDN);
   mpfr_set_emin(old_emin);
   mpfr_set_emax(old_emax);
-  const double d = mpfr_get_d(y, MPFR_RNDN);  // exact: y is a value of a format inside F64
+  double d = mpfr_get_d(y, MPFR_RNDN);  // exact: y is a value of a format inside F64
   mpfr_clear(y);
   mpfr_clear_flags();
+  // E4M3FN has no infinity and 480 is NaN: what rounds past 448 saturates to +-448.
+  if (t == DType::F8_E4M3 && std::fabs(d) > 448) d = std::copysign(448.0, d);
   return d;
 }
 

@@ -334,9 +334,10 @@ TEST(CaseTensors, OtherKind) {
 TEST(CaseTensors, UnsupportedDtype) {
   auto f = sdpa();
   RawTensor q = *f.find("q");
-  q.dtype = DType::F8_E4M3;
+  q.dtype = DType::U8;
   q.data.resize(static_cast<std::size_t>(q.numel()));
-  expect_refused(with(f, q), "q", "dtype F8_E4M3 is not supported (inputs must be F64, F32");
+  expect_refused(with(f, q), "q",
+                 "dtype U8 is not supported (inputs must be F64, F32, F16, BF16, F8_E4M3 or F8_E5M2)");
   q.dtype = DType::I32;
   q.data.resize(static_cast<std::size_t>(q.numel()) * 4);
   expect_refused(with(f, q), "q", "dtype I32 is not supported");
@@ -825,6 +826,99 @@ TEST(CasePosition, WindowWithCausal) {
 TEST(CasePosition, HugeWindowNoOverflow) {
   expect_pattern("none", "999999999999999999,999999999999999999", 2, 3, {"111", "111"});
   expect_pattern("bottom_right", "999999999999999999,0", 3, 2, {"00", "10", "11"});
+}
+
+}  // namespace
+}  // namespace attnoracle::testing
+
+namespace attnoracle::testing {
+namespace {
+
+// ---- FP8 inputs and descales ----
+
+SafeTensorsFile fp8(DType t = DType::F8_E4M3, const char* out = "F32") {
+  return with_meta(sdpa({}, t), "attn.output_dtype", out);
+}
+
+// [B=2, Hkv=2] descales 2^-1, 2^2, 3, 0.75 (F32)
+RawTensor descale(const std::string& name, std::vector<double> v = {0.5, 4, 3, 0.75},
+                  Shape shape = {2, 2}, DType t = DType::F32) {
+  return floats(name, std::move(shape), t, std::move(v));
+}
+
+TEST(CaseFp8, AcceptsBothFormatsAndAppliesDescales) {
+  for (DType t : {DType::F8_E4M3, DType::F8_E5M2}) {
+    const Case plain = accept(fp8(t));
+    EXPECT_EQ(plain.input_dtype, t);
+    EXPECT_EQ(plain.output_dtype, DType::F32);
+    const std::vector<double> qk = {0.5, 4, 3, 0.75}, vs = {1, 2, 0.25, 8};
+    const Case c = accept(with(with(with(fp8(t), descale("q_descale")), descale("k_descale")),
+                               descale("v_descale", vs)));
+    // q [2, 4, 3, 2]: query head h reads kv head h / 2; k, v [2, 2, 5, *]
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t h = 0; h < 4; ++h)
+        for (std::int64_t e = 0; e < 6; ++e) {
+          const auto at = static_cast<std::size_t>((b * 4 + h) * 6 + e);
+          const double f = qk[static_cast<std::size_t>(b * 2 + h / 2)];
+          EXPECT_EQ(c.q.values[at], plain.q.values[at] * f);
+        }
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t g = 0; g < 2; ++g) {
+        const auto bg = static_cast<std::size_t>(b * 2 + g);
+        for (std::int64_t e = 0; e < 10; ++e) {
+          const auto at = bg * 10 + static_cast<std::size_t>(e);
+          EXPECT_EQ(c.k.values[at], plain.k.values[at] * qk[bg]);
+        }
+        for (std::int64_t e = 0; e < 15; ++e) {
+          const auto at = bg * 15 + static_cast<std::size_t>(e);
+          EXPECT_EQ(c.v.values[at], plain.v.values[at] * vs[bg]);
+        }
+      }
+  }
+}
+
+TEST(CaseFp8, OutputDtypeRequired) {
+  expect_refused(sdpa({}, DType::F8_E4M3), "attn.output_dtype",
+                 "missing (required for F8_E4M3 inputs: F32, F16 or BF16)");
+  expect_refused(fp8(DType::F8_E5M2, "F64"), "attn.output_dtype",
+                 "value \"F64\" is not F32, F16 or BF16 (the output dtypes of F8_E5M2 inputs)");
+  expect_refused(fp8(DType::F8_E4M3, "F8_E4M3"), "attn.output_dtype",
+                 "is not F64, F32, F16 or BF16");
+  for (const char* out : {"F16", "BF16"}) EXPECT_EQ(accept(fp8(DType::F8_E4M3, out)).input_dtype, DType::F8_E4M3);
+}
+
+TEST(CaseFp8, KindMhaRefused) {
+  expect_refused(with_meta(mha(DType::F8_E4M3), "attn.output_dtype", "F32"), "x_q",
+                 "dtype F8_E4M3 is for attn.kind sdpa only");
+}
+
+TEST(CaseFp8, DescaleRefusals) {
+  expect_refused(with(sdpa(), descale("k_descale")), "k_descale",
+                 "is for FP8 inputs only (F8_E4M3, F8_E5M2), but the inputs are F32");
+  expect_refused(with(fp8(), descale("q_descale", {1, 1}, {2})), "q_descale",
+                 "shape [2] has rank 1, expected 2 [B,Hkv]");
+  expect_refused(with(fp8(), descale("v_descale", {1, 1, 1, 1, 1, 1}, {2, 3})), "v_descale",
+                 "shape [2,3] is not [B,Hkv] = [2,2]");
+  expect_refused(with(fp8(), descale("q_descale", {1, 1, 1, 1}, {2, 2}, DType::F16)),
+                 "q_descale", "dtype F16 is not F32");
+  expect_refused(with(fp8(), descale("k_descale", {1, kInf, 1, 1})), "k_descale",
+                 "element 1 is +infinity");
+  expect_refused(with(fp8(), descale("k_descale", {1, 1, std::nan(""), 1})), "k_descale",
+                 "element 2 is NaN");
+  expect_refused(with(fp8(), descale("v_descale", {1, 1, 1, 0})), "v_descale",
+                 "element 3 is 0; descales must be > 0");
+  expect_refused(with(fp8(), descale("q_descale", {-0.5, 1, 1, 1})), "q_descale",
+                 "element 0 is -0.5; descales must be > 0");
+  expect_refused(with(with_meta(mha(DType::F8_E4M3), "attn.output_dtype", "F32"),
+                      descale("q_descale")),
+                 "q_descale", "unknown tensor");
+}
+
+TEST(CaseFp8, NanPatternRefusedWhereUsed) {
+  auto f = fp8();
+  RawTensor k = *f.find("k");
+  k.data[3] = 0x7F;  // E4M3 NaN in key 1 of b=0, kv head 0, which every query attends
+  expect_refused(with(f, k), "k", "element 3 is NaN");
 }
 
 }  // namespace

@@ -127,6 +127,76 @@ TEST(Evaluate, TwoKeysWeightIsLogistic) {
   EXPECT_EQ(at(b.r, "weights", 0), static_cast<double>(static_cast<float>(w0)));
 }
 
+// FP8 worked by hand: q = (1.5), k = (2, -2) (E4M3), descales q 0.5, k 4: real q 0.75, k (8, -8),
+// scores 6 and -6 (scale 1); v = (448, -0.001953125 = -2^-9, the smallest subnormal) times v
+// descale 1. Weight of key 0: 1 / (1 + e^-12).
+TEST(Evaluate, Fp8WithDescalesByHand) {
+  const double w0 = high_precision([](mpfr_ptr x) {
+    mpfr_set_si(x, -12, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 1, MPFR_RNDN);
+    mpfr_ui_div(x, 1, x, MPFR_RNDN);
+  });
+  const double out = high_precision([&](mpfr_ptr x) {  // 448 w0 - 2^-9 (1 - w0)
+    mpfr_set_si(x, -12, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_t z;
+    mpfr_init2(z, 300);
+    mpfr_add_ui(z, x, 1, MPFR_RNDN);                         // Z = 1 + e^-12
+    mpfr_mul_d(x, x, -0x1p-9, MPFR_RNDN);                    // -2^-9 e^-12
+    mpfr_add_ui(x, x, 448, MPFR_RNDN);                       // 448 - 2^-9 e^-12
+    mpfr_div(x, x, z, MPFR_RNDN);
+    mpfr_clear(z);
+  });
+  for (DType t : {DType::F8_E4M3, DType::F8_E5M2}) {  // 448 = 1.75 * 2^8 and 2^-9 fit both
+    auto b = run({floats("q", t, {1, 1, 1, 1}, {1.5}), floats("k", t, {1, 1, 2, 1}, {2, -2}),
+                  floats("v", t, {1, 1, 2, 1}, {448, -0x1p-9}),
+                  floats("q_descale", DType::F32, {1, 1}, {0.5}),
+                  floats("k_descale", DType::F32, {1, 1}, {4})},
+                 {{"attn.outputs", "out,weights"}, {"attn.scale", "1"}, {"attn.output_dtype", "F32"}});
+    EXPECT_EQ(at(b.r, "weights.ref", 0), w0);
+    EXPECT_EQ(at(b.r, "out.ref", 0), out);
+    EXPECT_EQ(at(b.r, "out", 0), static_cast<double>(static_cast<float>(out)));
+  }
+}
+
+// A descale of 2^k is exact: the output equals that of the prescaled inputs stored in F32, for
+// every golden tensor, bit for bit (both FP8 formats, distinct descales per batch and kv head).
+TEST(Evaluate, PowerOfTwoDescalesEqualPrescaledInputs) {
+  const std::vector<double> q = {1.5, -0.25, 3, 0.5, -1, 0.125, 2, 1.75, -0.5, 1, 0.375, -2,
+                                 0.75, 1.25, -3, 0.0625};  // [2, 2, 2, 2]
+  const std::vector<double> k = {1, -0.5, 0.25, 2, -1.5, 0.75, 1, 1,  // [2, 1, 4, 2]
+                                 -0.25, 0.5, 3, -1, 0.125, -2, 1.5, -0.75};
+  const std::vector<double> v = {448, -0x1p-9, 1, -2, 0.5, 0.25, -4, 8,
+                                 0x1p-6, 3, -1.5, 0.75, 2, -0.125, 1, -1};
+  const std::vector<double> qd = {0.5, 8}, kd = {0x1p-3, 2}, vd = {4, 0x1p-6};  // [B=2, Hkv=1]
+  auto scaled = [](const std::vector<double>& x, const std::vector<double>& d) {
+    std::vector<double> r = x;
+    for (std::size_t e = 0; e < r.size(); ++e) r[e] *= d[e / (r.size() / 2)];
+    return r;
+  };
+  const std::map<std::string, std::string> md = {{"attn.outputs", "out,weights,lse"},
+                                                 {"attn.output_dtype", "BF16"},
+                                                 {"attn.causal", "bottom_right"}};
+  // q [2, 2, 2, 2] (Hq 2 reading one kv head), k and v [2, 1, 4, 2]
+  auto plain = run({floats("q", DType::F32, {2, 2, 2, 2}, scaled(q, qd)),
+                    floats("k", DType::F32, {2, 1, 4, 2}, scaled(k, kd)),
+                    floats("v", DType::F32, {2, 1, 4, 2}, scaled(v, vd))},
+                   md);
+  for (DType t : {DType::F8_E4M3, DType::F8_E5M2}) {
+    auto b = run({floats("q", t, {2, 2, 2, 2}, q), floats("k", t, {2, 1, 4, 2}, k),
+                  floats("v", t, {2, 1, 4, 2}, v), floats("q_descale", DType::F32, {2, 1}, qd),
+                  floats("k_descale", DType::F32, {2, 1}, kd),
+                  floats("v_descale", DType::F32, {2, 1}, vd)},
+                 md);
+    ASSERT_EQ(b.r.golden.size(), plain.r.golden.size());
+    for (std::size_t g = 0; g < b.r.golden.size(); ++g) {
+      EXPECT_EQ(b.r.golden[g].name, plain.r.golden[g].name);
+      EXPECT_EQ(b.r.golden[g].data, plain.r.golden[g].data) << b.r.golden[g].name;
+    }
+  }
+}
+
 TEST(Evaluate, FullyMaskedRowUnderEachPolicy) {
   std::vector<RawTensor> t = {floats("q", DType::F32, {1, 1, 2, 1}, {1, 2}),
                               floats("k", DType::F32, {1, 1, 2, 1}, {1, 1}),

@@ -147,6 +147,7 @@ struct Spec {
   Arr q, k, v, x_q, x_kv, w_q, w_k, w_v, w_o;
   std::optional<Arr> mask, bias, query_mask;
   std::vector<std::int64_t> lq, lk;  // [B]: seqlens_q, seqlens_k, else Nq, Nk
+  std::optional<Arr> q_descale, k_descale, v_descale;  // [B, Hkv], FP8 inputs
   std::string scale;    // attn.scale text, empty: 1/sqrt(Dk)
   std::string softcap;  // attn.softcap text, empty: off
   std::string causal = "none";
@@ -222,6 +223,9 @@ Spec read_spec(const SafeTensorsFile& f) {
   };
   s.lq = lengths("seqlens_q", s.Nq);
   s.lk = lengths("seqlens_k", s.Nk);
+  if (f.find("q_descale")) s.q_descale = get("q_descale");
+  if (f.find("k_descale")) s.k_descale = get("k_descale");
+  if (f.find("v_descale")) s.v_descale = get("v_descale");
   const std::string dt = meta("attn.output_dtype", "");
   s.out = dt.empty() ? s.in : *dtype_from_name(dt);
   s.scale = meta("attn.scale", "");
@@ -365,12 +369,21 @@ class Model {
           V_.push_back(project<T>(s.x_kv, b, s.Nk, s.D, s.w_v, h, s.Dv));
         }
     } else {
+      // FP8: the real input is the stored one times its descale at [b, kv head].
+      auto scaled = [](Mat<T> m, const std::optional<Arr>& d, std::int64_t at) {
+        if (d)
+          for (auto& x : m.v) x *= T(d->at(at));
+        return m;
+      };
       for (std::int64_t b = 0; b < s.B; ++b) {
         for (std::int64_t h = 0; h < s.H; ++h)
-          Q_.push_back(mat_of<T>(s.q, (b * s.H + h) * s.Nq, s.Nq, s.Dk));
+          Q_.push_back(scaled(mat_of<T>(s.q, (b * s.H + h) * s.Nq, s.Nq, s.Dk), s.q_descale,
+                              b * s.Hkv + h / (s.H / s.Hkv)));
         for (std::int64_t g = 0; g < s.Hkv; ++g) {
-          K_.push_back(mat_of<T>(s.k, (b * s.Hkv + g) * s.Nk, s.Nk, s.Dk));
-          V_.push_back(mat_of<T>(s.v, (b * s.Hkv + g) * s.Nk, s.Nk, s.Dv));
+          K_.push_back(scaled(mat_of<T>(s.k, (b * s.Hkv + g) * s.Nk, s.Nk, s.Dk), s.k_descale,
+                              b * s.Hkv + g));
+          V_.push_back(scaled(mat_of<T>(s.v, (b * s.Hkv + g) * s.Nk, s.Nk, s.Dv), s.v_descale,
+                              b * s.Hkv + g));
         }
       }
     }
@@ -1221,6 +1234,47 @@ TEST(IndependentCheck, PoisonedPositions) {
             << summary(total, secs) << std::endl;
   EXPECT_EQ(total.problems, want);
   EXPECT_GT(compared_rows.load(), want);
+}
+
+// FP8 inputs, both formats, with distinct non-unit descales per (batch, kv head) on most
+// problems: at least 500 problems (ATTNORACLE_TEST_SCALE scales it), each golden element checked
+// against our own evaluation, which applies the descales itself.
+TEST(IndependentCheck, Fp8InputsWithDescales) {
+  const auto start = std::chrono::steady_clock::now();
+  RandomCaseOptions opt = check_options();
+  opt.input_dtypes = {DType::F8_E4M3, DType::F8_E5M2};
+  opt.mha_fraction = 0;
+  opt.large_fraction = 0.03;
+  const auto want = static_cast<std::size_t>(std::max(1.0, std::round(500 * env_scale())));
+  std::vector<std::uint64_t> seeds;
+  std::map<std::string, int> seen;
+  for (std::uint64_t seed = 2'000'001; seeds.size() < want; ++seed) {
+    const Spec s = read_spec(random_case(seed, opt));
+    seeds.push_back(seed);
+    ++seen[std::string(dtype_name(s.in)) + "->" + std::string(dtype_name(s.out))];
+    for (const auto* d : {&s.q_descale, &s.k_descale, &s.v_descale})
+      if (*d && s.B * s.Hkv > 1) {
+        std::vector<double> v = (*d)->v;
+        std::sort(v.begin(), v.end());
+        if (std::adjacent_find(v.begin(), v.end()) == v.end() &&
+            std::find(v.begin(), v.end(), 1.0) == v.end())
+          ++seen["distinct non-unit descales"];
+      }
+    if (s.Hkv > 1 && s.H > s.Hkv) ++seen["gqa"];
+  }
+  const Counts total = run_seeds(seeds, [&](std::uint64_t seed) { return run_seed(seed, opt); });
+  std::string all;
+  for (const auto& [k, v] : seen) all += k + "=" + std::to_string(v) + " ";
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "fp8: " << all << "\nindependent check: " << summary(total, secs) << std::endl;
+  EXPECT_EQ(total.problems, want);
+  EXPECT_GE(total.elements, want - total.refused);
+  if (env_scale() >= 1) {
+    for (const char* k : {"F8_E4M3->F32", "F8_E4M3->F16", "F8_E4M3->BF16", "F8_E5M2->F32",
+                          "F8_E5M2->F16", "F8_E5M2->BF16", "distinct non-unit descales", "gqa"})
+      EXPECT_GT(seen[k], 0) << k;
+  }
 }
 
 // ---- hand-made cases ----

@@ -16,6 +16,8 @@ BinaryFormat binary_format(DType t) {
     case DType::F32: return {24, 8};
     case DType::F16: return {11, 5};
     case DType::BF16: return {8, 8};
+    case DType::F8_E4M3: return {4, 4};
+    case DType::F8_E5M2: return {3, 5};
     default: throw std::logic_error("int_round: not a binary float format");
   }
 }
@@ -35,11 +37,18 @@ IntRounded round_scaled_integer(bool negative, const mpz_int& magnitude, long ex
   const std::uint64_t inf_bits = sign | (exp_all_ones << (p - 1));
   if (magnitude < 0) throw std::logic_error("round_scaled_integer: negative magnitude");
   if (magnitude == 0) return {sign, Discarded::None};
+  // E4M3FN: the all-ones exponent is a normal binade (up to 448; 480 would be its NaN), no
+  // infinities. Past 448 is refused: the tests round only clamped values into it.
+  const bool fn = t == DType::F8_E4M3;
+  const long top_exp = fn ? bias + 1 : bias;
 
   // The value lies in [2^e, 2^(e+1)).
   const long top = static_cast<long>(boost::multiprecision::msb(magnitude));
   const long e = exp2 + top;
-  if (e > bias) return {inf_bits, Discarded::AboveHalf};  // >= 2^(emax+1): beyond any rounding
+  if (e > top_exp) {  // >= 2^(emax+1): beyond any rounding
+    if (fn) throw std::logic_error("round_scaled_integer: past F8_E4M3's range");
+    return {inf_bits, Discarded::AboveHalf};
+  }
   // Exponent of the unit in the last kept place: p bits for normals, fixed for subnormals.
   long q = std::max(e, emin) - (p - 1);
   const long shift = q - exp2;  // bits of the magnitude to discard
@@ -77,8 +86,11 @@ IntRounded round_scaled_integer(bool negative, const mpz_int& magnitude, long ex
     return {sign | n.convert_to<std::uint64_t>(), d};
   }
   const long biased = q + (p - 1) + bias;
-  if (biased >= static_cast<long>(exp_all_ones)) return {inf_bits, d};
   const auto frac = static_cast<std::uint64_t>((n - hidden).convert_to<std::uint64_t>());
+  if (fn && (biased > static_cast<long>(exp_all_ones) ||
+             (biased == static_cast<long>(exp_all_ones) && frac == 7)))
+    throw std::logic_error("round_scaled_integer: past F8_E4M3's range");
+  if (!fn && biased >= static_cast<long>(exp_all_ones)) return {inf_bits, d};
   return {sign | (static_cast<std::uint64_t>(biased) << (p - 1)) | frac, d};
 }
 
@@ -103,6 +115,7 @@ std::uint64_t round_double(double x, DType t) {
   if (std::isnan(x)) throw std::logic_error("round_double: NaN");
   const bool neg = std::signbit(x);
   if (std::isinf(x)) {
+    if (t == DType::F8_E4M3) throw std::logic_error("round_double: F8_E4M3 has no infinity");
     const BinaryFormat f = binary_format(t);
     const std::uint64_t sign = neg ? std::uint64_t{1} << (format_width(t) - 1) : 0;
     return sign | (((std::uint64_t{1} << f.exponent_bits) - 1) << (f.precision - 1));
@@ -128,7 +141,11 @@ double bits_to_double(std::uint64_t bits, DType t) {
   const auto field = static_cast<int>((bits >> (p - 1)) & ((1u << f.exponent_bits) - 1));
   const std::uint64_t frac = bits & ((std::uint64_t{1} << (p - 1)) - 1);
   double v;
-  if (field == (1 << f.exponent_bits) - 1)
+  if (t == DType::F8_E4M3 && field == 15 && frac == 7)
+    v = std::numeric_limits<double>::quiet_NaN();
+  else if (t == DType::F8_E4M3 && field == 15)
+    v = std::ldexp(static_cast<double>(frac | 8), 15 - bias - 3);
+  else if (field == (1 << f.exponent_bits) - 1)
     v = frac ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   else if (field == 0)
     v = std::ldexp(static_cast<double>(frac), 1 - bias - (p - 1));

@@ -1,5 +1,6 @@
-// Rounding into the binary formats F64, F32, F16 and BF16 by integer arithmetic on the
-// significand: the tests' own rounding, sharing no code with the reference's (round.cpp).
+// Rounding into the binary formats F64, F32, F16, BF16 and FP8 (E4M3FN: no infinities) by
+// integer arithmetic on the significand: the tests' own rounding, sharing no code with the
+// reference's (round.cpp).
 // A value is (-1)^s * M * 2^E with M an integer; the kept part and the discarded remainder are
 // found by shifting M, and the remainder is compared with one half of the last kept place.
 #pragma once
@@ -26,8 +27,8 @@ struct BinaryFormat {
   int precision;
   int exponent_bits;
 };
-BinaryFormat binary_format(DType t);  // F64, F32, F16, BF16 only
-int format_width(DType t);            // 64, 32 or 16
+BinaryFormat binary_format(DType t);  // F64, F32, F16, BF16, F8_E4M3, F8_E5M2
+int format_width(DType t);            // 64, 32, 16 or 8
 
 // (-1)^negative * magnitude * 2^exp2 rounded to nearest, ties to even, into t: subnormals kept,
 // overflow to infinity. A zero result keeps the sign.

@@ -51,6 +51,7 @@ class Rng {
 };
 
 double max_finite(DType t) {
+  if (t == DType::F8_E4M3) return 448;  // E4M3FN: its top binade is normal but for NaN
   const BinaryFormat f = binary_format(t);
   const int bias = (1 << (f.exponent_bits - 1)) - 1;
   return std::ldexp(2.0 - std::ldexp(1.0, 1 - f.precision), bias);
@@ -117,6 +118,8 @@ class ValueGen {
         return fit(rng_.uniform(-1, 1), t);
       }
       case DataFamily::WideRange: {
+        if (t == DType::F8_E4M3) return fit(spread(rng_, role == Role::Value ? -9 : -6, 8), t);
+        if (t == DType::F8_E5M2) return fit(spread(rng_, role == Role::Value ? -16 : -10, 15), t);
         if (role != Role::Value) return fit(spread(rng_, t == DType::F16 ? -14 : -20, 4), t);
         switch (t) {
           case DType::F16: return fit(spread(rng_, -24, 15), t);
@@ -303,6 +306,7 @@ Masking random_masking(Rng& rng, const Problem& p, const RandomCaseOptions& opt,
   if (rng.chance(opt.bias_fraction)) {
     m.bias_shape = broadcast_shape(rng, full, opt.bias_min_rank, false);
     m.bias_dtype = rng.pick(std::vector<DType>{DType::F32, DType::F64, p.in});
+    if (m.bias_dtype == DType::F8_E4M3) m.bias_dtype = DType::F32;  // no -inf in E4M3
     const double minus_inf = rng.pick(std::vector<double>{0.0, 0.05, 0.3});
     const double a = large_bias ? 30 : 3;
     m.bias.resize(static_cast<std::size_t>(numel(*m.bias_shape)));
@@ -467,6 +471,11 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
   }
   p.in = rng.pick(opt.input_dtypes);
   p.out = rng.chance(opt.other_output_fraction) ? rng.pick(opt.output_dtypes) : p.in;
+  if (is_fp8(p.in)) {
+    if (p.mha) throw std::invalid_argument("random_case: FP8 inputs are for kind sdpa only");
+    // an output dtype is required, F32, F16 or BF16
+    p.out = rng.pick(std::vector<DType>{DType::F32, DType::F16, DType::BF16});
+  }
   p.family = rng.pick(opt.families);
 
   // ---- inputs ----
@@ -491,6 +500,14 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
     f.put(float_tensor("q", p.in, {p.B, p.Hq, p.Nq, p.Dk}, q));
     f.put(float_tensor("k", p.in, {p.B, p.Hkv, p.Nk, p.Dk}, k));
     f.put(float_tensor("v", p.in, {p.B, p.Hkv, p.Nk, p.Dv}, v));
+    if (is_fp8(p.in))
+      for (const char* name : {"q_descale", "k_descale", "v_descale"}) {
+        if (!rng.chance(opt.descale_fraction)) continue;
+        // one F32 per (batch, kv head), full 24-bit significands: distinct, never 1
+        std::vector<double> d(static_cast<std::size_t>(p.B * p.Hkv));
+        for (auto& x : d) x = fit(std::ldexp(1 + rng.uniform(), rng.irange(-6, 5)), DType::F32);
+        f.put(float_tensor(name, DType::F32, {p.B, p.Hkv}, d));
+      }
   } else {
     const Role x_role = p.family == DataFamily::WideRange ? Role::Score : Role::Input;
     auto x_q = gen.tensor(p.B * p.Nq * p.D, x_role);

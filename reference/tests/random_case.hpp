@@ -40,6 +40,9 @@ struct RandomCaseOptions {
   std::vector<DType> input_dtypes = {DType::F64, DType::F32, DType::F16, DType::BF16};
   std::vector<DType> output_dtypes = {DType::F64, DType::F32, DType::F16, DType::BF16};
   double other_output_fraction = 0.3;  // output dtype drawn from output_dtypes, else the input's
+  // FP8 inputs (F8_E4M3, F8_E5M2; sdpa only, so with mha_fraction 0): the output dtype is F32,
+  // F16 or BF16, and each of q_descale, k_descale, v_descale is present with this chance.
+  double descale_fraction = 0.8;
   std::vector<DataFamily> families = {DataFamily::Uniform,     DataFamily::Normal,
                                       DataFamily::LargeScores, DataFamily::Ties,
                                       DataFamily::Subnormal,   DataFamily::WideRange,

@@ -213,6 +213,40 @@ TEST_F(EvalRefusal, MaskNotBroadcastable) {
   expect_refused(bytes_of(f), "mask", "does not broadcast");
 }
 
+// The valid case with q, k, v re-stored as F8_E4M3 (the same values) and an output dtype.
+SafeTensorsFile fp8_case() {
+  SafeTensorsFile f = valid_case();
+  for (auto& t : f.tensors) {
+    Bytes b(static_cast<std::size_t>(t.numel()));
+    for (std::size_t e = 0; e < b.size(); ++e)
+      encode_float(DType::F8_E4M3, decode_float(DType::F32, t.data.data() + 4 * e), b.data() + e);
+    t.dtype = DType::F8_E4M3;
+    t.data = b;
+  }
+  f.metadata["attn.output_dtype"] = "F16";
+  return f;
+}
+
+TEST_F(EvalRefusal, Fp8) {
+  const std::string in = dir_ / "fp8.safetensors";
+  SafeTensorsFile ok = fp8_case();
+  ok.put(floats("k_descale", {1, 2}, [](std::size_t e) { return e ? 0.25 : 3.0; }));
+  write_bytes(in, bytes_of(ok));
+  EXPECT_EQ(run({"eval", in, "-o", dir_ / "fp8.out.safetensors"}).status, 0);
+  SafeTensorsFile f = fp8_case();
+  f.metadata.erase("attn.output_dtype");
+  expect_refused(bytes_of(f), "attn.output_dtype", "missing (required for F8_E4M3 inputs");
+  f = valid_case();
+  f.put(floats("q_descale", {1, 2}, small));
+  expect_refused(bytes_of(f), "q_descale", "is for FP8 inputs only");
+  f = fp8_case();
+  f.put(floats("v_descale", {2, 1}, [](std::size_t) { return 1.0; }));
+  expect_refused(bytes_of(f), "v_descale", "shape [2,1] is not [B,Hkv] = [1,2]");
+  f = fp8_case();
+  f.put(floats("v_descale", {1, 2}, [](std::size_t e) { return e ? -1.0 : 1.0; }));
+  expect_refused(bytes_of(f), "v_descale", "element 1 is -1; descales must be > 0");
+}
+
 TEST_F(EvalRefusal, NaNInput) {
   SafeTensorsFile f = valid_case();
   f.put(floats("v", {1, 2, 5, 2}, [](std::size_t e) { return e == 13 ? std::nan("") : 1.0; }));

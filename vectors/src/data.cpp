@@ -278,7 +278,8 @@ class Gen {
     const int hi = std::min(in.max_exp, out.max_exp);
     if (!L_.mha()) {
       for (auto* t : {&d_.q, &d_.k}) fill(*t, [&] { return spread_value(lo / 2, 2); });
-      fill(d_.v, [&] { return spread_value(lo, hi - 2); });
+      // E4M3 values reach its top binade, saturating at 448
+      fill(d_.v, [&] { return spread_value(lo, p_.dtype == DType::F8_E4M3 ? hi - 1 : hi - 2); });
       return;
     }
     for (auto* t : {&d_.x_q, &d_.x_kv}) fill(*t, [&] { return spread_value(lo / 4, hi / 8); });

@@ -385,11 +385,19 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
                               static_cast<double>(std::max({p.Dk, p.Dv, p.D, p.Dout})) >
                           limit)
     return "the problem is too large (a tensor over 2^28 elements)";
-  if (!is_float_format(p.dtype)) return "dtype must be F64, F32, F16 or BF16";
+  if (!is_input_format(p.dtype)) return "dtype must be F64, F32, F16, BF16, F8_E4M3 or F8_E5M2";
   if (p.output_dtype && !is_float_format(*p.output_dtype))
     return "output_dtype must be F64, F32, F16 or BF16";
-  if (p.bias_dtype != DType::F64 && p.bias_dtype != DType::F32 && p.bias_dtype != p.dtype)
-    return "bias_dtype must be F64, F32 or the input dtype";
+  if (is_fp8(p.dtype)) {
+    if (mha) return "FP8 dtypes need kind sdpa";
+    if (!p.output_dtype || *p.output_dtype == DType::F64)
+      return "FP8 dtypes need output_dtype F32, F16 or BF16";
+    if (p.poison) return "poison is not built for FP8 dtypes";
+  }
+  if (p.descales && !is_fp8(p.dtype)) return "descales need an FP8 dtype";
+  if (p.bias_dtype != DType::F64 && p.bias_dtype != DType::F32 &&
+      (p.bias_dtype != p.dtype || is_fp8(p.dtype)))
+    return "bias_dtype must be F64, F32 or the input dtype (F64 or F32 for FP8 inputs)";
   if (!p.bias_fill.empty() && p.bias != BiasKind::Fill) return "bias_fill needs bias fill";
   if (p.bias == BiasKind::Fill)
     if (auto f = bias_fill_value(p); !f.error.empty()) return f.error;
@@ -428,7 +436,9 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     return "near_ties needs an integer ulps in [1, 2^20]";
   // The largest magnitude a generator draws must be finite in the input dtype.
   const Limits l = limits(p.dtype);
-  const double max_finite = std::ldexp(2.0 - std::ldexp(1.0, 1 - l.precision), l.max_exp - 1);
+  const double max_finite = p.dtype == DType::F8_E4M3
+                                ? 448  // E4M3FN: its top binade ends at 448 (480 is NaN)
+                                : std::ldexp(2.0 - std::ldexp(1.0, 1 - l.precision), l.max_exp - 1);
   double scale = 0;
   try {
     scale = scale_value(p.scale, static_cast<long>(p.Dk));
@@ -483,6 +493,20 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     f.put(float_tensor("w_k", t, {p.Hq, p.D, p.Dk}, d.w_k));
     f.put(float_tensor("w_v", t, {p.Hq, p.D, p.Dv}, d.w_v));
     f.put(float_tensor("w_o", t, {p.Hq * p.Dv, p.Dout}, d.w_o));
+  }
+  if (p.descales) {
+    // (1 + n/64) 2^e, n in [1, 63], e in [-4, 3]: distinct within each tensor, none 1
+    Rng rng(mix64(seed, 5));
+    for (const char* name : {"q_descale", "k_descale", "v_descale"}) {
+      std::vector<double> ds;
+      while (ds.size() < sz(p.B * p.Hkv)) {
+        const double n = static_cast<double>(1 + rng.below(63));
+        const int e = static_cast<int>(rng.below(8)) - 4;
+        const double x = std::ldexp(1 + n / 64, e);
+        if (std::find(ds.begin(), ds.end(), x) == ds.end()) ds.push_back(x);
+      }
+      f.put(float_tensor(name, DType::F32, {p.B, p.Hkv}, ds));
+    }
   }
   const BoolGrid mask = make_mask(p, mask_rng);
   if (!mask.v.empty()) f.put(RawTensor{"mask", DType::BOOL, mask.shape, mask.v});

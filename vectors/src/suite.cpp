@@ -22,11 +22,11 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 20> kOptions = {
+constexpr std::array<std::string_view, 21> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
-    "self",       "params"};
+    "self",       "params",     "descales"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -178,7 +178,7 @@ class SpecReader {
     fail(path, brief(j) + " is not one of " + list);
   }
   DType dtype(const json& j, const std::string& path) const {
-    const std::string s = choice(j, path, {"F64", "F32", "F16", "BF16"});
+    const std::string s = choice(j, path, {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"});
     return *dtype_from_name(s);
   }
   // A number written as JSON number or as text, kept as text (attn.scale, attn.softcap).
@@ -252,6 +252,8 @@ class SpecReader {
       p.seqlens_dtype = *dtype_from_name(choice(v, path, {"I32", "I64"}));
     } else if (key == "poison") {
       p.poison = boolean(v, path);
+    } else if (key == "descales") {
+      p.descales = boolean(v, path);
     } else if (key == "masked_rows") {
       p.masked_rows = named(v, path, masked_rows_from_name, masked_rows_name,
                             {MaskedRows::Error, MaskedRows::Zero});
@@ -465,6 +467,8 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   std::vector<std::string> t;
   t.push_back(p.generator);
   t.push_back(lower(dtype_name(p.dtype)));
+  if (is_fp8(p.dtype)) t.push_back("fp8");
+  if (p.descales) t.push_back("descales");
   if (p.output_dtype && *p.output_dtype != p.dtype)
     t.push_back("out_" + lower(dtype_name(*p.output_dtype)));
   if (p.kind == Kind::Mha) t.push_back("mha");

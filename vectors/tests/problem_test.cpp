@@ -133,6 +133,46 @@ TEST(VectorsMakeProblem, EveryGeneratorGivesValidFiniteCasesInEveryDtype) {
       }
 }
 
+// FP8: every generator builds a valid case in both formats; descales are F32 [B, Hkv], distinct
+// within each tensor and none 1; the refusals of the FP8 options.
+TEST(VectorsMakeProblem, Fp8InputsAndDescales) {
+  for (const auto& g : generators())
+    for (DType t : {DType::F8_E4M3, DType::F8_E5M2}) {
+      ProblemSpec p = sdpa(std::string(g.name), t, 2, 4, 2);
+      p.output_dtype = DType::BF16;
+      p.descales = true;
+      const SafeTensorsFile f = make_problem(p, 7);
+      const Case c = case_from_file("test", f);
+      EXPECT_EQ(c.input_dtype, t);
+      for (const char* name : {"q_descale", "k_descale", "v_descale"}) {
+        const RawTensor* d = f.find(name);
+        ASSERT_NE(d, nullptr);
+        EXPECT_EQ(d->shape, (std::vector<std::int64_t>{2, 2}));
+        std::vector<double> v;
+        for (std::size_t e = 0; e < 4; ++e) v.push_back(decode_float(DType::F32, d->data.data() + 4 * e));
+        std::sort(v.begin(), v.end());
+        EXPECT_EQ(std::adjacent_find(v.begin(), v.end()), v.end()) << name;
+        EXPECT_EQ(std::count(v.begin(), v.end(), 1.0), 0) << name;
+      }
+    }
+  ProblemSpec p = sdpa("wide_range", DType::F8_E4M3, 2, 4, 2, 8, 32);
+  p.output_dtype = DType::F32;
+  const Case c = make_case(p);
+  double top = 0;
+  for (double x : c.v.values) top = std::max(top, std::fabs(x));
+  EXPECT_EQ(top, 448.0);  // E4M3's largest value reached (saturated)
+  p.output_dtype.reset();
+  EXPECT_EQ(problem_error(p), "FP8 dtypes need output_dtype F32, F16 or BF16");
+  p.output_dtype = DType::F64;
+  EXPECT_EQ(problem_error(p), "FP8 dtypes need output_dtype F32, F16 or BF16");
+  ProblemSpec q = sdpa("normal", DType::F32);
+  q.descales = true;
+  EXPECT_EQ(problem_error(q), "descales need an FP8 dtype");
+  ProblemSpec m = mha("normal", DType::F8_E5M2);
+  m.output_dtype = DType::F32;
+  EXPECT_EQ(problem_error(m), "FP8 dtypes need kind sdpa");
+}
+
 TEST(VectorsMakeProblem, IndependentStreams) {
   // The mask's draws do not move the data.
   ProblemSpec a = sdpa("normal", DType::F32), b = a;

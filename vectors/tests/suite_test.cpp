@@ -87,7 +87,8 @@ TEST(VectorsSuite, RefusalsNameTheJsonPath) {
       "large_scores, ties, near_ties, dominant, cancel, wide_range, subnormal)");
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "cross": {"dtype": ["F32", "F12"]}}]})"),
-            "spec.json: families[0].cross.dtype[1]: \"F12\" is not one of F64, F32, F16, BF16");
+            "spec.json: families[0].cross.dtype[1]: \"F12\" is not one of F64, F32, F16, BF16, "
+            "F8_E4M3, F8_E5M2");
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "fixed": {"casual": "top_left"}}]})")
                 .rfind("spec.json: families[0].fixed.casual: unknown option", 0),

@@ -77,6 +77,8 @@ BUGS = {
                            "still skipped)",
     "nan_from_padded_key": "P V multiplies the zero weights of masked and padded keys by their value "
                            "rows instead of skipping them: a NaN or infinity there gives NaN",
+    "descales_dropped": "FP8: q_descale, k_descale and v_descale ignored (the stored values used as they are)",
+    "descales_kv_head0": "FP8: every head's descales taken from kv head 0 (descale[b, 0])",
 }
 
 
@@ -145,7 +147,20 @@ def round_f16(a):
         return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
 
 
-ROUND = {"fp32": None, "fp16": round_f16, "bf16": round_bf16}
+def round_e4m3(a):
+    """float32 -> the nearest F8_E4M3 value (ties to even, saturating at 448), as float32: the
+    neighbours among the format's 127 non-negative finite values, from safetensors_np's table."""
+    a = np.asarray(a, np.float32)
+    grid = nx.safetensors_np.FP8_TABLES["F8_E4M3"][:0x7F]        # 0, 2^-9, ..., 448, increasing
+    x = np.minimum(np.abs(a), np.float32(448))
+    hi = np.clip(np.searchsorted(grid, x), 1, len(grid) - 1)
+    lo = hi - 1
+    dlo, dhi = x - grid[lo], grid[hi] - x
+    pick = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)   # pattern index = bits
+    return np.where(np.isnan(a), a, np.copysign(grid[pick], a)).astype(np.float32)
+
+
+ROUND = {"fp32": None, "fp16": round_f16, "bf16": round_bf16, "fp8": round_e4m3}
 
 
 def round_tf32(a):
@@ -222,7 +237,7 @@ class Kernel:
         return np.where(ok, s, acc.type(masked))
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-                 seqlens_q=None, seqlens_k=None):
+                 seqlens_q=None, seqlens_k=None, descales=None):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
         self.lq = None if seqlens_q is None else seqlens_q.astype(np.int64)
@@ -236,6 +251,13 @@ class Kernel:
         acc = np.float64 if in_dtype == "F64" else np.float32
         f32 = acc == np.float32
         self.rnd = rnd = ROUND[self.arith] if in_dtype != "F64" else None
+        if self.arith == "fp8" and in_dtype not in nx.FP8:
+            raise nx.Unsupported(f"--arith fp8 is for F8_E4M3 and F8_E5M2 inputs (not {in_dtype})")
+        # FP8 (FlashAttention 3): Q K^T of the stored values, times scale q_descale k_descale per
+        # (b, h) in float32; the output times v_descale. Stored FP8 values are exact in float32.
+        descales = {} if bug == "descales_dropped" else dict(descales or {})   # BUG: dropped
+        if bug == "descales_kv_head0":       # BUG: kv head 0's descales for every head
+            descales = {n: np.repeat(d[:, :1], d.shape[1], axis=1) for n, d in descales.items()}
         ftz = bug == "flush_subnormals" and f32
         tf32 = bug == "tf32_matmul" and f32
         # Q, K, V in the input dtype (kind mha: the projections rounded to it, or to the P dtype).
@@ -245,7 +267,7 @@ class Kernel:
         if bug != "nan_from_padded_key":     # BUG: the value rows kept as they are
             v = np.where(np.isfinite(v), v, 0)
         v = v.astype(acc)
-        if rnd is not None:
+        if rnd is not None and self.arith != "fp8":     # fp8: the inputs are FP8 already
             q, k, v = rnd(q), rnd(k), rnd(v)
         if ftz:                              # BUG: float32 subnormal inputs read as 0
             q, k, v = (flush(a, np.finfo(np.float32).tiny) for a in (q, k, v))
@@ -259,6 +281,8 @@ class Kernel:
         if bug == "gqa_pack2":               # BUG: groups of at most two query heads
             heads = (np.arange(Hq) // min(group, 2)) % Hkv
         k, v = k[:, heads], v[:, heads]
+        one = np.ones((B, Hkv))
+        dq, dk, dv = (descales.get(n, one)[:, heads][:, :, None, None] for n in nx.DESCALES)
         full = (B, Hq, Nq, Nk)
         self.mask = None if mask is None else np.broadcast_to(mask, full)
         if self.mask is not None and bug == "mask_batch0":    # BUG: batch 0's mask everywhere
@@ -270,6 +294,8 @@ class Kernel:
             1.0 / math.sqrt(Dv if bug == "scale_dv" else Dk)  # BUG scale_dv: 1/sqrt(Dv)
         if bug == "scale_twice":             # BUG: Q scaled, then Q K^T scaled again
             q = q * acc(scale)
+        if descales:                         # one float32 factor per (b, h)
+            scale = acc(scale * dq * dk)
         cap = nx.number(meta.get("attn.softcap", "0"))
         keys = min(Nq, Nk) if bug == "keys_limited_to_nq" else Nk   # BUG: keys past Nq not visited
         exp = np.exp2 if bug == "exp2_no_log2e" else lambda x: stat_exp(bug, x)  # BUG: exp2 of natural scores
@@ -307,6 +333,8 @@ class Kernel:
                 o = stat_accumulate(bug, alpha_o, o, p, vb)
                 m = m_new
 
+        if "v_descale" in descales:
+            o = (o * acc(dv)).astype(acc)
         live = m != -np.inf                            # a row with an allowed key has l >= 1
         if meta.get("attn.masked_rows", "error") == "error":
             is_query = np.ones((B, Nq), bool) if query_mask is None else query_mask
@@ -345,7 +373,8 @@ def main(argv=None):
     parser.add_argument("--block", type=int, default=64, help="keys per block (default 64)")
     parser.add_argument("--arith", choices=sorted(ROUND), default="fp32",
                         help="fp32: everything in float32; fp16, bf16: P rounded to F16 or BF16 "
-                             "before P V (F64 inputs: float64 throughout)")
+                             "before P V (F64 inputs: float64 throughout); fp8 (FP8 inputs): P "
+                             "rounded to F8_E4M3 before P V, as FlashAttention 3")
     parser.add_argument("--bug", choices=sorted(BUGS), default=None,
                         help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items())
                         .replace("%", "%%"))

@@ -276,6 +276,35 @@ class PlantedBugTest(unittest.TestCase):
         self.assertEqual((right[0].item(), wrong[0].item()), (2.0, 1.0))
         self.assertEqual(wrong[1][0, 0, 0].tolist(), [1.0, 0.0])
 
+    # FP8 descales: B = 1, Hq = 2 over Hkv = 2, one key each, v = 1 (stored), v_descale (3, 5):
+    # the output of head h is v_descale[0, h]; with q_descale and k_descale the scores of a
+    # two-key row change too.
+    def fp8_heads(self, bug):
+        d = {"q_descale": np.array([[2.0, 0.5]]), "k_descale": np.array([[4.0, 0.25]]),
+             "v_descale": np.array([[3.0, 5.0]])}
+        q = np.ones((1, 2, 1, 1))
+        k = np.array([1.0, 0.0]).reshape(1, 1, 2, 1).repeat(2, axis=1)
+        v = np.array([1.0, 0.0]).reshape(1, 1, 2, 1).repeat(2, axis=1)
+        return attention.Kernel(16, "fp8", bug)(q, k, v, {"attn.scale": "1"}, None,
+                                                in_dtype="F8_E4M3", descales=d)[0][0, :, 0, 0]
+
+    def test_bug_descales_dropped(self):
+        # scores (8, 0) and (0.125, 0): P = (1, e^-s) (the first exact in E4M3, the second
+        # meets v = 0), l = 1 + e^-s: out = v_descale / (1 + e^-s)
+        w = lambda s: 1 / (1 + np.exp(-s))
+        np.testing.assert_allclose(self.fp8_heads(None), [3 * w(8), 5 * w(0.125)], rtol=1e-6)
+        np.testing.assert_allclose(self.fp8_heads("descales_dropped"), [w(1), w(1)], rtol=1e-6)
+
+    def test_bug_descales_kv_head0(self):
+        w = lambda s: 1 / (1 + np.exp(-s))
+        np.testing.assert_allclose(self.fp8_heads("descales_kv_head0"), [3 * w(8), 3 * w(8)], rtol=1e-6)
+
+    def test_round_e4m3(self):
+        r = attention.round_e4m3
+        np.testing.assert_array_equal(r(np.array([1.0, 1.0625, 1.1875, 1.19, 460, 1e9, -3e-3, 2 ** -10, 0],
+                                                 np.float32)),
+                                      np.array([1.0, 1.0, 1.25, 1.25, 448, 448, -2 ** -9 * 2, 0, 0], np.float32))
+
     def test_bug_gqa_pack2(self):
         def heads(bug, hq, hkv):
             v = np.arange(hkv, dtype=np.float64).reshape(1, hkv, 1, 1)

@@ -55,6 +55,8 @@ BUGS = {
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.outputs"}
 FLOATS = {"F64", "F32", "F16", "BF16"}
+FP8 = {"F8_E4M3", "F8_E5M2"}
+DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 class Refused(Exception):
@@ -73,12 +75,29 @@ def number(text):
         return float.fromhex(text)
 
 
+def apply_descales(q, k, v, descales):
+    """FP8: the real q[b, h] is the stored value times q_descale[b, h // (Hq / Hkv)], k and v
+    likewise at [b, g]; one rounding each in the compute dtype."""
+    group = q.shape[1] // k.shape[1]
+    d = {n: descales[n][:, :, None, None] for n in descales}
+    if "q_descale" in d:
+        q = q * np.repeat(d["q_descale"], group, axis=1)
+    if "k_descale" in d:
+        k = k * d["k_descale"]
+    if "v_descale" in d:
+        v = v * d["v_descale"]
+    return q, k, v
+
+
 def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-              seqlens_q=None, seqlens_k=None):
+              seqlens_q=None, seqlens_k=None, descales=None):
     """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv] -> out, weights, lse (compute dtype).
 
     seqlens_q, seqlens_k [B]: valid query and key counts per batch (padded varlen).
-    in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels."""
+    in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels; descales
+    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays."""
+    if descales:
+        q, k, v = apply_descales(q, k, v, descales)
     B, Hq, Nq, Dk = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     lq = np.full(B, Nq) if seqlens_q is None else seqlens_q.astype(np.int64)
@@ -232,15 +251,19 @@ def run_case(path, compute, bug=None):
         raise Unsupported(f"attn.masked_rows {meta['attn.masked_rows']}")
     in_dtype = dtypes["q" if kind == "sdpa" else "x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
-    if in_dtype not in FLOATS or out_dtype not in FLOATS:
+    if (in_dtype not in FLOATS and (in_dtype not in FP8 or kind != "sdpa")) or out_dtype not in FLOATS:
         raise Unsupported(f"dtype {in_dtype} -> {out_dtype}")
     outputs = meta.get("attn.outputs", "out").split(",")
 
     if bug == "truncate_output":        # BUG (with the truncation below): computed in float64
         compute = np.dtype(np.float64)
-    x = {name: a.astype(compute) for name, a in tensors.items() if dtypes[name] in FLOATS}
+    x = {name: a.astype(compute) for name, a in tensors.items()
+         if dtypes[name] in FLOATS or dtypes[name] in FP8}
+    descales = {name: x.pop(name) for name in DESCALES if name in x}
     extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"),
                  in_dtype=in_dtype, seqlens_q=tensors.get("seqlens_q"), seqlens_k=tensors.get("seqlens_k"))
+    if descales:
+        extra["descales"] = descales
     if kind == "sdpa":
         out, w, lse = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:

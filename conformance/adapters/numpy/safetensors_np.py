@@ -3,8 +3,11 @@
     tensors, metadata = load("case.safetensors")      # name -> np.ndarray, str -> str
     save("out.safetensors", {"out": out}, {"k": "v"}, dtypes={"out": "BF16"})
 
-Dtypes: F64, F32, F16, BF16, BOOL, I64, I32. NumPy has no bfloat16: BF16 is read as uint16 and
-widened to float32 (the bits go in the upper half), and written by rounding to nearest-even.
+Dtypes: F64, F32, F16, BF16, BOOL, I64, I32, and (read only) F8_E4M3, F8_E5M2. NumPy has no
+bfloat16: BF16 is read as uint16 and widened to float32 (the bits go in the upper half), and
+written by rounding to nearest-even. FP8 is read as uint8 and decoded exactly into float32
+through a table of its 256 values: F8_E4M3 is OCP's E4M3FN (bias 7, no infinities, largest
+448, NaN 0x7F and 0xFF), F8_E5M2 IEEE-style (bias 15, infinities).
 """
 import json
 import os
@@ -12,11 +15,35 @@ import os
 import numpy as np
 
 # safetensors dtype name -> NumPy dtype of the stored bytes (little-endian).
-DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "?", "I64": "<i8", "I32": "<i4"}
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "?", "I64": "<i8",
+          "I32": "<i4", "F8_E4M3": "u1", "F8_E5M2": "u1"}
+
+
+def _fp8_table(ebits, mbits, ieee):
+    """The 256 values of an FP8 format, from its definition, as float32 (exact)."""
+    bias = (1 << (ebits - 1)) - 1
+    emask, mmask = (1 << ebits) - 1, (1 << mbits) - 1
+    out = np.empty(256, np.float32)
+    for b in range(256):
+        e, f = (b >> mbits) & emask, b & mmask
+        sign = -1.0 if b & 0x80 else 1.0
+        if ieee and e == emask:
+            v = np.nan if f else sign * np.inf
+        elif not ieee and e == emask and f == mmask:
+            v = np.nan
+        elif e == 0:
+            v = sign * np.ldexp(f / (1 << mbits), 1 - bias)
+        else:
+            v = sign * np.ldexp(1 + f / (1 << mbits), e - bias)
+        out[b] = v
+    return out
+
+
+FP8_TABLES = {"F8_E4M3": _fp8_table(4, 3, False), "F8_E5M2": _fp8_table(5, 2, True)}
 
 
 class UnsupportedDtype(ValueError):
-    """A tensor's dtype is none of DTYPES (F8_E4M3, say)."""
+    """A tensor's dtype is none of DTYPES (U16, say)."""
 
 
 def read(path):
@@ -34,6 +61,8 @@ def read(path):
         a = np.frombuffer(raw[8 + n + begin:8 + n + end], DTYPES[t["dtype"]]).reshape(t["shape"])
         if t["dtype"] == "BF16":                        # bfloat16 = upper half of a float32
             a = (a.astype(np.uint32) << 16).view(np.float32)
+        elif t["dtype"] in FP8_TABLES:
+            a = FP8_TABLES[t["dtype"]][a]
         tensors[name] = a
     return tensors, metadata, {name: t["dtype"] for name, t in header.items()}
 

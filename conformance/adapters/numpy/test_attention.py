@@ -348,20 +348,59 @@ class AdapterTest(unittest.TestCase):
             self.assertEqual(got[name].dtype, want[name].dtype)
             np.testing.assert_array_equal(got[name], want[name])
 
-    def test_f8_input_is_unsupported(self):
-        # A case with an F8_E4M3 q, written by hand (safetensors_np does not write F8).
-        header = {"q": {"dtype": "F8_E4M3", "shape": [1, 1, 1, 1], "data_offsets": [0, 1]},
-                  "k": {"dtype": "F8_E4M3", "shape": [1, 1, 1, 1], "data_offsets": [1, 2]},
-                  "v": {"dtype": "F8_E4M3", "shape": [1, 1, 1, 1], "data_offsets": [2, 3]},
-                  "__metadata__": meta()}
+    def f8_case(self, dtype, data, extra=b"", extra_header=None, **md):
+        # q [1,1,1,1], k and v [1,1,2,1] in FP8, written by hand (safetensors_np does not write F8).
+        header = {"q": {"dtype": dtype, "shape": [1, 1, 1, 1], "data_offsets": [0, 1]},
+                  "k": {"dtype": dtype, "shape": [1, 1, 2, 1], "data_offsets": [1, 3]},
+                  "v": {"dtype": dtype, "shape": [1, 1, 2, 1], "data_offsets": [3, 5]},
+                  "__metadata__": meta(**md)}
+        header.update(extra_header or {})
         text = json.dumps(header).encode()
         text += b" " * (-len(text) % 8)
-        path = os.path.join(self.dir, "f8.safetensors")
+        path = os.path.join(self.dir, f"f8-{dtype}-{len(os.listdir(self.dir))}.safetensors")
         with open(path, "wb") as f:
-            f.write(len(text).to_bytes(8, "little") + text + bytes([0x38, 0x38, 0x38]))
+            f.write(len(text).to_bytes(8, "little") + text + bytes(data) + extra)
+        return path
+
+    def test_fp8_tables(self):
+        e4, e5 = st.FP8_TABLES["F8_E4M3"], st.FP8_TABLES["F8_E5M2"]
+        self.assertEqual(e4[0x7E], 448)
+        self.assertEqual(e4[0xFE], -448)
+        self.assertEqual(e4[0x01], 2.0 ** -9)
+        self.assertEqual(e4[0x38], 1)
+        self.assertTrue(np.isnan(e4[0x7F]) and np.isnan(e4[0xFF]))
+        self.assertEqual(int(np.isnan(e4).sum()), 2)
+        self.assertFalse(np.isinf(e4).any())
+        self.assertEqual(e5[0x7B], 57344)
+        self.assertEqual(e5[0x01], 2.0 ** -16)
+        self.assertEqual(e5[0x7C], np.inf)
+        self.assertEqual(int(np.isnan(e5).sum()), 6)
+        # both formats agree with float16 where it holds them (E5M2 is float16's top byte)
+        np.testing.assert_array_equal(
+            e5, (np.arange(256, dtype=np.uint16) << 8).view(np.float16).astype(np.float32))
+
+    def test_fp8_inputs_with_descales(self):
+        # q 1 (0x38), k (1, 0.5), v (448, 2^-9), scale 1; k_descale 2, v_descale 0.25: scores 2
+        # and 1, out = (112 e^2 + 2^-11 e) / (e^2 + e)
+        f4 = np.array([2.0], F32).tobytes() + np.array([0.25], F32).tobytes()
+        extra_header = {"k_descale": {"dtype": "F32", "shape": [1, 1], "data_offsets": [5, 9]},
+                        "v_descale": {"dtype": "F32", "shape": [1, 1], "data_offsets": [9, 13]}}
+        path = self.f8_case("F8_E4M3", [0x38, 0x38, 0x30, 0x7E, 0x01], f4, extra_header,
+                            scale="1", output_dtype="F32")
+        plain = self.f8_case("F8_E4M3", [0x38, 0x38, 0x30, 0x7E, 0x01], scale="1", output_dtype="F32")
+        e = np.exp(1.0)
+        (kind, got, _), (kind2, got2, _) = self.run_adapter([path, plain])
+        self.assertEqual((kind, kind2), ("ok", "ok"))
+        out = got["out"]
+        self.assertAlmostEqual(float(out[0, 0, 0, 0]), (112 * e * e + 2 ** -11 * e) / (e * e + e), places=4)
+        out = got2["out"]
+        self.assertAlmostEqual(float(out[0, 0, 0, 0]), (448 * e + 2 ** -9 * e ** 0.5) / (e + e ** 0.5), places=3)
+
+    def test_fp8_needs_sdpa_and_an_output_dtype(self):
+        path = self.f8_case("F8_E5M2", [0x3C] * 5)
         kind, text = self.run_adapter([path])[0]
         self.assertEqual(kind, "unsupported")
-        self.assertIn("F8_E4M3", text)
+        self.assertIn("F8_E5M2", text)
 
     # -- planted bugs -------------------------------------------------------------------
 

@@ -93,8 +93,9 @@ def scale_of(meta, head_dim):
 
 
 def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None, in_dtype=None,
-                  seqlens_q=None, seqlens_k=None):
-    """Called as the NumPy adapter's `attention` (float64 arrays in, float64 arrays out)."""
+                  seqlens_q=None, seqlens_k=None, descales=None):
+    """Called as the NumPy adapter's `attention` (float64 arrays in, float64 arrays out). FP8
+    inputs (the only ones with descales) are unsupported: torch_dtype names the dtype."""
     if meta.get("attn.kind", "sdpa") != "sdpa":
         raise nx.Unsupported("attn.kind mha in --mode ops (--mode mha runs it)")
     dt = torch_dtype(in_dtype)

@@ -8,7 +8,9 @@
 namespace attnoracle {
 
 // x rounded to nearest-even in format t (subnormals kept, overflow to infinity), as the double
-// holding that value exactly. Uses MPFR with the format's precision and exponent range.
+// holding that value exactly. Uses MPFR with the format's precision and exponent range. FP8
+// (for the generators): F8_E5M2 overflows to infinity likewise; F8_E4M3, which has no
+// infinity, saturates to +-448 (OCP's saturating conversion).
 double round_to_format(mpfr_srcptr x, DType t);
 // The double x rounded to nearest-even in format t (NaN stays NaN, overflow to infinity).
 double round_double(double x, DType t);

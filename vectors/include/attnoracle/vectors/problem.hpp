@@ -67,6 +67,9 @@ struct ProblemSpec {
   // kind sdpa: NaN, +inf and -inf in turn at every unused position (the k and v rows of keys no
   // query other than padding attends, the q rows of padding queries): they must change nothing
   bool poison = false;
+  // FP8 inputs: q_descale, k_descale, v_descale [B, Hkv] (F32), distinct per batch and kv head,
+  // none equal to 1, so that a kernel that drops them or reads one kv head's for all fails
+  bool descales = false;
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
 };
