@@ -37,6 +37,7 @@ Case inputs_of(const Case& c) {
   t.mask = c.mask;
   t.bias = c.bias;
   t.query_mask = c.query_mask;
+  t.sinks = c.sinks;
   return t;
 }
 
@@ -122,7 +123,8 @@ struct TwinChecker {
     }
   }
 
-  // A constant added to every score through the bias.
+  // A constant added to every score through the bias, and to every sink (the sink is one more
+  // logit of the softmax: the relation holds only when it moves with the scores).
   void shift() {
     for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8, 0x1p-16, 0x1p-24}) {
       bool exact = true;
@@ -132,8 +134,14 @@ struct TwinChecker {
             exact = false;
             break;
           }
+      if (c.sinks)
+        for (double x : c.sinks->values) exact = exact && exact_sum(x, cst);
       if (!exact) continue;
       Case t = inputs_of(c);
+      if (t.sinks) {
+        t.sinks->dtype = DType::F64;
+        for (double& x : t.sinks->values) x += cst;  // exact, checked above
+      }
       if (t.bias) {
         t.bias->dtype = DType::F64;
         for (double& x : t.bias->values) x += cst;  // exact, checked above; -inf stays -inf

@@ -160,8 +160,9 @@ class CaseReader {
       while (true) {
         const auto comma = rest.find(',');
         const std::string name(rest.substr(0, comma));
-        if (name != "out" && name != "weights" && name != "lse")
-          bad("attn.outputs", *v, "a comma list of out, weights, lse (" + quoted(name) + "?)");
+        if (name != "out" && name != "weights" && name != "lse" && name != "scores")
+          bad("attn.outputs", *v,
+              "a comma list of out, weights, lse, scores (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -169,13 +170,14 @@ class CaseReader {
       }
       c_.want_weights = listed.count("weights") > 0;
       c_.want_lse = listed.count("lse") > 0;
+      c_.want_scores = listed.count("scores") > 0;
     }
   }
 
   void tensors(const SafeTensorsFile& file) {
     static const std::set<std::string> sdpa = {"q", "k", "v"};
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
-    static const std::set<std::string> optional = {"mask", "bias", "query_mask"};
+    static const std::set<std::string> optional = {"mask", "bias", "query_mask", "sinks"};
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
     const auto& theirs = is_sdpa ? mha : sdpa;
@@ -187,7 +189,7 @@ class CaseReader {
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
       fail(printable(t.name), std::string("unknown tensor (expected ") +
                                   (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-                                  ", and optionally mask, bias, query_mask)");
+                                  ", and optionally mask, bias, query_mask, sinks)");
     }
     file_ = &file;
     if (is_sdpa)
@@ -214,6 +216,13 @@ class CaseReader {
       expect_dtype(*t, DType::BOOL);
       expect_shape(*t, {c_.B, c_.Nq}, "[B,Nq]");
       c_.query_mask = bools(*t);
+    }
+    if (const RawTensor* t = file.find("sinks")) {
+      if (t->dtype != DType::F64 && t->dtype != DType::F32 && t->dtype != c_.input_dtype)
+        fail("sinks", "dtype " + std::string(dtype_name(t->dtype)) + " is not F64, F32 or " +
+                          std::string(dtype_name(c_.input_dtype)) + " (the input dtype)");
+      expect_shape(*t, {c_.Hq}, is_sdpa ? "[Hq]" : "[H]");
+      c_.sinks = floats(*t, false);
     }
     if (!unchecked_.empty()) unused_positions();
   }
@@ -526,8 +535,9 @@ constexpr std::pair<MaskedRows, std::string_view> kMaskedRowsNames[] = {
     {MaskedRows::Error, "error"}, {MaskedRows::Zero, "zero"}};
 
 // Every golden tensor name the reference may write (CONTRACT section 3).
-constexpr std::string_view kGoldenNames[] = {"out",     "out.ref",     "out.ref_lo", "out.bound", "row.valid",
-                                             "weights", "weights.ref", "lse",        "lse.ref"};
+constexpr std::string_view kGoldenNames[] = {
+    "out",         "out.ref", "out.ref_lo", "out.bound", "row.valid", "weights",
+    "weights.ref", "lse",     "lse.ref",    "scores",    "scores.ref"};
 
 }  // namespace
 
@@ -609,7 +619,7 @@ Case::KeyRange Case::key_range(std::int64_t i) const {
 }
 
 std::optional<RowIndex> Case::first_refused_row() const {
-  if (masked_rows != MaskedRows::Error) return std::nullopt;
+  if (masked_rows != MaskedRows::Error || sinks) return std::nullopt;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < Hq; ++h)
       for (std::int64_t i = 0; i < Nq; ++i)
@@ -636,6 +646,10 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
   if (want_lse) {
     g.push_back({"lse", o, rows});
     g.push_back({"lse.ref", DType::F64, rows});
+  }
+  if (want_scores) {
+    g.push_back({"scores", o, w});
+    g.push_back({"scores.ref", DType::F64, w});
   }
   return g;
 }

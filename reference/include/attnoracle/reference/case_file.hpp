@@ -77,7 +77,7 @@ struct Case {
   bool window = false;
   std::int64_t window_left = 0, window_right = 0;
   MaskedRows masked_rows = MaskedRows::Error;
-  bool want_weights = false, want_lse = false;
+  bool want_weights = false, want_lse = false, want_scores = false;
 
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
@@ -90,6 +90,7 @@ struct Case {
   std::optional<BoolTensor> mask;
   std::optional<FloatTensor> bias;  // may hold -inf
   std::optional<BoolTensor> query_mask;
+  std::optional<FloatTensor> sinks;  // [Hq], finite: one logit per query head in the denominator
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;
@@ -98,6 +99,7 @@ struct Case {
   bool mask_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   double bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   bool query_valid(std::int64_t b, std::int64_t i) const;
+  double sink(std::int64_t h) const { return sinks->values[static_cast<std::size_t>(h)]; }
   // GQA/MQA: the kv head query head h reads (CONTRACT section 1); h itself for kind mha.
   std::int64_t kv_head(std::int64_t h) const { return h / (Hq / Hkv); }
   // The position of query i on the key axis: i (top_left, none) or i + (Nk - Nq) (bottom_right).
@@ -124,10 +126,11 @@ struct Case {
     return false;
   }
   // The first row, in (b, h, i) order, that evaluation refuses: a fully masked row that is
-  // not padding, under policy error. None under policy zero.
+  // not padding, under policy error. None under policy zero, and with sinks (a row without an
+  // allowed key then still has the sink: it is not fully masked).
   std::optional<RowIndex> first_refused_row() const;
 
-  // Shapes of the golden tensors: out ([B, Hq, Nq, Dv], or [B, Nq, Dout] for mha) and the rows
+  // Shapes of the golden tensors (scores and weights: [B, Hq, Nq, Nk]): out ([B, Hq, Nq, Dv], or [B, Nq, Dout] for mha) and the rows
   // ([B, Hq, Nq]: row.valid, lse).
   std::vector<std::int64_t> out_shape() const;
   std::vector<std::int64_t> row_shape() const { return {B, Hq, Nq}; }
