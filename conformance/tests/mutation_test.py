@@ -223,6 +223,10 @@ MUTANTS = {
                                      tags=("window",)),
     "flash:window_right_ignored": flash("window_right_ignored", "window cases with a finite right edge",
                                         tags=("window",)),
+    "flash:sinks_ignored": flash("sinks_ignored", "sinks cases: the weights sum to 1, lse lacks the sink",
+                                 tags=("sinks",)),
+    "flash:sink_in_numerator": flash("sink_in_numerator", "sinks cases whose sink is not negligible",
+                                     tags=("sinks",)),
 }
 
 
