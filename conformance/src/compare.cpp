@@ -560,6 +560,32 @@ struct Comparer {
     per_row("weights", c.want_weights, profile.returns_weights, true);
     per_row("lse", c.want_lse, profile.returns_lse, false);
 
+    // scores, per element: step 1's error (TOLERANCE.md), -inf exactly where not allowed
+    if (c.want_scores && !profile.returns_scores)
+      rep.reason += (rep.reason.empty() ? "" : "; ") + std::string("scores not returned (declared)");
+    if (c.want_scores && profile.returns_scores)
+      if (const RawTensor* got = returned("scores", {c.B, H, c.Nq, c.Nk})) {
+        const RawTensor *gg = gold("scores"), *gref = gold("scores.ref");
+        const Undecided u = undecided("scores");
+        AltCursor u_at{u};
+        Acc a;
+        a.t.tensor = "scores";
+        for (std::int64_t b = 0; b < c.B; ++b)
+          for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t i = 0; i < c.Nq; ++i) {
+              if (!c.query_valid(b, i)) continue;
+              const auto lrow = static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i);
+              const auto hrow = static_cast<std::int64_t>((b * H + h) * c.Nq + i);
+              for (std::int64_t j = 0; j < c.Nk; ++j) {
+                const auto k = static_cast<std::size_t>(hrow * c.Nk + j);
+                const double x = value_of(*gref, k);
+                element(a, *got, *gg, k, x, 0, std::max(1.0, std::fabs(x)),
+                        score_limit(profile, limits[lrow], uo, x), -1, -1, hrow, u_at.find(k));
+              }
+            }
+        finish(a);
+      }
+
     if (rep.failed_elements > 0 && rep.worst) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "%lld element%s beyond the limit; worst %.3g times the limit",

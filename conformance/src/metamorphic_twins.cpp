@@ -185,7 +185,8 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     out.push_back(std::move(p));
   }
 
-  // A constant added to every score through the bias, exactly in the bias's dtype.
+  // A constant added to every score through the bias, exactly in the bias's dtype, and to every
+  // sink in its dtype (shift invariance holds only when the sinks move with the scores).
   for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8}) {
     const DType bt = c.bias ? c.bias->dtype : DType::F32;
     bool exact = true;
@@ -195,6 +196,9 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
           exact = false;
           break;
         }
+    if (c.sinks)
+      for (double x : c.sinks->values)
+        exact = exact && exact_sum(x, cst) && representable(c.sinks->dtype, x + cst);
     if (!exact) continue;
     TwinPair p{name(oracle::Invariant::ShiftInvariance), "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
                inputs, inputs, {}, cst, false, all_rows(c), all_tokens(c)};
@@ -204,6 +208,13 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     for (std::size_t k = 0; k < vals.size(); ++k)
       encode_float(bt, vals[k] + cst, nb.data.data() + k * dtype_size(bt));  // -inf stays -inf
     p.b.put(std::move(nb));
+    if (c.sinks) {
+      const DType st = c.sinks->dtype;
+      RawTensor ns{"sinks", st, c.sinks->shape, std::vector<unsigned char>(c.sinks->values.size() * dtype_size(st))};
+      for (std::size_t k = 0; k < c.sinks->values.size(); ++k)
+        encode_float(st, c.sinks->values[k] + cst, ns.data.data() + k * dtype_size(st));
+      p.b.put(std::move(ns));
+    }
     out.push_back(std::move(p));
     break;
   }
@@ -382,6 +393,19 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
           }
     TwinPair p = ref_twin("bias_sensitivity", "bias", "the bias of head 0 raised by 1 on even keys");
     p.b.put(std::move(nb));
+    out.push_back(std::move(p));
+  }
+
+  // Head 0's sink raised by 2 (rounded into the sinks' dtype): that head's rows change as the
+  // reference says, the others not at all.
+  if (c.sinks) {
+    const DType st = c.sinks->dtype;
+    RawTensor ns{"sinks", st, c.sinks->shape, std::vector<unsigned char>(c.sinks->values.size() * dtype_size(st))};
+    for (std::size_t k = 0; k < c.sinks->values.size(); ++k)
+      encode_float(st, k == 0 ? round_double(c.sinks->values[k] + 2, st) : c.sinks->values[k],
+                   ns.data.data() + k * dtype_size(st));
+    TwinPair p = ref_twin("sink_sensitivity", "sink", "the sink of head 0 raised by 2");
+    p.b.put(std::move(ns));
     out.push_back(std::move(p));
   }
 

@@ -118,7 +118,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   for (const auto& [key, v] : j.items()) {
     static const char* known[] = {"name", "base", "input_dtypes", "projection", "qk_accum", "softmax", "p",
                                   "pv_accum", "exp_ulps", "safety", "masked_rows", "returns_weights",
-                                  "returns_lse", "bias", "key_block"};
+                                  "returns_lse", "returns_scores", "bias", "key_block"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     if (!ok) throw InputError(path, key, "unknown profile field");
@@ -152,6 +152,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   }
   flag("returns_weights", p.returns_weights);
   flag("returns_lse", p.returns_lse);
+  flag("returns_scores", p.returns_scores);
   if (j.contains("masked_rows")) {
     const auto m = convention_from_name(j["masked_rows"].is_string() ? j["masked_rows"].get<std::string>() : "");
     if (!m) throw InputError(path, "masked_rows", "must be error, zero, nan or mean");

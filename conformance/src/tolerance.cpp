@@ -583,7 +583,16 @@ std::vector<double> value_magnitude(const Case& c, bool sum) {
 std::vector<double> out_bound_above(const Case& c) { return value_magnitude(c, false); }
 std::vector<double> out_value_sum(const Case& c) { return value_magnitude(c, true); }
 
-RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m) {
+RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) {
+  // A sink is one more term exp(sink - m) of Z, with no value vector: n + 1 terms, and m the
+  // maximum over the scores and the sink, so max |S| covers |sink| too. The kernel keeps the
+  // sink in its dtype or rounds it once into the softmax dtype (u_s |sink|, within the 2 u_s
+  // max|S| of (1)); every step below then holds with these n and max |S|.
+  RowMagnitudes m = row;
+  if (c.sinks) {
+    m.keys += 1;
+    for (double s : c.sinks->values) m.score_abs = std::max(m.score_abs, std::fabs(s));
+  }
   const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
   const double upv = unit_roundoff(p.pv_accum);
   const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);

@@ -127,6 +127,7 @@ TEST(Twins, ReferenceTwinsChangeWhatTheySay) {
     s.window = std::make_pair<std::int64_t, std::int64_t>(1, 1);
     if (k % 3 == 0) s.softcap = "5";
     s.query_mask = k % 2 == 0;
+    if (k % 2 == 1) s.sinks = "near";
     const SafeTensorsFile base = vectors::make_problem(s, 500 + static_cast<std::uint64_t>(k));
     const Case c = case_from_file("p", base);
     const EvalResult ra = evaluate(c, {});
@@ -153,7 +154,7 @@ TEST(Twins, ReferenceTwinsChangeWhatTheySay) {
             if (p.relation == "kv_head_locality" && c.kv_head(h) != c.Hkv - 1) {
               EXPECT_FALSE(differs) << p.what << " problem " << k << " b " << b << " h " << h << " i " << i;
             }
-            if (p.relation == "bias_sensitivity" && h != 0) {
+            if ((p.relation == "bias_sensitivity" || p.relation == "sink_sensitivity") && h != 0) {
               EXPECT_FALSE(differs) << p.what;
             }
             any = any || (differs && p.rows[row]);
@@ -164,6 +165,7 @@ TEST(Twins, ReferenceTwinsChangeWhatTheySay) {
   for (const char* r : {"kv_head_locality", "scale_sensitivity", "softcap_sensitivity", "bias_sensitivity",
                         "window_sensitivity"})
     EXPECT_GE(changed[r], 6) << r;  // of 8 problems: the twins are not vacuous
+  EXPECT_EQ(changed["sink_sensitivity"], 4);  // the 4 problems with sinks
 }
 
 using testing::run;

@@ -241,6 +241,10 @@ MUTANTS = {
                                        "shorter sequences", tags=("seqlens",)),
     "flash:nan_from_padded_key": flash("nan_from_padded_key", "the poisoned suite: NaN in the value "
                                        "rows of masked and padded keys reaches the output", poison=True),
+    "flash:sinks_ignored": flash("sinks_ignored", "sinks cases: the weights sum to 1, lse lacks the sink",
+                                 tags=("sinks",)),
+    "flash:sink_in_numerator": flash("sink_in_numerator", "sinks cases whose sink is not negligible",
+                                     tags=("sinks",)),
 }
 
 # Poisoned cases for the mutants that need them: unused positions (keys past seqlens_k, masked

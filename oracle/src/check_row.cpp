@@ -33,7 +33,10 @@ struct RowChecker {
       if (detail::allowed(c, b, h, i, j)) keys.push_back(j);
 
     if (keys.empty()) {
-      fully_masked(hd, w, lse);
+      if (c.sinks)
+        sink_only(hd, w, lse);
+      else
+        fully_masked(hd, w, lse);
       return;
     }
     if (!r.head_valid.at(slot))
@@ -43,7 +46,8 @@ struct RowChecker {
     std::vector<char> is_allowed(static_cast<std::size_t>(c.Nk), 0);
     for (auto j : keys) is_allowed[static_cast<std::size_t>(j)] = 1;
 
-    // Weights: masked ones exactly 0, allowed ones in (0, 1], and their sum encloses 1.
+    // Weights: masked ones exactly 0, allowed ones in (0, 1], and their sum encloses 1 (with a
+    // sink: 1 minus the sink's weight exp(sink - lse), read from the row's own lse).
     mpfr_t lo, hi;
     mpfr_inits2(mpfr_get_prec(w.at(0).lo) + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
     mpfr_set_zero(lo, 1);
@@ -60,12 +64,24 @@ struct RowChecker {
       mpfr_add(lo, lo, e.lo, MPFR_RNDD);  // a lower bound of the sum of lower bounds
       mpfr_add(hi, hi, e.hi, MPFR_RNDU);
     }
+    std::string with_sink;
+    if (c.sinks) {  // exp is increasing: exp(sink - lse.hi) <= the sink's weight <= exp(sink - lse.lo)
+      Enclosure ws(mpfr_get_prec(lo));
+      mpfr_d_sub(ws.lo, c.sink(h), lse.hi, MPFR_RNDD);
+      mpfr_exp(ws.lo, ws.lo, MPFR_RNDD);
+      mpfr_d_sub(ws.hi, c.sink(h), lse.lo, MPFR_RNDU);
+      mpfr_exp(ws.hi, ws.hi, MPFR_RNDU);
+      mpfr_add(lo, lo, ws.lo, MPFR_RNDD);
+      mpfr_add(hi, hi, ws.hi, MPFR_RNDU);
+      with_sink = " and the sink's weight " + show(ws);
+    }
     if (mpfr_cmp_ui(lo, 1) > 0 || mpfr_cmp_ui(hi, 1) < 0) {
       Enclosure s(mpfr_get_prec(lo));
       mpfr_set(s.lo, lo, MPFR_RNDD);
       mpfr_set(s.hi, hi, MPFR_RNDU);
       add(Invariant::RowSum, -1, -1,
-          "weights of the " + std::to_string(keys.size()) + " allowed keys sum to " + show(s));
+          "weights of the " + std::to_string(keys.size()) + " allowed keys" + with_sink +
+              " sum to " + show(s));
     }
     mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
 
@@ -93,8 +109,26 @@ struct RowChecker {
       add(Invariant::MaskedRowPolicy, -1, -1, "lse of a fully masked row is " + show(lse));
   }
 
+  // A row with no allowed key but a sink: valid, weights and output exactly 0, lse = the sink.
+  void sink_only(const HeadDetail& hd, const std::vector<Enclosure>& w, const Enclosure& lse) {
+    if (!r.head_valid.at(slot))
+      add(Invariant::MaskedRowPolicy, -1, -1, "a row with only its sink is marked invalid");
+    for (std::size_t col = 0; col < hd.out.size(); ++col)
+      if (!exactly_zero(hd.out[col]))
+        add(Invariant::MaskedRowPolicy, -1, static_cast<std::int64_t>(col),
+            "output of a row with only its sink is " + show(hd.out[col]) + ", not exactly 0");
+    for (std::size_t j = 0; j < w.size(); ++j)
+      if (!exactly_zero(w[j]))
+        add(Invariant::MaskedZero, static_cast<std::int64_t>(j), -1,
+            "weight in a row with only its sink is " + show(w[j]) + ", not exactly 0");
+    if (mpfr_cmp_d(lse.lo, c.sink(h)) != 0 || mpfr_cmp_d(lse.hi, c.sink(h)) != 0)
+      add(Invariant::RowSum, -1, -1,
+          "lse of a row with only its sink is " + show(lse) + ", not the sink " +
+              std::to_string(c.sink(h)));
+  }
+
   // Each coordinate of the output (before any tightening) meets [min, max] of the allowed
-  // values; for sdpa the oracle reads the values itself, for mha it takes the exact hull of the
+  // values (with a sink, of 0 and the allowed values: the weights sum to less than 1); for sdpa the oracle reads the values itself, for mha it takes the exact hull of the
   // projected values from the evaluation.
   void convex(const std::vector<std::int64_t>& keys, const HeadDetail& hd) {
     for (std::int64_t col = 0; col < c.Dv; ++col) {
@@ -107,6 +141,10 @@ struct RowChecker {
           const double x = c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + j) * c.Dv + col)];
           mn = std::min(mn, x);
           mx = std::max(mx, x);
+        }
+        if (c.sinks) {
+          mn = std::min(mn, 0.0);
+          mx = std::max(mx, 0.0);
         }
         mpfr_set_d(hull.lo, mn, MPFR_RNDD);
         mpfr_set_d(hull.hi, mx, MPFR_RNDU);

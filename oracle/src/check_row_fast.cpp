@@ -39,7 +39,14 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
     lo += std::max(r.w_lo[jj], 0.0);
     hi += r.w_hi[jj];
   }
-  const double n = static_cast<double>(c.Nk);
+  if (c.sinks) {
+    // The sink's weight exp(sink - lse): the subtraction errs by |d| 2^-53, which exp turns into
+    // as much relative error, and libm's exp by under 2^-52: (|d| + 1) 2^-50 covers both.
+    const double dl = c.sink(h) - r.lse_hi, dh = c.sink(h) - r.lse_lo;
+    lo += std::exp(dl) * (1 - (std::fabs(dl) + 1) * 0x1p-50);
+    hi += std::exp(dh) * (1 + (std::fabs(dh) + 1) * 0x1p-50);
+  }
+  const double n = static_cast<double>(c.Nk + 1);
   const double g = n * 0x1p-53 / (1 - n * 0x1p-53);
   if (lo / (1 + g) > 1 || hi * (1 + g) < 1)
     add(Invariant::RowSum, -1, -1, "weights of the " + std::to_string(keys.size()) + " allowed keys sum to " + show(lo, hi));
@@ -51,6 +58,10 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
       const double x = c.v.values[static_cast<std::size_t>(((b * c.Hkv + gk) * c.Nk + j) * c.Dv + col)];
       mn = std::min(mn, x);
       mx = std::max(mx, x);
+    }
+    if (c.sinks) {  // with a sink the output combines 0 and the allowed values
+      mn = std::min(mn, 0.0);
+      mx = std::max(mx, 0.0);
     }
     const auto cc = static_cast<std::size_t>(col);
     if (r.out_lo[cc] > mx || r.out_hi[cc] < mn)

@@ -39,6 +39,7 @@ Case inputs_of(const Case& c) {
   t.query_mask = c.query_mask;
   t.seqlens_q = c.seqlens_q;
   t.seqlens_k = c.seqlens_k;
+  t.sinks = c.sinks;
   return t;
 }
 
@@ -130,6 +131,11 @@ Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std:
   // batch b's lengths, so that the slice's positions and padding are those of the unit
   if (c.seqlens_q) t.seqlens_q = std::vector<std::int64_t>{(*c.seqlens_q)[static_cast<std::size_t>(b)]};
   if (c.seqlens_k) t.seqlens_k = std::vector<std::int64_t>{(*c.seqlens_k)[static_cast<std::size_t>(b)]};
+  if (c.sinks) {  // the sinks of the slice's heads, in their order
+    FloatTensor s{c.sinks->dtype, {nh}, {}};
+    for (std::int64_t hh : heads) s.values.push_back(c.sinks->values[static_cast<std::size_t>(hh)]);
+    t.sinks = std::move(s);
+  }
   return t;
 }
 
@@ -199,7 +205,8 @@ struct TwinChecker {
     }
   }
 
-  // A constant added to every score through the bias.
+  // A constant added to every score through the bias, and to every sink (the sink is one more
+  // logit of the softmax: the relation holds only when it moves with the scores).
   void shift() {
     Case t = twin_case();
     for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8, 0x1p-16, 0x1p-24}) {
@@ -210,7 +217,13 @@ struct TwinChecker {
             exact = false;
             break;
           }
+      if (t.sinks)  // the sinks of the twin's heads
+        for (double x : t.sinks->values) exact = exact && exact_sum(x, cst);
       if (!exact) continue;
+      if (t.sinks) {
+        t.sinks->dtype = DType::F64;
+        for (double& x : t.sinks->values) x += cst;  // exact, checked above
+      }
       if (t.bias) {
         t.bias->dtype = DType::F64;
         for (double& x : t.bias->values) x += cst;  // exact, checked above; -inf stays -inf

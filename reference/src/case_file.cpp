@@ -168,8 +168,9 @@ class CaseReader {
       while (true) {
         const auto comma = rest.find(',');
         const std::string name(rest.substr(0, comma));
-        if (name != "out" && name != "weights" && name != "lse")
-          bad("attn.outputs", *v, "a comma list of out, weights, lse (" + quoted(name) + "?)");
+        if (name != "out" && name != "weights" && name != "lse" && name != "scores")
+          bad("attn.outputs", *v,
+              "a comma list of out, weights, lse, scores (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -177,6 +178,7 @@ class CaseReader {
       }
       c_.want_weights = listed.count("weights") > 0;
       c_.want_lse = listed.count("lse") > 0;
+      c_.want_scores = listed.count("scores") > 0;
     }
   }
 
@@ -184,7 +186,7 @@ class CaseReader {
     static const std::set<std::string> sdpa = {"q", "k", "v"};
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
     static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
-                                                   "seqlens_k"};
+                                                   "seqlens_k", "sinks"};
     static const std::set<std::string> descales = {"q_descale", "k_descale", "v_descale"};
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
@@ -198,7 +200,7 @@ class CaseReader {
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
       fail(printable(t.name), std::string("unknown tensor (expected ") +
                                   (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k)");
+                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k, sinks)");
     }
     file_ = &file;
     if (is_sdpa)
@@ -237,6 +239,13 @@ class CaseReader {
     }
     if (const RawTensor* t = file.find("seqlens_q")) c_.seqlens_q = lengths(*t, c_.Nq, "Nq");
     if (const RawTensor* t = file.find("seqlens_k")) c_.seqlens_k = lengths(*t, c_.Nk, "Nk");
+    if (const RawTensor* t = file.find("sinks")) {
+      if (t->dtype != DType::F64 && t->dtype != DType::F32 && t->dtype != c_.input_dtype)
+        fail("sinks", "dtype " + std::string(dtype_name(t->dtype)) + " is not F64, F32 or " +
+                          std::string(dtype_name(c_.input_dtype)) + " (the input dtype)");
+      expect_shape(*t, {c_.Hq}, is_sdpa ? "[Hq]" : "[H]");
+      c_.sinks = floats(*t, false);
+    }
     if (!unchecked_.empty()) unused_positions();
   }
 
@@ -610,8 +619,9 @@ constexpr std::pair<MaskedRows, std::string_view> kMaskedRowsNames[] = {
     {MaskedRows::Error, "error"}, {MaskedRows::Zero, "zero"}};
 
 // Every golden tensor name the reference may write (CONTRACT section 3).
-constexpr std::string_view kGoldenNames[] = {"out",     "out.ref",     "out.ref_lo", "out.bound", "row.valid",
-                                             "weights", "weights.ref", "lse",        "lse.ref"};
+constexpr std::string_view kGoldenNames[] = {
+    "out",         "out.ref", "out.ref_lo", "out.bound", "row.valid", "weights",
+    "weights.ref", "lse",     "lse.ref",    "scores",    "scores.ref"};
 
 }  // namespace
 
@@ -695,7 +705,7 @@ Case::KeyRange Case::key_range(std::int64_t b, std::int64_t i) const {
 }
 
 std::optional<RowIndex> Case::first_refused_row() const {
-  if (masked_rows != MaskedRows::Error) return std::nullopt;
+  if (masked_rows != MaskedRows::Error || sinks) return std::nullopt;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < Hq; ++h)
       for (std::int64_t i = 0; i < Nq; ++i)
@@ -722,6 +732,10 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
   if (want_lse) {
     g.push_back({"lse", o, rows});
     g.push_back({"lse.ref", DType::F64, rows});
+  }
+  if (want_scores) {
+    g.push_back({"scores", o, w});
+    g.push_back({"scores.ref", DType::F64, w});
   }
   return g;
 }

@@ -55,7 +55,8 @@ struct Pending {
 struct Buffers {
   std::vector<std::unique_ptr<GoldenBuffer>> rounded;
   GoldenBuffer *out = nullptr, *out_ref = nullptr, *out_ref_lo = nullptr, *out_bound = nullptr,
-               *weights = nullptr, *weights_ref = nullptr, *lse = nullptr, *lse_ref = nullptr;
+               *weights = nullptr, *weights_ref = nullptr, *lse = nullptr, *lse_ref = nullptr,
+               *scores = nullptr, *scores_ref = nullptr;
   GoldenSpec row_valid_spec;
   std::vector<unsigned char> row_valid;
 
@@ -71,7 +72,8 @@ struct Buffers {
       for (auto [name, slot] : {std::pair{"out", &out}, {"out.ref", &out_ref},
                                 {"out.ref_lo", &out_ref_lo}, {"out.bound", &out_bound},
                                 {"weights", &weights}, {"weights.ref", &weights_ref},
-                                {"lse", &lse}, {"lse.ref", &lse_ref}})
+                                {"lse", &lse}, {"lse.ref", &lse_ref}, {"scores", &scores},
+                                {"scores.ref", &scores_ref}})
         if (g.name == name) *slot = b;
     }
   }
@@ -170,6 +172,10 @@ bool Driver::try_fast(std::int64_t b, std::int64_t h, std::int64_t i) {
     bufs_.lse->set_all(rbase, d.lse);
     bufs_.lse_ref->set_all(rbase, d.lse_ref);
   }
+  if (c_.want_scores) {
+    bufs_.scores->set_all(rbase * c_.Nk, d.scores);
+    bufs_.scores_ref->set_all(rbase * c_.Nk, d.scores_ref);
+  }
   bufs_.out_bound->set_all(obase, d.bound);
   bufs_.row_valid[static_cast<std::size_t>(rbase)] = 1;
   n_.elements.fetch_add(d.rounded());
@@ -222,6 +228,11 @@ bool Driver::round_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, s
       for (std::int64_t j = 0; j < c_.Nk; ++j) {
         add(bufs_.weights, rbase * c_.Nk + j, r.weights[hh][static_cast<std::size_t>(j)]);
         add(bufs_.weights_ref, rbase * c_.Nk + j, r.weights[hh][static_cast<std::size_t>(j)]);
+      }
+    if (c_.want_scores)
+      for (std::int64_t j = 0; j < c_.Nk; ++j) {
+        add(bufs_.scores, rbase * c_.Nk + j, r.scores[hh][static_cast<std::size_t>(j)]);
+        add(bufs_.scores_ref, rbase * c_.Nk + j, r.scores[hh][static_cast<std::size_t>(j)]);
       }
   }
   // out.bound: the exact bound rounded up, decided the same way (at the cap, the upper end

@@ -147,13 +147,18 @@ void zeros(std::vector<Enclosure>& v, std::int64_t n, mpfr_prec_t p) {
 // One head's row: its enclosures and what the oracle reads of them.
 struct HeadRow {
   bool valid = true;
-  std::vector<Enclosure> out, bound, weights;
+  std::vector<Enclosure> out, bound, weights, scores;
   Enclosure lse;
   HeadDetail detail;
   HeadRow(mpfr_prec_t p, std::int64_t Nk, std::int64_t Dv) : lse(p) {
     zeros(out, Dv, p);
     zeros(bound, Dv, p);
     zeros(weights, Nk, p);
+    zeros(scores, Nk, p);
+    for (Enclosure& e : scores) {  // -inf where not allowed
+      mpfr_set_inf(e.lo, -1);
+      mpfr_set_inf(e.hi, -1);
+    }
     zeros(detail.dots, Nk, p);
     zeros(detail.raw_out, Dv, p);
     zeros(detail.hull, Dv, p);
@@ -170,11 +175,12 @@ struct HeadWork {
   std::vector<std::int64_t> allowed;  // the allowed keys
   MpfrVec slo, shi, elo, ehi, terms;  // scores S, exp(S - m), per allowed key
   Mp zlo, zhi, nlo, nhi, m, tmp, tmp2;
+  Mp sink_lo, sink_hi;  // exp(sink - m), when the case has sinks
   bool tie = false;  // every score provably equal
   HeadWork(const Case& cs, std::int64_t b_, std::int64_t h_, std::int64_t i_, mpfr_prec_t p_,
            ExactMatrix q, ExactMatrix k, ExactMatrix v)
       : c(cs), b(b_), h(h_), i(i_), p(p_), Q(q), K(k), V(v), zlo(p_), zhi(p_), nlo(p_),
-        nhi(p_), m(p_), tmp(p_), tmp2(p_) {}
+        nhi(p_), m(p_), tmp(p_), tmp2(p_), sink_lo(p_), sink_hi(p_) {}
 };
 
 // The allowed keys; false when there is none.
@@ -186,6 +192,13 @@ bool find_keys(HeadWork& w, HeadDetail& det) {
       det.allowed[static_cast<std::size_t>(j)] = 1;
     }
   return !w.allowed.empty();
+}
+
+// A row with no allowed key but a sink: weights and output exactly 0, lse = the sink (the
+// only term of the denominator), a valid row.
+void sink_only_row(const HeadWork& w, HeadRow& row) {
+  mpfr_set_d(row.lse.lo, w.c.sink(w.h), MPFR_RNDN);  // exact: p >= 53
+  mpfr_set_d(row.lse.hi, w.c.sink(w.h), MPFR_RNDN);
 }
 
 // A fully masked row: refused under policy error (unless padding), else zeros and lse = -inf.
@@ -267,6 +280,7 @@ void row_constant(HeadWork& w) {
   mpfr_set(w.m.x, w.shi[0], MPFR_RNDN);
   for (std::size_t a = 1; a < w.allowed.size(); ++a)
     if (mpfr_greater_p(w.shi[a], w.m.x)) mpfr_set(w.m.x, w.shi[a], MPFR_RNDN);
+  if (w.c.sinks && mpfr_cmp_d(w.m.x, w.c.sink(w.h)) < 0) mpfr_set_d(w.m.x, w.c.sink(w.h), MPFR_RNDN);
   mpfr_prec_round(w.m.x, 53, MPFR_RNDN);  // a short constant keeps S - m cheap; its value is free
 }
 
@@ -283,6 +297,14 @@ void sums(HeadWork& w) {
     }
     mpfr_set_ui(w.zlo.x, n, MPFR_RNDD);
     mpfr_set_ui(w.zhi.x, n, MPFR_RNDU);
+    if (w.c.sinks) {  // relative to the common score S: exp(sink - S), and Z = n + exp(sink - S)
+      mpfr_d_sub(w.tmp.x, w.c.sink(w.h), w.shi[0], MPFR_RNDD);
+      mpfr_exp(w.sink_lo.x, w.tmp.x, MPFR_RNDD);
+      mpfr_d_sub(w.tmp.x, w.c.sink(w.h), w.slo[0], MPFR_RNDU);
+      mpfr_exp(w.sink_hi.x, w.tmp.x, MPFR_RNDU);
+      mpfr_add(w.zlo.x, w.zlo.x, w.sink_lo.x, MPFR_RNDD);
+      mpfr_add(w.zhi.x, w.zhi.x, w.sink_hi.x, MPFR_RNDU);
+    }
     return;
   }
   for (std::size_t a = 0; a < n; ++a) {
@@ -293,6 +315,14 @@ void sums(HeadWork& w) {
   }
   mpfr_sum(w.zlo.x, w.elo.ptrs(), n, MPFR_RNDD);  // all terms positive: sum of lows is a low
   mpfr_sum(w.zhi.x, w.ehi.ptrs(), n, MPFR_RNDU);
+  if (w.c.sinks) {  // the sink: one more positive term of Z
+    mpfr_d_sub(w.tmp.x, w.c.sink(w.h), w.m.x, MPFR_RNDD);
+    mpfr_exp(w.sink_lo.x, w.tmp.x, MPFR_RNDD);
+    mpfr_d_sub(w.tmp.x, w.c.sink(w.h), w.m.x, MPFR_RNDU);
+    mpfr_exp(w.sink_hi.x, w.tmp.x, MPFR_RNDU);
+    mpfr_add(w.zlo.x, w.zlo.x, w.sink_lo.x, MPFR_RNDD);
+    mpfr_add(w.zhi.x, w.zhi.x, w.sink_hi.x, MPFR_RNDU);
+  }
 }
 
 // lse = m + log Z (tie: S + log n, the same thing).
@@ -340,7 +370,7 @@ ColumnRange column_range(const HeadWork& w, std::int64_t cc) {
   return r;
 }
 
-// The exact O_c, a convex combination, lies in the hull too: the intersection when it is not
+// The exact O_c, a convex combination (with a sink, of 0 too), lies in the hull too: the intersection when it is not
 // empty (an empty one is a broken evaluation, for the oracle to report).
 void intersect_hull(Enclosure& o, const Enclosure& raw, const Enclosure& hull) {
   mpfr_set(o.lo, mpfr_greater_p(hull.lo, raw.lo) ? hull.lo : raw.lo, MPFR_RNDD);
@@ -351,7 +381,8 @@ void intersect_hull(Enclosure& o, const Enclosure& raw, const Enclosure& hull) {
   }
 }
 
-// bound_c = sum_j A_j |v_jc|, a convex combination of the |v_jc|: intersected with their range.
+// bound_c = sum_j A_j |v_jc|, a convex combination of the |v_jc| (with a sink, of 0 too):
+// intersected with their range.
 void magnitude_bound(HeadWork& w, Enclosure& bd, std::int64_t cc, const ColumnRange& cr) {
   const std::size_t n = w.allowed.size();
   for (std::size_t a = 0; a < n; ++a) w.V.mul_abs(w.terms[a], w.elo[a], w.allowed[a], cc, MPFR_RNDD);
@@ -362,6 +393,7 @@ void magnitude_bound(HeadWork& w, Enclosure& bd, std::int64_t cc, const ColumnRa
   mpfr_div(bd.hi, w.nhi.x, w.zlo.x, MPFR_RNDU);
   w.V.get(w.tmp.x, w.allowed[cr.absmin], cc, MPFR_RNDZ);  // |v| rounded down
   mpfr_abs(w.tmp.x, w.tmp.x, MPFR_RNDN);
+  if (w.c.sinks) mpfr_set_zero(w.tmp.x, 1);
   w.V.get(w.tmp2.x, w.allowed[cr.absmax], cc, MPFR_RNDA);  // |v| rounded up
   mpfr_abs(w.tmp2.x, w.tmp2.x, MPFR_RNDN);
   if (mpfr_lessequal_p(w.tmp.x, bd.hi) && mpfr_lessequal_p(bd.lo, w.tmp2.x)) {
@@ -379,6 +411,10 @@ void output_column(HeadWork& w, HeadRow& row, std::int64_t cc) {
   const ColumnRange cr = column_range(w, cc);
   w.V.get(det.hull[ci].lo, w.allowed[cr.min], cc, MPFR_RNDD);
   w.V.get(det.hull[ci].hi, w.allowed[cr.max], cc, MPFR_RNDU);
+  if (w.c.sinks) {  // the weights sum to less than 1: O_c = sum_j A_j v_jc + A_sink * 0
+    if (mpfr_sgn(det.hull[ci].lo) > 0) mpfr_set_zero(det.hull[ci].lo, 1);
+    if (mpfr_sgn(det.hull[ci].hi) < 0) mpfr_set_zero(det.hull[ci].hi, 1);
+  }
   intersect_hull(row.out[ci], det.raw_out[ci], det.hull[ci]);
   magnitude_bound(w, row.bound[ci], cc, cr);
 }
@@ -492,12 +528,21 @@ struct RowEvaluator::Impl {
     HeadWork w(c, b, h, i, p, q_of(b, h), k_of(b, g), v_of(b, g));
     HeadRow row(p, c.Nk, c.Dv);
     if (!find_keys(w, row.detail)) {
-      masked_row(w, row);
+      if (c.sinks)
+        sink_only_row(w, row);
+      else
+        masked_row(w, row);
       return row;
     }
     const bool exact = exact_dots(w, row.detail);
     w.tie = scores_tie(w, exact);
     scores(w);
+    if (c.want_scores)
+      for (std::size_t a = 0; a < w.allowed.size(); ++a) {
+        Enclosure& e = row.scores[static_cast<std::size_t>(w.allowed[a])];
+        mpfr_set(e.lo, w.slo[a], MPFR_RNDD);
+        mpfr_set(e.hi, w.shi[a], MPFR_RNDU);
+      }
     row_constant(w);
     sums(w);
     lse(w, row);
@@ -521,6 +566,7 @@ RowEnclosures RowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
     r.bound = std::move(hr.bound);
     r.weights.push_back(std::move(hr.weights));
     r.lse.push_back(std::move(hr.lse));
+    r.scores.push_back(std::move(hr.scores));
     r.head_valid.push_back(hr.valid);
     hr.detail.out = std::vector<Enclosure>();
     for (const Enclosure& e : r.out) hr.detail.out.push_back(copy_enclosure(e));
@@ -567,6 +613,7 @@ RowEnclosures RowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
     r.heads.push_back(std::move(hr.detail));
     r.weights.push_back(std::move(hr.weights));
     r.lse.push_back(std::move(hr.lse));
+    r.scores.push_back(std::move(hr.scores));
     r.head_valid.push_back(hr.valid);
   }
   return r;

@@ -321,7 +321,7 @@ TEST(CaseTensors, Missing) {
 TEST(CaseTensors, Unknown) {
   expect_refused(with(sdpa(), floats("qq", {1})), "qq",
                  "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask, seqlens_q, "
-                 "seqlens_k)");
+                 "seqlens_k, sinks)");
 }
 
 TEST(CaseTensors, OtherKind) {
@@ -826,6 +826,47 @@ TEST(CasePosition, WindowWithCausal) {
 TEST(CasePosition, HugeWindowNoOverflow) {
   expect_pattern("none", "999999999999999999,999999999999999999", 2, 3, {"111", "111"});
   expect_pattern("bottom_right", "999999999999999999,0", 3, 2, {"00", "10", "11"});
+}
+
+TEST(CaseSinks, DtypesShapesAndValues) {
+  const Case c = accept(with(sdpa(), floats("sinks", {4}, DType::F64, {0.5, -1, 2, 0})));
+  ASSERT_TRUE(c.sinks);
+  EXPECT_EQ(c.sink(2), 2.0);
+  EXPECT_FALSE(accept(sdpa()).sinks);
+  EXPECT_TRUE(accept(with(sdpa({}, DType::BF16), floats("sinks", {4}, DType::BF16))).sinks);
+  EXPECT_TRUE(accept(with(sdpa({}, DType::F16), floats("sinks", {4}, DType::F32))).sinks);
+  EXPECT_TRUE(accept(with(mha(), floats("sinks", {3}))).sinks);
+  expect_refused(with(sdpa(), floats("sinks", {4}, DType::F16)), "sinks",
+                 "dtype F16 is not F64, F32 or F32 (the input dtype)");
+  expect_refused(with(sdpa(), bools("sinks", {4})), "sinks", "dtype BOOL is not");
+  expect_refused(with(sdpa(), floats("sinks", {2})), "sinks", "shape [2] is not [Hq] = [4]");
+  expect_refused(with(sdpa(), floats("sinks", {1, 4})), "sinks", "shape [1,4] has rank 2, expected 1 [Hq]");
+  expect_refused(with(mha(), floats("sinks", {4})), "sinks", "shape [4] is not [H] = [3]");
+  expect_refused(with(sdpa(), floats("sinks", {4}, DType::F32, {0, std::nan(""), 0, 0})), "sinks",
+                 "element 1 is NaN");
+  expect_refused(with(sdpa(), floats("sinks", {4}, DType::F32, {0, 0, 0, -kInf})), "sinks",
+                 "element 3 is -infinity");
+}
+
+// With sinks no row is fully masked: policy error refuses nothing.
+TEST(CaseSinks, NoRowIsRefused) {
+  std::vector<unsigned char> none(5, 0);
+  const SafeTensorsFile masked = with(sdpa(), bools("mask", {5}, none));
+  EXPECT_TRUE(accept(masked).first_refused_row());
+  EXPECT_FALSE(accept(with(masked, floats("sinks", {4}))).first_refused_row());
+}
+
+TEST(CaseOutputs, Scores) {
+  const Case c = accept(with_meta(sdpa(), "attn.outputs", "scores,out"));
+  EXPECT_TRUE(c.want_scores);
+  EXPECT_FALSE(c.want_weights);
+  std::vector<std::string> names;
+  for (const auto& g : c.golden_tensors()) names.push_back(g.name);
+  EXPECT_EQ(names.back(), "scores.ref");
+  EXPECT_EQ(c.golden_tensors().back().shape, (Shape{2, 4, 3, 5}));
+  EXPECT_TRUE(is_golden_tensor_name("scores.undecided"));
+  expect_refused(with_meta(sdpa(), "attn.outputs", "out,score"), "attn.outputs",
+                 "is not a comma list of out, weights, lse, scores (\"score\"?)");
 }
 
 }  // namespace

@@ -516,5 +516,110 @@ TEST(Evaluate, ThreadCountDoesNotChangeBytes) {
             serialize_safetensors(golden_file(two.c, two.r)));
 }
 
+// One key and a sink: the weight is 1/(1 + exp(sink - s)), here s = 2 (scale 1), sink = 1, so
+// 1/(1 + e^-1); lse = log(e^2 + e^1) = 2 + log(1 + e^-1); out = weight * v.
+TEST(Evaluate, OneKeyWithASink) {
+  auto b = run({floats("q", DType::F64, {1, 1, 1, 2}, {1, 0}),
+                floats("k", DType::F64, {1, 1, 1, 2}, {2, 5}),
+                floats("v", DType::F64, {1, 1, 1, 2}, {3, -0.5}),
+                floats("sinks", DType::F32, {1}, {1})},
+               {{"attn.scale", "1"}, {"attn.outputs", "out,weights,lse"}});
+  const double w = high_precision([](mpfr_ptr x) {
+    mpfr_set_si(x, -1, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 1, MPFR_RNDN);
+    mpfr_ui_div(x, 1, x, MPFR_RNDN);
+  });
+  EXPECT_EQ(at(b.r, "weights", 0), w);
+  EXPECT_NEAR(w, 0.7310585786300049, 1e-16);
+  const double o0 = high_precision([](mpfr_ptr x) {
+    mpfr_set_si(x, -1, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 1, MPFR_RNDN);
+    mpfr_ui_div(x, 3, x, MPFR_RNDN);
+  });
+  EXPECT_EQ(at(b.r, "out", 0), o0);
+  EXPECT_EQ(at(b.r, "out", 1), -w / 2);  // halving is exact
+  const double lse = high_precision([](mpfr_ptr x) {
+    mpfr_set_si(x, -1, MPFR_RNDN);
+    mpfr_exp(x, x, MPFR_RNDN);
+    mpfr_log1p(x, x, MPFR_RNDN);
+    mpfr_add_ui(x, x, 2, MPFR_RNDN);
+  });
+  EXPECT_EQ(at(b.r, "lse", 0), lse);
+  EXPECT_NEAR(lse, 2.3132616875182228, 1e-15);
+  EXPECT_TRUE(valid(b.r, 0));
+}
+
+// A sink equal to the one score: the weight is exactly 1/2 and the output exactly half the value.
+TEST(Evaluate, SinkEqualToTheScoreHalvesExactly) {
+  auto b = run({floats("q", DType::F16, {1, 1, 1, 1}, {1}),
+                floats("k", DType::F16, {1, 1, 1, 1}, {1.5}),
+                floats("v", DType::F16, {1, 1, 1, 1}, {1.5}),
+                floats("sinks", DType::F16, {1}, {1.5})},
+               {{"attn.scale", "1"}, {"attn.outputs", "out,weights"}});
+  EXPECT_EQ(at(b.r, "weights", 0), 0.5);
+  EXPECT_EQ(at(b.r, "out", 0), 0.75);
+  EXPECT_EQ(b.r.stats.undecided, 0u);
+}
+
+// A row with no allowed key but a sink is not fully masked: under policy error it is evaluated,
+// with weights and output exactly 0, lse = the sink, row.valid true; the other row is ordinary.
+TEST(Evaluate, RowWithOnlyItsSink) {
+  auto b = run({floats("q", DType::F32, {1, 2, 2, 1}, {1, 2, 3, 4}),
+                floats("k", DType::F32, {1, 1, 2, 1}, {1, -1}),
+                floats("v", DType::F32, {1, 1, 2, 1}, {5, 7}),
+                bools("mask", {1, 1, 2, 2}, {0, 0, 1, 1}),
+                floats("sinks", DType::F32, {2}, {-0.75f, 3})},
+               {{"attn.outputs", "out,weights,lse"}});
+  for (std::size_t row : {0u, 2u}) {  // (h=0, i=0) and (h=1, i=0)
+    EXPECT_TRUE(valid(b.r, row));
+    const double out = at(b.r, "out", row);
+    EXPECT_EQ(out, 0.0);
+    EXPECT_FALSE(std::signbit(out));
+    EXPECT_EQ(at(b.r, "weights", 2 * row), 0.0);
+    EXPECT_EQ(at(b.r, "weights", 2 * row + 1), 0.0);
+  }
+  EXPECT_EQ(at(b.r, "lse", 0), -0.75);
+  EXPECT_EQ(at(b.r, "lse", 2), 3.0);
+  EXPECT_TRUE(valid(b.r, 1));
+  EXPECT_GT(at(b.r, "weights", 2) + at(b.r, "weights", 3), 0.0);
+  EXPECT_LT(at(b.r, "weights", 2) + at(b.r, "weights", 3), 1.0);  // the sink takes its share
+}
+
+// scores: scale * q.k plus bias, -inf where not allowed (causal here), in the output dtype
+// and in F64.
+TEST(Evaluate, ScoresOutputMasksWithMinusInfinity) {
+  auto b = run({floats("q", DType::F32, {1, 1, 2, 2}, {1, 2, 0.5, -1}),
+                floats("k", DType::F32, {1, 1, 2, 2}, {3, 1, -2, 4}),
+                floats("v", DType::F32, {1, 1, 2, 1}, {1, 2}),
+                floats("bias", DType::F32, {2}, {0.25, -1})},
+               {{"attn.scale", "0.5"}, {"attn.causal", "top_left"}, {"attn.outputs", "scores"},
+                {"attn.output_dtype", "F16"}});
+  ASSERT_TRUE(has(b.r, "scores"));
+  EXPECT_EQ(find(b.r, "scores").dtype, DType::F16);
+  EXPECT_EQ(find(b.r, "scores.ref").shape, (std::vector<std::int64_t>{1, 1, 2, 2}));
+  // row 0: 0.5 * (3 + 2) + 0.25 = 2.75; key 1 is in the future
+  EXPECT_EQ(at(b.r, "scores", 0), 2.75);
+  EXPECT_EQ(at(b.r, "scores", 1), -INFINITY);
+  // row 1: 0.5 * (1.5 - 1) + 0.25 = 0.5, and 0.5 * (-1 - 4) - 1 = -3.5
+  EXPECT_EQ(at(b.r, "scores", 2), 0.5);
+  EXPECT_EQ(at(b.r, "scores.ref", 3), -3.5);
+  EXPECT_FALSE(has(b.r, "weights"));
+}
+
+// A scores element exactly halfway between two F16 numbers rounds to even: the MPFR path
+// proves it from an exact enclosure.
+TEST(Evaluate, ExactScoreAtAMidpointRoundsToEven) {
+  // 1 + 2^-11 is halfway between 1 and the next F16 (1 + 2^-10): ties to even give 1.
+  auto b = run({floats("q", DType::F32, {1, 1, 1, 1}, {1}),
+                floats("k", DType::F32, {1, 1, 1, 1}, {1 + 0x1p-11}),
+                floats("v", DType::F32, {1, 1, 1, 1}, {1})},
+               {{"attn.scale", "1"}, {"attn.outputs", "out,scores"}, {"attn.output_dtype", "F16"}});
+  EXPECT_EQ(at(b.r, "scores", 0), 1.0);
+  EXPECT_EQ(at(b.r, "scores.ref", 0), 1 + 0x1p-11);
+  EXPECT_EQ(b.r.stats.undecided, 0u);
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

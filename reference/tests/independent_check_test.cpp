@@ -145,7 +145,7 @@ struct Spec {
   DType in = DType::F32, out = DType::F32;
   std::int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
   Arr q, k, v, x_q, x_kv, w_q, w_k, w_v, w_o;
-  std::optional<Arr> mask, bias, query_mask;
+  std::optional<Arr> mask, bias, query_mask, sinks;
   std::vector<std::int64_t> lq, lk;  // [B]: seqlens_q, seqlens_k, else Nq, Nk
   std::optional<Arr> q_descale, k_descale, v_descale;  // [B, Hkv], FP8 inputs
   std::string scale;    // attn.scale text, empty: 1/sqrt(Dk)
@@ -154,7 +154,7 @@ struct Spec {
   bool window = false;
   std::int64_t left = 0, right = 0;
   bool zero_policy = false;
-  bool want_weights = false, want_lse = false;
+  bool want_weights = false, want_lse = false, want_scores = false;
 
   std::int64_t width() const { return mha ? Dout : Dv; }
   bool padding(std::int64_t b, std::int64_t i) const {
@@ -226,6 +226,7 @@ Spec read_spec(const SafeTensorsFile& f) {
   if (f.find("q_descale")) s.q_descale = get("q_descale");
   if (f.find("k_descale")) s.k_descale = get("k_descale");
   if (f.find("v_descale")) s.v_descale = get("v_descale");
+  if (f.find("sinks")) s.sinks = get("sinks");
   const std::string dt = meta("attn.output_dtype", "");
   s.out = dt.empty() ? s.in : *dtype_from_name(dt);
   s.scale = meta("attn.scale", "");
@@ -242,6 +243,7 @@ Spec read_spec(const SafeTensorsFile& f) {
   const std::string outs = "," + meta("attn.outputs", "out") + ",";
   s.want_weights = outs.find(",weights,") != std::string::npos;
   s.want_lse = outs.find(",lse,") != std::string::npos;
+  s.want_scores = outs.find(",scores,") != std::string::npos;
   return s;
 }
 
@@ -286,8 +288,9 @@ Mat<T> project(const Arr& x, std::int64_t b, std::int64_t rows, std::int64_t D, 
 // One attention row (b, h, i) of one head.
 template <class T>
 struct HeadRow {
-  bool valid = false;   // some key allowed
+  bool valid = false;   // some key allowed, or a sink
   std::vector<T> w;     // Nk
+  std::vector<T> S;     // Nk: the scores, -inf where not allowed
   std::vector<T> out;   // Dv: N_c / Z
   std::vector<T> bound; // Dv: sum_j A_ij |V_jc|
   T lse;
@@ -303,7 +306,8 @@ HeadRow<T> attend(const Spec& s, const T& scale, const std::optional<T>& cap, st
   r.out.assign(static_cast<std::size_t>(V.cols), T(0));
   r.bound.assign(static_cast<std::size_t>(V.cols), T(0));
   r.lse = -std::numeric_limits<T>::infinity();
-  std::vector<T> S(static_cast<std::size_t>(s.Nk));
+  r.S.assign(static_cast<std::size_t>(s.Nk), -std::numeric_limits<T>::infinity());
+  std::vector<T>& S = r.S;
   std::vector<char> ok(static_cast<std::size_t>(s.Nk), 0);
   T m;
   for (std::int64_t j = 0; j < s.Nk; ++j) {
@@ -320,9 +324,22 @@ HeadRow<T> attend(const Spec& s, const T& scale, const std::optional<T>& cap, st
     r.valid = true;
     ok[uj] = 1;
   }
+  // A sink: one more term exp(sink - m) of the denominator, with no value vector.
+  std::optional<T> sink;
+  if (s.sinks) {
+    const double x = s.sinks->at(h);
+    sink = T(x);
+    r.smag = std::max(r.smag, std::fabs(x));
+    if (!r.valid) {  // no allowed key: weights and output 0, lse = the sink
+      r.valid = true;
+      r.lse = *sink;
+      return r;
+    }
+    if (*sink > m) m = *sink;
+  }
   if (!r.valid) return r;
   // exp(S - m): m is the row maximum, so every term is in (0, 1] and one of them is 1.
-  T Z = 0;
+  T Z = sink ? T(exp(*sink - m)) : T(0);
   std::vector<T> e(static_cast<std::size_t>(s.Nk));
   for (std::size_t j = 0; j < e.size(); ++j)
     if (ok[j]) {
@@ -492,7 +509,8 @@ Decision decide(const T& x, const T& margin, DType dt) {
 
 bool is_rounded(const std::string& name) {
   return name == "out" || name == "out.ref" || name == "out.ref_lo" || name == "weights" ||
-         name == "weights.ref" || name == "lse" || name == "lse.ref";
+         name == "weights.ref" || name == "lse" || name == "lse.ref" || name == "scores" ||
+         name == "scores.ref";
 }
 
 class Checker {
@@ -512,6 +530,10 @@ class Checker {
     if (s.want_lse) {
       want["lse"] = {s.out, rows};
       want["lse.ref"] = {DType::F64, rows};
+    }
+    if (s.want_scores) {
+      want["scores"] = {s.out, w_shape};
+      want["scores.ref"] = {DType::F64, w_shape};
     }
     for (const auto& t : golden) {
       const auto it = want.find(t.name);
@@ -751,6 +773,19 @@ void check_unit(Checker& ck, const Spec& s, std::int64_t b, std::int64_t h, std:
       ck.rounded("lse", row, v);
       ck.rounded("lse.ref", row, v);
     }
+    if (s.want_scores)
+      for (std::int64_t j = 0; j < s.Nk; ++j) {
+        const auto uj = static_cast<std::size_t>(j);
+        auto score = [r, uj](const auto& unit) {
+          const auto& x = unit.heads[r].S[uj];
+          using T = std::decay_t<decltype(x)>;
+          return std::pair{x, isinf(x) ? T(0) : T(eps<T>() * (1 + unit.heads[r].smag))};
+        };
+        const auto [x, xm] = score(u);
+        const Value v{x, xm, [&hi, score] { return score(hi()); }};
+        ck.rounded("scores", row * s.Nk + j, v);
+        ck.rounded("scores.ref", row * s.Nk + j, v);
+      }
   }
 }
 
@@ -820,6 +855,10 @@ void check_row_enclosures(Outcome& o, const Spec& s, const RowEvaluator& ev, std
       if (hh < r->lse.size())
         check_enclosure(o, at + " lse[" + std::to_string(hh) + "]", r->lse[hh], hr.lse,
                         hs * (1 + abs(hr.lse)));
+      if (s.want_scores && hh < r->scores.size())
+        for (std::size_t j = 0; j < hr.S.size(); ++j)
+          check_enclosure(o, at + " scores[" + std::to_string(hh) + "][" + std::to_string(j) + "]",
+                          r->scores[hh][j], hr.S[j], isinf(hr.S[j]) ? Real(0) : hs);
     }
   }
 }
@@ -849,7 +888,7 @@ Outcome run_problem(const std::string& name, const SafeTensorsFile& file, std::u
 
   // fully masked rows that must be refused under policy error
   auto refusable = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
-    return !s.zero_policy && !s.padding(b, i) && s.row_masked(b, h, i);
+    return !s.zero_policy && !s.sinks && !s.padding(b, i) && s.row_masked(b, h, i);
   };
   bool expect_refusal = false;
   for (std::int64_t b = 0; b < s.B; ++b)
@@ -1273,6 +1312,48 @@ TEST(IndependentCheck, Fp8InputsWithDescales) {
   if (env_scale() >= 1) {
     for (const char* k : {"F8_E4M3->F32", "F8_E4M3->F16", "F8_E4M3->BF16", "F8_E5M2->F32",
                           "F8_E5M2->F16", "F8_E5M2->BF16", "distinct non-unit descales", "gqa"})
+      EXPECT_GT(seen[k], 0) << k;
+  }
+}
+
+// Sinks (one logit per query head in the denominator) and the scores output: at least 500
+// problems with sinks (ATTNORACLE_TEST_SCALE scales it), every dtype, GQA and mha among them,
+// rows with no allowed key but a sink, half of them asking for scores.
+TEST(IndependentCheck, SinksAndScores) {
+  const auto start = std::chrono::steady_clock::now();
+  RandomCaseOptions opt = check_options();
+  opt.sinks_fraction = 1;
+  opt.scores_fraction = 0.5;
+  opt.large_fraction = 0.02;
+  const auto want = static_cast<std::size_t>(std::max(1.0, std::round(500 * env_scale())));
+  std::vector<std::uint64_t> seeds;
+  std::map<std::string, int> seen;
+  for (std::uint64_t seed = 2'000'001; seeds.size() < want; ++seed) {
+    RandomCaseInfo info;
+    const Spec s = read_spec(random_case(seed, opt, &info));
+    seeds.push_back(seed);
+    ++seen["in " + std::string(dtype_name(s.in))];
+    ++seen["sinks " + std::string(dtype_name(s.sinks->dtype))];
+    if (s.want_scores) ++seen["scores"];
+    if (s.mha) ++seen["mha"];
+    if (!s.mha && s.H > s.Hkv) ++seen["gqa"];
+    if (info.fully_masked_row) ++seen["row with only its sink"];
+    if (info.fully_masked_row && !s.zero_policy) ++seen["only its sink, policy error"];
+  }
+  const Counts total = run_seeds(seeds, [&](std::uint64_t seed) { return run_seed(seed, opt); });
+  std::string all;
+  for (const auto& [k, v] : seen) all += k + "=" + std::to_string(v) + " ";
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "sinks and scores: " << all << "\nindependent check: " << summary(total, secs)
+            << std::endl;
+  EXPECT_EQ(total.problems, want);
+  EXPECT_EQ(total.refused, 0u);  // with sinks no row is fully masked
+  EXPECT_GE(total.elements, want);
+  if (env_scale() >= 1) {
+    for (const char* k : {"in F64", "in F32", "in F16", "in BF16", "sinks F64", "sinks F32",
+                          "scores", "mha", "gqa", "row with only its sink",
+                          "only its sink, policy error"})
       EXPECT_GT(seen[k], 0) << k;
   }
 }

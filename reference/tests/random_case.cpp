@@ -587,11 +587,29 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
   std::vector<std::string> outputs = {"out"};
   if (rng.chance(opt.weights_fraction)) outputs.push_back("weights");
   if (rng.chance(opt.lse_fraction)) outputs.push_back("lse");
+  if (opt.scores_fraction > 0 && rng.chance(opt.scores_fraction)) outputs.push_back("scores");
   if (outputs.size() > 1 || rng.chance(0.5)) {
     std::swap(outputs[0], outputs[rng.next() % outputs.size()]);
     std::string list;
     for (const auto& o : outputs) list += (list.empty() ? "" : ",") + o;
     md["attn.outputs"] = list;
+  }
+
+  const bool sinks = opt.sinks_fraction > 0 && rng.chance(opt.sinks_fraction);
+  if (sinks) {
+    const DType t = is_fp8(p.in) ? rng.pick(std::vector<DType>{DType::F64, DType::F32})
+                               : rng.pick(std::vector<DType>{DType::F64, DType::F32, p.in});
+    std::vector<double> v(static_cast<std::size_t>(p.Hq));
+    for (auto& x : v) {
+      switch (rng.irange(0, 4)) {
+        case 0: x = fit(rng.uniform(-3, 3), t); break;    // near the scores
+        case 1: x = fit(rng.uniform(20, 60), t); break;   // dominating
+        case 2: x = fit(rng.uniform(-60, -20), t); break; // negligible
+        case 3: x = 0; break;
+        default: x = fit(rng.uniform(-300, 300), t); break;
+      }
+    }
+    f.put(float_tensor("sinks", t, {p.Hq}, v));
   }
 
   std::size_t poisoned = 0;
@@ -605,9 +623,10 @@ SafeTensorsFile random_case(std::uint64_t seed, const RandomCaseOptions& opt,
     info->seqlens = m.seqlens_q || m.seqlens_k;
     info->poisoned = poisoned;
     info->family = p.family;
+    info->sinks = sinks;
     info->fully_masked_row = rows.fully_masked;
     info->padding_masked_row = rows.padding_masked;
-    info->expect_refusal = rows.fully_masked && policy == "error";
+    info->expect_refusal = rows.fully_masked && policy == "error" && !sinks;
     std::string s = std::string("seed=") + std::to_string(seed) + (p.mha ? " mha" : " sdpa") +
                     " B=" + std::to_string(p.B) + " H=" + std::to_string(p.Hq) + "/" +
                     std::to_string(p.Hkv) + " Nq=" + std::to_string(p.Nq) +

@@ -57,6 +57,9 @@ struct RandomCaseOptions {
   double key_padding_mask_fraction = 0.15;
   double scale_fraction = 0.5, softcap_fraction = 0.2;
   double weights_fraction = 0.5, lse_fraction = 0.5;
+  // Sinks [Hq] (near the scores, dominating, negligible or 0) and the scores output; at 0 they
+  // draw nothing, so the other options' problems stay the same.
+  double sinks_fraction = 0, scores_fraction = 0;
   // Fully masked (non-padding) rows: under policy zero when allowed; a fraction of those
   // problems get policy error instead (they must be refused) when allow_refusal.
   bool allow_masked_rows = true;
@@ -76,7 +79,8 @@ struct RandomCaseInfo {
   DataFamily family = DataFamily::Uniform;
   bool fully_masked_row = false;  // some non-padding row has no allowed key
   bool padding_masked_row = false;  // some padding row (query_mask false) has none
-  bool expect_refusal = false;      // policy error and fully_masked_row
+  bool expect_refusal = false;      // policy error and fully_masked_row, without sinks
+  bool sinks = false;
   std::string summary;              // one line: kind, sizes, dtypes, family, options
   bool seqlens = false;             // seqlens_q or seqlens_k present
   std::size_t poisoned = 0;         // non-finite elements at unused positions

@@ -365,5 +365,40 @@ TEST_F(EvalRefusal, FullyMaskedRow) {
   expect_refused(bytes_of(f), "mask", "");
 }
 
+TEST_F(EvalRefusal, BadSinks) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("sinks", {4}, [](std::size_t e) { return e == 2 ? NAN : 0.5; }));
+  expect_refused(bytes_of(f), "sinks", "element 2 is NaN");
+  f.put(floats("sinks", {2}, small));
+  expect_refused(bytes_of(f), "sinks", "shape [2] is not [Hq] = [4]");
+  f.put(RawTensor{"sinks", DType::BOOL, {4}, Bytes(4, 1)});
+  expect_refused(bytes_of(f), "sinks", "dtype BOOL is not F64, F32 or F32 (the input dtype)");
+}
+
+// A case with sinks and the scores output, end to end: eval writes scores and scores.ref, the
+// oracle checks every row (a row with no allowed key but its sink is evaluated, not refused).
+TEST_F(EvalRefusal, SinksAndScoresEvaluate) {
+  SafeTensorsFile f = valid_case();
+  f.metadata["attn.outputs"] = "out,weights,lse,scores";
+  f.put(floats("sinks", {4}, [](std::size_t e) { return 0.5 * static_cast<double>(e) - 1; }));
+  f.put(mask_of({3, 5}, 0, 5));  // query 0 attends no key
+  const std::string in = dir_ / "sinks.safetensors";
+  const std::string out = dir_ / "sinks.out.safetensors";
+  write_bytes(in, bytes_of(f));
+  const CliResult r = run({"eval", in, "-o", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafeTensorsFile g = read_safetensors(out);
+  const RawTensor* s = g.find("scores");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->shape, (std::vector<std::int64_t>{1, 4, 3, 5}));
+  EXPECT_EQ(decode_float(DType::F32, s->data.data()), -INFINITY);  // query 0, key 0: masked
+  EXPECT_TRUE(std::isfinite(decode_float(DType::F32, s->data.data() + 4 * 5)));
+  ASSERT_NE(g.find("scores.ref"), nullptr);
+  const RawTensor* lse = g.find("lse.ref");
+  ASSERT_NE(lse, nullptr);
+  EXPECT_EQ(decode_float(DType::F64, lse->data.data() + 8 * 3), 0.5 - 1);  // head 1, query 0
+  EXPECT_EQ(g.find("row.valid")->data, Bytes(12, 1));
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

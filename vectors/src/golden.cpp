@@ -61,6 +61,7 @@ class Checker {
                  lo = values(f_, "out.ref_lo"), bound = values(f_, "out.bound");
     const Values w = values(f_, "weights"), wr = values(f_, "weights.ref");
     const Values lse = values(f_, "lse"), lser = values(f_, "lse.ref");
+    const Values sc = values(f_, "scores"), scr = values(f_, "scores.ref");
     const DType o = c_.output_dtype;
     const bool mha = c_.kind == Kind::Mha;
     const std::int64_t width = mha ? c_.Dout : c_.Dv;
@@ -84,13 +85,21 @@ class Checker {
           for (std::int64_t j = 0; j < c_.Nk; ++j)
             if (c_.allowed(b, h, i, j)) keys.push_back(j);
           const bool is_valid = rv->data[sz(row)] != 0;
-          any_head_valid = any_head_valid || !keys.empty();
-          if (is_valid != !keys.empty())
+          // with sinks every row is valid: one without keys still has its sink
+          const bool valid = !keys.empty() || c_.sinks;
+          any_head_valid = any_head_valid || valid;
+          if (is_valid != valid)
             return at("row.valid", row,
                       std::string(is_valid ? "true" : "false") + " but the row has " +
-                          std::to_string(keys.size()) + " allowed keys");
-          if (auto p = weights_row(w, wr, row, keys)) return p;
-          if (!lser.v.empty()) {
+                          std::to_string(keys.size()) + " allowed keys" +
+                          (c_.sinks ? " and a sink" : ""));
+          if (auto p = weights_row(w, wr, lser, row, h, keys)) return p;
+          if (auto p = scores_row(scr, row, keys)) return p;
+          if (!lser.v.empty() && c_.sinks && keys.empty()) {
+            if (!(lser[row] == c_.sink(h) && lse[row] == round_double(c_.sink(h), o)))
+              return at("lse.ref", row, hexf(lser[row]) + " on a row with only its sink, not the sink " +
+                                            hexf(c_.sink(h)));
+          } else if (!lser.v.empty()) {
             if (keys.empty() && !(lser[row] == -INFINITY && lse[row] == -INFINITY))
               return at("lse.ref", row, hexf(lser[row]) + " on a fully masked row, not -inf");
             if (!keys.empty() && !std::isfinite(lser[row]))
@@ -118,6 +127,7 @@ class Checker {
     if (auto p = pairs("out", out, ref, o)) return p;
     if (auto p = pairs("weights", w, wr, o)) return p;
     if (auto p = pairs("lse", lse, lser, o)) return p;
+    if (auto p = pairs("scores", sc, scr, o)) return p;
     return std::nullopt;
   }
 
@@ -145,7 +155,23 @@ class Checker {
     return std::nullopt;
   }
 
-  std::optional<std::string> weights_row(const Values& w, const Values& wr, std::int64_t row,
+  // scores.ref: -inf exactly where the key is not allowed, finite elsewhere.
+  std::optional<std::string> scores_row(const Values& scr, std::int64_t row,
+                                        const std::vector<std::int64_t>& keys) const {
+    if (scr.v.empty()) return std::nullopt;
+    std::vector<char> allowed(sz(c_.Nk), 0);
+    for (auto j : keys) allowed[sz(j)] = 1;
+    for (std::int64_t j = 0; j < c_.Nk; ++j) {
+      const double x = scr[row * c_.Nk + j];
+      if (allowed[sz(j)] ? !std::isfinite(x) : x != -INFINITY)
+        return at("scores.ref", row * c_.Nk + j,
+                  hexf(x) + (allowed[sz(j)] ? " for an allowed key" : " for a key that is not allowed, not -inf"));
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> weights_row(const Values& w, const Values& wr, const Values& lser,
+                                         std::int64_t row, std::int64_t h,
                                          const std::vector<std::int64_t>& keys) const {
     if (wr.v.empty()) return std::nullopt;
     const std::int64_t base = row * c_.Nk;
@@ -165,11 +191,27 @@ class Checker {
     }
     // Each stored weight is within 2^-53 of its exact value relatively, and the sum adds
     // rounding errors of at most n 2^-53: n 2^-52 in all.
-    const long double tol = std::ldexp(static_cast<long double>(keys.size()), -52);
-    if (!keys.empty() && std::fabs(sum - 1) > tol)
+    long double tol = std::ldexp(static_cast<long double>(keys.size()), -52);
+    long double want = 1;
+    if (c_.sinks) {
+      // 1 minus the sink's weight exp(sink - lse): lse.ref is within 2^-53 |lse| of lse, which
+      // moves exp by that much relatively; without lse the sum is only at most 1.
+      if (lser.v.empty()) {
+        if (sum > 1 + tol)
+          return at("weights.ref", base, "the row's allowed weights sum to " +
+                                             hexf(static_cast<double>(sum)) + ", above 1");
+        return std::nullopt;
+      }
+      const long double d = static_cast<long double>(c_.sink(h)) - lser[row];
+      want = 1 - std::exp(d);
+      tol += std::ldexp(std::fabs(static_cast<long double>(lser[row])) + 2, -50);
+    }
+    if (!keys.empty() && std::fabs(sum - want) > tol)
       return at("weights.ref", base,
                 "the row's " + std::to_string(keys.size()) + " allowed weights sum to " +
-                    hexf(static_cast<double>(sum)) + ", not 1");
+                    hexf(static_cast<double>(sum)) + ", not " +
+                    (c_.sinks ? "1 minus the sink's weight " + hexf(static_cast<double>(want))
+                              : std::string("1")));
     return std::nullopt;
   }
 
@@ -184,6 +226,10 @@ class Checker {
         const double x = c_.v.values[sz(((b * c_.Hkv + g) * c_.Nk + j) * c_.Dv + col)];
         mn = std::min(mn, x);
         mx = std::max(mx, x);
+      }
+      if (c_.sinks) {  // the weights sum to less than 1: a combination of 0 and the values
+        mn = std::min(mn, 0.0);
+        mx = std::max(mx, 0.0);
       }
       const double r = ref[base + col], y = out[base + col];
       if (!(mn <= r && r <= mx))

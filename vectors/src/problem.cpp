@@ -286,7 +286,8 @@ void put_seqlens(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
 }
 
 std::string outputs_text(const ProblemSpec& p) {
-  return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "");
+  return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "") +
+         (p.want_scores ? ",scores" : "");
 }
 
 }  // namespace
@@ -403,6 +404,12 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     if (auto f = bias_fill_value(p); !f.error.empty()) return f.error;
   if (p.seqlens_dtype != DType::I32 && p.seqlens_dtype != DType::I64)
     return "seqlens_dtype must be I32 or I64";
+  if (p.sinks_dtype != DType::F64 && p.sinks_dtype != DType::F32 &&
+      (p.sinks_dtype != p.dtype || is_fp8(p.dtype)))
+    return "sinks_dtype must be F64, F32 or the input dtype (F64 or F32 for FP8 inputs)";
+  if (!p.sinks.empty() && p.sinks != "near" && p.sinks != "dominant" && p.sinks != "negligible" &&
+      !parse_text_number(p.sinks))
+    return "sinks \"" + printable(p.sinks) + "\" is not near, dominant, negligible or a finite number";
   if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
   if (p.self_attention && (!mha || p.Nq != p.Nk))
     return "self attention needs kind mha and Nq = Nk";
@@ -464,7 +471,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   if (auto e = problem_error(p)) throw std::invalid_argument(*e);
   // Independent streams: changing the mask kind does not change the data, and so on.
   Rng data_rng(mix64(seed, 1)), mask_rng(mix64(seed, 2)), bias_rng(mix64(seed, 3)),
-      query_rng(mix64(seed, 4));
+      query_rng(mix64(seed, 4)), sinks_rng(mix64(seed, 6));
   const InputData d = generate_data(p, data_rng);
 
   SafeTensorsFile f;
@@ -526,11 +533,24 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     f.put(std::move(qm));
   }
   if (p.seqlens != SeqlensKind::None) put_seqlens(p, f, mix64(seed, 5));
+  if (!p.sinks.empty()) {
+    std::vector<double> s(sz(p.Hq));
+    for (auto& x : s) {
+      double v = 0;
+      if (p.sinks == "near") v = -2 + 4 * sinks_rng.uniform();
+      else if (p.sinks == "dominant") v = 12 + 4 * sinks_rng.uniform();
+      else if (p.sinks == "negligible") v = -40 + 4 * sinks_rng.uniform();
+      else v = *parse_text_number(p.sinks);
+      x = round_into(v, p.sinks_dtype);
+    }
+    f.put(float_tensor("sinks", p.sinks_dtype, {p.Hq}, s));
+  }
   if (p.poison) poison_unused(f);
   return f;
 }
 
 bool has_fully_masked_row(const Case& c) {
+  if (c.sinks) return false;  // a row without keys still has its sink
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < c.Hq; ++h)
       for (std::int64_t i = 0; i < c.Nq; ++i)

@@ -22,11 +22,11 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 21> kOptions = {
+constexpr std::array<std::string_view, 23> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
-    "self",       "params",     "descales"};
+    "self",       "params",     "descales",     "sinks",   "sinks_dtype"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -271,19 +271,25 @@ class SpecReader {
         for (std::size_t a = 0; a < v.size(); ++a)
           names.push_back(string(v[a], path + "[" + std::to_string(a) + "]"));
       } else {
-        fail(path, "must be a comma list or an array of out, weights, lse, not " + brief(v));
+        fail(path, "must be a comma list or an array of out, weights, lse, scores, not " + brief(v));
       }
-      p.want_weights = p.want_lse = false;
+      p.want_weights = p.want_lse = p.want_scores = false;
       for (const auto& n : names) {
         if (n == "weights")
           p.want_weights = true;
         else if (n == "lse")
           p.want_lse = true;
+        else if (n == "scores")
+          p.want_scores = true;
         else if (n != "out")
-          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse");
+          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores");
       }
     } else if (key == "self") {
       p.self_attention = boolean(v, path);
+    } else if (key == "sinks") {
+      p.sinks = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
+    } else if (key == "sinks_dtype") {
+      p.sinks_dtype = dtype(v, path);
     } else if (key == "params") {
       if (!v.is_object()) fail(path, "must be an object of generator parameters, not " + brief(v));
       p.params.clear();
@@ -493,6 +499,8 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.masked_rows == MaskedRows::Zero) t.push_back("masked_rows_zero");
   if (p.want_weights) t.push_back("weights");
   if (p.want_lse) t.push_back("lse");
+  if (p.want_scores) t.push_back("scores");
+  if (!p.sinks.empty()) t.push_back("sinks");
   if (p.Nk >= 4096) t.push_back("long_rows");
   return t;
 }

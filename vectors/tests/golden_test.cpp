@@ -126,5 +126,38 @@ TEST(VectorsGoldenChecks, EachDamageIsCaught) {
   expect([&](SafeTensorsFile& f) { f.find("out")->dtype = DType::F16; }, "out: F16");
 }
 
+// With sinks: clean on reference output (rows with only their sink among them), and the sum of
+// weights, the lse of a sink-only row and masked scores are checked.
+TEST(VectorsGoldenChecks, Sinks) {
+  ProblemSpec p = spec(DType::F32);
+  p.sinks = "near";
+  p.masked_rows = MaskedRows::Error;
+  p.want_scores = true;
+  const Evaluated e = evaluated(p);
+  EXPECT_EQ(problem(e, [](SafeTensorsFile&) {}), "");
+  // the row masked by fully_masked_rows: valid, with only its sink
+  std::size_t sink_row = 0;
+  const RawTensor* rv = e.f.find("row.valid");
+  for (std::size_t r = 0; r < rv->data.size(); ++r)
+    if (get(e.f, "lse.ref", r) == e.c.sink(static_cast<std::int64_t>(r / 5 % 2))) sink_row = r;
+  const std::size_t Nk = 7;
+  EXPECT_NE(problem(e, [&](SafeTensorsFile& f) { set(f, "lse.ref", sink_row, 0.125); }).find(
+                "on a row with only its sink"),
+            std::string::npos);
+  std::size_t row = 0;  // a row with keys
+  while (get(e.f, "lse.ref", row) == e.c.sink(static_cast<std::int64_t>(row / 5 % 2))) ++row;
+  std::size_t j = 0;  // the row's largest weight
+  for (std::size_t k = 1; k < Nk; ++k)
+    if (get(e.f, "weights.ref", row * Nk + k) > get(e.f, "weights.ref", row * Nk + j)) j = k;
+  EXPECT_NE(problem(e, [&](SafeTensorsFile& f) {
+              set(f, "weights.ref", row * Nk + j, get(f, "weights.ref", row * Nk + j) * 1.25);
+              set(f, "weights", row * Nk + j, get(f, "weights", row * Nk + j) * 1.25);
+            }).find("1 minus the sink's weight"),
+            std::string::npos);
+  EXPECT_NE(problem(e, [&](SafeTensorsFile& f) { set(f, "scores.ref", sink_row * Nk, 1.0); })
+                .find("for a key that is not allowed, not -inf"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

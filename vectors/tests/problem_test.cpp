@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/reference/evaluate.hpp"
@@ -653,6 +654,39 @@ TEST(VectorsProblemError, RefusesWhatCannotBeBuilt) {
   EXPECT_EQ(problem_error(p), "bias_fill -1e5 overflows bias_dtype F16");
   p.bias_dtype = DType::F32;
   EXPECT_EQ(problem_error(p), std::nullopt);
+}
+
+// Sinks of each kind, in their dtype and range; a row with no key but a sink is not refused.
+TEST(VectorsSinks, KindsDtypesAndRefusals) {
+  ProblemSpec p = sdpa("normal", DType::BF16, 1, 4, 2, 5, 9);
+  EXPECT_FALSE(make_case(p).sinks);
+  for (auto [kind, lo, hi] : {std::tuple{"near", -2.0, 2.0}, {"dominant", 12.0, 16.0},
+                              {"negligible", -40.0, -36.0}, {"0.75", 0.75, 0.75}}) {
+    p.sinks = kind;
+    for (DType t : {DType::F64, DType::F32, DType::BF16}) {
+      p.sinks_dtype = t;
+      const Case c = make_case(p);
+      ASSERT_TRUE(c.sinks) << kind;
+      EXPECT_EQ(c.sinks->dtype, t);
+      EXPECT_EQ(c.sinks->shape, (std::vector<std::int64_t>{4}));
+      for (double x : c.sinks->values) {
+        EXPECT_GE(x, lo) << kind;
+        EXPECT_LE(x, hi) << kind;
+      }
+    }
+  }
+  p.sinks_dtype = DType::F16;
+  EXPECT_EQ(problem_error(p).value_or(""), "sinks_dtype must be F64, F32 or the input dtype (F64 or F32 for FP8 inputs)");
+  p.sinks_dtype = DType::F32;
+  p.sinks = "big";
+  EXPECT_EQ(problem_error(p).value_or(""),
+            "sinks \"big\" is not near, dominant, negligible or a finite number");
+  ProblemSpec m = sdpa("normal", DType::F32, 2, 2, 2, 6, 8);
+  m.mask = MaskKind::FullyMaskedRows;
+  m.sinks = "near";
+  const Case c = make_case(m);
+  EXPECT_FALSE(has_fully_masked_row(c));
+  EXPECT_FALSE(c.first_refused_row().has_value());
 }
 
 }  // namespace

@@ -4,8 +4,9 @@
     /usr/bin/python3 attention.py [--block N] [--arith fp32|fp16|bf16] [--bug NAME] JOBS.jsonl
 
 Keys are visited in blocks of N with an online softmax: a running maximum m, a running sum l and
-an accumulator O, rescaled by exp(m_old - m_new) whenever a block raises the maximum; out = O / l
-and lse = m + log l at the end. The case files, the job loop and the .error / .unsupported files
+an accumulator O, rescaled by exp(m_old - m_new) whenever a block raises the maximum; a sink
+joins after the last block as one more term of l (with no value vector); out = O / l and lse =
+m + log l at the end. The case files, the job loop and the .error / .unsupported files
 are those of the NumPy adapter (../numpy/attention.py), loaded by path; only the kernel differs.
 """
 import argparse
@@ -79,6 +80,10 @@ BUGS = {
                            "rows instead of skipping them: a NaN or infinity there gives NaN",
     "descales_dropped": "FP8: q_descale, k_descale and v_descale ignored (the stored values used as they are)",
     "descales_kv_head0": "FP8: every head's descales taken from kv head 0 (descale[b, 0])",
+    # Sinks
+    "sinks_ignored": "the sinks are ignored (the softmax over the keys alone)",
+    "sink_in_numerator": "the sink's term exp(sink - m) added to the numerator of every allowed "
+                         "weight as well as to the denominator",
 }
 
 
@@ -237,7 +242,7 @@ class Kernel:
         return np.where(ok, s, acc.type(masked))
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-                 seqlens_q=None, seqlens_k=None, descales=None):
+                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
         self.lq = None if seqlens_q is None else seqlens_q.astype(np.int64)
@@ -305,6 +310,7 @@ class Kernel:
         l = np.zeros((B, Hq, Nq), acc)                  # running sum of exp(s - m)
         o = np.zeros((B, Hq, Nq, Dv), acc)              # running sum of exp(s - m) v
         stale = []                                      # bug weights_stale: each block's weights
+        vsum = np.zeros((B, Hq, Nq, Dv), acc)           # bug sink_in_numerator: sum of allowed v
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for j0 in range(0, keys, self.block):
                 j1 = min(j0 + self.block, keys)
@@ -331,12 +337,26 @@ class Kernel:
                 if tf32:
                     p = round_tf32(p)
                 o = stat_accumulate(bug, alpha_o, o, p, vb)
+                if bug == "sink_in_numerator":
+                    vsum = vsum + (s != -np.inf).astype(acc) @ vb
+                m = m_new
+            if bug == "sinks_ignored":         # BUG: no sink term
+                sinks = None
+            if sinks is not None:              # the sink: one more term of l, no value vector
+                sink = np.broadcast_to(sinks.astype(acc)[None, :, None], m.shape)
+                m_new = np.maximum(m, sink)
+                alpha = exp(m - m_new)
+                ps = exp(sink - m_new)
+                l = alpha * l + ps
+                o = alpha[..., None] * o
+                if bug == "sink_in_numerator":   # BUG: exp(sink - m) in every weight's numerator
+                    o = o + ps[..., None] * vsum
                 m = m_new
 
         if "v_descale" in descales:
             o = (o * acc(dv)).astype(acc)
         live = m != -np.inf                            # a row with an allowed key has l >= 1
-        if meta.get("attn.masked_rows", "error") == "error":
+        if meta.get("attn.masked_rows", "error") == "error" and sinks is None:
             is_query = np.ones((B, Nq), bool) if query_mask is None else query_mask
             bad = np.argwhere(~live & is_query[:, None, :])
             if len(bad):
@@ -361,11 +381,21 @@ class Kernel:
                     parts = stale
                 parts.append(np.zeros((B, Hq, Nq, Nk - keys), acc))   # keys never visited
                 weights = np.where(live[..., None], np.concatenate(parts, axis=-1), 0).astype(acc)
+                if bug == "sink_in_numerator" and sinks is not None:
+                    extra = exp(np.broadcast_to(sinks.astype(acc)[None, :, None], lse.shape) - lse)
+                    weights = np.where(weights > 0, weights + extra[..., None], 0).astype(acc)
+            scores = None
+            if "scores" in meta.get("attn.outputs", "out").split(","):   # S of each block, -inf unvisited
+                scores = np.concatenate(
+                    [self.scores(q, k[:, :, j0:min(j0 + self.block, keys)], meta, bias, Nk, j0,
+                                 min(j0 + self.block, keys), scale, cap)
+                     for j0 in range(0, keys, self.block)]
+                    + [np.full((B, Hq, Nq, Nk - keys), -np.inf, acc)], axis=-1)
             if bug == "lse_without_max":       # BUG: the maximum left out
                 lse = np.where(live, np.log(one), -np.inf).astype(acc)
             if bug == "lse_log2":              # BUG: base 2
                 lse = (lse / acc(math.log(2))).astype(acc)
-        return out, weights, lse
+        return out, weights, lse, scores
 
 
 def main(argv=None):

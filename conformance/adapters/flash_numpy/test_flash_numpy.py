@@ -67,7 +67,7 @@ def t(*rows):
 def kernel(bug, q, k, v, block=16, arith="fp32", in_dtype="F32", **meta_and_tensors):
     """(out, weights, lse) of the kernel with --bug `bug` (None: the correct kernel); keyword
     arguments mask, bias are tensors, the others attn.* metadata (scale 1 unless given)."""
-    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias", "seqlens_q", "seqlens_k")
+    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias", "seqlens_q", "seqlens_k", "sinks")
                if n in meta_and_tensors}
     meta = {"attn.scale": "1", "attn.masked_rows": "zero", "attn.outputs": "out,weights,lse"}
     meta.update({"attn." + key: str(value) for key, value in meta_and_tensors.items()})
@@ -88,6 +88,39 @@ class PlantedBugTest(unittest.TestCase):
     # Online softmax. Scores [0, 10] in blocks of 1 key, V = [0, 1]: out = e^10 / (1 + e^10).
     def rising(self, bug):
         return self.both(bug, t([1.0]), t([0.0], [10.0]), t([0.0], [1.0]), block=1)
+
+    # Sinks. Two keys of score 0, V = [1, 3], a sink of 0: weights 1/3 each, out = 4/3, lse = log 3.
+    def sink_case(self, bug):
+        return self.both(bug, t([1.0]), t([0.0], [0.0]), t([1.0], [3.0]), block=1, sinks=np.zeros(1))
+
+    def test_sinks(self):
+        (out, w, lse, _), = [kernel(None, t([1.0]), t([0.0], [0.0]), t([1.0], [3.0]), sinks=np.zeros(1))]
+        self.assertAlmostEqual(out.item(), 4 / 3, places=6)
+        self.assertTrue(np.allclose(w, 1 / 3, rtol=1e-6))
+        self.assertAlmostEqual(lse.item(), math.log(3), places=6)
+        # a row with no allowed key but a sink: output 0, lse the sink
+        out, w, lse, _ = kernel(None, t([1.0]), t([0.0]), t([5.0]), sinks=np.array([0.75]),
+                                bias=np.array([-np.inf]), masked_rows="error")
+        self.assertEqual(out.item(), 0.0)
+        self.assertEqual(w.item(), 0.0)
+        self.assertEqual(lse.item(), 0.75)
+
+    def test_bug_sinks_ignored(self):
+        right, wrong = self.sink_case("sinks_ignored")
+        self.assertAlmostEqual(right[0].item(), 4 / 3, places=6)
+        self.assertAlmostEqual(wrong[0].item(), 2.0, places=6)      # the softmax of the keys alone
+        self.assertAlmostEqual(wrong[2].item(), math.log(2), places=6)
+
+    def test_bug_sink_in_numerator(self):
+        right, wrong = self.sink_case("sink_in_numerator")
+        self.assertAlmostEqual(wrong[0].item(), 8 / 3, places=6)    # weights (1 + 1) / 3 each
+        self.assertTrue(np.allclose(wrong[1], 2 / 3, rtol=1e-6))
+        self.assertAlmostEqual(wrong[2].item(), right[2].item(), places=6)
+
+    def test_scores_output(self):
+        *_, s = kernel(None, t([1.0], [2.0]), t([3.0], [-1.0]), t([1.0], [1.0]), causal="top_left",
+                       outputs="out,scores", scale="0.5")
+        self.assertEqual(s.tolist(), [[[[1.5, -np.inf], [3.0, -1.0]]]])
 
     def test_bug_no_rescale(self):
         right, wrong = self.rising("no_rescale")

@@ -4,7 +4,7 @@
     /usr/bin/python3 attention.py [--dtype float32|float64] [--bug NAME] JOBS.jsonl
 
 Each line of JOBS.jsonl is {"id": ..., "input": path, "output": path}. For each job it writes
-exactly one of `output` (out, plus weights and lse when asked), `output.error` (refused: a fully
+exactly one of `output` (out, plus weights, lse and scores when asked), `output.error` (refused: a fully
 masked row under attn.masked_rows=error) or `output.unsupported`. Exit status 0 after the list.
 
 --bug NAME plants a known mistake, to check that the oracle catches it (see BUGS).
@@ -90,8 +90,9 @@ def apply_descales(q, k, v, descales):
 
 
 def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-              seqlens_q=None, seqlens_k=None, descales=None):
-    """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv] -> out, weights, lse (compute dtype).
+              seqlens_q=None, seqlens_k=None, descales=None, sinks=None):
+    """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv], sinks [Hq] -> out, weights, lse,
+    scores (compute dtype).
 
     seqlens_q, seqlens_k [B]: valid query and key counts per batch (padded varlen).
     in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels; descales
@@ -167,9 +168,10 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
     if bug == "drop_last_key":          # BUG: the loop over keys stops one short
         allowed[..., -1] = False
 
-    # Fully masked rows: refused under policy error (padding rows excepted), else zeros.
+    # Fully masked rows: refused under policy error (padding rows excepted), else zeros. With
+    # sinks a row without an allowed key still has its sink: not fully masked.
     live = allowed.any(axis=-1)                          # [B,Hq,Nq]
-    if meta.get("attn.masked_rows", "error") == "error":
+    if meta.get("attn.masked_rows", "error") == "error" and sinks is None:
         is_query = np.ones((B, Nq), bool) if query_mask is None else query_mask
         bad = np.argwhere(~live & is_query[:, None, :])
         if len(bad):
@@ -186,9 +188,13 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
 
     # Softmax over the allowed keys, with the row maximum subtracted.
     s = np.where(allowed, s, -np.inf)
+    scores = s
     if bug == "nan_from_masked":        # BUG: masked scores NaN, and np.max propagates NaN
         s = np.where(allowed, s, np.nan)
     m = np.where(live, s.max(axis=-1), 0).astype(dt)[..., None]
+    if sinks is not None:               # the sink is one more term of the denominator (and of m)
+        sink = np.broadcast_to(sinks.astype(dt)[None, :, None, None], m.shape)
+        m = np.where(live[..., None], np.maximum(m, sink), sink)
     if bug == "no_max_subtraction" or f16_softmax:      # BUG: exp of the raw scores
         m = np.zeros_like(m)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -198,6 +204,9 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
         if bug == "padding_key_leak":   # BUG: masked keys are not quite 0
             p = np.where(allowed, p, dt.type(math.exp(-20)))
         z = p.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            z = z + np.exp(sink - m)
+            live = np.ones_like(live)   # every row has its sink: lse finite, weights p / z
         if bug == "unnormalised":       # BUG: the wrong denominator
             z = z + dt.type(0.01) * z
         w = np.where(live[..., None], p / np.where(z == 0, 1, z), 0).astype(dt)
@@ -214,7 +223,7 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
         for key in range(Nk):
             acc = (acc + w[..., key, None] * v[..., key, None, :]).astype(np.float16)
         out = acc.astype(dt)
-    return out, w, lse
+    return out, w, lse, scores
 
 
 def truncate(a, dtype):
@@ -261,20 +270,21 @@ def run_case(path, compute, bug=None):
          if dtypes[name] in FLOATS or dtypes[name] in FP8}
     descales = {name: x.pop(name) for name in DESCALES if name in x}
     extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"),
-                 in_dtype=in_dtype, seqlens_q=tensors.get("seqlens_q"), seqlens_k=tensors.get("seqlens_k"))
+                 in_dtype=in_dtype, seqlens_q=tensors.get("seqlens_q"), seqlens_k=tensors.get("seqlens_k"),
+                 sinks=x.get("sinks"))
     if descales:
         extra["descales"] = descales
     if kind == "sdpa":
-        out, w, lse = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
+        out, w, lse, scores = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:
         # Per head r: Q_r = X_q W_q[r] etc.; [B,N,D] @ [H,D,Dk] -> [B,H,N,Dk].
         proj = lambda a, wt: np.einsum("bnd,hde->bhne", a, wt)
-        o, w, lse = attention(proj(x["x_q"], x["w_q"]), proj(x["x_kv"], x["w_k"]),
+        o, w, lse, scores = attention(proj(x["x_q"], x["w_q"]), proj(x["x_kv"], x["w_k"]),
                               proj(x["x_kv"], x["w_v"]), meta, bug, **extra)
         B, H, Nq, Dv = o.shape
         out = np.swapaxes(o, 1, 2).reshape(B, Nq, H * Dv) @ x["w_o"]   # concat heads, head 0 first
 
-    result = {"out": out, "weights": w, "lse": lse}
+    result = {"out": out, "weights": w, "lse": lse, "scores": scores}
     result = {name: result[name] for name in outputs}
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
         result = {name: truncate(a, out_dtype) for name, a in result.items()}

@@ -252,6 +252,31 @@ class AdapterTest(unittest.TestCase):
         np.testing.assert_allclose(r["out"][0, 0], 3, rtol=1e-6)        # others as usual
         self.assertTrue(np.all(np.isfinite(r["lse"][0, 0])))
 
+    def test_sinks_one_key(self):
+        # score 2 (scale 1), sink 1: weight 1 / (1 + e^-1); lse = 2 + log(1 + e^-1)
+        t = {"q": np.array([[[[1.0, 0.0]]]]), "k": np.array([[[[2.0, 5.0]]]]),
+             "v": np.array([[[[3.0]]]]), "sinks": np.array([1.0])}
+        r = self.run_one(self.case(t, meta(scale="1", outputs="out,weights,lse")), "--dtype", "float64")
+        w = 1 / (1 + math.exp(-1))
+        self.assertAlmostEqual(r["weights"].item(), w, places=15)
+        self.assertAlmostEqual(r["out"].item(), 3 * w, places=14)
+        self.assertAlmostEqual(r["lse"].item(), 2 + math.log1p(math.exp(-1)), places=14)
+
+    def test_row_with_only_its_sink_is_not_refused(self):
+        path = self.fully_masked_case("error")
+        tensors, metadata, dtypes = st.read(path)
+        tensors["sinks"] = np.array([0.5, -0.25], F32)
+        r = self.run_one(self.case(tensors, metadata))
+        self.assertTrue(np.all(r["out"][0, 1, 2] == 0) and np.all(r["weights"][0, 1, 2] == 0))
+        self.assertEqual(r["lse"][0, 1, 2], np.float32(-0.25))
+        self.assertLess(r["weights"][0, 0, 0].sum(), 1)                  # the sink's share
+
+    def test_scores_output(self):
+        t = {"q": np.array([[[[1.0], [2.0]]]], F32), "k": np.array([[[[3.0], [-1.0]]]], F32),
+             "v": np.ones((1, 1, 2, 1), F32), "bias": np.array([0.25, 0], F32)}
+        r = self.run_one(self.case(t, meta(scale="0.5", causal="top_left", outputs="out,scores")))
+        self.assertEqual(r["scores"].tolist(), [[[[1.75, -np.inf], [3.25, -1.0]]]])
+
     def test_fully_masked_padding_row_never_refused(self):
         qm = np.array([[True, True, False]])      # row 2 is padding
         r = self.run_one(self.fully_masked_case("error", qm))

@@ -267,8 +267,12 @@ function plan(tensors, meta) {
     }
     if (t.dtype !== 'I32' && t.dtype !== 'I64') throw new BadCase(`${name}: dtype ${t.dtype}, expected I32 or I64`);
   }
+  // Attention (opset 23) has no sink input, and this adapter passes none to the other
+  // operators; it reads no scores from the graph either.
+  if (tensors.sinks) throw new Unsupported(`sinks: not passed to ${OP_NAMES[OP]} by this adapter`);
   const asked = (meta['attn.outputs'] || 'out').split(',').map((s) => s.trim());
   for (const o of asked) {
+    if (o === 'scores') throw new Unsupported('attn.outputs scores: not read from the ONNX Runtime graph');
     if (!['out', 'weights', 'lse'].includes(o)) throw new Unsupported(`attn.outputs ${o}`);
   }
   const wantWeights = asked.includes('weights');

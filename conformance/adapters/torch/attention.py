@@ -93,9 +93,10 @@ def scale_of(meta, head_dim):
 
 
 def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None, in_dtype=None,
-                  seqlens_q=None, seqlens_k=None, descales=None):
+                  seqlens_q=None, seqlens_k=None, descales=None, sinks=None):
     """Called as the NumPy adapter's `attention` (float64 arrays in, float64 arrays out). FP8
-    inputs (the only ones with descales) are unsupported: torch_dtype names the dtype."""
+    inputs (the only ones with descales) are unsupported: torch_dtype names the dtype. Sinks
+    join the softmax as one more column of logits (a key with no value), dropped after it."""
     if meta.get("attn.kind", "sdpa") != "sdpa":
         raise nx.Unsupported("attn.kind mha in --mode ops (--mode mha runs it)")
     dt = torch_dtype(in_dtype)
@@ -111,15 +112,22 @@ def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None
         scores = scores + tensor(bias, dt)
     allowed = allowed_keys(meta, scores.shape, mask, bias, seqlens_q, seqlens_k)
     live = allowed.any(dim=-1)
-    refuse_masked_rows(meta, live, query_mask, seqlens_q)
+    if sinks is None:
+        refuse_masked_rows(meta, live, query_mask, seqlens_q)
     scores = scores.masked_fill(~allowed, -math.inf)
-    weights = torch.softmax(scores, dim=-1)
-    weights = weights.masked_fill(~live[..., None], 0)          # policy zero: no NaN from 0/0
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+        weights = weights.masked_fill(~live[..., None], 0)      # policy zero: no NaN from 0/0
+        lse = torch.logsumexp(scores, dim=-1)                    # -inf on fully masked rows
+    else:
+        column = tensor(sinks, dt)[None, :, None, None].expand(*scores.shape[:-1], 1)
+        with_sink = torch.cat([scores, column], dim=-1)
+        weights = torch.softmax(with_sink, dim=-1)[..., :-1]
+        lse = torch.logsumexp(with_sink, dim=-1)
     # Unused positions may hold NaN or infinities: a value row no query other than padding
     # attends (the contract refuses any other). As 0, it keeps 0 * NaN out of the other rows.
     out = weights @ torch.where(torch.isfinite(v), v, torch.zeros_like(v))
-    lse = torch.logsumexp(scores, dim=-1)                        # -inf on fully masked rows
-    return tuple(t.double().numpy() for t in (out, weights, lse))
+    return tuple(t.double().numpy() for t in (out, weights, lse, scores))
 
 
 def mha_case(path, compute=None, bug=None):
@@ -135,6 +143,10 @@ def mha_case(path, compute=None, bug=None):
         raise nx.Unsupported("attn.kind sdpa in --mode mha (--mode ops runs it)")
     if meta.get("attn.masked_rows", "error") not in ("error", "zero"):
         raise nx.Unsupported(f"attn.masked_rows {meta['attn.masked_rows']}")
+    if "sinks" in x:
+        raise nx.Unsupported("sinks: multi_head_attention_forward has no sink logits")
+    if "scores" in meta.get("attn.outputs", "out").split(","):
+        raise nx.Unsupported("attn.outputs scores: multi_head_attention_forward returns no scores")
     in_dtype = dtypes["x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
     dt = torch_dtype(in_dtype)

@@ -216,6 +216,7 @@ void emit(const attnoracle_sink& sink, const char* name, const torch::Tensor& t,
 int run(const attnoracle_case& c, const attnoracle_sink& sink) {
   const Inputs in = read_inputs(c);
   check_metadata(in);
+  if (in.tensors.count("sinks")) throw Unsupported("sinks: this plugin has no sink logits");
   const std::string kind = in.meta_or("attn.kind", "sdpa");
   if (kind != "sdpa" && kind != "mha") throw Unsupported("attn.kind " + kind);
   const torch::Tensor first = in.need(kind == "sdpa" ? "q" : "x_q");

@@ -37,6 +37,20 @@ bool decide_out(const Case& c, const FastRow& fr, std::size_t e, DecidedRow& d) 
   return round_up_dd(lo) == bound;
 }
 
+bool decide_scores(const Case& c, const FastRow& fr, DecidedRow& d) {
+  for (std::size_t j = 0; j < fr.scores.size(); ++j) {
+    if (!fr.allowed[j]) {
+      d.scores.push_back(-INFINITY);
+      d.scores_ref.push_back(-INFINITY);
+      continue;
+    }
+    const DD lo = lower(fr.scores[j]), hi = upper(fr.scores[j]);
+    if (!decide(lo, hi, c.output_dtype, d.scores) || !decide(lo, hi, DType::F64, d.scores_ref))
+      return false;
+  }
+  return true;
+}
+
 bool decide_weights(const Case& c, const FastRow& fr, DecidedRow& d) {
   for (std::size_t j = 0; j < fr.weights.size(); ++j) {
     if (!fr.allowed[j]) {  // exactly 0
@@ -83,7 +97,7 @@ Enclosure clamped_enclosure(const Ball& b, double lo, double hi) {
 
 std::uint64_t DecidedRow::rounded() const {
   return out.size() + out_ref.size() + out_ref_lo.size() + weights.size() + weights_ref.size() +
-         lse.size() + lse_ref.size();
+         lse.size() + lse_ref.size() + scores.size() + scores_ref.size();
 }
 
 Enclosure lse_enclosure(const FastRow& fr) {
@@ -107,6 +121,7 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
   for (std::size_t e = 0; e < fr.out.size(); ++e)
     if (!decide_out(c, fr, e, d)) return false;
   if (weights && !decide_weights(c, fr, d)) return false;
+  if (c.want_scores && !decide_scores(c, fr, d)) return false;
   if (with_lse)
     for (auto [t, into] : {std::pair{c.output_dtype, &d.lse}, std::pair{DType::F64, &d.lse_ref}}) {
       const RoundedEnclosure re = round_enclosure(lse.lo, lse.hi, t);
@@ -124,6 +139,9 @@ RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
     r.dot_hi.push_back(round_up_dd(upper(fr.dots[j])));
     r.w_lo.push_back(round_down_dd(lower(fr.weights[j])));
     r.w_hi.push_back(round_up_dd(upper(fr.weights[j])));
+    const bool s = fr.allowed[j] != 0;
+    r.s_lo.push_back(s ? round_down_dd(lower(fr.scores[j])) : -INFINITY);
+    r.s_hi.push_back(s ? round_up_dd(upper(fr.scores[j])) : -INFINITY);
   }
   for (std::size_t e = 0; e < fr.out.size(); ++e) {
     r.out_lo.push_back(round_down_dd(lower(fr.out[e])));
@@ -138,10 +156,11 @@ RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse) {
   RowEnclosures r;
   HeadDetail d;
   d.allowed = fr.allowed;
-  std::vector<Enclosure> w;
+  std::vector<Enclosure> w, s;
   for (std::size_t j = 0; j < fr.weights.size(); ++j) {
     d.dots.push_back(ball_enclosure(fr.dots[j]));
     w.push_back(ball_enclosure(fr.weights[j]));
+    s.push_back(fr.allowed[j] ? ball_enclosure(fr.scores[j]) : point_enclosure(-INFINITY, -INFINITY));
   }
   for (std::size_t e = 0; e < fr.out.size(); ++e) {
     d.raw_out.push_back(ball_enclosure(fr.out[e]));
@@ -154,6 +173,7 @@ RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse) {
   mpfr_set(l.lo, lse.lo, MPFR_RNDD);
   mpfr_set(l.hi, lse.hi, MPFR_RNDU);
   r.weights.push_back(std::move(w));
+  r.scores.push_back(std::move(s));
   r.lse.push_back(std::move(l));
   r.head_valid.push_back(true);
   r.heads.push_back(std::move(d));

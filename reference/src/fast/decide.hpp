@@ -20,6 +20,7 @@ struct DecidedRow {
   std::vector<double> out, out_ref, out_ref_lo, bound;  // [Dv]
   std::vector<double> weights, weights_ref;             // [Nk]
   std::vector<double> lse, lse_ref;                     // [1]
+  std::vector<double> scores, scores_ref;               // [Nk], -inf where not allowed
   std::uint64_t rounded() const;  // elements rounded (out.bound aside)
 };
 

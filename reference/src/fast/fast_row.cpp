@@ -125,6 +125,10 @@ Setup prepare(const Case& c) {
         s.why_not = "bias outside [2^-480, 2^480]";
         return s;
       }
+  if (c.sinks && !all_in_range(c.sinks->values)) {
+    s.why_not = "sinks outside [2^-480, 2^480]";
+    return s;
+  }
   // The scale, enclosed at 256 bits by MPFR, as a double-double ball.
   mpfr_t lo, hi, t;
   mpfr_inits2(256, lo, hi, t, static_cast<mpfr_ptr>(nullptr));
@@ -171,13 +175,14 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.allowed.assign(static_cast<std::size_t>(Nk), 0);
   r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
   r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
+  r.scores.assign(static_cast<std::size_t>(Nk), Ball{});
   std::vector<std::int64_t> keys;
   for (std::int64_t j = 0; j < Nk; ++j)
     if (c.allowed(b, h, i, j)) {
       keys.push_back(j);
       r.allowed[static_cast<std::size_t>(j)] = 1;
     }
-  if (keys.empty()) return r;  // a fully masked row: the MPFR path applies the policy
+  if (keys.empty()) return r;  // a fully masked (or sink-only) row: the MPFR path
 
   // Dot2: s + c = q.k within gamma_Dk^2 sum |q_d k_d| (Ogita, Rump, Oishi), used with factor 2;
   // sum |q_d k_d| is itself rounded, by at most gamma_Dk relative.
@@ -203,8 +208,10 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     if (bias != 0) sc = add(sc, bias);
     if (!std::isfinite(sc.mid.hi) || !std::isfinite(sc.rad)) return r;  // overflow: MPFR
     S[a] = sc;
+    r.scores[static_cast<std::size_t>(keys[a])] = sc;
     m = std::max(m, sc.mid.hi);
   }
+  if (c.sinks) m = std::max(m, c.sink(h));
   r.m = m;
   // e_j = exp(S_j - m) with m any number (the identity is exact); then Z, the weights.
   std::vector<Ball> e(keys.size());
@@ -214,6 +221,11 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;  // outside exp's ball rule: MPFR
     e[a] = exp(x);
     z = add(z, e[a]);
+  }
+  if (c.sinks) {  // the sink: one more term of Z, exp(sink - m), with no value vector
+    const Ball x = add(Ball{DD{c.sink(h), 0}, 0}, -m);
+    if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;
+    z = add(z, exp(x));
   }
   if (!(z.mid.hi > kDivMargin * z.rad)) return r;
   r.z = z;
@@ -254,6 +266,12 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
       r.absmax[ci] = std::max(r.absmax[ci], ax);
     }
   }
+  if (c.sinks)  // the weights sum to less than 1: the output is a combination of 0 and the values
+    for (std::size_t ci = 0; ci < nd; ++ci) {
+      r.vmin[ci] = std::min(r.vmin[ci], 0.0);
+      r.vmax[ci] = std::max(r.vmax[ci], 0.0);
+      r.absmin[ci] = 0;
+    }
   const double nk = static_cast<double>(keys.size());
   const double gk = nk * kU / (1 - nk * kU);
   const double pv_factor = 3 * gk * gk + 2 * kU * kU;  // 2 gamma_n^2 + the low parts, with room

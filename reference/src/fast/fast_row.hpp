@@ -30,7 +30,7 @@ struct Setup {
   std::string why_not;  // when it does not apply
   Ball scale;
 };
-// Applies to kind sdpa without softcap, with every input of magnitude 0 or within
+// Applies to kind sdpa without softcap, with every input (sinks too) of magnitude 0 or within
 // [kMinInput, kMaxInput], on a processor with fma.
 Setup prepare(const Case& c);
 
@@ -38,6 +38,7 @@ struct FastRow {
   bool ok = false;                 // false: the row goes to the MPFR path
   std::vector<char> allowed;       // [Nk]
   std::vector<Ball> dots;          // [Nk] q.k (0 where not allowed)
+  std::vector<Ball> scores;        // [Nk] S = scale q.k + bias (0 where not allowed)
   std::vector<Ball> weights;       // [Nk] (exact 0 where not allowed)
   std::vector<Ball> out;           // [Dv] before the intersection with the hull
   std::vector<double> vmin, vmax;  // [Dv] the allowed values' range

@@ -32,6 +32,7 @@ struct Profile {
   MaskedRowConvention masked_rows = MaskedRowConvention::Zero;
   bool returns_weights = true;
   bool returns_lse = true;
+  bool returns_scores = true;
   // The cases it judges: those of its input dtypes (every dtype when none is listed).
   bool covers(DType t) const;
 };

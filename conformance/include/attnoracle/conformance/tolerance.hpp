@@ -59,6 +59,10 @@ inline double weight_limit(const Profile& p, const RowLimits& L, double u_out, d
 inline double lse_limit(const Profile& p, const RowLimits& L, double u_out, double x) {
   return p.safety * (L.lse_abs + u_out * std::fabs(x) + L.floor);
 }
+// A score S before the softmax: step 1's error, then the rounding into the output dtype.
+inline double score_limit(const Profile& p, const RowLimits& L, double u_out, double x) {
+  return p.safety * (L.score + u_out * std::fabs(x) + L.floor);
+}
 
 // Without golden data: an upper bound of out.bound for every element of out (out_shape), from
 // the inputs in double: for sdpa max |v_jc| over the allowed keys (the weights sum to 1), for

@@ -77,7 +77,7 @@ struct Case {
   bool window = false;
   std::int64_t window_left = 0, window_right = 0;
   MaskedRows masked_rows = MaskedRows::Error;
-  bool want_weights = false, want_lse = false;
+  bool want_weights = false, want_lse = false, want_scores = false;
 
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
@@ -92,6 +92,7 @@ struct Case {
   std::optional<BoolTensor> query_mask;
   // [B] each: valid query and key counts per batch (padded varlen); absent = Nq, Nk.
   std::optional<std::vector<std::int64_t>> seqlens_q, seqlens_k;
+  std::optional<FloatTensor> sinks;  // [Hq], finite: one logit per query head in the denominator
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;
@@ -101,6 +102,7 @@ struct Case {
   double bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   // Whether query i of batch b is compared: query_mask true and i < seqlens_q[b].
   bool query_valid(std::int64_t b, std::int64_t i) const;
+  double sink(std::int64_t h) const { return sinks->values[static_cast<std::size_t>(h)]; }
   // GQA/MQA: the kv head query head h reads (CONTRACT section 1); h itself for kind mha.
   std::int64_t kv_head(std::int64_t h) const { return h / (Hq / Hkv); }
   // The sequence lengths of batch b: seqlens_q[b] (else Nq) and seqlens_k[b] (else Nk).
@@ -135,10 +137,11 @@ struct Case {
     return false;
   }
   // The first row, in (b, h, i) order, that evaluation refuses: a fully masked row that is
-  // not padding, under policy error. None under policy zero.
+  // not padding, under policy error. None under policy zero, and with sinks (a row without an
+  // allowed key then still has the sink: it is not fully masked).
   std::optional<RowIndex> first_refused_row() const;
 
-  // Shapes of the golden tensors: out ([B, Hq, Nq, Dv], or [B, Nq, Dout] for mha) and the rows
+  // Shapes of the golden tensors (scores and weights: [B, Hq, Nq, Nk]): out ([B, Hq, Nq, Dv], or [B, Nq, Dout] for mha) and the rows
   // ([B, Hq, Nq]: row.valid, lse).
   std::vector<std::int64_t> out_shape() const;
   std::vector<std::int64_t> row_shape() const { return {B, Hq, Nq}; }

@@ -56,7 +56,12 @@ struct ProblemSpec {
   std::string softcap;                                          // metadata text; empty: off
   std::string scale;                                            // metadata text; empty: 1/sqrt(Dk)
   MaskedRows masked_rows = MaskedRows::Error;
-  bool want_weights = false, want_lse = false;
+  bool want_weights = false, want_lse = false, want_scores = false;
+  // Sinks [Hq] in sinks_dtype: empty none; "near" U[-2,2) per head (the scores' range),
+  // "dominant" 12 + U[0,4) (the sink takes most of each row), "negligible" -40 + U[0,4), or a
+  // number (every head).
+  std::string sinks;
+  DType sinks_dtype = DType::F32;
   MaskKind mask = MaskKind::None;
   BiasKind bias = BiasKind::None;
   DType bias_dtype = DType::F32;

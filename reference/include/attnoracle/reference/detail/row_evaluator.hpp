@@ -16,6 +16,7 @@ struct RowIntervals {
   std::vector<char> allowed;           // [Nk]
   std::vector<double> dot_lo, dot_hi;  // [Nk] q_i . k_j
   std::vector<double> w_lo, w_hi;      // [Nk] weights (exactly 0 where not allowed)
+  std::vector<double> s_lo, s_hi;      // [Nk] scores S (-inf where not allowed)
   std::vector<double> out_lo, out_hi;  // [Dv] before the intersection with the values' range
   double lse_lo = 0, lse_hi = 0;
 };
@@ -54,6 +55,7 @@ struct RowEnclosures {
   // per head for mha (H rows), one for sdpa: each Nk long (0 where not allowed), one lse per head
   std::vector<std::vector<Enclosure>> weights;
   std::vector<Enclosure> lse;
+  std::vector<std::vector<Enclosure>> scores;  // per head like weights: S, -inf where not allowed
   std::vector<bool> head_valid;       // per head (mha) or one (sdpa)
   std::vector<HeadDetail> heads;      // per head (mha) or one (sdpa)
 };
