@@ -320,7 +320,7 @@ TEST(CaseTensors, Missing) {
 
 TEST(CaseTensors, Unknown) {
   expect_refused(with(sdpa(), floats("qq", {1})), "qq",
-                 "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask)");
+                 "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask, dout)");
 }
 
 TEST(CaseTensors, OtherKind) {

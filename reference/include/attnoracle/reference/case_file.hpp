@@ -78,6 +78,9 @@ struct Case {
   std::int64_t window_left = 0, window_right = 0;
   MaskedRows masked_rows = MaskedRows::Error;
   bool want_weights = false, want_lse = false;
+  // Gradients asked in attn.outputs (CONTRACT section 7; kind sdpa).
+  bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false;
+  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias; }
 
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
@@ -90,6 +93,8 @@ struct Case {
   std::optional<BoolTensor> mask;
   std::optional<FloatTensor> bias;  // may hold -inf
   std::optional<BoolTensor> query_mask;
+  // The upstream gradient dL/d(out), [B, Hq, Nq, Dv]; 0 on padding rows that held non-finite values.
+  std::optional<FloatTensor> dout;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;
