@@ -104,7 +104,19 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
     auto v = check_row_fast(c, b, h, i, r);
     if (!v.empty()) throw InvariantViolation(std::move(v));
   };
+  std::unique_ptr<GradientChecks> grads;
+  if (c.wants_gradients()) {
+    grads = std::make_unique<GradientChecks>(c);
+    auto outer_g = eval.gradient_check;
+    opt.gradient_check = [&grads, outer_g](const std::string& t, std::int64_t flat, const Enclosure& v,
+                                           const Enclosure& bd) {
+      if (outer_g) outer_g(t, flat, v, bd);
+      grads->element(t, flat, v);
+    };
+  }
   EvalResult res = evaluate(c, opt);
+  if (grads)
+    if (auto v = grads->finish(); !v.empty()) throw InvariantViolation(std::move(v));
 
   // The twin checks, spread over the same number of threads, on eval's tiers. Why they stay as
   // strict: a fast row is used only where its balls decide every rounding of out, weights and

@@ -16,6 +16,8 @@ std::string_view invariant_name(Invariant v) {
     case Invariant::CausalDependence: return "causal_dependence";
     case Invariant::KeyPermutation: return "key_permutation";
     case Invariant::HeadIndependence: return "head_independence";
+    case Invariant::GradientZero: return "gradient_zero";
+    case Invariant::GradientRowSum: return "gradient_row_sum";
   }
   return "unknown";
 }
@@ -24,7 +26,7 @@ std::vector<Invariant> all_invariants() {
   return {Invariant::RowSum,          Invariant::WeightRange,      Invariant::MaskedZero,
           Invariant::ConvexHull,      Invariant::EqualScores,      Invariant::MaskedRowPolicy,
           Invariant::ShiftInvariance, Invariant::CausalDependence, Invariant::KeyPermutation,
-          Invariant::HeadIndependence};
+          Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum};
 }
 
 std::string Violation::message() const {

@@ -420,10 +420,42 @@ TEST(OracleTiered, TwinsOnTheFastTierCatchBrokenEvaluations) {
   EXPECT_TRUE(names(v, Invariant::HeadIndependence)) << list(v);
 }
 
+// The gradient checks: the reference passes them, and broken enclosures are caught.
+TEST(Oracle, GradientChecks) {
+  // Key 5 masked for every query, query 4 padding; a bias [Nq, Nk].
+  std::vector<int> pattern;
+  for (int r = 0; r < 5; ++r) pattern.insert(pattern.end(), {1, 1, 1, 1, 1, 0});
+  Case c = sdpa({{"attn.outputs", "dq,dk,dv,dbias"}},
+                {bools("mask", {5, 6}, pattern), bools("query_mask", {1, 5}, {1, 1, 1, 1, 0}),
+                 floats("dout", {1, 4, 5, 2}, ramp(40, 0.53, 0.3)), floats("bias", {5, 6}, ramp(30, 0.29, 0.7))});
+  EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+  GradientChecks g(c);
+  Enclosure one(64);
+  mpfr_set_ui(one.lo, 1, MPFR_RNDN);
+  mpfr_set_ui(one.hi, 1, MPFR_RNDN);
+  auto zero_violation = [&](const std::string& t, std::int64_t flat) {
+    try {
+      g.element(t, flat, one);
+      ADD_FAILURE() << t << "[" << flat << "] accepted";
+    } catch (const InvariantViolation& x) {
+      EXPECT_EQ(x.violations().front().invariant, Invariant::GradientZero) << x.what();
+    }
+  };
+  zero_violation("dq", 4 * 3);  // b=0, h=0, i=4: padding
+  zero_violation("dk", 5 * 3);  // kv head 0, key 5: masked
+  zero_violation("dv", 5 * 2 + 1);
+  EXPECT_NO_THROW(g.element("dq", 0, one));  // a row that sees keys
+  // A row of dbias that does not sum to 0.
+  for (std::int64_t e = 0; e < 30; ++e) g.element("dbias", e, one);
+  const auto v = g.finish();
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_EQ(v.front().invariant, Invariant::GradientRowSum);
+}
+
 TEST(Oracle, InvariantNamesAreDistinct) {
   std::set<std::string_view> seen;
   for (auto v : all_invariants()) EXPECT_TRUE(seen.insert(invariant_name(v)).second);
-  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(seen.size(), 12u);
 }
 
 }  // namespace

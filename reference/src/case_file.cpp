@@ -168,9 +168,10 @@ class CaseReader {
       while (true) {
         const auto comma = rest.find(',');
         const std::string name(rest.substr(0, comma));
-        if (name != "out" && name != "weights" && name != "lse" && name != "scores")
+        if (name != "out" && name != "weights" && name != "lse" && name != "scores" &&
+            name != "dq" && name != "dk" && name != "dv" && name != "dbias")
           bad("attn.outputs", *v,
-              "a comma list of out, weights, lse, scores (" + quoted(name) + "?)");
+              "a comma list of out, weights, lse, scores, dq, dk, dv, dbias (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -179,6 +180,13 @@ class CaseReader {
       c_.want_weights = listed.count("weights") > 0;
       c_.want_lse = listed.count("lse") > 0;
       c_.want_scores = listed.count("scores") > 0;
+      c_.want_dq = listed.count("dq") > 0;
+      c_.want_dk = listed.count("dk") > 0;
+      c_.want_dv = listed.count("dv") > 0;
+      c_.want_dbias = listed.count("dbias") > 0;
+      if (c_.wants_gradients() && c_.kind == Kind::Mha)
+        fail("attn.outputs", "value " + quoted(*v) + " asks for gradients, but gradients of kind "
+                             "mha are not supported (only kind sdpa)");
     }
   }
 
@@ -186,7 +194,7 @@ class CaseReader {
     static const std::set<std::string> sdpa = {"q", "k", "v"};
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
     static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
-                                                   "seqlens_k", "sinks"};
+                                                   "seqlens_k", "sinks", "dout"};
     static const std::set<std::string> descales = {"q_descale", "k_descale", "v_descale"};
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
@@ -200,7 +208,7 @@ class CaseReader {
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
       fail(printable(t.name), std::string("unknown tensor (expected ") +
                                   (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k, sinks)");
+                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k, sinks, dout)");
     }
     file_ = &file;
     if (is_sdpa)
@@ -247,9 +255,47 @@ class CaseReader {
       c_.sinks = floats(*t, false);
     }
     if (!unchecked_.empty()) unused_positions();
+    gradient_inputs(file);
   }
 
  private:
+  // dout (CONTRACT section 7): the shape of out, finite except on padding rows (zeroed there);
+  // required when a gradient is asked. dbias needs a bias.
+  void gradient_inputs(const SafeTensorsFile& file) {
+    if (c_.want_dbias && !c_.bias)
+      fail("attn.outputs", "dbias is asked but the case has no bias tensor");
+    if (c_.wants_gradients() && is_fp8(c_.input_dtype))
+      fail("attn.outputs", "asks for gradients, but gradients of " +
+                               std::string(dtype_name(c_.input_dtype)) + " inputs are not supported");
+    if (c_.wants_gradients() && c_.sinks)
+      fail("attn.outputs", "asks for gradients, but gradients of a case with sinks are not supported");
+    const RawTensor* t = file.find("dout");
+    const char* asked = c_.want_dq ? "dq" : c_.want_dk ? "dk" : c_.want_dv ? "dv" : "dbias";
+    if (!t) {
+      if (c_.wants_gradients())
+        fail("dout", std::string("missing (required when attn.outputs asks for a gradient: ") +
+                         asked + ")");
+      return;
+    }
+    if (c_.kind == Kind::Mha) fail("dout", "gradients of kind mha are not supported (only kind sdpa)");
+    if (t->dtype != DType::F64 && t->dtype != DType::F32 && t->dtype != c_.input_dtype)
+      fail("dout", "dtype " + std::string(dtype_name(t->dtype)) + " is not F64, F32 or " +
+                       std::string(dtype_name(c_.input_dtype)) + " (the input dtype)");
+    expect_shape(*t, c_.out_shape(), "the shape of out [B,Hq,Nq,Dv]");
+    c_.dout = floats(*t, false, true);
+    for (std::size_t e : unchecked_["dout"]) {
+      const auto r = static_cast<std::int64_t>(e) / c_.Dv;  // (b * Hq + h) * Nq + i
+      const std::int64_t b = r / (c_.Hq * c_.Nq), h = r / c_.Nq % c_.Hq, i = r % c_.Nq;
+      if (c_.query_valid(b, i))
+        fail("dout", "element " + std::to_string(e) + " is " + non_finite_name(c_.dout->values[e]) +
+                         ", in query " + std::to_string(i) + " of b=" + std::to_string(b) +
+                         ", h=" + std::to_string(h) +
+                         ", which is not padding (non-finite values are allowed only on padding "
+                         "rows)");
+      c_.dout->values[e] = 0;  // a padding row contributes nothing
+    }
+  }
+
   // A file built in memory (not read) may hold anything: shape and bytes must agree.
   void consistent(const RawTensor& t) const {
     std::uint64_t bytes = dtype_size(t.dtype);
@@ -620,8 +666,10 @@ constexpr std::pair<MaskedRows, std::string_view> kMaskedRowsNames[] = {
 
 // Every golden tensor name the reference may write (CONTRACT section 3).
 constexpr std::string_view kGoldenNames[] = {
-    "out",         "out.ref", "out.ref_lo", "out.bound", "row.valid", "weights",
-    "weights.ref", "lse",     "lse.ref",    "scores",    "scores.ref"};
+    "out",      "out.ref",     "out.ref_lo", "out.bound",  "row.valid", "weights",     "weights.ref",
+    "lse",      "lse.ref",     "scores",     "scores.ref", "dq",        "dq.ref",      "dq.bound",
+    "dk",       "dk.ref",      "dk.bound",   "dv",         "dv.ref",    "dv.bound",    "dbias",
+    "dbias.ref", "dbias.bound"};
 
 }  // namespace
 
@@ -737,6 +785,17 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
     g.push_back({"scores", o, w});
     g.push_back({"scores.ref", DType::F64, w});
   }
+  // Gradients (CONTRACT section 7): G, G.ref and G.bound, in the shape of the input.
+  auto gradient = [&](bool want, const char* name, std::vector<std::int64_t> shape) {
+    if (!want) return;
+    g.push_back({name, o, shape});
+    g.push_back({std::string(name) + ".ref", DType::F64, shape});
+    g.push_back({std::string(name) + ".bound", DType::F64, shape});
+  };
+  gradient(want_dq, "dq", {B, Hq, Nq, Dk});
+  gradient(want_dk, "dk", {B, Hkv, Nk, Dk});
+  gradient(want_dv, "dv", {B, Hkv, Nk, Dv});
+  gradient(want_dbias, "dbias", bias ? bias->shape : std::vector<std::int64_t>{});
   return g;
 }
 

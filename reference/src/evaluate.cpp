@@ -17,39 +17,14 @@
 #include "attnoracle/version.hpp"
 #include "fast/decide.hpp"
 #include "fast/fast_row.hpp"
+#include "golden_buffer.hpp"
+#include "backward.hpp"
 
 namespace attnoracle {
 namespace {
 
-// One golden tensor being filled: its bytes, and the elements that could not be decided.
-struct GoldenBuffer {
-  std::string name;
-  DType dtype;
-  std::vector<std::int64_t> shape;
-  std::vector<unsigned char> bytes;
-  std::mutex mu;
-  std::vector<std::pair<std::int64_t, double>> undecided;  // flat index, other candidate
-
-  explicit GoldenBuffer(const GoldenSpec& g) : name(g.name), dtype(g.dtype), shape(g.shape) {
-    std::int64_t count = 1;
-    for (auto d : shape) count *= d;
-    bytes.assign(static_cast<std::size_t>(count) * dtype_size(dtype), 0);
-  }
-  void set(std::int64_t idx, double v) {
-    encode_float(dtype, v, bytes.data() + static_cast<std::size_t>(idx) * dtype_size(dtype));
-  }
-  void set_all(std::int64_t base, const std::vector<double>& v) {
-    for (std::size_t k = 0; k < v.size(); ++k) set(base + static_cast<std::int64_t>(k), v[k]);
-  }
-  RawTensor take() { return RawTensor{name, dtype, shape, std::move(bytes)}; }
-};
-
-// The result of one rounded element, before it is committed.
-struct Pending {
-  GoldenBuffer* buf;
-  std::int64_t idx;
-  RoundedEnclosure r;
-};
+using detail::GoldenBuffer;
+using detail::Pending;
 
 // The golden tensors of Case::golden_tensors(), in its order; row.valid apart.
 struct Buffers {
@@ -62,6 +37,7 @@ struct Buffers {
 
   explicit Buffers(const Case& c) {
     for (const GoldenSpec& g : c.golden_tensors()) {
+      if (is_gradient_golden(g.name)) continue;  // filled by the backward evaluation
       if (g.name == "row.valid") {
         row_valid_spec = g;
         row_valid.assign(static_cast<std::size_t>(c.B * c.Hq * c.Nq), 0);
@@ -272,23 +248,8 @@ void Driver::commit_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, 
   }
 }
 
-// A filled tensor into the result, after its .undecided and .alt companions (if any).
 void Driver::take(std::unique_ptr<GoldenBuffer>& g, EvalResult& res) const {
-  std::vector<std::pair<std::int64_t, double>> und = std::move(g->undecided);
-  std::sort(und.begin(), und.end());
-  if (!und.empty()) {
-    RawTensor idx{g->name + ".undecided", DType::I64, {static_cast<std::int64_t>(und.size())}, {}};
-    RawTensor alt{g->name + ".alt", g->dtype, {static_cast<std::int64_t>(und.size())}, {}};
-    idx.data.resize(und.size() * 8);
-    alt.data.resize(und.size() * dtype_size(g->dtype));
-    for (std::size_t k = 0; k < und.size(); ++k) {
-      std::memcpy(idx.data.data() + 8 * k, &und[k].first, 8);
-      encode_float(g->dtype, und[k].second, alt.data.data() + k * dtype_size(g->dtype));
-    }
-    res.golden.push_back(std::move(idx));
-    res.golden.push_back(std::move(alt));
-  }
-  res.golden.push_back(g->take());
+  detail::append_golden(*g, res.golden);
 }
 
 // The tensors in the order of Case::golden_tensors() with row.valid last, and the stats.
@@ -315,12 +276,24 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   // Refuse before any work, naming the first fully masked row in (b, h, i) order.
   if (const auto r = c.first_refused_row()) throw FullyMaskedRow(r->b, r->h, r->i);
-  Driver d(c, opt);
-  // The error of the first failing unit in unit order is reported, whatever the thread count.
-  parallel_for(static_cast<std::size_t>(d.units()), opt.threads,
-               [&](std::size_t u) { d.run_unit(static_cast<std::int64_t>(u)); });
-  mpfr_free_cache();
-  return d.finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  EvalResult res;
+  {
+    Driver d(c, opt);
+    // The error of the first failing unit in unit order is reported, whatever the thread count.
+    parallel_for(static_cast<std::size_t>(d.units()), opt.threads,
+                 [&](std::size_t u) { d.run_unit(static_cast<std::int64_t>(u)); });
+    mpfr_free_cache();
+    res = d.finish(0);
+  }
+  if (c.wants_gradients()) {
+    // The gradients go before row.valid, which stays last.
+    RawTensor row_valid = std::move(res.golden.back());
+    res.golden.pop_back();
+    evaluate_gradients(c, opt, res);
+    res.golden.push_back(std::move(row_valid));
+  }
+  res.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
 }
 
 void write_golden_file(const std::string& path, const Case& c, const EvalResult& r) {

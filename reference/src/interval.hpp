@@ -4,6 +4,7 @@
 
 #include <mpfr.h>
 
+#include <string>
 #include <vector>
 
 namespace attnoracle::detail {
@@ -78,6 +79,31 @@ inline void div_by_positive(mpfr_ptr rlo, mpfr_ptr rhi, mpfr_srcptr nlo, mpfr_sr
                             mpfr_srcptr zlo, mpfr_srcptr zhi) {
   mpfr_div(rlo, nlo, mpfr_sgn(nlo) >= 0 ? zhi : zlo, MPFR_RNDD);
   mpfr_div(rhi, nhi, mpfr_sgn(nhi) >= 0 ? zlo : zhi, MPFR_RNDU);
+}
+
+// Encloses the exact decimal or hexadecimal value of a metadata number.
+inline void enclose_text(mpfr_ptr lo, mpfr_ptr hi, const std::string& text) {
+  mpfr_strtofr(lo, text.c_str(), nullptr, 0, MPFR_RNDD);
+  mpfr_strtofr(hi, text.c_str(), nullptr, 0, MPFR_RNDU);
+}
+
+// r = bound of c*tanh(t/c) over c in [cl, ch]: lower (RNDD) or upper (RNDU). The function
+// increases with t, and with c for t > 0 (decreases for t < 0), so the extremes over the box of
+// t and c lie at its corners; each monotone step rounded the same way keeps the bound.
+inline void softcap_bound(mpfr_ptr r, mpfr_srcptr t, mpfr_srcptr cl, mpfr_srcptr ch, mpfr_rnd_t rnd,
+                   mpfr_ptr tmp) {
+  mpfr_t best;
+  mpfr_init2(best, mpfr_get_prec(r));
+  for (int k = 0; k < 2; ++k) {
+    mpfr_srcptr cap = k == 0 ? cl : ch;
+    mpfr_div(tmp, t, cap, rnd);
+    mpfr_tanh(tmp, tmp, rnd);
+    mpfr_mul(tmp, tmp, cap, rnd);
+    if (k == 0 || (rnd == MPFR_RNDD ? mpfr_less_p(tmp, best) : mpfr_greater_p(tmp, best)))
+      mpfr_set(best, tmp, rnd);
+  }
+  mpfr_set(r, best, rnd);
+  mpfr_clear(best);
 }
 
 }  // namespace attnoracle::detail

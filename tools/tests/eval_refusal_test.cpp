@@ -400,5 +400,56 @@ TEST_F(EvalRefusal, SinksAndScoresEvaluate) {
   EXPECT_EQ(g.find("row.valid")->data, Bytes(12, 1));
 }
 
+// Gradients: a case asking for dq, dk, dv, dbias is evaluated and written with them.
+TEST_F(EvalRefusal, GradientsEvaluate) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("dout", {1, 4, 3, 2}, small));
+  f.put(floats("bias", {5}, small));
+  f.metadata["attn.outputs"] = "out,dq,dk,dv,dbias";
+  const std::string in = dir_ / "grad.safetensors";
+  const std::string out = dir_ / "grad.out.safetensors";
+  write_bytes(in, bytes_of(f));
+  const CliResult r = run({"eval", in, "-o", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafeTensorsFile g = read_safetensors(out);
+  for (const char* name : {"dq", "dk", "dv", "dbias"})
+    for (const std::string suffix : {"", ".ref", ".bound"}) {
+      const RawTensor* t = g.find(name + suffix);
+      ASSERT_NE(t, nullptr) << name << suffix;
+      EXPECT_EQ(t->shape, f.find(name + 1)->shape) << name << suffix;  // q, k, v, bias
+    }
+  // Evaluated again from its own output: the same bytes.
+  const std::string again = dir_ / "grad.again.safetensors";
+  ASSERT_EQ(run({"eval", out, "-o", again}).status, 0);
+  EXPECT_EQ(read_text(out), read_text(again));
+}
+
+TEST_F(EvalRefusal, GradientWithoutDout) {
+  SafeTensorsFile f = valid_case();
+  f.metadata["attn.outputs"] = "out,dk";
+  expect_refused(bytes_of(f), "dout", "required when attn.outputs asks for a gradient: dk");
+}
+
+TEST_F(EvalRefusal, DoutOfTheWrongShape) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("dout", {1, 4, 3, 4}, small));
+  f.metadata["attn.outputs"] = "dq";
+  expect_refused(bytes_of(f), "dout", "is not the shape of out [B,Hq,Nq,Dv] = [1,4,3,2]");
+}
+
+TEST_F(EvalRefusal, NaNInDout) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("dout", {1, 4, 3, 2}, [](std::size_t e) { return e == 5 ? std::nan("") : 1.0; }));
+  f.metadata["attn.outputs"] = "dv";
+  expect_refused(bytes_of(f), "dout", "element 5 is NaN, in query 2 of b=0, h=0, which is not padding");
+}
+
+TEST_F(EvalRefusal, DbiasWithoutBias) {
+  SafeTensorsFile f = valid_case();
+  f.put(floats("dout", {1, 4, 3, 2}, small));
+  f.metadata["attn.outputs"] = "dbias";
+  expect_refused(bytes_of(f), "attn.outputs", "dbias is asked but the case has no bias tensor");
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

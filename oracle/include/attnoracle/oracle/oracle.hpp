@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,6 +29,8 @@ enum class Invariant {
   CausalDependence,  // under causal, output i ignores inputs after the last key i may see
   KeyPermutation,    // permuting keys and values together (and mask columns) changes nothing
   HeadIndependence,  // changing one head's inputs changes only that head's output
+  GradientZero,      // padding and fully masked rows, and keys no query sees, have gradient 0
+  GradientRowSum,    // each row of dbias (over the keys) sums to 0, as each row of dS does
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -83,6 +86,22 @@ std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h
 struct CheckOptions {
   std::int64_t twin_units = 16;  // row units given the metamorphic checks (evenly spread)
   mpfr_prec_t twin_precision = 128;
+};
+
+// The gradient invariants of one evaluation, fed the enclosure of every gradient element
+// (EvalOptions::gradient_check; thread-safe). element() throws InvariantViolation at once on
+// a nonzero gradient where nothing contributes; finish() checks the rows of dbias.
+class GradientChecks {
+ public:
+  explicit GradientChecks(const Case& c);
+  void element(const std::string& tensor, std::int64_t flat, const Enclosure& value);
+  std::vector<Violation> finish() const;
+
+ private:
+  const Case& c_;
+  std::vector<char> seen_;                          // [B, Hkv, Nk]: some query may see the key
+  std::vector<std::unique_ptr<Enclosure>> dbias_;  // the latest enclosure of each element
+  std::mutex mu_;
 };
 
 // Row units given the twin checks: all when there are few, else `n` evenly spread, first and

@@ -78,6 +78,9 @@ struct Case {
   std::int64_t window_left = 0, window_right = 0;
   MaskedRows masked_rows = MaskedRows::Error;
   bool want_weights = false, want_lse = false, want_scores = false;
+  // Gradients asked in attn.outputs (CONTRACT section 7; kind sdpa).
+  bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false;
+  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias; }
 
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
@@ -93,6 +96,8 @@ struct Case {
   // [B] each: valid query and key counts per batch (padded varlen); absent = Nq, Nk.
   std::optional<std::vector<std::int64_t>> seqlens_q, seqlens_k;
   std::optional<FloatTensor> sinks;  // [Hq], finite: one logit per query head in the denominator
+  // The upstream gradient dL/d(out), [B, Hq, Nq, Dv]; 0 on padding rows that held non-finite values.
+  std::optional<FloatTensor> dout;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;

@@ -18,6 +18,7 @@ namespace attnoracle {
 // Row enclosures (attnoracle/reference/detail/row_evaluator.hpp), for the row_check hooks.
 struct RowEnclosures;
 struct RowIntervals;
+struct Enclosure;
 
 struct EvalOptions {
   int threads = 1;
@@ -32,6 +33,11 @@ struct EvalOptions {
   // converted to RowEnclosures for row_check.
   std::function<void(std::int64_t b, std::int64_t h, std::int64_t i, const RowIntervals&)>
       row_check_fast;
+  // Called from the worker threads on the enclosures of every gradient element (tensor dq,
+  // dk, dv or dbias, flat index) and of its magnitude bound, at each working precision tried.
+  std::function<void(const std::string& tensor, std::int64_t flat, const Enclosure& value,
+                     const Enclosure& bound)>
+      gradient_check;
 };
 
 struct EvalStats {

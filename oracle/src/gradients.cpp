@@ -1,0 +1,81 @@
+// The invariants of the gradients, on the reference's enclosures of every gradient element:
+// exact zeros where nothing contributes, and the rows of dbias summing to 0.
+#include <mutex>
+
+#include "attnoracle/oracle/oracle.hpp"
+
+namespace attnoracle::oracle {
+
+GradientChecks::GradientChecks(const Case& c) : c_(c) {
+  // Keys no query (other than padding) of any head of their kv head may attend.
+  seen_.assign(static_cast<std::size_t>(c.B * c.Hkv * c.Nk), 0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        if (!c.query_valid(b, i)) continue;
+        const Case::KeyRange r = c.key_range(b, i);
+        for (std::int64_t j = r.first; j <= r.last; ++j)
+          if (c.allowed(b, h, i, j)) seen_[static_cast<std::size_t>((b * c.Hkv + c.kv_head(h)) * c.Nk + j)] = 1;
+      }
+  if (c.want_dbias) dbias_.resize(static_cast<std::size_t>(c.bias->values.size()));
+}
+
+void GradientChecks::element(const std::string& tensor, std::int64_t flat, const Enclosure& value) {
+  const bool zero = mpfr_zero_p(value.lo) && mpfr_zero_p(value.hi);
+  auto fail = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, std::int64_t cc,
+                  const std::string& what) {
+    throw InvariantViolation({Violation{Invariant::GradientZero, b, h, i, j, cc, tensor + ": " + what}});
+  };
+  if (tensor == "dq") {
+    const std::int64_t row = flat / c_.Dk, cc = flat % c_.Dk;
+    const std::int64_t b = row / (c_.Hq * c_.Nq), h = row / c_.Nq % c_.Hq, i = row % c_.Nq;
+    if (!zero && (!c_.query_valid(b, i) || !c_.row_has_key(b, h, i)))
+      fail(b, h, i, -1, cc, "a padding or fully masked row has a gradient other than exactly 0");
+  } else if (tensor == "dk" || tensor == "dv") {
+    const std::int64_t width = tensor == "dk" ? c_.Dk : c_.Dv;
+    const std::int64_t key = flat / width, cc = flat % width;
+    if (!zero && !seen_[static_cast<std::size_t>(key)])
+      fail(key / (c_.Hkv * c_.Nk), key / c_.Nk % c_.Hkv, -1, key % c_.Nk, cc,
+           "a key no query may see has a gradient other than exactly 0 (h is the kv head)");
+  } else if (tensor == "dbias") {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto& slot = dbias_[static_cast<std::size_t>(flat)];
+    slot = std::make_unique<Enclosure>(std::max(mpfr_get_prec(value.lo), mpfr_get_prec(value.hi)));
+    mpfr_set(slot->lo, value.lo, MPFR_RNDD);
+    mpfr_set(slot->hi, value.hi, MPFR_RNDU);
+  }
+}
+
+std::vector<Violation> GradientChecks::finish() const {
+  std::vector<Violation> v;
+  if (!c_.want_dbias) return v;
+  // Each row of dS sums to 0 over the keys, so does each row of dbias over its last dimension
+  // when the bias has the keys' extent (a bias broadcast along the keys gives dbias = 0).
+  const auto& shape = c_.bias->shape;
+  if (shape.empty() || shape.back() != c_.Nk || c_.Nk == 1) return v;
+  const auto n = static_cast<std::int64_t>(dbias_.size()) / c_.Nk;
+  mpfr_t lo, hi;
+  mpfr_init2(lo, 64);
+  mpfr_init2(hi, 64);
+  for (std::int64_t r = 0; r < n; ++r) {
+    std::vector<mpfr_ptr> los, his;
+    for (std::int64_t j = 0; j < c_.Nk; ++j) {
+      const auto& e = dbias_[static_cast<std::size_t>(r * c_.Nk + j)];
+      if (!e) continue;
+      los.push_back(e->lo);
+      his.push_back(e->hi);
+    }
+    mpfr_sum(lo, los.data(), los.size(), MPFR_RNDD);
+    mpfr_sum(hi, his.data(), his.size(), MPFR_RNDU);
+    if (mpfr_sgn(lo) > 0 || mpfr_sgn(hi) < 0)
+      v.push_back(Violation{Invariant::GradientRowSum, -1, -1, r, -1, -1,
+                            "dbias row " + std::to_string(r) + " (flat, over the bias's leading dimensions) sums to [" +
+                                std::to_string(mpfr_get_d(lo, MPFR_RNDD)) + ", " +
+                                std::to_string(mpfr_get_d(hi, MPFR_RNDU)) + "], not 0"});
+  }
+  mpfr_clear(lo);
+  mpfr_clear(hi);
+  return v;
+}
+
+}  // namespace attnoracle::oracle

@@ -1,0 +1,626 @@
+// Certified gradients of kind sdpa (CONTRACT section 7), in interval arithmetic over MPFR.
+// With P the weights, O = P V, D_i = dout_i . O_i and dP_ij = dout_i . V_j:
+//   dS_ij = P_ij (dP_ij - D_i) on allowed keys (0 elsewhere), dT = dS * sech^2(T/c) (softcap c),
+//   dq = scale dT K, dk = scale dT^T Q, dv = P^T dout (summed over a kv head's query heads),
+//   dbias = dS summed over the bias's broadcast dimensions.
+// Three passes, each streamed and threaded: rows (the row statistics lse_i and D_i, and dq_i),
+// keys (dk_j and dv_j, P_ij recomputed from lse_i), and the columns of the bias (dbias). Each
+// unit runs its own Ziv loop; a unit past the starting precision recomputes the statistics of
+// the rows it reads at its own precision.
+#include "backward.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "attnoracle/reference/detail/row_evaluator.hpp"
+#include "attnoracle/reference/parallel.hpp"
+#include "attnoracle/reference/round.hpp"
+#include "golden_buffer.hpp"
+#include "interval.hpp"
+
+namespace attnoracle {
+namespace {
+
+using detail::GoldenBuffer;
+using detail::MpfrVec;
+using detail::Pending;
+
+constexpr const char* kGradients[] = {"dq", "dk", "dv", "dbias"};
+
+void set_zero(Enclosure& e) {
+  mpfr_set_zero(e.lo, 1);
+  mpfr_set_zero(e.hi, 1);
+}
+void copy_to(Enclosure& r, const Enclosure& x) {
+  mpfr_set(r.lo, x.lo, MPFR_RNDD);
+  mpfr_set(r.hi, x.hi, MPFR_RNDU);
+}
+// [lo, hi] = x * d for a double d: the sign of d picks the ends.
+void mul_d(mpfr_ptr lo, mpfr_ptr hi, mpfr_srcptr xlo, mpfr_srcptr xhi, double d) {
+  mpfr_mul_d(lo, d >= 0 ? xlo : xhi, d, MPFR_RNDD);
+  mpfr_mul_d(hi, d >= 0 ? xhi : xlo, d, MPFR_RNDU);
+}
+// r = a * x with a >= 0 (r distinct from a and x): the sign of x's ends picks a's ends.
+void mul_nonneg(Enclosure& r, const Enclosure& a, const Enclosure& x) {
+  mpfr_mul(r.lo, mpfr_sgn(x.lo) >= 0 ? a.lo : a.hi, x.lo, MPFR_RNDD);
+  mpfr_mul(r.hi, mpfr_sgn(x.hi) >= 0 ? a.hi : a.lo, x.hi, MPFR_RNDU);
+}
+// r = |x| (r distinct from x).
+void abs_of(Enclosure& r, const Enclosure& x) {
+  if (mpfr_sgn(x.lo) >= 0) {
+    copy_to(r, x);
+  } else if (mpfr_sgn(x.hi) <= 0) {
+    mpfr_neg(r.lo, x.hi, MPFR_RNDD);
+    mpfr_neg(r.hi, x.lo, MPFR_RNDU);
+  } else {
+    mpfr_set_zero(r.lo, 1);
+    mpfr_neg(r.hi, x.lo, MPFR_RNDU);
+    if (mpfr_greater_p(x.hi, r.hi)) mpfr_set(r.hi, x.hi, MPFR_RNDU);
+  }
+}
+
+// [lo, hi] holds sum_d a[d] b[d] (doubles): each product is exact in 106 bits and mpfr_sum
+// rounds the sum down, reporting exactness. Returns whether lo is the exact value.
+bool dot(Enclosure& e, const double* a, const double* b, std::int64_t n, MpfrVec& prods) {
+  prods.resize(static_cast<std::size_t>(n), 106);
+  for (std::int64_t d = 0; d < n; ++d) {
+    mpfr_set_d(prods[static_cast<std::size_t>(d)], a[d], MPFR_RNDN);
+    mpfr_mul_d(prods[static_cast<std::size_t>(d)], prods[static_cast<std::size_t>(d)], b[d], MPFR_RNDN);
+  }
+  const int t = mpfr_sum(e.lo, prods.ptrs(), static_cast<unsigned long>(n), MPFR_RNDD);
+  mpfr_set(e.hi, e.lo, MPFR_RNDU);
+  if (t != 0) mpfr_nextabove(e.hi);  // the exact value lies in (lo, next above lo)
+  return t == 0;
+}
+// The same for sum_d |a[d] b[d]|.
+void dot_abs(Enclosure& e, const double* a, const double* b, std::int64_t n, MpfrVec& prods) {
+  prods.resize(static_cast<std::size_t>(n), 106);
+  for (std::int64_t d = 0; d < n; ++d) {
+    mpfr_set_d(prods[static_cast<std::size_t>(d)], std::fabs(a[d]), MPFR_RNDN);
+    mpfr_mul_d(prods[static_cast<std::size_t>(d)], prods[static_cast<std::size_t>(d)], std::fabs(b[d]), MPFR_RNDN);
+  }
+  if (mpfr_sum(e.lo, prods.ptrs(), static_cast<unsigned long>(n), MPFR_RNDD) == 0) {
+    mpfr_set(e.hi, e.lo, MPFR_RNDU);
+  } else {
+    mpfr_set(e.hi, e.lo, MPFR_RNDU);
+    mpfr_nextabove(e.hi);
+  }
+}
+
+// Sums of enclosed terms: the lower ends summed down, the upper ends up.
+struct Terms {
+  MpfrVec lo, hi;
+  std::size_t n = 0;
+  void reset(std::size_t count, mpfr_prec_t p) {
+    lo.resize(count, p);
+    hi.resize(count, p);
+    n = 0;
+  }
+  void sum(Enclosure& r) {
+    if (n == 0) return set_zero(r);
+    mpfr_sum(r.lo, lo.ptrs(), n, MPFR_RNDD);
+    mpfr_sum(r.hi, hi.ptrs(), n, MPFR_RNDU);
+  }
+};
+
+// The scale and the softcap at one precision.
+struct Consts {
+  Enclosure scale, abs_scale, cap;
+  bool softcap;
+  Consts(const Case& c, mpfr_prec_t p) : scale(p), abs_scale(p), cap(p), softcap(c.softcap.has_value()) {
+    if (c.scale) {
+      detail::enclose_text(scale.lo, scale.hi, *c.scale);
+    } else {  // 1/sqrt(Dk), correctly rounded each way
+      mpfr_set_si(cap.lo, c.Dk, MPFR_RNDN);
+      mpfr_rec_sqrt(scale.lo, cap.lo, MPFR_RNDD);
+      mpfr_rec_sqrt(scale.hi, cap.lo, MPFR_RNDU);
+    }
+    abs_of(abs_scale, scale);
+    if (softcap) detail::enclose_text(cap.lo, cap.hi, *c.softcap);
+  }
+};
+
+// sech^2(T/c) = 1 - tanh^2(T/c), the softcap's derivative: sech decreases with |T/c|, so the
+// largest |T| over the smallest c gives the lower end and the smallest |T| over the largest c
+// the upper end.
+void softcap_slope(Enclosure& r, const Enclosure& T, const Consts& k, mpfr_ptr tmp) {
+  mpfr_abs(tmp, T.lo, MPFR_RNDN);
+  if (mpfr_cmpabs(T.hi, tmp) > 0) mpfr_abs(tmp, T.hi, MPFR_RNDN);
+  mpfr_div(tmp, tmp, k.cap.lo, MPFR_RNDU);
+  mpfr_sech(r.lo, tmp, MPFR_RNDD);
+  mpfr_sqr(r.lo, r.lo, MPFR_RNDD);
+  if (mpfr_sgn(T.lo) <= 0 && mpfr_sgn(T.hi) >= 0) {
+    mpfr_set_ui(tmp, 0, MPFR_RNDN);
+  } else {
+    mpfr_abs(tmp, T.lo, MPFR_RNDN);
+    if (mpfr_cmpabs(T.hi, tmp) < 0) mpfr_abs(tmp, T.hi, MPFR_RNDN);
+    mpfr_div(tmp, tmp, k.cap.hi, MPFR_RNDD);
+  }
+  mpfr_sech(r.hi, tmp, MPFR_RNDU);
+  mpfr_sqr(r.hi, r.hi, MPFR_RNDU);
+  if (mpfr_cmp_ui(r.hi, 1) > 0) mpfr_set_ui(r.hi, 1, MPFR_RNDN);
+}
+
+// What the key and bias passes read of a row: lse_i, D_i and sum_c |dout_ic O_ic|, and
+// whether its dS is exactly 0.
+struct RowStat {
+  bool valid = false;    // a row that takes part: not padding, not fully masked
+  bool zero_ds = false;  // dP_ij the same exact number for every allowed j: dS_i = 0 exactly
+  Enclosure lse{MPFR_PREC_MIN}, d{MPFR_PREC_MIN}, dabs{MPFR_PREC_MIN};
+};
+
+// One entry (i, j) of the backward: P, dS, dT and A = P (sum_c |dout_ic v_jc| + sum_c
+// |dout_ic O_ic|), the magnitude of the terms dS is made of (times the softcap's slope in At,
+// the magnitude of dT).
+struct Entry {
+  Enclosure P, dP, dPabs, x, dS, slope, dT, A, At, tmp;
+  explicit Entry(mpfr_prec_t p)
+      : P(p), dP(p), dPabs(p), x(p), dS(p), slope(p), dT(p), A(p), At(p), tmp(p) {}
+};
+
+class Backward {
+ public:
+  Backward(const Case& c, const EvalOptions& opt)
+      : c_(c), opt_(opt), ev_(c), G_(c.Hq / c.Hkv), stats_(static_cast<std::size_t>(c.B * c.Hq * c.Nq)) {
+    auto lg = [](std::int64_t n) {
+      return static_cast<mpfr_prec_t>(std::ceil(std::log2(static_cast<double>(n) + 1.0)));
+    };
+    // Room for the cancellation in dP - D and for sums over Nq and Nk terms of Dk-long dots.
+    p0_ = opt.start_precision > 0 ? opt.start_precision
+                                   : 128 + 2 * lg(c.Nk) + lg(c.Nq * G_) + lg(c.Dk) + lg(c.Dv);
+    if (c.output_dtype == DType::F64) p0_ += 64;
+    cap_ = std::max(opt.max_precision, p0_);
+    for (const GoldenSpec& g : c.golden_tensors())
+      if (is_gradient_golden(g.name)) bufs_.push_back(std::make_unique<GoldenBuffer>(g));
+    for (std::size_t k = 0; k < 4; ++k) {
+      val_[k] = find(kGradients[k]);
+      ref_[k] = find(std::string(kGradients[k]) + ".ref");
+      bound_[k] = find(std::string(kGradients[k]) + ".bound");
+    }
+    if (c.bias) {
+      const auto& s = c.bias->shape;
+      for (std::size_t a = 0; a < 4; ++a) ext_[a] = a + s.size() >= 4 ? s[a + s.size() - 4] : 1;
+    }
+  }
+
+  void run() {
+    const int t = opt_.threads;
+    parallel_for(static_cast<std::size_t>(c_.B * c_.Hq * c_.Nq), t, [&](std::size_t u) { row_unit(u); });
+    if (c_.want_dk || c_.want_dv)
+      parallel_for(static_cast<std::size_t>(c_.B * c_.Hkv * c_.Nk), t, [&](std::size_t u) { key_unit(u); });
+    if (c_.want_dbias)
+      parallel_for(static_cast<std::size_t>(ext_[0] * ext_[1] * ext_[3]), t,
+                   [&](std::size_t u) { bias_unit(u); });
+    mpfr_free_cache();
+  }
+
+  void finish(EvalResult& res) {
+    for (auto& g : bufs_) detail::append_golden(*g, res.golden);
+    res.stats.elements += elements_.load();
+    res.stats.undecided += undecided_.load();
+    res.stats.max_precision_reached = std::max(res.stats.max_precision_reached, reached_.load());
+  }
+
+ private:
+  GoldenBuffer* find(const std::string& name) {
+    for (auto& g : bufs_)
+      if (g->name == name) return g.get();
+    return nullptr;
+  }
+  std::size_t row_id(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return static_cast<std::size_t>((b * c_.Hq + h) * c_.Nq + i);
+  }
+  const double* dout_row(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return c_.dout->values.data() + row_id(b, h, i) * static_cast<std::size_t>(c_.Dv);
+  }
+  const double* q_row(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return c_.q.values.data() + row_id(b, h, i) * static_cast<std::size_t>(c_.Dk);
+  }
+  std::size_t key_id(std::int64_t b, std::int64_t g, std::int64_t j) const {
+    return static_cast<std::size_t>((b * c_.Hkv + g) * c_.Nk + j);
+  }
+  const double* k_row(std::int64_t b, std::int64_t g, std::int64_t j) const {
+    return c_.k.values.data() + key_id(b, g, j) * static_cast<std::size_t>(c_.Dk);
+  }
+  const double* v_row(std::int64_t b, std::int64_t g, std::int64_t j) const {
+    return c_.v.values.data() + key_id(b, g, j) * static_cast<std::size_t>(c_.Dv);
+  }
+
+  // The row's statistics at precision p from the forward's enclosures: lse, and D = dout . O.
+  // Returns the forward row for the row pass (empty rows for the others).
+  std::optional<RowEnclosures> stat_at(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p,
+                                       RowStat& st) const {
+    st.valid = false;
+    if (!c_.query_valid(b, i)) return std::nullopt;
+    RowEnclosures r = ev_.row(b, h, i, p);
+    if (!r.valid) return std::nullopt;
+    st.valid = true;
+    st.lse = Enclosure(p);
+    copy_to(st.lse, r.lse[0]);
+    st.d = Enclosure(p);
+    st.dabs = Enclosure(p);
+    Terms t, ta;
+    t.reset(static_cast<std::size_t>(c_.Dv), p);
+    ta.reset(static_cast<std::size_t>(c_.Dv), p);
+    Enclosure oabs(p);
+    const double* dout = dout_row(b, h, i);
+    for (std::int64_t cc = 0; cc < c_.Dv; ++cc, ++t.n, ++ta.n) {
+      const Enclosure& o = r.out[static_cast<std::size_t>(cc)];
+      mul_d(t.lo[t.n], t.hi[t.n], o.lo, o.hi, dout[cc]);
+      abs_of(oabs, o);
+      mul_d(ta.lo[ta.n], ta.hi[ta.n], oabs.lo, oabs.hi, std::fabs(dout[cc]));
+    }
+    t.sum(st.d);
+    ta.sum(st.dabs);
+    return r;
+  }
+
+  // dS, dT and their magnitudes from P, dP and the row's statistics.
+  void backward_entry(Entry& e, const RowStat& st, const Enclosure* T, const Consts& k) const {
+    if (st.zero_ds) {
+      set_zero(e.dS);
+    } else {
+      mpfr_sub(e.x.lo, e.dP.lo, st.d.hi, MPFR_RNDD);
+      mpfr_sub(e.x.hi, e.dP.hi, st.d.lo, MPFR_RNDU);
+      mul_nonneg(e.dS, e.P, e.x);
+    }
+    mpfr_add(e.x.lo, e.dPabs.lo, st.dabs.lo, MPFR_RNDD);
+    mpfr_add(e.x.hi, e.dPabs.hi, st.dabs.hi, MPFR_RNDU);
+    mul_nonneg(e.A, e.P, e.x);
+    if (k.softcap && T) {
+      softcap_slope(e.slope, *T, k, e.tmp.lo);
+      mul_nonneg(e.dT, e.slope, e.dS);
+      mul_nonneg(e.At, e.slope, e.A);
+    } else {
+      copy_to(e.dT, e.dS);
+      copy_to(e.At, e.A);
+    }
+  }
+
+  // One element's enclosures rounded: the value into G and G.ref, the bound rounded up.
+  void round_element(std::size_t gk, std::int64_t idx, const Enclosure& v, const Enclosure& bd,
+                     std::vector<Pending>& pend, std::vector<std::pair<std::int64_t, double>>& bounds,
+                     bool& all) const {
+    if (opt_.gradient_check) opt_.gradient_check(kGradients[gk], idx, v, bd);
+    for (GoldenBuffer* buf : {val_[gk], ref_[gk]}) {
+      pend.push_back({buf, idx, round_enclosure(v.lo, v.hi, buf->dtype)});
+      all = all && pend.back().r.decided;
+    }
+    // The bound's upper end rounded up: never below the exact magnitude. It takes no part in
+    // Ziv's test (an exactly representable magnitude would never be decided).
+    const double bhi = mpfr_get_d(bd.hi, MPFR_RNDU);
+    bounds.emplace_back(idx, bhi == 0 ? 0.0 : bhi);  // a zero bound is +0
+  }
+
+  void commit(std::size_t gk, mpfr_prec_t p, const std::vector<Pending>& pend,
+              const std::vector<std::pair<std::int64_t, double>>& bounds) {
+    std::uint64_t und = 0;
+    for (const Pending& x : pend) {
+      x.buf->set(x.idx, x.r.value);
+      if (!x.r.decided) {
+        ++und;
+        std::lock_guard<std::mutex> lk(x.buf->mu);
+        x.buf->undecided.emplace_back(x.idx, x.r.alt);
+      }
+    }
+    for (const auto& [idx, bd] : bounds) bound_[gk]->set(idx, bd);
+    elements_.fetch_add(pend.size());
+    undecided_.fetch_add(und);
+    mpfr_prec_t cur = reached_.load();
+    while (p > cur && !reached_.compare_exchange_weak(cur, p)) {
+    }
+  }
+
+  // The row pass: the row's statistics at the starting precision, and dq_i by Ziv's loop.
+  void row_unit(std::size_t u) {
+    const auto uu = static_cast<std::int64_t>(u);
+    const std::int64_t b = uu / (c_.Hq * c_.Nq), h = uu / c_.Nq % c_.Hq, i = uu % c_.Nq;
+    std::vector<Pending> pend;
+    std::vector<std::pair<std::int64_t, double>> bounds;
+    for (mpfr_prec_t p = p0_;; p = std::min(2 * p, cap_)) {
+      RowStat st;
+      std::optional<RowEnclosures> r = stat_at(b, h, i, p, st);
+      const bool done = dq_row(b, h, i, p, st, r ? &*r : nullptr, pend, bounds);
+      if (p == p0_) stats_[u] = std::move(st);
+      if (!c_.want_dq) return;
+      if (!done && p < cap_) continue;
+      commit(0, p, pend, bounds);
+      return;
+    }
+  }
+
+  // dq_ic = scale sum_j dT_ij K_jc. Without softcap, dS_i sums to 0 over j, so K_jc may be
+  // replaced by K_jc - K_j0c exactly; that is done for the columns where every difference is
+  // exact in F64, and makes dq exactly 0 where the column is constant. Also sets st.zero_ds.
+  bool dq_row(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p, RowStat& st,
+              const RowEnclosures* r, std::vector<Pending>& pend,
+              std::vector<std::pair<std::int64_t, double>>& bounds) const {
+    pend.clear();
+    bounds.clear();
+    const std::int64_t Dk = c_.Dk, g = c_.kv_head(h);
+    const std::int64_t base = static_cast<std::int64_t>(row_id(b, h, i)) * Dk;
+    Enclosure zero(p);
+    set_zero(zero);
+    bool all = true;
+    std::vector<std::int64_t> keys;
+    if (st.valid)
+      for (std::int64_t j = 0; j < c_.Nk; ++j)
+        if (r->heads[0].allowed[static_cast<std::size_t>(j)]) keys.push_back(j);
+    const std::size_t n = keys.size();
+    // dP for every allowed key, and whether all are the same exact number.
+    std::vector<Enclosure> dP, dPabs;
+    MpfrVec prods;
+    bool all_exact = true;
+    const double* dout = n ? dout_row(b, h, i) : nullptr;
+    for (std::size_t a = 0; a < n; ++a) {
+      dP.emplace_back(p);
+      all_exact = dot(dP.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods) && all_exact;
+      if (c_.want_dq) {
+        dPabs.emplace_back(p);
+        dot_abs(dPabs.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods);
+      }
+    }
+    st.zero_ds = n > 0 && all_exact &&
+                 std::all_of(dP.begin(), dP.end(), [&](const Enclosure& e) { return mpfr_equal_p(e.lo, dP[0].lo); });
+    if (!c_.want_dq) return true;
+    if (n == 0) {  // padding or fully masked: dq = 0, bound 0
+      for (std::int64_t cc = 0; cc < Dk; ++cc) round_element(0, base + cc, zero, zero, pend, bounds, all);
+      return all;
+    }
+    const Consts k(c_, p);
+    MpfrVec dTlo, dThi, Alo, Ahi;
+    dTlo.resize(n, p), dThi.resize(n, p), Alo.resize(n, p), Ahi.resize(n, p);
+    Entry e(p);
+    Enclosure T(p);
+    for (std::size_t a = 0; a < n; ++a) {
+      const auto j = static_cast<std::size_t>(keys[a]);
+      copy_to(e.P, r->weights[0][j]);
+      copy_to(e.dP, dP[a]);
+      copy_to(e.dPabs, dPabs[a]);
+      const Enclosure& dots = r->heads[0].dots[j];
+      detail::mul_interval(T.lo, T.hi, dots.lo, dots.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
+      backward_entry(e, st, &T, k);
+      mpfr_set(dTlo[a], e.dT.lo, MPFR_RNDD);
+      mpfr_set(dThi[a], e.dT.hi, MPFR_RNDU);
+      mpfr_set(Alo[a], e.At.lo, MPFR_RNDD);
+      mpfr_set(Ahi[a], e.At.hi, MPFR_RNDU);
+    }
+    Terms t, tb;
+    Enclosure v(p), bd(p);
+    std::vector<double> kc(n);
+    for (std::int64_t cc = 0; cc < Dk; ++cc) {
+      bool centred = !k.softcap;
+      const double k0 = k_row(b, g, keys[0])[cc];
+      for (std::size_t a = 0; a < n; ++a) {
+        const double kj = k_row(b, g, keys[a])[cc];
+        kc[a] = kj;
+        if (centred) {
+          const double d = kj - k0;
+          centred = std::isfinite(d) && d + k0 == kj && kj - d == k0;  // exact difference
+          kc[a] = d;
+        }
+      }
+      if (!centred)
+        for (std::size_t a = 0; a < n; ++a) kc[a] = k_row(b, g, keys[a])[cc];
+      t.reset(n, p);
+      tb.reset(n, p);
+      for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
+        mul_d(t.lo[t.n], t.hi[t.n], dTlo[a], dThi[a], kc[a]);
+        const double ak = std::fabs(k_row(b, g, keys[a])[cc]);
+        mpfr_mul_d(tb.lo[tb.n], Alo[a], ak, MPFR_RNDD);
+        mpfr_mul_d(tb.hi[tb.n], Ahi[a], ak, MPFR_RNDU);
+      }
+      t.sum(v);
+      tb.sum(bd);
+      detail::mul_interval(v.lo, v.hi, v.lo, v.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
+      mpfr_mul(bd.lo, bd.lo, k.abs_scale.lo, MPFR_RNDD);
+      mpfr_mul(bd.hi, bd.hi, k.abs_scale.hi, MPFR_RNDU);
+      round_element(0, base + cc, v, bd, pend, bounds, all);
+    }
+    return all;
+  }
+
+  // The statistics of row (b, h, i) at precision p: the stored ones at the starting precision,
+  // else recomputed into `fresh`.
+  const RowStat& stat(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p,
+                      std::vector<std::unique_ptr<RowStat>>& fresh, std::size_t slot) const {
+    const RowStat& st = stats_[row_id(b, h, i)];
+    if (p == p0_ || !st.valid) return st;
+    if (!fresh[slot]) {
+      fresh[slot] = std::make_unique<RowStat>();
+      stat_at(b, h, i, p, *fresh[slot]);
+      fresh[slot]->zero_ds = st.zero_ds;  // a property of the exact values
+    }
+    return *fresh[slot];
+  }
+
+  // Entry (b, h, i, j) from the key's side: S_ij recomputed, P_ij = exp(S_ij - lse_i).
+  void key_entry(Entry& e, Enclosure& T, std::int64_t b, std::int64_t h, std::int64_t i,
+                 std::int64_t j, const RowStat& st, const Consts& k, MpfrVec& prods) const {
+    const std::int64_t g = c_.kv_head(h);
+    dot(T, q_row(b, h, i), k_row(b, g, j), c_.Dk, prods);
+    detail::mul_interval(T.lo, T.hi, T.lo, T.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
+    Enclosure& S = e.x;
+    if (k.softcap) {
+      detail::softcap_bound(S.lo, T.lo, k.cap.lo, k.cap.hi, MPFR_RNDD, e.tmp.lo);
+      detail::softcap_bound(S.hi, T.hi, k.cap.lo, k.cap.hi, MPFR_RNDU, e.tmp.lo);
+    } else {
+      copy_to(S, T);
+    }
+    const double bias = c_.bias_at(b, h, i, j);
+    mpfr_add_d(S.lo, S.lo, bias, MPFR_RNDD);
+    mpfr_add_d(S.hi, S.hi, bias, MPFR_RNDU);
+    mpfr_sub(e.tmp.lo, S.lo, st.lse.hi, MPFR_RNDD);
+    mpfr_exp(e.P.lo, e.tmp.lo, MPFR_RNDD);
+    mpfr_sub(e.tmp.hi, S.hi, st.lse.lo, MPFR_RNDU);
+    mpfr_exp(e.P.hi, e.tmp.hi, MPFR_RNDU);
+    if (mpfr_cmp_ui(e.P.hi, 1) > 0) mpfr_set_ui(e.P.hi, 1, MPFR_RNDN);  // a weight is at most 1
+    dot(e.dP, dout_row(b, h, i), v_row(b, g, j), c_.Dv, prods);
+    dot_abs(e.dPabs, dout_row(b, h, i), v_row(b, g, j), c_.Dv, prods);
+    backward_entry(e, st, &T, k);
+  }
+
+  // The key pass: dk_j and dv_j over the query heads of kv head g, by Ziv's loop.
+  void key_unit(std::size_t u) {
+    const auto uu = static_cast<std::int64_t>(u);
+    const std::int64_t b = uu / (c_.Hkv * c_.Nk), g = uu / c_.Nk % c_.Hkv, j = uu % c_.Nk;
+    std::vector<Pending> pk, pv;
+    std::vector<std::pair<std::int64_t, double>> bk, bv;
+    std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(G_ * c_.Nq));
+    for (mpfr_prec_t p = p0_;; p = std::min(2 * p, cap_)) {
+      pk.clear(), pv.clear(), bk.clear(), bv.clear();
+      for (auto& f : fresh) f.reset();
+      const Consts k(c_, p);
+      // The entries of every row that sees key j.
+      std::vector<std::pair<std::int64_t, std::int64_t>> rows;  // (h, i)
+      MpfrVec Plo, Phi, dTlo, dThi, Alo, Ahi, prods;
+      const std::size_t most = static_cast<std::size_t>(G_ * c_.Nq);
+      Plo.resize(most, p), Phi.resize(most, p), dTlo.resize(most, p), dThi.resize(most, p);
+      Alo.resize(most, p), Ahi.resize(most, p);
+      Entry e(p);
+      Enclosure T(p);
+      for (std::int64_t h = g * G_; h < (g + 1) * G_; ++h)
+        for (std::int64_t i = 0; i < c_.Nq; ++i) {
+          if (!stats_[row_id(b, h, i)].valid || !c_.allowed(b, h, i, j)) continue;
+          const RowStat& st = stat(b, h, i, p, fresh, static_cast<std::size_t>((h - g * G_) * c_.Nq + i));
+          key_entry(e, T, b, h, i, j, st, k, prods);
+          const std::size_t a = rows.size();
+          rows.emplace_back(h, i);
+          mpfr_set(Plo[a], e.P.lo, MPFR_RNDD), mpfr_set(Phi[a], e.P.hi, MPFR_RNDU);
+          mpfr_set(dTlo[a], e.dT.lo, MPFR_RNDD), mpfr_set(dThi[a], e.dT.hi, MPFR_RNDU);
+          mpfr_set(Alo[a], e.At.lo, MPFR_RNDD), mpfr_set(Ahi[a], e.At.hi, MPFR_RNDU);
+        }
+      const std::size_t n = rows.size();
+      bool all = true;
+      Terms t, tb;
+      Enclosure v(p), bd(p);
+      if (c_.want_dk)
+        for (std::int64_t cc = 0; cc < c_.Dk; ++cc) {
+          t.reset(n, p), tb.reset(n, p);
+          for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
+            const double x = q_row(b, rows[a].first, rows[a].second)[cc];
+            mul_d(t.lo[a], t.hi[a], dTlo[a], dThi[a], x);
+            mpfr_mul_d(tb.lo[a], Alo[a], std::fabs(x), MPFR_RNDD);
+            mpfr_mul_d(tb.hi[a], Ahi[a], std::fabs(x), MPFR_RNDU);
+          }
+          t.sum(v), tb.sum(bd);
+          detail::mul_interval(v.lo, v.hi, v.lo, v.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
+          mpfr_mul(bd.lo, bd.lo, k.abs_scale.lo, MPFR_RNDD);
+          mpfr_mul(bd.hi, bd.hi, k.abs_scale.hi, MPFR_RNDU);
+          round_element(1, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dk + cc, v, bd, pk, bk, all);
+        }
+      if (c_.want_dv)
+        for (std::int64_t cc = 0; cc < c_.Dv; ++cc) {
+          t.reset(n, p), tb.reset(n, p);
+          for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
+            const double x = dout_row(b, rows[a].first, rows[a].second)[cc];
+            mul_d(t.lo[a], t.hi[a], Plo[a], Phi[a], x);
+            mpfr_mul_d(tb.lo[a], Plo[a], std::fabs(x), MPFR_RNDD);
+            mpfr_mul_d(tb.hi[a], Phi[a], std::fabs(x), MPFR_RNDU);
+          }
+          t.sum(v), tb.sum(bd);
+          round_element(2, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dv + cc, v, bd, pv, bv, all);
+        }
+      if (!all && p < cap_) continue;
+      if (c_.want_dk) commit(1, p, pk, bk);
+      if (c_.want_dv) commit(2, p, pv, bv);
+      return;
+    }
+  }
+
+  // The bias pass: unit (b', h', j') of the bias's own extents [Eb, Eh, Ei, Ej], Ei elements.
+  // Each sums dS over the (b, h, i, j) that read it, row by row; with Ej = 1 every row's dS is
+  // summed whole, and that sum is exactly 0 (sum_j P_ij dP_ij - D_i sum_j P_ij = D_i - D_i).
+  void bias_unit(std::size_t u) {
+    const auto uu = static_cast<std::int64_t>(u);
+    const std::int64_t Eh = ext_[1], Ei = ext_[2], Ej = ext_[3];
+    const std::int64_t bb = uu / (Eh * Ej), hb = uu / Ej % Eh, jb = uu % Ej;
+    auto span = [](std::int64_t e, std::int64_t x, std::int64_t full) {
+      return e == 1 ? std::pair<std::int64_t, std::int64_t>{0, full - 1} : std::pair{x, x};
+    };
+    const auto [b0, b1] = span(ext_[0], bb, c_.B);
+    const auto [h0, h1] = span(Eh, hb, c_.Hq);
+    const auto [j0, j1] = span(Ej, jb, c_.Nk);
+    std::vector<Pending> pend;
+    std::vector<std::pair<std::int64_t, double>> bounds;
+    std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(c_.B * c_.Hq * c_.Nq));
+    for (mpfr_prec_t p = p0_;; p = std::min(2 * p, cap_)) {
+      pend.clear(), bounds.clear();
+      for (auto& f : fresh) f.reset();
+      const Consts k(c_, p);
+      std::vector<Terms> parts(static_cast<std::size_t>(Ei)), bparts(static_cast<std::size_t>(Ei));
+      const auto per = static_cast<std::size_t>((b1 - b0 + 1) * (h1 - h0 + 1) * (Ei == 1 ? c_.Nq : 1));
+      for (auto& t : parts) t.reset(per, p);
+      for (auto& t : bparts) t.reset(per, p);
+      Entry e(p);
+      Enclosure T(p), rs(p), rb(p);
+      Terms row, brow;
+      MpfrVec prods;
+      for (std::int64_t b = b0; b <= b1; ++b)
+        for (std::int64_t h = h0; h <= h1; ++h)
+          for (std::int64_t i = 0; i < c_.Nq; ++i) {
+            if (!stats_[row_id(b, h, i)].valid) continue;
+            const RowStat& st = stat(b, h, i, p, fresh, row_id(b, h, i));
+            row.reset(static_cast<std::size_t>(j1 - j0 + 1), p);
+            brow.reset(static_cast<std::size_t>(j1 - j0 + 1), p);
+            for (std::int64_t j = j0; j <= j1; ++j) {
+              if (!c_.allowed(b, h, i, j)) continue;
+              key_entry(e, T, b, h, i, j, st, k, prods);
+              mpfr_set(row.lo[row.n], e.dS.lo, MPFR_RNDD), mpfr_set(row.hi[row.n++], e.dS.hi, MPFR_RNDU);
+              mpfr_set(brow.lo[brow.n], e.A.lo, MPFR_RNDD), mpfr_set(brow.hi[brow.n++], e.A.hi, MPFR_RNDU);
+            }
+            row.sum(rs), brow.sum(rb);
+            Terms& t = parts[static_cast<std::size_t>(Ei == 1 ? 0 : i)];
+            Terms& tb = bparts[static_cast<std::size_t>(Ei == 1 ? 0 : i)];
+            mpfr_set(t.lo[t.n], rs.lo, MPFR_RNDD), mpfr_set(t.hi[t.n++], rs.hi, MPFR_RNDU);
+            mpfr_set(tb.lo[tb.n], rb.lo, MPFR_RNDD), mpfr_set(tb.hi[tb.n++], rb.hi, MPFR_RNDU);
+          }
+      bool all = true;
+      Enclosure v(p), bd(p);
+      for (std::int64_t ib = 0; ib < Ei; ++ib) {
+        parts[static_cast<std::size_t>(ib)].sum(v);
+        if (Ej == 1) set_zero(v);
+        bparts[static_cast<std::size_t>(ib)].sum(bd);
+        const std::int64_t idx = ((bb * Eh + hb) * Ei + ib) * Ej + jb;
+        round_element(3, idx, v, bd, pend, bounds, all);
+      }
+      if (!all && p < cap_) continue;
+      commit(3, p, pend, bounds);
+      return;
+    }
+  }
+
+  const Case& c_;
+  const EvalOptions& opt_;
+  RowEvaluator ev_;
+  const std::int64_t G_;  // query heads per kv head
+  mpfr_prec_t p0_ = 0, cap_ = 0;
+  std::vector<std::unique_ptr<GoldenBuffer>> bufs_;
+  std::array<GoldenBuffer*, 4> val_{}, ref_{}, bound_{};
+  std::array<std::int64_t, 4> ext_{1, 1, 1, 1};  // the bias's extents over [B, Hq, Nq, Nk]
+  std::vector<RowStat> stats_;                   // per row, at the starting precision
+  std::atomic<std::uint64_t> elements_{0}, undecided_{0};
+  std::atomic<mpfr_prec_t> reached_{0};
+};
+
+}  // namespace
+
+bool is_gradient_golden(const std::string& name) {
+  for (const char* g : kGradients) {
+    const std::string s(g);
+    if (name == s || name == s + ".ref" || name == s + ".bound") return true;
+  }
+  return false;
+}
+
+void evaluate_gradients(const Case& c, const EvalOptions& opt, EvalResult& res) {
+  Backward bw(c, opt);
+  bw.run();
+  bw.finish(res);
+}
+
+}  // namespace attnoracle
