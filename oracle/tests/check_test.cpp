@@ -404,6 +404,30 @@ TEST(OracleTiered, ReferencePassesEveryInvariantOnTheFastTier) {
   EXPECT_NO_THROW(certified_evaluate(sliced_options(), {}, {}));
 }
 
+// Distinct sinks per head with sequence lengths: every twin is built on its unit's slice, which
+// must carry that head's sink (a slice without it, or with another head's, changes the row).
+TEST(OracleTiered, TwinsOfSinksAndSequenceLengths) {
+  const std::vector<RawTensor> sinks = {floats("sinks", {4}, {0.25, -0.5, 1.0, 0.75})};
+  std::vector<Case> cases = {sdpa({{"attn.output_dtype", "F32"}}, sinks),
+                             sdpa({{"attn.causal", "bottom_right"}, {"attn.output_dtype", "F32"}},
+                                  {sinks[0], lengths("seqlens_q", 3), lengths("seqlens_k", 4)}),
+                             sdpa({{"attn.window", "1,1"}}, {sinks[0], lengths("seqlens_k", 0)})};
+  for (const Case& c : cases)
+    for (const auto& rows : {tiered_rows(), reference_rows()}) {
+      CheckOptions all;
+      all.twin_units = 1000;
+      const auto v = check_case(c, rows, all);
+      EXPECT_TRUE(v.empty()) << list(v);
+    }
+  // head 2's sink changed in the whole case's evaluation, not in the slices': the twins differ
+  CheckOptions all;
+  all.twin_units = 1000;
+  const auto v = check_case(cases[1], broken_tiered([](Case& m) {
+    if (m.Hq == 4) m.sinks->values[2] += 1;
+  }), all);
+  EXPECT_TRUE(names(v, Invariant::ShiftInvariance)) << list(v);
+}
+
 TEST(OracleTiered, TwinsOnTheFastTierCatchBrokenEvaluations) {
   // a score that depends on the key's position
   auto v = check_case(sliced_options(), broken_tiered([](Case& m) {
