@@ -1358,6 +1358,50 @@ TEST(IndependentCheck, SinksAndScores) {
   }
 }
 
+// The features together: sinks and scores over padded varlen batches, and FP8 inputs with
+// descales over them, at least 300 problems each (ATTNORACLE_TEST_SCALE scales it), each golden
+// element checked against our own evaluation.
+TEST(IndependentCheck, SinksAndFp8WithSequenceLengths) {
+  const auto start = std::chrono::steady_clock::now();
+  RandomCaseOptions with_sinks = seqlens_options();
+  with_sinks.sinks_fraction = 1;
+  with_sinks.scores_fraction = 0.5;
+  RandomCaseOptions with_fp8 = seqlens_options();
+  with_fp8.input_dtypes = {DType::F8_E4M3, DType::F8_E5M2};
+  with_fp8.mha_fraction = 0;
+  const auto want = static_cast<std::size_t>(std::max(1.0, std::round(300 * env_scale())));
+  std::map<std::string, int> seen;
+  Counts total;
+  for (const RandomCaseOptions* opt : {&with_sinks, &with_fp8}) {
+    std::vector<std::uint64_t> seeds;
+    for (std::uint64_t seed = 4'000'001; seeds.size() < want; ++seed) {
+      RandomCaseInfo info;
+      const SafeTensorsFile f = random_case(seed, *opt, &info);
+      if (!info.seqlens) continue;
+      seeds.push_back(seed);
+      const Spec s = read_spec(f);
+      if (s.sinks) ++seen["sinks"];
+      if (s.want_scores) ++seen["scores"];
+      if (s.q_descale || s.k_descale || s.v_descale) ++seen["descales"];
+      for (std::int64_t b = 0; b < s.B; ++b)
+        if (s.lk[static_cast<std::size_t>(b)] == 0 && s.sinks) ++seen["sink only (seqlens_k 0)"];
+      if (s.causal == "bottom_right") ++seen["bottom_right"];
+    }
+    const Counts c = run_seeds(seeds, [&](std::uint64_t seed) { return run_seed(seed, *opt); });
+    total.add(c);
+    EXPECT_EQ(c.problems, want);
+  }
+  std::string all;
+  for (const auto& [k, v] : seen) all += k + "=" + std::to_string(v) + " ";
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "features together: " << all << "\nindependent check: " << summary(total, secs) << std::endl;
+  EXPECT_GE(total.elements, 2 * want - total.refused);
+  if (env_scale() >= 1) {
+    for (const char* k : {"sinks", "scores", "descales", "sink only (seqlens_k 0)", "bottom_right"})
+      EXPECT_GT(seen[k], 0) << k;
+  }
+}
+
 // ---- hand-made cases ----
 
 Outcome run_hand_case(const std::string& name, const SafeTensorsFile& f) {
