@@ -68,6 +68,7 @@ struct Problem {
   std::vector<double> q, k, v, dout, mask, bias, qmask;
   Shape mask_shape, bias_shape;
   bool has_mask = false, has_bias = false, has_qmask = false;
+  std::vector<std::int64_t> lq, lk;  // [B]: seqlens_q, seqlens_k, else Nq, Nk
   std::string causal = "none", scale, softcap;
   bool window = false;
   std::int64_t left = 0, right = 0;
@@ -84,6 +85,23 @@ struct Problem {
     if (const RawTensor* t = f.find("mask")) has_mask = true, mask = decode(*t), mask_shape = t->shape;
     if (const RawTensor* t = f.find("bias")) has_bias = true, bias = decode(*t), bias_shape = t->shape;
     if (const RawTensor* t = f.find("query_mask")) has_qmask = true, qmask = decode(*t);
+    auto lengths = [&](const char* name, std::int64_t n) {  // I32 or I64, little-endian
+      std::vector<std::int64_t> l(static_cast<std::size_t>(B), n);
+      if (const RawTensor* t = f.find(name))
+        for (std::size_t e = 0; e < l.size(); ++e) {
+          std::int64_t x = 0;
+          if (t->dtype == DType::I32) {
+            std::int32_t y;
+            std::memcpy(&y, t->data.data() + 4 * e, 4);
+            x = y;
+          } else {
+            std::memcpy(&x, t->data.data() + 8 * e, 8);
+          }
+          l[e] = x;
+        }
+      return l;
+    };
+    lq = lengths("seqlens_q", Nq), lk = lengths("seqlens_k", Nk);
     causal = meta("attn.causal", "none");
     scale = meta("attn.scale", "");
     softcap = meta("attn.softcap", "");
@@ -94,10 +112,14 @@ struct Problem {
       right = std::stoll(w.substr(w.find(',') + 1));
     }
   }
-  bool padding(std::int64_t b, std::int64_t i) const { return has_qmask && qmask[static_cast<std::size_t>(b * Nq + i)] == 0; }
+  bool padding(std::int64_t b, std::int64_t i) const {
+    return (has_qmask && qmask[static_cast<std::size_t>(b * Nq + i)] == 0) || i >= lq[static_cast<std::size_t>(b)];
+  }
   bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     if (has_mask && bcast(mask, mask_shape, b, h, i, j) == 0) return false;
-    const std::int64_t a = causal == "bottom_right" ? i + (Nk - Nq) : i;
+    const auto n = static_cast<std::size_t>(b);
+    if (j >= lk[n]) return false;
+    const std::int64_t a = causal == "bottom_right" ? i + (lk[n] - lq[n]) : i;
     if (causal != "none" && j > a) return false;
     if (window && (j < a - left || j > a + right)) return false;
     if (has_bias && std::isinf(bcast(bias, bias_shape, b, h, i, j))) return false;
@@ -319,19 +341,27 @@ int scale_factor() {
   return s ? std::max(1, std::atoi(s)) : 1;
 }
 
-TEST(BackwardIndependent, RandomProblemsBitIdenticalAndEnclosed) {
+RandomCaseOptions gradient_options() {
   RandomCaseOptions opt;
   opt.mha_fraction = 0;
   opt.max_seq = 24, opt.small_seq = 8, opt.max_dim = 12, opt.small_dim = 6;
   opt.allow_refusal = false;
   opt.weights_fraction = 0, opt.lse_fraction = 0;
+  return opt;
+}
+
+// `count` random problems from `first_seed` on: every gradient element bit-identical to our own
+// evaluation's rounding and enclosed by the reference's enclosures.
+// Returns how many of them have sequence lengths.
+int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_t first_seed) {
   Report rep;
   std::uint64_t problems = 0;
-  const int count = 1000 * scale_factor();
+  int with_seqlens = 0;
   for (int n = 0; n < count; ++n) {
-    const auto seed = static_cast<std::uint64_t>(n) + 7000;
+    const auto seed = static_cast<std::uint64_t>(n) + first_seed;
     RandomCaseInfo info;
     SafeTensorsFile f = random_case(seed, opt, &info);
+    with_seqlens += info.seqlens ? 1 : 0;
     const RawTensor& q = *f.find("q");
     const RawTensor& v = *f.find("v");
     const DType dt = seed % 4 == 0 ? DType::F64 : seed % 4 == 1 ? DType::F32 : q.dtype;
@@ -378,6 +408,23 @@ TEST(BackwardIndependent, RandomProblemsBitIdenticalAndEnclosed) {
   EXPECT_EQ(problems, static_cast<std::uint64_t>(count));
   EXPECT_GT(rep.enclosures, rep.elements / 4);
   for (const auto& s : rep.failures) ADD_FAILURE() << s;
+  return with_seqlens;
+}
+
+TEST(BackwardIndependent, RandomProblemsBitIdenticalAndEnclosed) {
+  check_random_gradients(gradient_options(), 1000 * scale_factor(), 7000);
+}
+
+// Padded varlen batches (seqlens_q, seqlens_k over up to 3 batches, causal aligned per batch):
+// padding queries and keys past seqlens_k have gradient 0, the rest as above.
+TEST(BackwardIndependent, SequenceLengths) {
+  RandomCaseOptions opt = gradient_options();
+  opt.seqlens_fraction = 1;
+  opt.max_batch = 3;
+  const int count = 300 * scale_factor();
+  const int with_seqlens = check_random_gradients(opt, count, 9000);
+  std::printf("%d of %d problems with sequence lengths\n", with_seqlens, count);
+  EXPECT_GT(with_seqlens, count / 2);
 }
 
 // L = sum over rows that take part of <dout_i, out_i>, at inputs x + t R (Real inputs).
