@@ -471,7 +471,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   if (auto e = problem_error(p)) throw std::invalid_argument(*e);
   // Independent streams: changing the mask kind does not change the data, and so on.
   Rng data_rng(mix64(seed, 1)), mask_rng(mix64(seed, 2)), bias_rng(mix64(seed, 3)),
-      query_rng(mix64(seed, 4)), sinks_rng(mix64(seed, 6));
+      query_rng(mix64(seed, 4)), sinks_rng(mix64(seed, 5));
   const InputData d = generate_data(p, data_rng);
 
   SafeTensorsFile f;
