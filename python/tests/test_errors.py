@@ -29,7 +29,7 @@ REFUSALS = [
     ("causal", arrays(), {"causal": "left"}, {"attn.causal": "left"}),
     ("window", arrays(), {"window": "1;2"}, {"attn.window": "1;2"}),
     ("scale", arrays(), {"scale": "1/2"}, {"attn.scale": "1/2"}),
-    ("outputs", arrays(), {"outputs": ("out", "scores")}, {"attn.outputs": "out,scores"}),
+    ("outputs", arrays(), {"outputs": ("out", "probs")}, {"attn.outputs": "out,probs"}),
     ("masked", dict(arrays(), mask=np.zeros((1, 1, 2, 3), bool)), {}, {}),
 ]
 
