@@ -19,7 +19,8 @@ def test_numpy_attention(attnoracle_case):
     def run():
         x = {{n: a.astype(np.float32) if a.dtype.kind == "f" else a for n, a in c.inputs.items()}}
         out, w, lse = impl.attention(x["q"], x["k"], x["v"], c.metadata, {bug!r}, mask=x.get("mask"),
-                                     bias=x.get("bias"), query_mask=x.get("query_mask"), in_dtype=c.input_dtype)
+                                     bias=x.get("bias"), query_mask=x.get("query_mask"), in_dtype=c.input_dtype,
+                                     seqlens_q=x.get("seqlens_q"), seqlens_k=x.get("seqlens_k"))
         return {{n: a for n, a in (("out", out), ("weights", w), ("lse", lse)) if n in c.outputs}}
     c.assert_conforms(run)
 """
