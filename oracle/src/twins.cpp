@@ -14,8 +14,9 @@ using detail::show;
 
 namespace {
 
-// A case's inputs and options without the file it was read from (twins are built in memory).
-Case inputs_of(const Case& c) {
+// A case's options without its tensors or the file it was read from, asking for weights and
+// lse (the twins compare them).
+Case options_of(const Case& c) {
   Case t;
   t.path = c.path;
   t.kind = c.kind;
@@ -30,6 +31,12 @@ Case inputs_of(const Case& c) {
   t.masked_rows = c.masked_rows;
   t.want_weights = true;
   t.want_lse = true;
+  return t;
+}
+
+// A case's inputs and options without the file it was read from (twins are built in memory).
+Case inputs_of(const Case& c) {
+  Case t = options_of(c);
   t.B = c.B, t.Hq = c.Hq, t.Hkv = c.Hkv, t.Nq = c.Nq, t.Nk = c.Nk;
   t.Dk = c.Dk, t.Dv = c.Dv, t.D = c.D, t.Dout = c.Dout;
   t.q = c.q, t.k = c.k, t.v = c.v;
@@ -70,20 +77,7 @@ bool exact_sum(double a, double b) {
 // unit is (0, 0, i) of the slice; Nq, Nk and the options stay, so the positional rules too.
 Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
            const std::vector<std::int64_t>& groups) {
-  Case t;
-  t.path = c.path;
-  t.kind = c.kind;
-  t.input_dtype = c.input_dtype;
-  t.output_dtype = c.output_dtype;
-  t.scale = c.scale;
-  t.softcap = c.softcap;
-  t.causal = c.causal;
-  t.window = c.window;
-  t.window_left = c.window_left;
-  t.window_right = c.window_right;
-  t.masked_rows = c.masked_rows;
-  t.want_weights = true;
-  t.want_lse = true;
+  Case t = options_of(c);
   const auto nh = static_cast<std::int64_t>(heads.size()), ng = static_cast<std::int64_t>(groups.size());
   t.B = 1, t.Hq = nh, t.Hkv = ng, t.Nq = c.Nq, t.Nk = c.Nk;
   t.Dk = c.Dk, t.Dv = c.Dv;

@@ -57,7 +57,7 @@ _NUMPY_OF = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "|
              "I32": "<i4"}
 _DTYPE_OF_NUMPY = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 _INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o")
-_OPTIONAL = ("mask", "bias", "query_mask")
+_OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k")
 _ARRAYS = "<arrays>"  # the file name in messages about arrays given in memory
 
 
@@ -119,6 +119,16 @@ def _bool_tensor(name, x, file):
     return (name, "BOOL", [int(n) for n in a.shape], np.ascontiguousarray(a, np.uint8).tobytes())
 
 
+def _length_tensor(name, x, file):
+    """seqlens_q, seqlens_k: integers, stored as I32 when given as int32, else I64 (the reader
+    checks their range)."""
+    a, _ = _as_array(x, name, file)
+    if a.dtype.kind not in "iu":
+        raise _error(file, name, f"sequence lengths are integers, not {a.dtype}")
+    dtype = "I32" if a.dtype == np.int32 else "I64"
+    return (name, dtype, [int(n) for n in a.shape], np.ascontiguousarray(a, _NUMPY_OF[dtype]).tobytes())
+
+
 def _number_text(x, field, file):
     """attn.scale and attn.softcap: a str is the exact value of its text ("0.1" is 1/10); a
     float is the exact value of that double, written as a C hex float."""
@@ -162,10 +172,12 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
             if bias_dtype not in ("F64", "F32", dtype):
                 bias_dtype = dtype if arr.dtype.kind == "f" or arr.dtype == np.uint16 else "F64"
             tensors.append(_float_tensor(name, a, bias_dtype, round_values, file))
+        elif name in ("seqlens_q", "seqlens_k"):
+            tensors.append(_length_tensor(name, a, file))
         elif name in _INPUTS:
             tensors.append(_float_tensor(name, a, dtype, round_values, file))
         else:
-            raise _error(file, name, "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask)")
+            raise _error(file, name, "unknown tensor (expected q, k, v, and optionally " + ", ".join(_OPTIONAL) + ")")
     meta = {"attn.format": "1"}
     if kind == "mha":
         meta["attn.kind"] = "mha"
@@ -254,14 +266,15 @@ def _threads(threads):
     return int(threads) if threads else (os.cpu_count() or 1)
 
 
-def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, scale=None, causal=None, window=None,
+def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, seqlens_q=None, seqlens_k=None,
+             scale=None, causal=None, window=None,
              softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None, threads=None,
              max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
     """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
     file these arrays make, bit for bit (a Result).
 
     q [B, Hq, Nq, Dk], k [B, Hkv, Nk, Dk], v [B, Hkv, Nk, Dv] (or kind mha: x_q, x_kv, w_q, w_k,
-    w_v, w_o); mask, query_mask boolean; bias F64, F32 or the input dtype; causal "top_left",
+    w_v, w_o); mask, query_mask boolean; seqlens_q, seqlens_k [B] integers (padded varlen); bias F64, F32 or the input dtype; causal "top_left",
     "bottom_right" (True: top_left); window (left, right); scale and softcap a float (its exact
     value) or a str (the exact value of the text); outputs among "out", "weights", "lse".
     input_dtype: by default the dtype of q (float64, float32, float16; a PyTorch bfloat16 tensor
@@ -269,7 +282,7 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
     uint16 bit patterns. Every value must be exactly representable in the input dtype: nothing
     is rounded silently. Raises InputError with the command line's message."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
-                  query_mask=query_mask)
+                  query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
                                   input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
@@ -282,7 +295,8 @@ def _evaluate(tensors, meta, path, threads, max_precision):
     return Result(golden, metadata, stats)
 
 
-def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, scale=None, causal=None,
+def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, seqlens_q=None,
+               seqlens_k=None, scale=None, causal=None,
                window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None, output_dtype=None,
                round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
@@ -290,7 +304,7 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
     nearest-even into input_dtype (round_inputs=False: refused unless exact); `metadata` adds
     keys (e.g. "gen.note"). Returns the path."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
-                  query_mask=query_mask)
+                  query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
     path = os.fspath(path)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
@@ -305,7 +319,7 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
 # Features a case can use, as the pytest plugin's `unsupported` names them.
 FEATURES = ("mha", "gqa", "mask", "bias", "query_mask", "causal", "causal_top_left", "causal_bottom_right",
             "window", "softcap", "scale", "masked_rows_zero", "weights", "lse", "output_dtype", "F64", "F32",
-            "F16", "BF16", "expect_error")
+            "F16", "BF16", "expect_error", "seqlens")
 
 
 class Case:
@@ -365,6 +379,8 @@ class Case:
         elif self.inputs["k"].shape[1] != self.inputs["q"].shape[1]:
             f.add("gqa")
         f.update(n for n in ("mask", "bias", "query_mask") if n in self.inputs)
+        if "seqlens_q" in self.inputs or "seqlens_k" in self.inputs:
+            f.add("seqlens")
         if self.causal != "none":
             f.update(("causal", "causal_" + self.causal))
         if self.window:

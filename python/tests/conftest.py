@@ -6,6 +6,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORE = os.path.join(ROOT, "vectors", "core")
+# how many cases the manifest lists (the tests count every one)
+with open(os.path.join(CORE, "manifest.json")) as _f:
+    CORE_CASES = len(__import__("json").load(_f)["cases"])
 CLI = os.environ.get("ATTNORACLE_CLI", os.path.join(ROOT, "build", "attnoracle"))
 
 

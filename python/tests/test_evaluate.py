@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnoracle
-from conftest import CORE, run_cli
+from conftest import CORE, CORE_CASES, run_cli
 
 
 def arrays_of(case):
@@ -70,7 +70,7 @@ def test_evaluate_is_eval_bit_for_bit_on_every_core_case(core, cli_goldens):
         kinds["ok"] += 1
         kinds["BF16"] += case.input_dtype == "BF16"
         kinds["mha"] += case.kind == "mha"
-    assert kinds["ok"] + kinds["refused"] == len(core) == 490
+    assert kinds["ok"] + kinds["refused"] == len(core) == CORE_CASES
     assert kinds["refused"] > 0 and kinds["BF16"] > 0 and kinds["mha"] > 0
 
 
