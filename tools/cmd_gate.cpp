@@ -39,6 +39,7 @@ conformance::ProfileSet profiles_of(const GateArgs& a) {
       p.returns_weights = a.returns.find("weights") != std::string::npos;
       p.returns_lse = a.returns.find("lse") != std::string::npos;
       p.returns_scores = a.returns.find("scores") != std::string::npos;
+      p.returns_gradients = a.returns.find("gradients") != std::string::npos;
     }
   }
   return set;
@@ -153,7 +154,7 @@ void common(CLI::App* sub, GateArgs& a) {
   sub->add_option("--dtype", a.dtypes, "only cases with these input dtypes")->delimiter(',');
   sub->add_option("--case", a.ids, "only these case ids")->delimiter(',');
   sub->add_option("--masked-rows", a.masked_rows, "declared treatment of fully masked rows: error, zero, nan, mean");
-  sub->add_option("--returns", a.returns, "optional outputs the implementation returns: weights,lse,scores (default all)");
+  sub->add_option("--returns", a.returns, "optional outputs the implementation returns: weights,lse,scores,gradients (default all)");
   sub->add_flag("--require-all", a.require_all, "skipped cases count as failures");
   sub->add_flag("--all", a.all, "list passing cases too");
   sub->add_option("--json", a.json, "write the report as JSON");

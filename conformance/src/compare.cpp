@@ -371,6 +371,74 @@ struct Comparer {
     return last;
   }
 
+  // dq, dk, dv, dbias (TOLERANCE.md, "Gradients"), per element; no statistics.
+  void gradients() {
+    if (!profile.returns_gradients) {
+      rep.reason += (rep.reason.empty() ? "" : "; ") + std::string("gradients not returned (declared)");
+      return;
+    }
+    const MaskedRowConvention conv = profile.masked_rows;
+    if (conv == MaskedRowConvention::Nan || conv == MaskedRowConvention::Mean)
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i)
+            if (c.query_valid(b, i) && !c.row_has_key(b, h, i)) {
+              rep.reason += (rep.reason.empty() ? "" : "; ") + std::string("gradients not compared: fully masked rows under masked_rows=") +
+                            std::string(convention_name(conv));
+              return;
+            }
+    const RawTensor *oref = gold("out.ref"), *obound = gold("out.bound");
+    std::vector<double> xr(oref->data.size() / 8), br(obound->data.size() / 8);
+    for (std::size_t k = 0; k < xr.size(); ++k) xr[k] = value_of(*oref, k);
+    for (std::size_t k = 0; k < br.size(); ++k) br[k] = value_of(*obound, k);
+    bool underflows = false;
+    for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
+    const GradientErrors ge = gradient_errors(profile, c, mags, limits, xr, br,
+                                              underflows ? out_value_sum(c) : std::vector<double>{});
+    const double uo = unit_roundoff(c.output_dtype);
+    const double floor = 2 * min_subnormal(c.output_dtype);
+    const double group = static_cast<double>(c.Hq / c.Hkv);
+    // dq of padding rows is not compared (as their out); their contributions to dk, dv and
+    // dbias are, through those tensors.
+    auto skip = [&](const std::string& name, std::size_t k) {
+      if (name != "dq") return false;
+      const auto row = static_cast<std::int64_t>(k) / c.Dk;
+      return !c.query_valid(row / (c.Hq * c.Nq), row % c.Nq);
+    };
+    auto judge = [&](const std::string& name, bool wanted, const std::vector<std::int64_t>& shape,
+                     const std::vector<double>& err, auto terms_of, double extra) {
+      if (!wanted) return;
+      const RawTensor* got = returned(name, shape);
+      if (!got) return;
+      const RawTensor *gg = gold(name), *gref = gold(name + ".ref"), *gb = gold(name + ".bound");
+      const Undecided u = undecided(name);
+      AltCursor u_at{u};
+      Acc a;
+      a.t.tensor = name;
+      for (std::size_t k = 0; k < err.size(); ++k) {
+        if (skip(name, k)) continue;
+        const double x = value_of(*gref, k), bd = value_of(*gb, k), n = terms_of(k);
+        // FTZ in the accumulation: n terms each flushed below grad_accum's smallest normal
+        const double lim = gradient_limit(profile, err[k], n, extra, bd, uo, floor + n * min_normal(profile.grad_accum), x);
+        element(a, *got, *gg, k, x, 0, bd, lim, -1, -1, 0, u_at.find(k));
+      }
+      finish(a);
+    };
+    // dq sums over the row's keys; dk and dv over the group's query heads and rows (GQA partial
+    // sums per query head may be rounded to the output dtype first: group u_out more); dbias over
+    // the entries its element was broadcast to.
+    judge("dq", c.want_dq, c.q.shape, ge.dq, [&](std::size_t k) {
+      return limits[k / static_cast<std::size_t>(c.Dk)].keys; }, 0.0);
+    const double rows = group * static_cast<double>(c.Nq);
+    const double gqa = group > 1 ? group * uo : 0;
+    judge("dk", c.want_dk, c.k.shape, ge.dk, [&](std::size_t) { return rows; }, gqa);
+    judge("dv", c.want_dv, c.v.shape, ge.dv, [&](std::size_t) { return rows; }, gqa);
+    if (c.bias) {
+      const double per = static_cast<double>(c.B * c.Hq * c.Nq * c.Nk) / static_cast<double>(c.bias->values.size());
+      judge("dbias", c.want_dbias, c.bias->shape, ge.dbias, [&](std::size_t) { return per; }, 0.0);
+    }
+  }
+
   void run() {
     const bool mha = c.kind == Kind::Mha;
     const std::int64_t H = c.Hq, W = mha ? c.Dout : c.Dv;
@@ -585,6 +653,8 @@ struct Comparer {
             }
         finish(a);
       }
+
+    if (c.wants_gradients()) gradients();
 
     if (rep.failed_elements > 0 && rep.worst) {
       char buf[160];

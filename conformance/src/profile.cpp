@@ -24,16 +24,17 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
   if (name == "fp64") {
     p.input_dtypes = {DType::F64};
     p.projection = p.qk_accum = p.softmax = p.p = p.pv_accum = DType::F64;
+    p.grad_dp = p.grad_ds = p.grad_accum = DType::F64;
   } else if (name == "fp32") {
     p.input_dtypes = {DType::F32};
   } else if (name == "fp16" || name == "flash-fp16") {
     p.input_dtypes = {DType::F16};
     p.projection = DType::F16;
-    if (name == "flash-fp16") p.p = DType::F16;
+    if (name == "flash-fp16") p.p = p.grad_ds = DType::F16;  // FlashAttention 2 rounds P and dS for the products
   } else if (name == "bf16" || name == "flash-bf16") {
     p.input_dtypes = {DType::BF16};
     p.projection = DType::BF16;
-    if (name == "flash-bf16") p.p = DType::BF16;
+    if (name == "flash-bf16") p.p = p.grad_ds = DType::BF16;
   } else if (name == "fp8" || name == "flash-fp8") {
     // FP8 inputs (exact), descales applied, Q K^T, softmax and P V in F32; flash-fp8 rounds P
     // to E4M3 for the P V product, as FlashAttention 3's FP8 kernel does.
@@ -44,6 +45,8 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
     // P to BF16, P V a BF16 matmul again.
     p.input_dtypes = {DType::BF16};
     p.projection = p.qk_accum = p.softmax = p.p = p.pv_accum = DType::BF16;
+    // autograd of the same ops: dP, the softmax's backward and each gradient matmul in BF16
+    p.grad_dp = p.grad_ds = p.grad_accum = DType::BF16;
   } else {
     std::string known;
     for (const auto& n : builtin_profile_names()) known += (known.empty() ? "" : ", ") + n;
@@ -118,7 +121,8 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   for (const auto& [key, v] : j.items()) {
     static const char* known[] = {"name", "base", "input_dtypes", "projection", "qk_accum", "softmax", "p",
                                   "pv_accum", "exp_ulps", "safety", "masked_rows", "returns_weights",
-                                  "returns_lse", "returns_scores", "bias", "key_block"};
+                                  "returns_lse", "returns_scores", "returns_gradients", "bias", "key_block",
+                                  "grad_dp", "grad_ds", "grad_accum"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     if (!ok) throw InputError(path, key, "unknown profile field");
@@ -138,6 +142,9 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   dtype("softmax", p.softmax);
   dtype("p", p.p);
   dtype("pv_accum", p.pv_accum);
+  dtype("grad_dp", p.grad_dp);
+  dtype("grad_ds", p.grad_ds);
+  dtype("grad_accum", p.grad_accum);
   if (j.contains("bias")) {
     DType t = DType::F64;
     dtype("bias", t);
@@ -153,6 +160,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   flag("returns_weights", p.returns_weights);
   flag("returns_lse", p.returns_lse);
   flag("returns_scores", p.returns_scores);
+  flag("returns_gradients", p.returns_gradients);
   if (j.contains("masked_rows")) {
     const auto m = convention_from_name(j["masked_rows"].is_string() ? j["masked_rows"].get<std::string>() : "");
     if (!m) throw InputError(path, "masked_rows", "must be error, zero, nan or mean");

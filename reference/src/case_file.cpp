@@ -725,6 +725,10 @@ double Case::bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_
   return bias->values[broadcast_index(bias->shape, {b, h, i, j})];
 }
 
+std::size_t Case::bias_index(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+  return broadcast_index(bias->shape, {b, h, i, j});
+}
+
 bool Case::query_valid(std::int64_t b, std::int64_t i) const {
   if (i >= query_length(b)) return false;
   if (!query_mask) return true;

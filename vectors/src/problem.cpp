@@ -287,7 +287,8 @@ void put_seqlens(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
 
 std::string outputs_text(const ProblemSpec& p) {
   return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "") +
-         (p.want_scores ? ",scores" : "");
+         (p.want_scores ? ",scores" : "") + (p.want_dq ? ",dq" : "") + (p.want_dk ? ",dk" : "") +
+         (p.want_dv ? ",dv" : "") + (p.want_dbias ? ",dbias" : "");
 }
 
 }  // namespace
@@ -411,6 +412,15 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
       !parse_text_number(p.sinks))
     return "sinks \"" + printable(p.sinks) + "\" is not near, dominant, negligible or a finite number";
   if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
+  if (p.wants_gradients()) {
+    if (mha) return "gradients need kind sdpa";
+    if (is_fp8(p.dtype)) return "gradients are not built for FP8 dtypes";
+    if (!p.sinks.empty()) return "gradients are not built with sinks";
+    if (p.poison) return "gradients are not built with poison";
+    if (p.want_dbias && p.bias == BiasKind::None) return "dbias needs a bias";
+    if (p.dout != "normal" && p.dout != "wide_range" && p.dout != "cancel" && p.dout != "tiny")
+      return "dout \"" + printable(p.dout) + "\" is not normal, wide_range, cancel or tiny";
+  }
   if (p.self_attention && (!mha || p.Nq != p.Nk))
     return "self attention needs kind mha and Nq = Nk";
   if (p.window && (p.window->first < 0 || p.window->second < 0))
@@ -544,6 +554,23 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
       x = round_into(v, p.sinks_dtype);
     }
     f.put(float_tensor("sinks", p.sinks_dtype, {p.Hq}, s));
+  }
+  if (p.wants_gradients()) {
+    // its own stream: the other inputs keep their values
+    Rng rng(mix64(seed, 6));
+    std::vector<double> g(sz(p.B * p.Hq * p.Nq * p.Dv));
+    for (double& x : g) {
+      if (p.dout == "wide_range")
+        x = (rng.below(2) ? -1 : 1) * std::ldexp(1 + rng.uniform(), static_cast<int>(rng.below(16)) - 8);
+      else if (p.dout == "cancel")
+        x = 8 + rng.normal() / 16;
+      else if (p.dout == "tiny")
+        x = std::ldexp(rng.normal(), -12);
+      else
+        x = rng.normal();
+      x = round_into(x, p.dtype);
+    }
+    f.put(float_tensor("dout", p.dtype, {p.B, p.Hq, p.Nq, p.Dv}, g));
   }
   if (p.poison) poison_unused(f);
   return f;

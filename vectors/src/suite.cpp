@@ -22,11 +22,11 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 23> kOptions = {
+constexpr std::array<std::string_view, 24> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
-    "self",       "params",     "descales",     "sinks",   "sinks_dtype"};
+    "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -271,9 +271,10 @@ class SpecReader {
         for (std::size_t a = 0; a < v.size(); ++a)
           names.push_back(string(v[a], path + "[" + std::to_string(a) + "]"));
       } else {
-        fail(path, "must be a comma list or an array of out, weights, lse, scores, not " + brief(v));
+        fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, not " + brief(v));
       }
       p.want_weights = p.want_lse = p.want_scores = false;
+      p.want_dq = p.want_dk = p.want_dv = p.want_dbias = false;
       for (const auto& n : names) {
         if (n == "weights")
           p.want_weights = true;
@@ -281,8 +282,16 @@ class SpecReader {
           p.want_lse = true;
         else if (n == "scores")
           p.want_scores = true;
+        else if (n == "dq")
+          p.want_dq = true;
+        else if (n == "dk")
+          p.want_dk = true;
+        else if (n == "dv")
+          p.want_dv = true;
+        else if (n == "dbias")
+          p.want_dbias = true;
         else if (n != "out")
-          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores");
+          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias");
       }
     } else if (key == "self") {
       p.self_attention = boolean(v, path);
@@ -290,6 +299,8 @@ class SpecReader {
       p.sinks = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
     } else if (key == "sinks_dtype") {
       p.sinks_dtype = dtype(v, path);
+    } else if (key == "dout") {
+      p.dout = string(v, path);
     } else if (key == "params") {
       if (!v.is_object()) fail(path, "must be an object of generator parameters, not " + brief(v));
       p.params.clear();
@@ -500,6 +511,10 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.want_weights) t.push_back("weights");
   if (p.want_lse) t.push_back("lse");
   if (p.want_scores) t.push_back("scores");
+  if (p.wants_gradients()) {
+    t.push_back("gradients");
+    t.push_back("dout_" + p.dout);
+  }
   if (!p.sinks.empty()) t.push_back("sinks");
   if (p.Nk >= 4096) t.push_back("long_rows");
   return t;

@@ -33,6 +33,13 @@ struct Profile {
   bool returns_weights = true;
   bool returns_lse = true;
   bool returns_scores = true;
+  bool returns_gradients = true;  // dq, dk, dv, dbias when a case asks for them
+  // backward (TOLERANCE.md, "Gradients"): dP = dout V^T is rounded to grad_dp; P (as the forward
+  // gave it or recomputed from lse) and dS are rounded to grad_ds before the products giving
+  // dq, dk, dv; those products and D = rowsum(dout out) are accumulated in grad_accum.
+  DType grad_dp = DType::F32;
+  DType grad_ds = DType::F32;
+  DType grad_accum = DType::F32;
   // The cases it judges: those of its input dtypes (every dtype when none is listed).
   bool covers(DType t) const;
 };

@@ -73,6 +73,22 @@ std::vector<double> out_bound_above(const Case& c);
 // underflow term (TOLERANCE.md step 4b). Needed only where some row's p_sub is not 0.
 std::vector<double> out_value_sum(const Case& c);
 
+// Gradients (TOLERANCE.md, "Gradients"): per element of dq, dk, dv and dbias (the shapes of q,
+// k, v and bias; dbias empty without a bias), the part of the error that dS's and P's errors
+// carry into it, before the safety factor. out_ref and out_bound: the golden out.ref and
+// out.bound; vsum: out_value_sum (empty when no row's p_sub is nonzero).
+struct GradientErrors {
+  std::vector<double> dq, dk, dv, dbias;
+};
+GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vector<RowMagnitudes>& mags,
+                               const std::vector<RowLimits>& limits, const std::vector<double>& out_ref,
+                               const std::vector<double>& out_bound, const std::vector<double>& vsum);
+// The limit of a gradient element: err from gradient_errors, `terms` the number of products the
+// element sums (the accumulation's gamma on its G.bound), `extra` a further relative term on the
+// bound (GQA partial sums rounded to the output dtype), x its exact value.
+inline double gradient_limit(const Profile& p, double err, double terms, double extra, double bound, double u_out,
+                             double floor, double x);
+
 double unit_roundoff(DType t);   // 2^-p
 double min_normal(DType t);
 double min_subnormal(DType t);
@@ -114,5 +130,10 @@ double abs_error(double y, double x_hi, double x_lo, DType t);
 double ulp_error(double y, double x_hi, double x_lo, DType t);
 // abs_error / max(bound 2^-p, min normal): immune to cancellation in x.
 double bound_error(double y, double x_hi, double x_lo, double bound, DType t);
+
+inline double gradient_limit(const Profile& p, double err, double terms, double extra, double bound, double u_out,
+                             double floor, double x) {
+  return p.safety * (err + ((terms + 2) * unit_roundoff(p.grad_accum) + extra) * bound + u_out * std::fabs(x) + floor);
+}
 
 }  // namespace attnoracle::conformance

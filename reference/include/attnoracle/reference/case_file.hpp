@@ -105,6 +105,8 @@ struct Case {
   // mask/bias lookup with broadcasting to [B, Hq, Nq, Nk]
   bool mask_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   double bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
+  // The flat index of bias's element that (b, h, i, j) reads (bias present).
+  std::size_t bias_index(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
   // Whether query i of batch b is compared: query_mask true and i < seqlens_q[b].
   bool query_valid(std::int64_t b, std::int64_t i) const;
   double sink(std::int64_t h) const { return sinks->values[static_cast<std::size_t>(h)]; }
