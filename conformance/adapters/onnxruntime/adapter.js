@@ -272,10 +272,6 @@ function plan(tensors, meta) {
   for (const name of ['seqlens_q', 'seqlens_k']) {
     const t = tensors[name];
     if (!t) continue;
-    if (OP !== 'attention') {
-      throw new Unsupported(`${name}: sequence lengths are passed to the Attention operator only `
-        + `(the default --op: nonpad_kv_seqlen and the mask), not ${OP_NAMES[OP]}`);
-    }
     if (t.dtype !== 'I32' && t.dtype !== 'I64') throw new BadCase(`${name}: dtype ${t.dtype}, expected I32 or I64`);
   }
   // Only GroupQueryAttention has a sink input (head_sink); Attention (opsets 23, 24) and
@@ -458,11 +454,15 @@ function contribPlan(c) {
   const attrs = { num_heads: { i: Hq } };
   if (c.attrs.scale) attrs.scale = c.attrs.scale;
   let opCausal = 'none';           // what the operator's own causal mask does
+  // Sequence lengths go into attention_bias with the causal option and window: the operators'
+  // causal masks align to the padded sizes, and GroupQueryAttention's seqlens_k moves the new
+  // tokens to the end of each batch element's own length (measured), away from the case's keys.
+  const varlen = Boolean(tensors.seqlens_q || tensors.seqlens_k);
   let past = 0;                     // gqa: keys passed as the past
   if (OP === 'mha') {
     if (Hkv !== Hq) throw new Unsupported(`MultiHeadAttention has one kv head per query head (Hq ${Hq}, Hkv ${Hkv})`);
     if (c.attrs.softcap) throw new Unsupported('MultiHeadAttention has no softcap');
-    if (causal === 'top_left' || (causal === 'bottom_right' && Nq === Nk)) {
+    if (!varlen && (causal === 'top_left' || (causal === 'bottom_right' && Nq === Nk))) {
       attrs.unidirectional = { i: 1 };
       opCausal = causal;
     }
@@ -473,7 +473,7 @@ function contribPlan(c) {
     attrs.kv_num_heads = { i: Hkv };
     if (c.attrs.softcap) attrs.softcap = c.attrs.softcap;
     past = Nk - Nq;
-    if (causal === 'bottom_right' || (causal === 'top_left' && Nq === Nk)) opCausal = causal;
+    if (!varlen && (causal === 'bottom_right' || (causal === 'top_left' && Nq === Nk))) opCausal = causal;
     attrs.causal = { i: opCausal === 'none' ? 0 : 1 };
     if (opCausal !== 'none' && window !== 'none') {
       const m = /^(\d+),(\d+)$/.exec(window);

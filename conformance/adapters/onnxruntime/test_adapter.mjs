@@ -249,12 +249,9 @@ ortTest('seqlens: keys past seqlens_k masked, bottom_right aligned per batch', (
   const r = w.one(base, meta({ causal: 'bottom_right' })).out.v;
   close([r[0], r[2], r[3]], [7 / 3, 7 / 3, 15 / 4], 1e-6, 'bottom_right per batch');
   close(w.one(base, meta()).out.v.slice(0, 2), [7 / 3, 7 / 3], 1e-6, 'seqlens_k alone');
-  // I32 lengths read alike; the contrib operators say they do not take them
+  // I32 lengths read alike
   const i32 = { ...base, seqlens_q: T('I32', [2], [1, 2]), seqlens_k: T('I32', [2], [3, 4]) };
   close(w.one(i32, meta({ causal: 'bottom_right' })).out.v, r, 1e-7, 'I32');
-  const [gqa] = w.run([w.case(i32, meta())], ['--op', 'gqa']);
-  assert.equal(gqa.kind, 'unsupported');
-  assert.match(gqa.text, /^seqlens_q: sequence lengths are passed to the Attention operator only/);
   // a batch element with no key (seqlens_k 0): its rows are fully masked, zeros
   const empty = { ...base, seqlens_q: T('I64', [2], [2, 2]), seqlens_k: T('I64', [2], [0, 4]) };
   close(w.one(empty, meta({ masked_rows: 'zero' })).out.v, [0, 0, 15 / 4, 15 / 4], 1e-6, 'seqlens_k 0');
@@ -503,6 +500,21 @@ ortTest('--op mha: unidirectional with Nq = Nk is causal (either alignment)', (w
   const sq = { ...spec, Hkv: 4, Nq: 3 };
   const r = w.one(contribCase(sq), meta({ scale: '1', causal: 'top_left' }), ['--op', 'mha']);
   close(r.out.v, contribOut(sq, (b, h, i, j) => j <= i), 1e-5, 'causal');
+});
+
+ortTest('--op gqa and --op mha: sequence lengths go into attention_bias with the causal option', (w) => {
+  // the operators' own causal masks are off: they align to the padded sizes
+  const lq = [1, 2]; const lk = [3, 2];            // shifts 2 and 0, the padded sizes' 1
+  const lengths = { seqlens_q: T('I32', [2], lq), seqlens_k: T('I64', [2], lk) };
+  const br = (b, h, i, j) => j < lk[b] && j <= i + lk[b] - lq[b];
+  for (const [op, c] of [['gqa', spec], ['mha', { ...spec, Hkv: 4 }]]) {
+    const got = w.one({ ...contribCase(c), ...lengths }, meta({ scale: '1', causal: 'bottom_right' }), ['--op', op]);
+    close(got.out.v, contribOut(c, br), 1e-5, `--op ${op} bottom_right`);
+    const tl = w.one({ ...contribCase(c), ...lengths }, meta({ scale: '1', causal: 'top_left' }), ['--op', op]);
+    close(tl.out.v, contribOut(c, (b, h, i, j) => j < lk[b] && j <= i), 1e-5, `--op ${op} top_left`);
+    const keys = w.one({ ...contribCase(c), ...lengths }, meta({ scale: '1' }), ['--op', op]);
+    close(keys.out.v, contribOut(c, (b, h, i, j) => j < lk[b]), 1e-5, `--op ${op} keys only`);
+  }
 });
 
 /** out and weights [B,Hq,Nq,*] of a contribCase with a sink logit per query head, by hand. */
