@@ -417,15 +417,17 @@ function plan(tensors, meta) {
 //
 // Both take Q, K, V as [B, N, H*D] (head 0 first): the 4-D q, k, v (or the projections of kind
 // mha) go through Transpose [0,2,1,3] and Reshape, and the [B, Nq, Hq*Dv] result comes back the
-// same way (kind mha: straight into the MatMul by w_o). Mask, bias, and the causal option and
-// window where the operator has no attribute for them, become one attention_bias of type T
-// [1 or B, 1 or Hq, Nq, Nk]: the bias (0 without one) where the key may be attended, -inf where not.
+// same way (kind mha: straight into the MatMul by w_o). Mask, bias, sequence lengths, and the
+// causal option and window where the operator has no attribute for them (always, with sequence
+// lengths), become one attention_bias of type T [1 or B, 1 or Hq, Nq, Nk]: the bias (0 without
+// one) where the key may be attended, -inf where not.
 //   mha: MultiHeadAttention(q, k, v, '', '', attention_bias), num_heads = Hq; causal through
 //        unidirectional = 1 when the alignments agree (top_left, or Nq = Nk), else in the bias.
-//        No GQA, no softcap, no weights.
+//        No GQA, no softcap, no weights, no sinks.
 //   gqa: GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k, total_sequence_length,
-//        '', '', '', attention_bias); the first Nk - Nq keys and values are passed as the past
-//        (BNSH), the last Nq as the new tokens, so the operator's causal mask (causal = 1) is
+//        '', '', '', attention_bias, head_sink); sinks in head_sink [Hq], of type T; its
+//        seqlens_k is Nk - 1 for every batch element. The first Nk - Nq keys and values are
+//        the past (BNSH), the last Nq the new tokens, so the operator's causal mask (causal = 1) is
 //        bottom-right aligned; top_left with Nq != Nk goes through the bias with causal = 0.
 //        A window "L,R" with causal becomes local_window_size = L + 1. Needs Dk = Dv, a multiple
 //        of 8, and Nq <= Nk; with 1 < Nq < Nk (batch 1 only, for the operator) one node per batch
