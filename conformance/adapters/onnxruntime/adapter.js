@@ -12,7 +12,7 @@
 // cannot be loaded (nothing is written then) or the command line is wrong.
 //
 // Per case it builds a small ONNX graph by hand (onnx_model.js) and runs it:
-//   sdpa: Attention(q, k, v, attn_mask) [-> Cast to the output dtype]
+//   sdpa: Attention(q, k, v, attn_mask[, '', '', nonpad_kv_seqlen]) [-> Cast to the output dtype]
 //   mha:  MatMul(x_q[B,1,Nq,D], w_q[H,D,Dk]) -> Q[B,H,Nq,Dk] (likewise K, V from x_kv),
 //         Attention(Q, K, V, attn_mask) -> [B,H,Nq,Dv], Transpose -> [B,Nq,H,Dv],
 //         Reshape -> [B,Nq,H*Dv], MatMul w_o -> [B,Nq,Dout] [-> Cast]
@@ -21,7 +21,9 @@
 // -inf where it is not; with no bias, a boolean attn_mask (true = may attend) instead. GQA/MQA
 // goes through Hkv < Hq (ONNX Runtime maps query head h to kv head h * Hkv / Hq = h / (Hq/Hkv)).
 // `weights` is the Attention node's fourth output with qk_matmul_output_mode = 3 (after softmax).
-// `lse` is not available from the operator and is not written.
+// `lse` is not available from the operator and is not written. seqlens_k becomes the operator's
+// nonpad_kv_seqlen (then the graph is opset 24). Sinks go to GroupQueryAttention's head_sink
+// (--op gqa); Attention and MultiHeadAttention have no sink input. Gradients are unsupported.
 
 const fs = require('fs');
 const path = require('path');
@@ -43,6 +45,8 @@ let OP = 'attention';
 const OPS = ['attention', 'mha', 'gqa'];
 const OP_NAMES = { attention: 'Attention', mha: 'MultiHeadAttention', gqa: 'GroupQueryAttention' };
 const FLOATS = new Set(['F64', 'F32', 'F16', 'BF16']);
+// The gradients a case may ask for in attn.outputs (CONTRACT section 7).
+const GRADIENTS = new Set(['dq', 'dk', 'dv', 'dbias', 'dsinks', 'dx_q', 'dx_kv', 'dw_q', 'dw_k', 'dw_v', 'dw_o']);
 
 class Unsupported extends Error {}
 class BadCase extends Error {}
@@ -150,16 +154,17 @@ function graphOutputs(nodes, inType, outType, O) {
  * the key is not allowed.
  */
 function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] || 'none',
-  window = meta['attn.window'] || 'none', float = false } = {}) {
+  window = meta['attn.window'] || 'none', float = false, keyLengths = true } = {}) {
   const [B, H, Nq, Nk] = dims;
   const mask = tensors.mask;
   const bias = tensors.bias;
-  // Sequence lengths [B]: keys j >= seqlens_k[b] masked, bottom_right aligned per batch.
+  // Sequence lengths [B]: keys j >= seqlens_k[b] masked (unless keyLengths is false: the
+  // operator's nonpad_kv_seqlen masks them), bottom_right aligned per batch.
   const lengths = (name, n) => (tensors[name] ? Array.from(st.values(tensors[name])) : new Array(B).fill(n));
   const varlen = Boolean(tensors.seqlens_q || tensors.seqlens_k);
   const lq = lengths('seqlens_q', Nq);
   const lk = lengths('seqlens_k', Nk);
-  if (!mask && !bias && causal === 'none' && window === 'none' && !tensors.seqlens_k) return null;
+  if (!mask && !bias && causal === 'none' && window === 'none' && !(keyLengths && tensors.seqlens_k)) return null;
 
   const parts = [];
   if (mask) {
@@ -186,7 +191,7 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
     right = Number(m[2]);
   }
   const positional = (b, i, j) => {
-    if (j >= lk[b]) return false;
+    if (keyLengths && j >= lk[b]) return false;
     const ip = i + shift(b);
     if (causal !== 'none' && j > ip) return false;
     return ip - left <= j && j <= ip + right;
@@ -217,11 +222,14 @@ function buildMask(tensors, meta, dims, inType, { causal = meta['attn.causal'] |
   const shape = [mb, mh, Nq, Nk];
   if (!bias && !float) return { type: 'bool', elem: onnx.BOOL, shape, data: allowed };
   // The bias is rounded once, to nearest-even, into the input dtype (attn_mask has the type of Q).
-  let data;
-  if (inType === 'F64') data = added;
-  else if (inType === 'F32') data = Float32Array.from(added);
-  else data = Uint16Array.from(added, (x) => st.numberToHalf(x));
-  return { type: ORT_TYPES[inType].name, elem: ORT_TYPES[inType].elem, shape, data };
+  return { type: ORT_TYPES[inType].name, elem: ORT_TYPES[inType].elem, shape, data: roundInto(added, inType) };
+}
+
+/** Numbers rounded once, to nearest-even, into F64, F32 or F16 (as bits) -> the typed array. */
+function roundInto(values, dtype) {
+  if (dtype === 'F64') return Float64Array.from(values);
+  if (dtype === 'F32') return Float32Array.from(values);
+  return Uint16Array.from(values, (x) => st.numberToHalf(x));
 }
 
 /** Parses and checks what the adapter needs -> a plan: graph pieces, feeds, output names. */
@@ -230,6 +238,9 @@ function plan(tensors, meta) {
     if (key.startsWith('attn.') && !KEYS.has(key)) throw new Unsupported(`metadata key ${key}`);
   }
   if (meta['attn.format'] !== '1') throw new Unsupported(`attn.format ${JSON.stringify(meta['attn.format'])}`);
+  const asked = (meta['attn.outputs'] || 'out').split(',').map((s) => s.trim());
+  const grads = asked.filter((o) => GRADIENTS.has(o));
+  if (grads.length) throw new Unsupported(`gradients: ONNX Runtime inference has no backward (attn.outputs asks for ${grads.join(', ')})`);
   const kind = meta['attn.kind'] || 'sdpa';
   if (kind !== 'sdpa' && kind !== 'mha') throw new Unsupported(`attn.kind ${kind}`);
   const causal = meta['attn.causal'] || 'none';
@@ -261,16 +272,19 @@ function plan(tensors, meta) {
   for (const name of ['seqlens_q', 'seqlens_k']) {
     const t = tensors[name];
     if (!t) continue;
-    if (OP !== 'attention') {
-      throw new Unsupported(`${name}: sequence lengths go into the mask of the Attention operator `
-        + `(the default --op), not ${OP_NAMES[OP]}`);
-    }
     if (t.dtype !== 'I32' && t.dtype !== 'I64') throw new BadCase(`${name}: dtype ${t.dtype}, expected I32 or I64`);
   }
-  // Attention (opset 23) has no sink input, and this adapter passes none to the other
-  // operators; it reads no scores from the graph either.
-  if (tensors.sinks) throw new Unsupported(`sinks: not passed to ${OP_NAMES[OP]} by this adapter`);
-  const asked = (meta['attn.outputs'] || 'out').split(',').map((s) => s.trim());
+  // Only GroupQueryAttention has a sink input (head_sink); Attention (opsets 23, 24) and
+  // MultiHeadAttention have none.
+  if (tensors.sinks) {
+    if (OP !== 'gqa') {
+      throw new Unsupported(`sinks: ${OP_NAMES[OP]} has no sink input (GroupQueryAttention's head_sink, --op gqa, has)`);
+    }
+    const t = tensors.sinks;
+    if (!FLOATS.has(t.dtype)) throw new BadCase(`sinks: dtype ${t.dtype}, expected a float dtype`);
+    const heads = kind === 'sdpa' ? tensors.q.shape[1] : tensors.w_q.shape[0];
+    if (t.shape.length !== 1 || t.shape[0] !== heads) throw new BadCase(`sinks: shape [${t.shape}], expected [${heads}]`);
+  }
   for (const o of asked) {
     if (o === 'scores') throw new Unsupported('attn.outputs scores: not read from the ONNX Runtime graph');
     if (!['out', 'weights', 'lse'].includes(o)) throw new Unsupported(`attn.outputs ${o}`);
@@ -361,12 +375,23 @@ function plan(tensors, meta) {
       names: [qName, kName, vName], dk: kind === 'sdpa' ? shapeOf('q')[3] : shapeOf('w_q')[2],
       nodes, inputs, feeds, initializers });
   }
-  const mask = buildMask(tensors, meta, dims, inType);
-  const attnInputs = [qName, kName, vName];
+  // seqlens_k becomes Attention's nonpad_kv_seqlen (opset 24, int64 only): keys j >= seqlens_k[b]
+  // are left out by the operator, the same result bit for bit as masking them (measured).
+  const nonpad = Boolean(tensors.seqlens_k);
+  const mask = buildMask(tensors, meta, dims, inType, { keyLengths: !nonpad });
+  const attnInputs = [qName, kName, vName, mask ? 'attn_mask' : '', '', '', nonpad ? 'nonpad_kv_seqlen' : ''];
+  while (attnInputs[attnInputs.length - 1] === '') attnInputs.pop();
   if (mask) {
     inputs.push(onnx.valueInfo('attn_mask', mask.elem, mask.shape));
     feeds.push({ name: 'attn_mask', type: mask.type, data: mask.data, shape: mask.shape });
-    attnInputs.push('attn_mask');
+  }
+  if (nonpad) {
+    const B = dims[0];
+    if (tensors.seqlens_k.shape.join() !== String(B)) {
+      throw new BadCase(`seqlens_k: shape [${tensors.seqlens_k.shape}], expected [${B}]`);
+    }
+    inputs.push(onnx.valueInfo('nonpad_kv_seqlen', onnx.INT64, [B]));
+    feeds.push({ name: 'nonpad_kv_seqlen', type: 'int64', data: BigInt64Array.from(tensors.seqlens_k.data, BigInt), shape: [B] });
   }
   const attnOut = kind === 'sdpa' ? 'y' : 'heads';
   nodes.push(onnx.node('Attention', attnInputs, wantWeights ? [attnOut, '', '', 'w'] : [attnOut],
@@ -384,7 +409,7 @@ function plan(tensors, meta) {
   finish(outName, outShape, 'out');
   if (wantWeights) finish('w', dims, 'weights');
 
-  const model = onnx.model({ nodes, inputs, outputs, initializers });
+  const model = onnx.model({ nodes, inputs, outputs, initializers }, { opset: nonpad ? 24 : 23 });
   return { model, feeds, results, outType };
 }
 
@@ -392,15 +417,17 @@ function plan(tensors, meta) {
 //
 // Both take Q, K, V as [B, N, H*D] (head 0 first): the 4-D q, k, v (or the projections of kind
 // mha) go through Transpose [0,2,1,3] and Reshape, and the [B, Nq, Hq*Dv] result comes back the
-// same way (kind mha: straight into the MatMul by w_o). Mask, bias, and the causal option and
-// window where the operator has no attribute for them, become one attention_bias of type T
-// [1 or B, 1 or Hq, Nq, Nk]: the bias (0 without one) where the key may be attended, -inf where not.
+// same way (kind mha: straight into the MatMul by w_o). Mask, bias, sequence lengths, and the
+// causal option and window where the operator has no attribute for them (always, with sequence
+// lengths), become one attention_bias of type T [1 or B, 1 or Hq, Nq, Nk]: the bias (0 without
+// one) where the key may be attended, -inf where not.
 //   mha: MultiHeadAttention(q, k, v, '', '', attention_bias), num_heads = Hq; causal through
 //        unidirectional = 1 when the alignments agree (top_left, or Nq = Nk), else in the bias.
-//        No GQA, no softcap, no weights.
+//        No GQA, no softcap, no weights, no sinks.
 //   gqa: GroupQueryAttention(q, k, v, past_key, past_value, seqlens_k, total_sequence_length,
-//        '', '', '', attention_bias); the first Nk - Nq keys and values are passed as the past
-//        (BNSH), the last Nq as the new tokens, so the operator's causal mask (causal = 1) is
+//        '', '', '', attention_bias, head_sink); sinks in head_sink [Hq], of type T; its
+//        seqlens_k is Nk - 1 for every batch element. The first Nk - Nq keys and values are
+//        the past (BNSH), the last Nq the new tokens, so the operator's causal mask (causal = 1) is
 //        bottom-right aligned; top_left with Nq != Nk goes through the bias with causal = 0.
 //        A window "L,R" with causal becomes local_window_size = L + 1. Needs Dk = Dv, a multiple
 //        of 8, and Nq <= Nk; with 1 < Nq < Nk (batch 1 only, for the operator) one node per batch
@@ -429,11 +456,15 @@ function contribPlan(c) {
   const attrs = { num_heads: { i: Hq } };
   if (c.attrs.scale) attrs.scale = c.attrs.scale;
   let opCausal = 'none';           // what the operator's own causal mask does
+  // Sequence lengths go into attention_bias with the causal option and window: the operators'
+  // causal masks align to the padded sizes, and GroupQueryAttention's seqlens_k moves the new
+  // tokens to the end of each batch element's own length (measured), away from the case's keys.
+  const varlen = Boolean(tensors.seqlens_q || tensors.seqlens_k);
   let past = 0;                     // gqa: keys passed as the past
   if (OP === 'mha') {
     if (Hkv !== Hq) throw new Unsupported(`MultiHeadAttention has one kv head per query head (Hq ${Hq}, Hkv ${Hkv})`);
     if (c.attrs.softcap) throw new Unsupported('MultiHeadAttention has no softcap');
-    if (causal === 'top_left' || (causal === 'bottom_right' && Nq === Nk)) {
+    if (!varlen && (causal === 'top_left' || (causal === 'bottom_right' && Nq === Nk))) {
       attrs.unidirectional = { i: 1 };
       opCausal = causal;
     }
@@ -444,7 +475,7 @@ function contribPlan(c) {
     attrs.kv_num_heads = { i: Hkv };
     if (c.attrs.softcap) attrs.softcap = c.attrs.softcap;
     past = Nk - Nq;
-    if (causal === 'bottom_right' || (causal === 'top_left' && Nq === Nk)) opCausal = causal;
+    if (!varlen && (causal === 'bottom_right' || (causal === 'top_left' && Nq === Nk))) opCausal = causal;
     attrs.causal = { i: opCausal === 'none' ? 0 : 1 };
     if (opCausal !== 'none' && window !== 'none') {
       const m = /^(\d+),(\d+)$/.exec(window);
@@ -464,6 +495,12 @@ function contribPlan(c) {
   if (mask) {
     inputs.push(onnx.valueInfo('attention_bias', mask.elem, mask.shape));
     feeds.push({ name: 'attention_bias', type: mask.type, data: mask.data, shape: mask.shape });
+  }
+  // head_sink [Hq] is of type T: the sinks rounded once, to nearest-even, into the input dtype.
+  const sinks = OP === 'gqa' && tensors.sinks ? roundInto(st.values(tensors.sinks), inType) : null;
+  if (sinks) {
+    inputs.push(onnx.valueInfo('head_sink', c.T.elem, [sinks.length]));
+    feeds.push({ name: 'head_sink', type: c.T.name, data: sinks, shape: [sinks.length] });
   }
   const slice = (name, axis, from, to, out) => {
     nodes.push(onnx.node('Slice', [name, int64(`${out}_from`, [from]), int64(`${out}_to`, [to]), int64(`${out}_axis`, [axis])],
@@ -494,10 +531,10 @@ function contribPlan(c) {
       const [kNew, kPast] = split(k, Dk);
       const [vNew, vPast] = split(v, Dv);
       const opInputs = [toBSD(q, Bn, Hq, Nq, Dk), kNew, vNew, kPast, vPast, 'seqlens_k', 'total_sequence_length'];
-      if (mask) {
-        opInputs.push('', '', '', parts > 1 && mask.shape[0] > 1 ? slice('attention_bias', 0, b, b + 1, `attention_bias${tag}`)
-          : 'attention_bias');
-      }
+      opInputs.push('', '', '', mask ? (parts > 1 && mask.shape[0] > 1
+        ? slice('attention_bias', 0, b, b + 1, `attention_bias${tag}`) : 'attention_bias') : '');
+      if (sinks) opInputs.push('head_sink');
+      while (opInputs[opInputs.length - 1] === '') opInputs.pop();
       // without present_key and present_value outputs the CPU kernel ignores the past (measured)
       const opOutputs = [`y_bsd${tag}`, `present_key${tag}`, `present_value${tag}`];
       if (wantWeights) opOutputs.push(`w${tag}`);

@@ -249,12 +249,37 @@ ortTest('seqlens: keys past seqlens_k masked, bottom_right aligned per batch', (
   const r = w.one(base, meta({ causal: 'bottom_right' })).out.v;
   close([r[0], r[2], r[3]], [7 / 3, 7 / 3, 15 / 4], 1e-6, 'bottom_right per batch');
   close(w.one(base, meta()).out.v.slice(0, 2), [7 / 3, 7 / 3], 1e-6, 'seqlens_k alone');
-  // I32 lengths read alike; the contrib operators say they do not take them
+  // I32 lengths read alike
   const i32 = { ...base, seqlens_q: T('I32', [2], [1, 2]), seqlens_k: T('I32', [2], [3, 4]) };
   close(w.one(i32, meta({ causal: 'bottom_right' })).out.v, r, 1e-7, 'I32');
-  const [gqa] = w.run([w.case(i32, meta())], ['--op', 'gqa']);
-  assert.equal(gqa.kind, 'unsupported');
-  assert.match(gqa.text, /^seqlens_q: sequence lengths go into the mask of the Attention operator/);
+  // a batch element with no key (seqlens_k 0): its rows are fully masked, zeros
+  const empty = { ...base, seqlens_q: T('I64', [2], [2, 2]), seqlens_k: T('I64', [2], [0, 4]) };
+  close(w.one(empty, meta({ masked_rows: 'zero' })).out.v, [0, 0, 15 / 4, 15 / 4], 1e-6, 'seqlens_k 0');
+});
+
+test('seqlens_k becomes nonpad_kv_seqlen (opset 24); the mask keeps only the rest', () => {
+  const a = require('./adapter.js');
+  const zeros = (n) => new Float32Array(n);
+  const t = { q: T('F32', [2, 1, 2, 1], zeros(4)), k: T('F32', [2, 1, 4, 1], zeros(8)), v: T('F32', [2, 1, 4, 1], zeros(8)),
+    seqlens_q: T('I64', [2], BigInt64Array.from([1n, 2n])), seqlens_k: T('I64', [2], BigInt64Array.from([3n, 4n])) };
+  const feeds = (m, tensors = t) => Object.fromEntries(a.plan({ ...tensors }, meta(m)).feeds.map((f) => [f.name, f]));
+  const alone = feeds({});
+  assert.deepEqual(Object.keys(alone).sort(), ['k', 'nonpad_kv_seqlen', 'q', 'v']);
+  assert.deepEqual(Array.from(alone.nonpad_kv_seqlen.data), [3n, 4n]);
+  assert.equal(alone.nonpad_kv_seqlen.type, 'int64');
+  // bottom_right per batch: the mask [B,1,Nq,Nk] has the causal part only, keys past Lk allowed
+  const br = feeds({ causal: 'bottom_right' });
+  assert.deepEqual(br.attn_mask.shape, [2, 1, 2, 4]);
+  assert.deepEqual(Array.from(br.attn_mask.data), [1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1]);
+  assert.deepEqual(Array.from(a.plan({ ...t }, meta()).model.slice(-6)), [0x42, 4, 0x0a, 0, 0x10, 24]);  // opset {"" 24}
+  const { seqlens_k: _k, ...noLengths } = t;
+  assert.deepEqual(Array.from(a.plan({ ...noLengths }, meta()).model.slice(-6)), [0x42, 4, 0x0a, 0, 0x10, 23]);
+  const i32 = feeds({}, { ...t, seqlens_k: T('I32', [2], Int32Array.from([3, 4])) });
+  assert.deepEqual(Array.from(i32.nonpad_kv_seqlen.data), [3n, 4n]);
+  // without seqlens_k: no nonpad_kv_seqlen, lengths of seqlens_q only shift the causal mask
+  const qOnly = feeds({ causal: 'bottom_right' }, noLengths);
+  assert.equal(qOnly.nonpad_kv_seqlen, undefined);
+  assert.deepEqual(qOnly.attn_mask.shape, [2, 1, 2, 4]);
 });
 
 ortTest('GQA and MQA: query head h reads kv head h / (Hq / Hkv)', (w) => {
@@ -475,6 +500,102 @@ ortTest('--op mha: unidirectional with Nq = Nk is causal (either alignment)', (w
   const sq = { ...spec, Hkv: 4, Nq: 3 };
   const r = w.one(contribCase(sq), meta({ scale: '1', causal: 'top_left' }), ['--op', 'mha']);
   close(r.out.v, contribOut(sq, (b, h, i, j) => j <= i), 1e-5, 'causal');
+});
+
+ortTest('--op gqa and --op mha: sequence lengths go into attention_bias with the causal option', (w) => {
+  // the operators' own causal masks are off: they align to the padded sizes
+  const lq = [1, 2]; const lk = [3, 2];            // shifts 2 and 0, the padded sizes' 1
+  const lengths = { seqlens_q: T('I32', [2], lq), seqlens_k: T('I64', [2], lk) };
+  const br = (b, h, i, j) => j < lk[b] && j <= i + lk[b] - lq[b];
+  for (const [op, c] of [['gqa', spec], ['mha', { ...spec, Hkv: 4 }]]) {
+    const got = w.one({ ...contribCase(c), ...lengths }, meta({ scale: '1', causal: 'bottom_right' }), ['--op', op]);
+    close(got.out.v, contribOut(c, br), 1e-5, `--op ${op} bottom_right`);
+    const tl = w.one({ ...contribCase(c), ...lengths }, meta({ scale: '1', causal: 'top_left' }), ['--op', op]);
+    close(tl.out.v, contribOut(c, (b, h, i, j) => j < lk[b] && j <= i), 1e-5, `--op ${op} top_left`);
+    const keys = w.one({ ...contribCase(c), ...lengths }, meta({ scale: '1' }), ['--op', op]);
+    close(keys.out.v, contribOut(c, (b, h, i, j) => j < lk[b]), 1e-5, `--op ${op} keys only`);
+  }
+});
+
+/** out and weights [B,Hq,Nq,*] of a contribCase with a sink logit per query head, by hand. */
+function sinkOut(c, allowed, sinks) {
+  const { B = 1, Hq, Hkv, Nq, Nk, Dv = c.D || 8 } = c;
+  const out = []; const weights = [];
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hq; h++) {
+      const g = Math.floor(h / (Hq / Hkv));
+      for (let i = 0; i < Nq; i++) {
+        const s = [...Array(Nk).keys()].map((j) => (allowed(b, h, i, j) ? c.qa(b, h, i) * c.kc(b, g, j) : -Infinity));
+        const p = softmax([...s, sinks[h]]).slice(0, Nk);         // the sink: one more logit, no value
+        weights.push(...p);
+        for (let d = 0; d < Dv; d++) out.push(p.reduce((t, pj, j) => t + pj * c.vv(b, g, j, d), 0));
+      }
+    }
+  }
+  return { out, weights };
+}
+
+ortTest('--op gqa: sinks go to head_sink, one per query head, with the past split and per-batch nodes', (w) => {
+  const sinks = [0.5, -1, 2, 0];
+  const t = { ...contribCase(spec), sinks: T('F32', [4], sinks) };
+  const r = w.one(t, meta({ scale: '1', outputs: 'out,weights' }), ['--op', 'gqa']);
+  const want = sinkOut(spec, () => true, sinks);
+  close(r.out.v, want.out, 1e-5, 'out');
+  close(r.weights.v, want.weights, 1e-6, 'weights');
+  // the weights of a row sum to 1 - P_sink: head 1, row 0 (scores -1, 0, 0.5; sink -1) to 0.89
+  const row = r.weights.v.slice(1 * 2 * 3, 1 * 2 * 3 + 3).reduce((x, y) => x + y, 0);
+  close([row], [1 - Math.exp(-1) / (2 * Math.exp(-1) + 1 + Math.exp(0.5))], 1e-6, 'row sum');
+  const br = w.one(t, meta({ scale: '1', causal: 'bottom_right' }), ['--op', 'gqa']);
+  close(br.out.v, sinkOut(spec, (b, h, i, j) => j <= i + 1, sinks).out, 1e-5, 'bottom_right');
+  // F64 sinks are rounded into the inputs' dtype (head_sink is of type T)
+  const f64 = w.one({ ...t, sinks: T('F64', [4], sinks.map((x) => x + 2 ** -40)) }, meta({ scale: '1' }), ['--op', 'gqa']);
+  assert.deepEqual(f64.out.v, w.one(t, meta({ scale: '1' }), ['--op', 'gqa']).out.v);
+});
+
+ortTest('--op gqa: a fully masked row with a sink gives 0 with causal=0 too (no NaN); F16 sinks', (w) => {
+  const sq = { ...spec, Nq: 3, B: 1 };
+  const sinks = [1, -2, 0.25, 3];
+  const mask = T('BOOL', [3, 3], [1, 1, 1, 0, 0, 0, 1, 0, 1]);       // row 1 fully masked
+  const allowed = (b, h, i, j) => [1, 1, 1, 0, 0, 0, 1, 0, 1][i * 3 + j] === 1;
+  const r = w.one({ ...contribCase(sq), mask, sinks: T('F32', [4], sinks) }, meta({ scale: '1', outputs: 'out,weights' }),
+    ['--op', 'gqa']);
+  const want = sinkOut(sq, allowed, sinks);
+  close(r.out.v, want.out, 1e-5, 'out');
+  close(r.weights.v, want.weights, 1e-6, 'weights');
+  // F16: q = 0, so every score is 0; sink 0 takes half of a one-key row: out = v / 2 exactly
+  const z = (n) => new Array(n).fill(0);
+  const h = w.one({ q: T('F16', [1, 1, 1, 8], z(8)), k: T('F16', [1, 1, 1, 8], z(8)), v: T('F16', [1, 1, 1, 8], [1, 2, 3, 4, 5, 6, 7, 8]),
+    sinks: T('F16', [1], [0]) }, meta(), ['--op', 'gqa']);
+  assert.equal(h.out.dtype, 'F16');
+  assert.deepEqual(h.out.v, [0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4]);
+});
+
+ortTest('sinks: unsupported by Attention and MultiHeadAttention (no sink input); a bad shape is an error', (w) => {
+  const t = { ...contribCase({ ...spec, Hkv: 4 }), sinks: T('F32', [4], [0, 0, 0, 0]) };
+  const [att] = w.run([w.case(t, meta())]);
+  assert.equal(att.kind, 'unsupported');
+  assert.match(att.text, /^sinks: Attention has no sink input/);
+  const [mha] = w.run([w.case(t, meta())], ['--op', 'mha']);
+  assert.equal(mha.kind, 'unsupported');
+  assert.match(mha.text, /^sinks: MultiHeadAttention has no sink input/);
+  const [bad] = w.run([w.case({ ...t, sinks: T('F32', [3], [0, 0, 0]) }, meta())], ['--op', 'gqa']);
+  assert.equal(bad.kind, 'error');
+  assert.match(bad.text, /^sinks: shape \[3\], expected \[4\]/);
+});
+
+ortTest('gradients (dq, dk, dv, dbias) are unsupported by every operator, whatever the dtype', (w) => {
+  const f32 = { q: T('F32', [1, 1, 1, 8], new Array(8).fill(0)), k: T('F32', [1, 1, 1, 8], new Array(8).fill(0)),
+    v: T('F32', [1, 1, 1, 8], new Array(8).fill(1)), dout: T('F32', [1, 1, 1, 8], new Array(8).fill(1)) };
+  const bf16 = Object.fromEntries(Object.entries(f32).map(([k, t]) => [k, T('BF16', t.shape, t.data)]));
+  const bias = { ...f32, bias: T('F32', [1, 1], [0]) };
+  for (const op of ['attention', 'mha', 'gqa']) {
+    const res = w.run([w.case(f32, meta({ outputs: 'out,dq,dk,dv' })), w.case(bf16, meta({ outputs: 'dv' })),
+      w.case(bias, meta({ outputs: 'out,dbias' })), w.case(f32, meta({ outputs: 'out' }))], ['--op', op]);
+    assert.deepEqual(res.map((r) => r.kind), ['unsupported', 'unsupported', 'unsupported', 'ok'], op);
+    assert.equal(res[0].text, 'gradients: ONNX Runtime inference has no backward (attn.outputs asks for dq, dk, dv)\n');
+    assert.match(res[1].text, /^gradients: .* asks for dv\)/);
+    assert.match(res[2].text, /^gradients: .* asks for dbias\)/);
+  }
 });
 
 // ONNX Runtime 1.30.0 bugs, by hand (expected_failures.json lists the core cases they fail): when
