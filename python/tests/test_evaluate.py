@@ -335,3 +335,21 @@ def test_sinks_and_scores_in_the_result():
     e = np.where(allowed, np.exp(s), 0)
     sink = np.exp(sinks.astype(np.float64))[None, :, None]
     assert np.allclose(r["weights.ref"].sum(-1), 1 - sink / (sink + e.sum(-1)), rtol=1e-12)
+
+
+def test_write_case_rounds_fp8_inputs_and_load_case_decodes_them(tmp_path):
+    q = np.array([[[[1 + 2.0 ** -4, 1 + 3 * 2.0 ** -4, 500.0, -0.1]]]])  # float64 values
+    k, v = np.ones((1, 1, 2, 4)), np.array([[[[0.5], [-3.0]]]])
+    path = attnoracle.write_case(tmp_path / "c.safetensors", q, k, v, input_dtype="F8_E4M3", output_dtype="BF16",
+                                 q_descale=np.array([[0.25]]), v_descale=np.array([[3.0]], np.float32))
+    c = attnoracle.load_case(path)
+    assert c.dtypes == {"q": "F8_E4M3", "k": "F8_E4M3", "v": "F8_E4M3", "q_descale": "F32", "v_descale": "F32"}
+    # ties to even (the ulp of [1, 2) is 2^-3): 1 + 2^-4 to 1 (0x38), 1 + 3 * 2^-4 to 1.25 (0x3A);
+    # 500 saturates to 448 (0x7E); -0.1 to -1.625 * 2^-4 = -0.1015625 (0x9D)
+    assert c.bits["q"].tolist() == [[[[0x38, 0x3A, 0x7E, 0x9D]]]]
+    assert c.inputs["q"].dtype == np.float32 and c.inputs["q"].tolist() == [[[[1.0, 1.25, 448.0, -0.1015625]]]]
+    assert c.inputs["q_descale"].tolist() == [[0.25]] and {"fp8", "F8_E4M3", "descales"} <= c.features
+    r = run_cli("eval", path, "-o", str(tmp_path / "g.safetensors"), "-q")
+    assert r.returncode == 0, r.stderr
+    assert golden_bytes(c.evaluate(threads=1).tensors) == golden_bytes(
+        attnoracle.load_case(tmp_path / "g.safetensors").golden.tensors)
