@@ -11,8 +11,9 @@ sets, and the conformance gate's verdict on one case.
 
 Everything goes through the C++ libraries the attnoracle command uses (the case checks, the
 evaluator, the format, the comparison and the diagnosis), so that results are those of
-`attnoracle eval` and `attnoracle check`, bit for bit. NumPy has no bfloat16: BF16 values are
-given and returned as float32 arrays holding them exactly, or as uint16 bit patterns (python/README.md).
+`attnoracle eval` and `attnoracle check`, bit for bit. NumPy has no bfloat16 and no FP8: BF16
+values are given and returned as float32 arrays holding them exactly, or as uint16 bit patterns;
+F8_E4M3 and F8_E5M2 values likewise, or as uint8 bit patterns (python/README.md).
 """
 
 import json
@@ -53,11 +54,14 @@ class Unsupported(Exception):
 _native.set_exception_types(InputError, InvariantViolation)
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+INPUT_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 _NUMPY_OF = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "|u1", "I64": "<i8",
              "I32": "<i4"}
 _DTYPE_OF_NUMPY = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 _INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o")
-_OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k")
+_OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k", "sinks", "dout")
+_DESCALES = ("q_descale", "k_descale", "v_descale")
 _ARRAYS = "<arrays>"  # the file name in messages about arrays given in memory
 
 
@@ -66,14 +70,18 @@ _ARRAYS = "<arrays>"  # the file name in messages about arrays given in memory
 
 
 def _as_array(x, name, file):
-    """NumPy's view of `x` and, for a PyTorch bfloat16 tensor, its dtype name "BF16" (the array
-    then holds the bit patterns as uint16)."""
+    """NumPy's view of `x` and, for a PyTorch bfloat16 or float8 tensor, its dtype name "BF16",
+    "F8_E4M3" or "F8_E5M2" (the array then holds the bit patterns, as uint16 or uint8)."""
     if hasattr(x, "detach") and hasattr(x, "dtype"):  # a PyTorch tensor, on any device
         import torch
 
         t = x.detach().cpu().contiguous()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy().view(np.uint16), "BF16"
+        # PyTorch 2.1 and later: float8_e4m3fn is OCP's E4M3FN, float8_e5m2 E5M2
+        for attr, fp8 in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+            if t.dtype == getattr(torch, attr, None):
+                return t.view(torch.uint8).numpy(), fp8
         return t.numpy(), None
     if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
         return np.from_dlpack(x), None
@@ -91,16 +99,19 @@ def _error(file, field, what):
 
 def _float_tensor(name, x, dtype, round_values, file):
     """The tensor (name, dtype, shape, bytes) of array x in `dtype`: uint16 arrays are bit
-    patterns of BF16 or F16; other arrays are values, encoded exactly (or rounded to nearest-even
-    when round_values) by the C++ format library."""
+    patterns of BF16 or F16, uint8 arrays bit patterns of F8_E4M3 or F8_E5M2 when dtype is one;
+    other arrays are values, encoded exactly (or rounded to nearest-even when round_values) by
+    the C++ format library."""
     a, bits_dtype = _as_array(x, name, file)
-    if bits_dtype == "BF16" and dtype != "BF16":  # a bfloat16 tensor given for another dtype: its values
-        a = (a.astype(np.uint32) << 16).view(np.float32)
+    if bits_dtype and bits_dtype != dtype:  # a bfloat16 or float8 tensor given for another dtype: its values
+        a = _decode(bits_dtype, a)
     shape = [int(n) for n in a.shape]
     if a.dtype == np.uint16:
         if dtype not in ("BF16", "F16"):
             raise _error(file, name, f"uint16 bit patterns are read only as BF16 or F16, not {dtype}")
         return (name, dtype, shape, np.ascontiguousarray(a, "<u2").tobytes())
+    if a.dtype == np.uint8 and dtype in FP8_DTYPES:
+        return (name, dtype, shape, np.ascontiguousarray(a).tobytes())
     if a.dtype.kind not in "fiub":
         raise _error(file, name, f"array of {a.dtype} is not numeric")
     if a.dtype.kind == "f" and _DTYPE_OF_NUMPY.get(a.dtype) == dtype:
@@ -109,6 +120,26 @@ def _float_tensor(name, x, dtype, round_values, file):
     if a.dtype.kind in "iu" and not np.array_equal(values.astype(a.dtype), a):
         raise _error(file, name, "integer values beyond float64's exact range")
     return (name, dtype, shape, _native.encode(dtype, values.tobytes(), round_values, file, name))
+
+
+def _decode(dtype, bits):
+    """The values of BF16, F16 or FP8 bit patterns as a float32 array (exact: each embeds in F32)."""
+    values = np.frombuffer(_native.decode(dtype, np.ascontiguousarray(bits).tobytes()), "<f8")
+    return values.astype(np.float32).reshape(bits.shape)
+
+
+def _side_dtype(a, bits_dtype, dtype):
+    """The dtype of bias, sinks or dout given as array a: its own when the case accepts it (F64,
+    F32 or the input dtype), else the input dtype for floats and bit patterns (F32 for floats
+    with FP8 inputs: F16 and BF16 values are exact in F32), F64 for integers."""
+    own = bits_dtype or _DTYPE_OF_NUMPY.get(a.dtype)
+    if own in ("F64", "F32", dtype):
+        return own
+    if dtype in FP8_DTYPES and (a.dtype.kind == "f" or bits_dtype == "BF16"):
+        return "F32"
+    if a.dtype == np.uint16 or (a.dtype == np.uint8 and dtype in FP8_DTYPES) or a.dtype.kind == "f":
+        return dtype
+    return "F64"
 
 
 def _bool_tensor(name, x, file):
@@ -146,7 +177,8 @@ def _input_dtype_of(x, file, name):
         return bits_dtype
     t = _DTYPE_OF_NUMPY.get(a.dtype)
     if t is None:
-        raise _error(file, name, f"input_dtype is needed for an array of {a.dtype} (F64, F32, F16 or BF16)")
+        raise _error(file, name, f"input_dtype is needed for an array of {a.dtype} "
+                                 "(F64, F32, F16, BF16, F8_E4M3 or F8_E5M2)")
     return t
 
 
@@ -159,19 +191,18 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
     if first not in arrays:
         raise _error(file, "q", "missing (give q, k and v, or x_q, x_kv and w_q, w_k, w_v, w_o)")
     dtype = input_dtype.upper() if isinstance(input_dtype, str) else None
-    if input_dtype is not None and dtype not in FLOAT_DTYPES:
-        raise _error(file, "input_dtype", f"{input_dtype!r} is not F64, F32, F16 or BF16")
+    if input_dtype is not None and dtype not in INPUT_DTYPES:
+        raise _error(file, "input_dtype", f"{input_dtype!r} is not F64, F32, F16, BF16, F8_E4M3 or F8_E5M2")
     dtype = dtype or _input_dtype_of(arrays[first], file, first)
     tensors = []
     for name, a in arrays.items():
         if name in ("mask", "query_mask"):
             tensors.append(_bool_tensor(name, a, file))
-        elif name == "bias":
+        elif name in ("bias", "sinks", "dout"):
             arr, bits_dtype = _as_array(a, name, file)
-            bias_dtype = bits_dtype or _DTYPE_OF_NUMPY.get(arr.dtype)
-            if bias_dtype not in ("F64", "F32", dtype):
-                bias_dtype = dtype if arr.dtype.kind == "f" or arr.dtype == np.uint16 else "F64"
-            tensors.append(_float_tensor(name, a, bias_dtype, round_values, file))
+            tensors.append(_float_tensor(name, a, _side_dtype(arr, bits_dtype, dtype), round_values, file))
+        elif name in _DESCALES:  # F32, the only dtype of a descale
+            tensors.append(_float_tensor(name, a, "F32", round_values, file))
         elif name in ("seqlens_q", "seqlens_k"):
             tensors.append(_length_tensor(name, a, file))
         elif name in _INPUTS:
@@ -206,13 +237,17 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
 
 
 def _tensor_arrays(tensors):
-    """(values, bits): values of every tensor as arrays (F64, F32, F16 in their NumPy dtype; BF16
-    as float32 holding the values exactly; BOOL as bool; integers as int64), and the raw bit
-    patterns of the BF16 and F16 ones as uint16."""
+    """(values, bits): values of every tensor as arrays (F64, F32, F16 in their NumPy dtype; BF16,
+    F8_E4M3 and F8_E5M2 as float32 holding the values exactly; BOOL as bool; integers as int64),
+    and the raw bit patterns of the BF16 and F16 ones as uint16, of the FP8 ones as uint8."""
     values, bits = {}, {}
     for name, dtype, shape, data in tensors:
         shape = tuple(shape)
-        if dtype == "BF16":
+        if dtype in FP8_DTYPES:
+            raw = np.frombuffer(data, np.uint8).reshape(shape)
+            bits[name] = raw.copy()
+            values[name] = _decode(dtype, raw)
+        elif dtype == "BF16":
             raw = np.frombuffer(data, "<u2").reshape(shape)
             bits[name] = raw.copy()
             values[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
@@ -231,7 +266,8 @@ def _tensor_arrays(tensors):
 
 class Result(dict):
     """Golden tensors by name: `out`, `out.ref` (F64), `out.bound`, `row.valid` (bool), and
-    `weights`, `weights.ref`, `lse`, `lse.ref` when asked, `out.ref_lo` for F64 outputs.
+    `weights`, `weights.ref`, `lse`, `lse.ref`, `scores`, `scores.ref` when asked, `out.ref_lo`
+    for F64 outputs, and each gradient G asked (`dq`, `dk`, `dv`, `dbias`) with `G.ref`, `G.bound`.
 
     undecided: {tensor: flat indices} of the elements whose rounding could not be proven (empty
     when every element is proven); alt: {tensor: the other candidate of each}; bits: raw uint16
@@ -254,12 +290,10 @@ class Result(dict):
         return self["out"]
 
 
-_GOLDEN = ("out", "out.ref", "out.ref_lo", "out.bound", "row.valid", "weights", "weights.ref", "lse", "lse.ref")
-
-
 def _is_golden(name):
-    base = name[: -len(".undecided")] if name.endswith(".undecided") else name[: -len(".alt")] if name.endswith(".alt") else name
-    return base in _GOLDEN
+    """A tensor the reference adds (CONTRACT section 3 and 7, their .undecided and .alt included),
+    by the reader's own list."""
+    return _native.is_golden_tensor_name(name)
 
 
 def _threads(threads):
@@ -267,22 +301,27 @@ def _threads(threads):
 
 
 def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, seqlens_q=None, seqlens_k=None,
-             scale=None, causal=None, window=None,
-             softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None, threads=None,
-             max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
+             sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None, causal=None,
+             window=None, softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None,
+             threads=None, max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
     """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
     file these arrays make, bit for bit (a Result).
 
     q [B, Hq, Nq, Dk], k [B, Hkv, Nk, Dk], v [B, Hkv, Nk, Dv] (or kind mha: x_q, x_kv, w_q, w_k,
-    w_v, w_o); mask, query_mask boolean; seqlens_q, seqlens_k [B] integers (padded varlen); bias F64, F32 or the input dtype; causal "top_left",
-    "bottom_right" (True: top_left); window (left, right); scale and softcap a float (its exact
-    value) or a str (the exact value of the text); outputs among "out", "weights", "lse".
-    input_dtype: by default the dtype of q (float64, float32, float16; a PyTorch bfloat16 tensor
-    is BF16); "BF16" takes float arrays whose values BF16 holds exactly (refused otherwise) or
-    uint16 bit patterns. Every value must be exactly representable in the input dtype: nothing
-    is rounded silently. Raises InputError with the command line's message."""
+    w_v, w_o); mask, query_mask boolean; seqlens_q, seqlens_k [B] integers (padded varlen); bias,
+    sinks [Hq] and dout (the shape of out) F64, F32 or the input dtype; q_descale, k_descale,
+    v_descale [B, Hkv] (F32) for FP8 inputs; causal "top_left", "bottom_right" (True: top_left);
+    window (left, right); scale and softcap a float (its exact value) or a str (the exact value
+    of the text); outputs among "out", "weights", "lse", "scores" and the gradients "dq", "dk",
+    "dv", "dbias" (dout given). input_dtype: by default the dtype of q (float64, float32,
+    float16; a PyTorch bfloat16 tensor is BF16); "BF16" takes float arrays whose values BF16
+    holds exactly (refused otherwise) or uint16 bit patterns, "F8_E4M3" and "F8_E5M2" float
+    arrays of values they hold or uint8 bit patterns (output_dtype then required). Every value
+    must be exactly representable in its dtype: nothing is rounded silently. Raises InputError
+    with the command line's message."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
-                  query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+                  query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
+                  k_descale=k_descale, v_descale=v_descale, dout=dout)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
                                   input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
@@ -296,15 +335,17 @@ def _evaluate(tensors, meta, path, threads, max_precision):
 
 
 def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, seqlens_q=None,
-               seqlens_k=None, scale=None, causal=None,
-               window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None, output_dtype=None,
-               round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
+               seqlens_k=None, sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None,
+               causal=None, window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None,
+               output_dtype=None, round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
+               w_o=None):
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
-    eval` checks it, written atomically. Arguments as for evaluate(); the inputs are rounded to
-    nearest-even into input_dtype (round_inputs=False: refused unless exact); `metadata` adds
-    keys (e.g. "gen.note"). Returns the path."""
+    eval` checks it, written atomically. Arguments as for evaluate(); the float values are
+    rounded to nearest-even into their dtype (F8_E4M3 saturating at +-448; round_inputs=False:
+    refused unless exact); `metadata` adds keys (e.g. "gen.note"). Returns the path."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
-                  query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+                  query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
+                  k_descale=k_descale, v_descale=v_descale, dout=dout)
     path = os.fspath(path)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
@@ -316,18 +357,22 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
 # ---------------------------------------------------------------------------------------------
 # Cases, suites, verdicts
 
-# Features a case can use, as the pytest plugin's `unsupported` names them.
+# Features a case can use, as the pytest plugin's `unsupported` names them: "fp8" is either FP8
+# input dtype, as "causal" is either alignment; "gradients" any of dq, dk, dv, dbias asked.
 FEATURES = ("mha", "gqa", "mask", "bias", "query_mask", "causal", "causal_top_left", "causal_bottom_right",
             "window", "softcap", "scale", "masked_rows_zero", "weights", "lse", "output_dtype", "F64", "F32",
-            "F16", "BF16", "expect_error", "seqlens")
+            "F16", "BF16", "expect_error", "seqlens", "sinks", "fp8", "F8_E4M3", "F8_E5M2", "descales", "scores",
+            "gradients")
+_GRADIENTS = ("dq", "dk", "dv", "dbias")
 
 
 class Case:
     """A case file: inputs as arrays, options, golden tensors when present.
 
     inputs: {name: array} of the tensors an implementation reads (q, k, v or the mha ones, mask,
-    bias, query_mask); BF16 inputs are float32 arrays holding the values exactly, and `bits`
-    holds the raw uint16 patterns of the BF16 and F16 ones. golden: a Result (empty for a case
+    bias, query_mask, seqlens_q, seqlens_k, sinks, the descales, dout); BF16 and FP8 inputs are
+    float32 arrays holding the values exactly, and `bits` holds the raw patterns of the BF16 and
+    F16 ones (uint16) and of the FP8 ones (uint8). golden: a Result (empty for a case
     without golden tensors). expect: "ok", or "error" for a case that must be refused."""
 
     def __init__(self, path, tensors, metadata, *, id=None, tags=(), expect="ok"):
@@ -378,7 +423,11 @@ class Case:
             f.add("mha")
         elif self.inputs["k"].shape[1] != self.inputs["q"].shape[1]:
             f.add("gqa")
-        f.update(n for n in ("mask", "bias", "query_mask") if n in self.inputs)
+        f.update(n for n in ("mask", "bias", "query_mask", "sinks") if n in self.inputs)
+        if self.input_dtype in FP8_DTYPES:
+            f.add("fp8")
+        if any(n in self.inputs for n in _DESCALES):
+            f.add("descales")
         if "seqlens_q" in self.inputs or "seqlens_k" in self.inputs:
             f.add("seqlens")
         if self.causal != "none":
@@ -391,7 +440,9 @@ class Case:
             f.add("scale")
         if self.masked_rows == "zero":
             f.add("masked_rows_zero")
-        f.update(n for n in ("weights", "lse") if n in self.outputs)
+        f.update(n for n in ("weights", "lse", "scores") if n in self.outputs)
+        if any(n in self.outputs for n in _GRADIENTS):
+            f.add("gradients")
         if self.output_dtype != self.input_dtype:
             f.add("output_dtype")
         if self.expect == "error":
@@ -399,14 +450,18 @@ class Case:
         return frozenset(f)
 
     def torch(self):
-        """The inputs as PyTorch tensors, floats in the input dtype (BF16 as torch.bfloat16, exactly),
-        masks as bool."""
+        """The inputs as PyTorch tensors, floats in their dtype (BF16 as torch.bfloat16, FP8 as
+        torch.float8_e4m3fn or float8_e5m2, exactly; FP8 as float32 values where PyTorch has no
+        float8), masks as bool."""
         import torch
 
         out = {}
         for name, a in self.inputs.items():
+            fp8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}.get(self.dtypes[name])
             if self.dtypes[name] == "BF16":
                 out[name] = torch.from_numpy(self.bits[name].view(np.int16).copy()).view(torch.bfloat16)
+            elif fp8 and hasattr(torch, fp8):
+                out[name] = torch.from_numpy(self.bits[name].copy()).view(getattr(torch, fp8))
             else:
                 out[name] = torch.from_numpy(np.array(a))
         return out
@@ -421,10 +476,10 @@ class Case:
         """The gate's verdict on what an implementation returned for this case, computed by the
         conformance library as `attnoracle check` computes it (a Verdict).
 
-        outputs: {"out": array, "weights": ..., "lse": ...} (each converted to the case's output
-        dtype, rounded to nearest-even like a final cast; uint16 arrays are bit patterns of a
-        BF16 or F16 output), or a Refused or Unsupported exception (any other exception counts
-        as a refusal). profile as for `attnoracle check --profile` (fp32, fp16, a list, a
+        outputs: {"out": array, "weights": ..., "lse": ..., "scores": ...} (each converted to the
+        case's output dtype, rounded to nearest-even like a final cast; uint16 arrays are bit
+        patterns of a BF16 or F16 output; gradients are accepted, not judged yet), or a Refused
+        or Unsupported exception (any other exception counts as a refusal). profile as for `attnoracle check --profile` (fp32, fp16, a list, a
         family, a JSON file); masked_rows and returns as its --masked-rows and --returns."""
         outcome, reason, result = "output", "", []
         if isinstance(outputs, Unsupported):

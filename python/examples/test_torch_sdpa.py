@@ -10,7 +10,8 @@ def sdpa(q, k, v, scale, causal):  # the function under test; PyTorch 2: F.scale
     return torch.softmax(s, dim=-1) @ v
 
 @attnoracle.parametrize_suite("vectors/core", profile="fp64,fp32,torch-cpu-bf16", returns=("out",), unsupported=(
-    "mha", "mask", "bias", "query_mask", "window", "softcap", "F16", "masked_rows_zero", "expect_error", "seqlens"))
+    "mha", "mask", "bias", "query_mask", "window", "softcap", "F16", "masked_rows_zero", "expect_error", "seqlens",
+    "sinks", "fp8"))
 def test_sdpa(attnoracle_case):
     c, x = attnoracle_case, attnoracle_case.torch()
     c.assert_conforms({"out": sdpa(x["q"], x["k"], x["v"], c.scale_value, c.causal)})

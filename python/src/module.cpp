@@ -74,11 +74,13 @@ std::vector<PyTensor> tensors_of(const SafeTensorsFile& f) {
   return out;
 }
 
-// Doubles (a float64 buffer) into `dtype`: exactly, or rounded to nearest-even when `round`.
+// Doubles (a float64 buffer) into `dtype`: exactly, or rounded to nearest-even when `round`
+// (F8_E4M3, which has no infinity, saturates to +-448 as round_double does).
 py::bytes py_encode(const std::string& dtype, const py::bytes& values, bool round, const std::string& file,
                  const std::string& field) {
   const DType t = dtype_of(dtype, file, field);
-  if (!is_float_format(t)) throw InputError(file, field, "dtype " + dtype + " is not F64, F32, F16 or BF16");
+  if (!is_input_format(t))
+    throw InputError(file, field, "dtype " + dtype + " is not F64, F32, F16, BF16, F8_E4M3 or F8_E5M2");
   const std::string_view in = values;
   const std::size_t n = in.size() / sizeof(double);
   std::string out(n * dtype_size(t), '\0');
@@ -92,6 +94,21 @@ py::bytes py_encode(const std::string& dtype, const py::bytes& values, bool roun
       throw InputError(file, field, buf);
     }
     encode_float(t, r, reinterpret_cast<unsigned char*>(out.data()) + k * dtype_size(t));
+  }
+  return py::bytes(out);
+}
+
+// The elements of a float tensor as doubles (a float64 buffer), decoded exactly by the format
+// library: every input format embeds in F64.
+py::bytes py_decode(const std::string& dtype, const py::bytes& data) {
+  const DType t = dtype_of(dtype, "<decode>", "dtype");
+  if (!is_input_format(t)) throw InputError("<decode>", "dtype", "dtype " + dtype + " is not a float format");
+  const std::string_view in = data;
+  const std::size_t size = dtype_size(t), n = in.size() / size;
+  std::string out(n * sizeof(double), '\0');
+  for (std::size_t k = 0; k < n; ++k) {
+    const double x = decode_float(t, reinterpret_cast<const unsigned char*>(in.data()) + k * size);
+    std::memcpy(out.data() + k * sizeof(double), &x, sizeof x);
   }
   return py::bytes(out);
 }
@@ -253,6 +270,8 @@ PYBIND11_MODULE(_attnoracle, m) {
     invariant_error_type = invariant_error.release().ptr();
   });
   m.def("encode", &py_encode, py::arg("dtype"), py::arg("values"), py::arg("round"), py::arg("file"), py::arg("field"));
+  m.def("decode", &py_decode, py::arg("dtype"), py::arg("data"));
+  m.def("is_golden_tensor_name", &is_golden_tensor_name, py::arg("name"));
   m.def("evaluate", &py_evaluate);
   m.def("read_case", &py_read_case);
   m.def("write_case", &py_write_case);

@@ -12,7 +12,7 @@ import attnoracle
 from attnoracle import _attnoracle as native
 from conftest import CORE, CORE_CASES, run_cli
 
-PROFILE = "standard"  # fp64, fp32, fp16, bf16: every core case is judged
+PROFILE = "fp64,fp32,fp16,bf16,fp8"  # every core case is judged (standard has no FP8 member)
 
 
 def golden_outputs(case):
@@ -135,3 +135,21 @@ def test_suite_reads_the_manifest_as_the_gate(core, tmp_path):
     assert str(e.value) == f"{entry.file}: sha256 differs from the manifest: the vector set is altered"
     with pytest.raises(attnoracle.InputError, match="not a vector set directory"):
         attnoracle.Suite(tmp_path / "nowhere")
+
+
+def test_check_judges_scores_and_accepts_gradients(core, tmp_path):
+    case = next(c for c in (e.load() for e in core if "scores" in e.tags) if c.input_dtype == "F32")
+    outputs = golden_outputs(case)
+    assert set(outputs) == {"out", "scores"} and case.check(outputs).passed
+    bad = dict(outputs, scores=np.array(outputs["scores"]))
+    bad["scores"][0, 0, 0, 0] += 1.0
+    v = case.check(bad)
+    assert v.failed and v.worst["tensor"] == "scores" and v.worst["index"] == [0, 0, 0, 0]
+    assert case.check({"out": outputs["out"]}).reason == "the result has no tensor 'scores'"
+    # gradients: the gate does not judge them yet, and an implementation may return them
+    from test_evaluate import gradient_case
+
+    path, _, _ = gradient_case(tmp_path)
+    assert run_cli("eval", path, "-o", str(tmp_path / "g.safetensors"), "-q").returncode == 0
+    grad = attnoracle.load_case(tmp_path / "g.safetensors")
+    assert grad.check({n: grad.golden[n] for n in grad.outputs}).passed
