@@ -95,6 +95,27 @@ TEST_F(Profiles, Fp8Fields) {
             std::string::npos);
 }
 
+TEST_F(Profiles, BackwardFields) {
+  // the built-ins: FlashAttention 2 rounds P and dS to the input dtype for the gradient products
+  EXPECT_EQ(conformance::builtin_profile("flash-fp16").grad_ds, DType::F16);
+  EXPECT_EQ(conformance::builtin_profile("flash-bf16").grad_ds, DType::BF16);
+  EXPECT_EQ(conformance::builtin_profile("fp16").grad_ds, DType::F32);
+  EXPECT_EQ(conformance::builtin_profile("fp64").grad_accum, DType::F64);
+  EXPECT_EQ(conformance::builtin_profile("torch-cpu-bf16").grad_dp, DType::BF16);
+  file("g.json", R"({"name": "g", "base": "bf16", "grad_ds": "BF16", "grad_dp": "F32", "grad_accum": "F32", "returns_gradients": false})");
+  const Profile p = conformance::profile_from_json((dir_ / "g.json").string());
+  EXPECT_EQ(p.grad_ds, DType::BF16);
+  EXPECT_FALSE(p.returns_gradients);
+  file("g2.json", R"({"name": "g2", "grad_accum": "F8_E4M3"})");
+  EXPECT_NE(refusal([&] { conformance::profile_from_json((dir_ / "g2.json").string()); })
+                .find("g2.json: grad_accum: must be one of F64, F32, F16, BF16"),
+            std::string::npos);
+  file("g3.json", R"({"name": "g3", "returns_gradients": "yes"})");
+  EXPECT_NE(refusal([&] { conformance::profile_from_json((dir_ / "g3.json").string()); })
+                .find("g3.json: returns_gradients: must be true or false"),
+            std::string::npos);
+}
+
 TEST_F(Profiles, JsonFamilyWithNamesFilesAndObjects) {
   file("f16.json", R"({"name": "my-f16", "base": "fp16", "softmax": "F16", "bias": "F16"})");
   const std::string fam = file("fam.json", R"({"name": "mine", "profiles": ["fp32", "f16.json",
