@@ -460,7 +460,8 @@ class GradientTest(unittest.TestCase):
                     self.assertLessEqual(max(ratios.values()), 1, ratios)
 
     def test_fp16_and_bf16_arith(self):
-        for arith, name in (("fp16", "f16"), ("bf16", "bf16_f32_out")):
+        for arith, name in (("fp16", "f16"), ("fp16", "f16_window_bottom_right"), ("bf16", "bf16_f32_out"),
+                            ("bf16", "scalar_bias_bf16")):
             for block in (4, 16):
                 with self.subTest(arith=arith, block=block):
                     got = self.run_flash(["--block", str(block), "--arith", arith], [name])[name]

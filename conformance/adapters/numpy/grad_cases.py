@@ -11,7 +11,8 @@ padding mask with a bias broadcast over batch and heads and causal bottom_right 
 top_left with a window leaving fully masked rows (policy zero); seqlens_q and seqlens_k with NaN
 at every unused position and in dout on padding rows; query_mask padding rows with large finite
 dout; a bias broadcast along the keys (dbias exactly 0); F16, BF16 (F32 output) and F64 inputs;
-and a long case (Nq = 128, Nk = 40) for blocked kernels.
+a bias of shape [] with BF16 inputs and outputs; F16 inputs with an F32 dout and a window on
+bottom_right; and a long case (Nq = 128, Nk = 40) for blocked kernels.
 """
 import json
 import os
@@ -112,6 +113,16 @@ def specs(seed=11):
     t = {"q": n(1, 4, 6, 8), "k": n(1, 2, 9, 8), "v": n(1, 2, 9, 4), "dout": n(1, 4, 6, 4),
          "bias": n(1, 4, 1, 9)}
     out["f64_softcap"] = (t, _meta(softcap="1.5", outputs=grads + ",dbias"), {x: "F64" for x in t})
+    # a bias of shape [] (dbias: one number, exactly 0) with BF16 inputs and outputs, dout F32
+    t = {"q": n(1, 2, 4, 4), "k": n(1, 2, 5, 4), "v": n(1, 2, 5, 3), "dout": n(1, 2, 4, 3),
+         "bias": np.array(0.7)}
+    out["scalar_bias_bf16"] = (t, _meta(outputs=grads + ",dbias"),
+                               {"q": "BF16", "k": "BF16", "v": "BF16", "dout": "F32", "bias": "F64"})
+    # F16 inputs with an F32 dout and bias [1,Hq,1,Nk]; a window on causal bottom_right
+    t = {"q": n(2, 2, 4, 4), "k": n(2, 1, 5, 4), "v": n(2, 1, 5, 3), "dout": n(2, 2, 4, 3),
+         "bias": n(1, 2, 1, 5)}
+    out["f16_window_bottom_right"] = (t, _meta(causal="bottom_right", window="1,1", outputs=grads + ",dbias"),
+                                      {"q": "F16", "k": "F16", "v": "F16", "dout": "F32", "bias": "F32"})
     # long rows and columns for blocked kernels: several query and key blocks, a partial last one
     out["long"] = (
         {"q": n(1, 2, 128, 8), "k": n(1, 1, 40, 8), "v": n(1, 1, 40, 8), "dout": n(1, 2, 128, 8)},

@@ -356,6 +356,13 @@ class AdapterTest(unittest.TestCase):
         np.testing.assert_array_equal(tensors["b"], [True, False])
         np.testing.assert_array_equal(tensors["i"], [-1, 7])
 
+    def test_bf16_scalar_round_trip(self):
+        # a tensor of shape [] (a dbias of a bias []) in BF16
+        path = os.path.join(self.dir, "bf16_scalar.safetensors")
+        st.save(path, {"x": np.array(-1.5, F32)}, {}, dtypes={"x": "BF16"})
+        x = st.load(path)[0]["x"]
+        self.assertEqual((x.shape, x.dtype, float(x)), ((), F32, -1.5))
+
     def test_readme_snippet_reads_like_load(self):
         with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
             readme = f.read()
@@ -731,8 +738,10 @@ class GradientTest(unittest.TestCase):
         np.testing.assert_array_equal(got["top_left_window_masked_rows"]["dq"][:, :, 4:], 0)
         np.testing.assert_array_equal(got["query_mask_padding"]["dq"][:, :, 1:4], 0)
         np.testing.assert_array_equal(self.cases["query_mask_padding"].golden["dq"][:, :, 1:4], 0)
-        # a bias broadcast along the keys: each row of dS sums to 0
+        # a bias broadcast along the keys (or of shape []): each row of dS sums to 0
         np.testing.assert_array_equal(got["bias_along_keys"]["dbias"], 0)
+        self.assertEqual(got["scalar_bias_bf16"]["dbias"].shape, ())
+        np.testing.assert_array_equal(got["scalar_bias_bf16"]["dbias"], 0)
         np.testing.assert_array_equal(self.cases["bias_along_keys"].golden["dbias"], 0)
 
     def test_each_backward_bug_is_beyond_the_limit(self):

@@ -158,6 +158,8 @@ def ops_gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_m
                           query_mask, seqlens_q, seqlens_k, None, dt)[0]
         out.backward(tensor(np.where(rows[:, None, :, None], finite(dout), 0), dt))
     result = {"d" + name: t.grad.double().numpy() for name, t in leaves.items()}
+    if bias is not None:                # a bias of shape [] became [1] (np.ascontiguousarray)
+        result["dbias"] = result["dbias"].reshape(bias.shape)
     result["dq"] = np.where(rows[:, None, :, None], result["dq"], 0)
     return {name: result[name] for name in names}
 
