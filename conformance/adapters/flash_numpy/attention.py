@@ -101,6 +101,8 @@ BUGS = {
                               "bottom_right swapped; dk and dv right)",
     "bwd_lse_rounded": "the saved lse rounded to F16 (a half-precision lse buffer) before P is "
                        "recomputed from it",
+    "bwd_lse_batch0": "the backward reads the saved lse of batch 0 for every batch (an lse offset "
+                      "that forgets the batch stride): wrong P in batches 1 and on",
     "bwd_tail_block_skipped": "the backward skips the last key block when it is partial (Nk not a "
                               "multiple of --block): those keys get dk = dv = 0 and give dq nothing",
 }
@@ -445,6 +447,8 @@ class Kernel:
         delta = np.sum(dout * out, axis=-1, dtype=acc)                  # D_i, from the rounded out
         if bug == "bwd_lse_rounded":         # BUG: lse kept in F16
             lse = round_f16(lse).astype(acc)
+        if bug == "bwd_lse_batch0":          # BUG: batch 0's lse everywhere
+            lse = np.broadcast_to(lse[:1], lse.shape)
         full = (B, Hq, Nq, Nk)
         bias_shape = None if bias is None else bias.shape
         bias = None if bias is None else np.broadcast_to(bias, full)
