@@ -84,6 +84,27 @@ BUGS = {
     "sinks_ignored": "the sinks are ignored (the softmax over the keys alone)",
     "sink_in_numerator": "the sink's term exp(sink - m) added to the numerator of every allowed "
                          "weight as well as to the denominator",
+    # Backward (gradients)
+    "bwd_no_delta": "dS = P dP: the term D_i = rowsum(dout * out) dropped",
+    "bwd_mask_ignored": "P recomputed from the scores without the mask, causal and window "
+                        "(masked keys get exp(S - lse)), so dS is not masked",
+    "bwd_dk_no_scale": "dk = dS^T Q without the scale",
+    "bwd_gqa_no_sum": "dk and dv of a kv head written by each query head of its group in turn, not "
+                      "summed: the last head's contribution is kept",
+    "bwd_no_softcap_grad": "the softcap's derivative 1 - tanh^2(T / c) omitted (dT = dS)",
+    "bwd_stale_lse": "P recomputed from the lse of the first key block (m + log l after it), not "
+                     "renormalised over the later blocks",
+    "bwd_dv_unnormalised": "dv = exp(S - m)^T dout with m the row maximum: the weights not divided by l",
+    "bwd_dk_f16_accumulation": "dk of a key block accumulated in float16 over the query blocks",
+    "bwd_masked_row_nan": "P = exp(S - lse) on fully masked rows too: exp(-inf - -inf) = NaN in dq",
+    "bwd_dq_other_alignment": "dq from a dS masked with the other causal alignment (top_left and "
+                              "bottom_right swapped; dk and dv right)",
+    "bwd_lse_rounded": "the saved lse rounded to F16 (a half-precision lse buffer) before P is "
+                       "recomputed from it",
+    "bwd_lse_batch0": "the backward reads the saved lse of batch 0 for every batch (an lse offset "
+                      "that forgets the batch stride): wrong P in batches 1 and on",
+    "bwd_tail_block_skipped": "the backward skips the last key block when it is partial (Nk not a "
+                              "multiple of --block): those keys get dk = dv = 0 and give dq nothing",
 }
 
 
@@ -397,6 +418,118 @@ class Kernel:
                 lse = (lse / acc(math.log(2))).astype(acc)
         return out, weights, lse, scores
 
+    def gradients(self, q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
+                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None):
+        """dq, dk, dv, dbias (those in `names`), FlashAttention-2's backward: the forward above
+        for out and lse, then per key block P = exp(S - lse) recomputed, and per query block
+        dv += P^T dout, dP = dout V^T, dS = P (dP - D) with D_i = rowsum(dout * out) (out rounded
+        to the output dtype), dT = dS (1 - tanh^2(T / c)), dq += dT K, dk += dT^T Q, all in the
+        accumulation dtype (F32; F64 for F64 inputs); dq, dk times the scale at the end, dk and dv
+        summed over each kv head's query heads. --arith fp16/bf16: dout, P and dT rounded to the
+        input format before their products, as the kernel's matmul inputs."""
+        bug = self.bug
+        forward = dict(meta, **{"attn.outputs": "out,lse"})
+        out, _, lse, _ = self(q, k, v, forward, None, mask=mask, bias=bias, query_mask=query_mask,
+                              in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+        acc = np.float64 if in_dtype == "F64" else np.float32
+        rnd = self.rnd or (lambda a: a)
+        B, Hq, Nq, Dk = q.shape
+        Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        group = Hq // Hkv
+        rows = nx.query_rows(B, Nq, query_mask, seqlens_q)[:, None, :] & (lse != -np.inf)
+        finite = lambda a: np.where(np.isfinite(a), a, 0).astype(acc)   # unused positions: 0
+        q, k, v = rnd(finite(q)), rnd(finite(k)), rnd(finite(v))
+        heads = np.arange(Hq) // group
+        k, v = k[:, heads], v[:, heads]
+        dout = rnd(np.where(rows[..., None], finite(dout), 0))
+        out = {"F64": lambda a: a, "F32": lambda a: a.astype(np.float32), "F16": round_f16,
+               "BF16": round_bf16}[out_dtype](out).astype(acc)
+        delta = np.sum(dout * out, axis=-1, dtype=acc)                  # D_i, from the rounded out
+        if bug == "bwd_lse_rounded":         # BUG: lse kept in F16
+            lse = round_f16(lse).astype(acc)
+        if bug == "bwd_lse_batch0":          # BUG: batch 0's lse everywhere
+            lse = np.broadcast_to(lse[:1], lse.shape)
+        full = (B, Hq, Nq, Nk)
+        bias_shape = None if bias is None else bias.shape
+        bias = None if bias is None else np.broadcast_to(bias, full)
+        scale = nx.number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
+        cap = nx.number(meta.get("attn.softcap", "0"))
+        blocks = [(j0, min(j0 + self.block, Nk)) for j0 in range(0, Nk, self.block)]
+        other = dict(meta, **{"attn.causal": {"top_left": "bottom_right", "bottom_right": "top_left"}
+                              .get(meta.get("attn.causal", "none"), "none")})
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if bug == "bwd_stale_lse":       # BUG: the lse as it stood after the first key block
+                s0 = self.scores(q, k[:, :, :blocks[0][1]], meta, bias, Nk, 0, blocks[0][1], scale, cap)
+                m0 = s0.max(axis=-1)
+                l0 = np.exp(s0 - np.where(m0 == -np.inf, 0, m0)[..., None]).sum(axis=-1)
+                lse = np.where(m0 == -np.inf, lse, m0 + np.log(l0)).astype(acc)
+            if bug == "bwd_dv_unnormalised":   # BUG: dv's weights exp(S - m), m the row maximum
+                rowmax = np.max([self.scores(q, k[:, :, j0:j1], meta, bias, Nk, j0, j1, scale, cap)
+                                 .max(axis=-1) for j0, j1 in blocks], axis=0)
+            dq = np.zeros((B, Hq, Nq, Dk), acc)
+            dk = np.zeros((B, Hq, Nk, Dk), acc)
+            dv = np.zeros((B, Hq, Nk, Dv), acc)
+            ds_all = np.zeros(full, acc) if "dbias" in names else None
+            for j0, j1 in blocks:
+                if bug == "bwd_tail_block_skipped" and j1 - j0 < self.block and j0 > 0:
+                    continue                 # BUG: the partial last block left out
+                kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
+                s = self.scores(q, kb, meta, bias, Nk, j0, j1, scale, cap)
+                if bug == "bwd_mask_ignored":    # BUG: the scores of every key, masks aside
+                    s = self.raw_scores(q, kb, bias, j0, j1, scale, cap)
+                t = (q @ np.swapaxes(kb, -1, -2)) * acc(scale)
+                soft = (1 - np.tanh(t / acc(cap)) ** 2).astype(acc) if cap != 0 else None
+                p = np.exp(s - lse[..., None]).astype(acc)
+                if bug != "bwd_masked_row_nan":  # BUG: NaN from the rows with no key kept
+                    p = np.where(rows[..., None], p, 0)
+                pv = p
+                if bug == "bwd_dv_unnormalised":
+                    pv = np.where(rows[..., None], np.exp(s - rowmax[..., None]), 0).astype(acc)
+                p_dq = p
+                if bug == "bwd_dq_other_alignment":   # BUG: dq's P masked the other way
+                    p_dq = np.where(rows[..., None], np.exp(
+                        self.scores(q, kb, other, bias, Nk, j0, j1, scale, cap) - lse[..., None]), 0)
+                f16 = bug == "bwd_dk_f16_accumulation"
+                dk_b = np.zeros(kb.shape, np.float16 if f16 else acc)   # this key block's dk, dv
+                dv_b = np.zeros(vb.shape, acc)
+                for i0 in range(0, Nq, self.block):
+                    i1 = min(i0 + self.block, Nq)
+                    do, d = dout[:, :, i0:i1], delta[:, :, i0:i1, None]
+                    dv_b = dv_b + np.swapaxes(rnd(pv[:, :, i0:i1]), -1, -2) @ do
+                    dp = do @ np.swapaxes(vb, -1, -2)
+                    ds = p[:, :, i0:i1] * (dp if bug == "bwd_no_delta" else dp - d)   # BUG: no D
+                    ds_q = p_dq[:, :, i0:i1] * (dp - d) if p_dq is not p else ds
+                    if ds_all is not None:
+                        ds_all[:, :, i0:i1, j0:j1] = ds
+                    if soft is not None and bug != "bwd_no_softcap_grad":   # BUG: no tanh'
+                        ds, ds_q = ds * soft[:, :, i0:i1], ds_q * soft[:, :, i0:i1]
+                    dq[:, :, i0:i1] += rnd(ds_q.astype(acc)) @ kb
+                    part = np.swapaxes(rnd(ds.astype(acc)), -1, -2) @ q[:, :, i0:i1]
+                    dk_b = (dk_b + part).astype(np.float16) if f16 else dk_b + part   # BUG: F16 sum
+                dk[:, :, j0:j1], dv[:, :, j0:j1] = dk_b, dv_b
+        dq = dq * acc(scale)
+        if bug != "bwd_dk_no_scale":          # BUG: dk left unscaled
+            dk = dk * acc(scale)
+
+        def per_kv_head(a):                   # the group's query heads summed in acc
+            a = a.reshape((B, Hkv, group) + a.shape[2:])
+            return a[:, :, -1] if bug == "bwd_gqa_no_sum" else a.sum(axis=2)   # BUG: last one only
+        result = {"dq": dq, "dk": per_kv_head(dk), "dv": per_kv_head(dv)}
+        if ds_all is not None:
+            result["dbias"] = nx.reduce_to(ds_all, bias_shape)   # summed in acc over the broadcast
+        return {name: result[name] for name in names}
+
+    def raw_scores(self, q, kb, bias, j0, j1, scale, cap):
+        """Scores of keys j0..j1-1 with no mask at all (bug bwd_mask_ignored)."""
+        acc = q.dtype
+        s = (q @ np.swapaxes(kb, -1, -2)) * acc.type(scale)
+        if cap != 0:
+            s = acc.type(cap) * np.tanh(s / acc.type(cap))
+        if bias is not None:
+            b = bias[..., j0:j1].astype(acc)
+            s = s + np.where(np.isfinite(b), b, 0)
+        return s
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -412,7 +545,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.block < 1:
         parser.error("--block must be at least 1")
-    nx.attention = Kernel(args.block, args.arith, args.bug)
+    nx.attention = kernel = Kernel(args.block, args.arith, args.bug)
+    nx.gradients = kernel.gradients
     # The NumPy adapter's job loop with this kernel; float64 carries every input dtype exactly.
     return nx.main(["--dtype", "float64", args.jobs])
 

@@ -8,7 +8,9 @@ hand, with the right and the wrong results.
 """
 import math
 import os
+import shutil
 import sys
+import tempfile
 import unittest
 
 import numpy as np
@@ -80,6 +82,9 @@ class PlantedBugTest(unittest.TestCase):
 
     def test_every_bug_has_a_test(self):
         for bug in attention.BUGS:
+            if bug.startswith("bwd_"):           # gradients: GradientTest, against eval
+                self.assertIn(bug, BWD_BUGS)
+                continue
             self.assertTrue(hasattr(self, "test_bug_" + bug), f"--bug {bug} has no test")
 
     def both(self, bug, *args, **kw):
@@ -396,6 +401,103 @@ class PlantedBugTest(unittest.TestCase):
         self.assertEqual(right[0, 0, 0, 0], 2.0)
         wrong = kernel("nan_from_padded_key", q, k, v, seqlens_k=np.array([2]))[0]
         self.assertTrue(np.isnan(wrong[0, 0, 0, 0]))
+
+
+# -- gradients (CONTRACT section 7) against `attnoracle eval` ------------------------------
+
+sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
+import grad_cases as gc  # noqa: E402
+
+P_UNIT = {"fp32": 0.0, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def flash_limit(case, arith="fp32"):
+    """(2 u_out + 3 u_p + 2 n u_acc) G.bound + tiny: the final rounding (u_out |G| <= u_out G.bound)
+    and D_i from the rounded out (u_out on the D terms of G.bound); dout, P and dS rounded to the
+    --arith format (u_p), at most three such factors per term; the accumulation in F32 (F64 for
+    F64 inputs) of at most n = Nq + Nk + Dk + Dv terms, with the exp of S - lse (factor 2)."""
+    u, tiny = gc.UNIT[case.out_dtype], gc.TINY[case.out_dtype]
+    u_acc = 2.0 ** -53 if case.dtypes["q"] == "F64" else 2.0 ** -24
+    c = 2 * u + 3 * P_UNIT[arith] + 2 * case.n * u_acc
+    return lambda ref, bound: c * bound + tiny
+
+
+# bug -> the case it shows on (grad_cases.specs), at --block 16
+BWD_BUGS = {
+    "bwd_no_delta": "gqa_softcap_bias", "bwd_mask_ignored": "mask_bias_bottom_right",
+    "bwd_dk_no_scale": "gqa_softcap_bias", "bwd_gqa_no_sum": "gqa_softcap_bias",
+    "bwd_no_softcap_grad": "gqa_softcap_bias", "bwd_stale_lse": "long",
+    "bwd_dv_unnormalised": "gqa_softcap_bias", "bwd_dk_f16_accumulation": "long",
+    "bwd_masked_row_nan": "top_left_window_masked_rows", "bwd_dq_other_alignment": "mask_bias_bottom_right",
+    "bwd_lse_rounded": "gqa_softcap_bias", "bwd_tail_block_skipped": "long",
+    "bwd_lse_batch0": "gqa_softcap_bias",
+}
+
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class GradientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="attn_flash_grad_")
+        cls.cases = gc.build(cls.dir, gate.cli())
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def run_flash(self, flags, names):
+        return gc.run_adapter(ADAPTER + flags, [self.cases[n] for n in names], self.dir, "_".join(flags))
+
+    def test_fp32_every_block(self):
+        # F16, BF16 and F64 inputs included: --arith fp32 computes them in F32 (F64 in F64)
+        for block in (4, 16, 64):
+            got = self.run_flash(["--block", str(block)], self.cases)
+            for name, case in self.cases.items():
+                with self.subTest(block=block, case=name):
+                    self.assertIsInstance(got[name], dict, got[name])
+                    for g in case.grads:
+                        self.assertEqual(got[name][g].shape, case.golden[g].shape, g)
+                    ratios = gc.ratios(got[name], case, flash_limit(case))
+                    self.assertLessEqual(max(ratios.values()), 1, ratios)
+
+    def test_fp16_and_bf16_arith(self):
+        for arith, name in (("fp16", "f16"), ("fp16", "f16_window_bottom_right"), ("bf16", "bf16_f32_out"),
+                            ("bf16", "scalar_bias_bf16")):
+            for block in (4, 16):
+                with self.subTest(arith=arith, block=block):
+                    got = self.run_flash(["--block", str(block), "--arith", arith], [name])[name]
+                    ratios = gc.ratios(got, self.cases[name], flash_limit(self.cases[name], arith))
+                    self.assertLessEqual(max(ratios.values()), 1, ratios)
+
+    def test_gradient_zeros(self):
+        got = self.run_flash(["--block", "4"], ["seqlens_unused_nan", "top_left_window_masked_rows",
+                                                "query_mask_padding"])
+        c, r = self.cases["seqlens_unused_nan"], got["seqlens_unused_nan"]
+        for b in range(2):
+            lq, lk = c.golden["seqlens_q"][b], c.golden["seqlens_k"][b]
+            np.testing.assert_array_equal(r["dq"][b, :, lq:], 0)
+            np.testing.assert_array_equal(r["dk"][b, :, lk:], 0)
+            np.testing.assert_array_equal(r["dv"][b, :, lk:], 0)
+        np.testing.assert_array_equal(got["top_left_window_masked_rows"]["dq"][:, :, 4:], 0)
+        np.testing.assert_array_equal(got["query_mask_padding"]["dq"][:, :, 1:4], 0)
+
+    def test_each_backward_bug_is_beyond_the_limit(self):
+        self.assertEqual(set(BWD_BUGS), {b for b in attention.BUGS if b.startswith("bwd_")})
+        for bug, name in BWD_BUGS.items():
+            with self.subTest(bug=bug):
+                got = self.run_flash(["--block", "16", "--bug", bug], [name])[name]
+                ratios = gc.ratios(got, self.cases[name], flash_limit(self.cases[name]))
+                self.assertGreater(max(ratios.values()), 1, ratios)
+
+    def test_sinks_gradients_unsupported(self):
+        rng = np.random.default_rng(4)
+        t = {x: rng.normal(size=(1, 2, 3, 4)) for x in ("q", "k", "v", "dout")}
+        path = os.path.join(self.dir, "sinks.safetensors")
+        gc.st.save(path, dict(t, sinks=np.zeros(2)), {"attn.format": "1", "attn.outputs": "out,dq"})
+        case = gc.Case("sinks", path, {})
+        got = gc.run_adapter(ADAPTER, [case], self.dir, "sinks")["sinks"]
+        self.assertEqual(got[0], ".unsupported")
+        self.assertIn("sinks", got[1])
 
 
 if __name__ == "__main__":

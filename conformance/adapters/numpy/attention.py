@@ -50,7 +50,15 @@ BUGS = {
     "meta_head_bias_ignored": "query head 0 ignores the finite values of the bias (-inf still masks)",
     "meta_window_off_by_one": "the window's left edge excludes key i - left (i - left < j)",
     "meta_softcap_ignored": "attn.softcap is ignored",
+    # backward (gradients)
+    "bwd_dbias_not_reduced": "dbias takes index 0 of dS along the bias's broadcast dimensions "
+                             "instead of summing over them",
+    "bwd_padding_rows": "padding rows (query_mask false, past seqlens_q) are differentiated like the "
+                        "others: their dout enters dk and dv, and their dq is not zeroed",
+    "bwd_gqa_sum_tiled": "dk and dv summed over the query heads h with h % Hkv = g (a tiled "
+                         "reshape) instead of those with h // (Hq / Hkv) = g",
 }
+GRADIENTS = ("dq", "dk", "dv", "dbias")
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.outputs"}
@@ -226,6 +234,80 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
     return out, w, lse, scores
 
 
+numpy_attention = attention   # the backward's forward, whatever kernel replaces `attention`
+
+
+def query_rows(B, Nq, query_mask=None, seqlens_q=None):
+    """Bool [B, Nq]: the rows that are not padding (query_mask true and i < seqlens_q[b])."""
+    rows = np.ones((B, Nq), bool) if query_mask is None else query_mask.astype(bool)
+    if seqlens_q is not None:
+        rows = rows & (np.arange(Nq)[None, :] < seqlens_q.astype(np.int64)[:, None])
+    return rows
+
+
+def reduce_to(g, shape, bug=None):
+    """g [B,H,Nq,Nk] summed over the dimensions along which an array of `shape` was broadcast
+    (NumPy's rules), then given that shape."""
+    padded = (1,) * (g.ndim - len(shape)) + tuple(shape)
+    axes = tuple(a for a in range(g.ndim) if padded[a] == 1 and g.shape[a] != 1)
+    if bug == "bwd_dbias_not_reduced":  # BUG: one slice where the sum belongs
+        return g[tuple(slice(0, 1) if a in axes else slice(None) for a in range(g.ndim))].reshape(shape)
+    return g.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None, in_dtype=None,
+              seqlens_q=None, seqlens_k=None, out_dtype=None):
+    """dq, dk, dv, dbias (those in `names`) of kind sdpa, in float64 whatever --dtype: the forward
+    again in float64 (this adapter's arithmetic: scale times Q K^T, c tanh(t / c), + bias, the
+    softmax with the row maximum subtracted), then dS = P (dP - D) with dP = dout V^T and
+    D_i = dout_i . out_i, dT = dS (1 - tanh^2(T / c)), dq = scale dT K, dk = scale dT^T Q,
+    dv = P^T dout, dbias = dS reduced over the bias's broadcast dimensions. Padding rows get 0
+    and add nothing; so do fully masked rows (P = 0) and unused positions."""
+    f64 = np.float64
+    B, Hq, Nq, Dk = q.shape
+    Hkv = k.shape[1]
+    group = Hq // Hkv
+    rows = query_rows(B, Nq, query_mask, seqlens_q)
+    if bug == "bwd_padding_rows":       # BUG: every row counted as a query
+        rows = np.ones_like(rows)
+    finite = lambda a: np.where(np.isfinite(a), a, 0).astype(f64)   # unused positions read as 0
+    q, k, v = finite(q), finite(k), finite(v)
+    dout = np.where(rows[:, None, :, None], finite(dout), 0)
+    out, p, _, _ = numpy_attention(q, k, v, meta, None, mask=mask, bias=bias, query_mask=query_mask,
+                                   in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+    p = np.where(rows[:, None, :, None], p, 0)          # padding rows: no weight, no gradient
+    out = np.where(rows[:, None, :, None], out, 0)
+    g = np.arange(Hq) // group
+    kg, vg = k[:, g], v[:, g]
+    scale = number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
+    dp = dout @ np.swapaxes(vg, -1, -2)
+    delta = np.sum(dout * out, axis=-1, keepdims=True)
+    ds = p * (dp - delta)
+    cap = number(meta.get("attn.softcap", "0"))
+    dt = ds
+    if cap != 0:
+        t = scale * (q @ np.swapaxes(kg, -1, -2))
+        dt = ds * (1 - np.tanh(t / cap) ** 2)
+    result = {}
+    if "dq" in names:
+        result["dq"] = scale * (dt @ kg)
+    def per_kv_head(a):                 # [B,Hq,...] -> [B,Hkv,...]: the group's query heads summed
+        if bug == "bwd_gqa_sum_tiled":  # BUG: heads g, g + Hkv, ... summed
+            return a.reshape((B, group, Hkv) + a.shape[2:]).sum(axis=1)
+        return a.reshape((B, Hkv, group) + a.shape[2:]).sum(axis=2)
+    if "dk" in names:
+        result["dk"] = per_kv_head(scale * (np.swapaxes(dt, -1, -2) @ q))
+    if "dv" in names:
+        result["dv"] = per_kv_head(np.swapaxes(p, -1, -2) @ dout)
+    if "dbias" in names:
+        padded = (1,) * (4 - bias.ndim) + bias.shape
+        if padded[3] == 1 and bug != "bwd_dbias_not_reduced":   # broadcast along the keys: each row of dS sums to 0
+            result["dbias"] = np.zeros(bias.shape, f64)
+        else:
+            result["dbias"] = reduce_to(ds, bias.shape, bug)
+    return result
+
+
 def truncate(a, dtype):
     """float64 `a` rounded toward zero to the precision and range of `dtype` (bug truncate_output)."""
     precision, emin, top = {"F64": (53, -1022, 1024), "F32": (24, -126, 128), "F16": (11, -14, 16),
@@ -274,6 +356,16 @@ def run_case(path, compute, bug=None):
                  sinks=x.get("sinks"))
     if descales:
         extra["descales"] = descales
+    grads = [name for name in outputs if name in GRADIENTS]
+    if grads:
+        why = ("kind mha" if kind != "sdpa" else "sinks" if "sinks" in tensors
+               else f"{in_dtype} inputs" if in_dtype in FP8 else None)
+        if why:
+            raise Unsupported(f"attn.outputs {','.join(grads)}: gradients of {why} are not supported")
+        if "dout" not in tensors:
+            raise Refused(f"{path}: dout: missing (attn.outputs asks for {','.join(grads)})")
+        if "dbias" in grads and "bias" not in tensors:
+            raise Refused(f"{path}: attn.outputs: dbias asked for, but the case has no bias")
     if kind == "sdpa":
         out, w, lse, scores = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:
@@ -285,6 +377,12 @@ def run_case(path, compute, bug=None):
         out = np.swapaxes(o, 1, 2).reshape(B, Nq, H * Dv) @ x["w_o"]   # concat heads, head 0 first
 
     result = {"out": out, "weights": w, "lse": lse, "scores": scores}
+    if grads:                           # from the stored inputs, exact in float64
+        f64 = {name: tensors[name].astype(np.float64) for name in ("q", "k", "v", "dout", "bias")
+               if name in tensors}
+        extra64 = dict(extra, bias=f64.get("bias"), out_dtype=out_dtype)
+        extra64.pop("sinks")
+        result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
     result = {name: result[name] for name in outputs}
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
         result = {name: truncate(a, out_dtype) for name, a in result.items()}

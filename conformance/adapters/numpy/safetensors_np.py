@@ -60,7 +60,8 @@ def read(path):
         begin, end = t["data_offsets"]
         a = np.frombuffer(raw[8 + n + begin:8 + n + end], DTYPES[t["dtype"]]).reshape(t["shape"])
         if t["dtype"] == "BF16":                        # bfloat16 = upper half of a float32
-            a = (a.astype(np.uint32) << 16).view(np.float32)
+            bits = a.reshape(-1).astype(np.uint32) << np.uint32(16)   # 1-d: a 0-d tensor too
+            a = bits.view(np.float32).reshape(a.shape)
         elif t["dtype"] in FP8_TABLES:
             a = FP8_TABLES[t["dtype"]][a]
         tensors[name] = a

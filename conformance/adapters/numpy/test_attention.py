@@ -356,6 +356,13 @@ class AdapterTest(unittest.TestCase):
         np.testing.assert_array_equal(tensors["b"], [True, False])
         np.testing.assert_array_equal(tensors["i"], [-1, 7])
 
+    def test_bf16_scalar_round_trip(self):
+        # a tensor of shape [] (a dbias of a bias []) in BF16
+        path = os.path.join(self.dir, "bf16_scalar.safetensors")
+        st.save(path, {"x": np.array(-1.5, F32)}, {}, dtypes={"x": "BF16"})
+        x = st.load(path)[0]["x"]
+        self.assertEqual((x.shape, x.dtype, float(x)), ((), F32, -1.5))
+
     def test_readme_snippet_reads_like_load(self):
         with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
             readme = f.read()
@@ -456,6 +463,9 @@ class AdapterTest(unittest.TestCase):
                     c = self.case({n: (a.astype(F32) if a.dtype == F64 else a) for n, a in tensors.items()}, m)
                 elif bug in ("heads_swapped", "transposed_gqa", "gqa_tiled"):
                     c = gqa
+                elif bug.startswith("bwd_"):         # gradients: GradientTest, against eval
+                    self.assertIn(bug, BWD_BUGS)
+                    continue
                 else:                                # a test of its own below: test_bug_<name>
                     self.assertTrue(hasattr(self, "test_bug_" + bug), f"--bug {bug} has no test")
                     continue
@@ -667,6 +677,132 @@ class AdapterTest(unittest.TestCase):
             self.assertLessEqual(np.max(np.abs(got["out"] - ref["out.ref"]) / ref["out.bound"]), 1e-12)
             np.testing.assert_allclose(got["weights"], ref["weights.ref"], rtol=1e-12, atol=0)
             np.testing.assert_allclose(got["lse"], ref["lse.ref"], rtol=1e-12, atol=0)
+
+
+# -- gradients (CONTRACT section 7) against `attnoracle eval` ------------------------------
+
+import grad_cases as gc  # noqa: E402
+
+# The backward is float64 rounded once into the output dtype: the rounding costs at most
+# u |G.ref| (u the output dtype's unit roundoff; TINY near 0), and the float64 path at most
+# about n float64 roundings of the terms G adds up, n = Nq + Nk + Dk + Dv, i.e. c n 2^-53 G.bound
+# (c = 4 for the exp, the division and D_i).
+def numpy_limit(case):
+    u, tiny = gc.UNIT[case.out_dtype], gc.TINY[case.out_dtype]
+    return lambda ref, bound: u * np.abs(ref) + tiny + 4 * case.n * 2.0 ** -53 * bound
+
+
+# bug -> the case it shows on (grad_cases.specs)
+BWD_BUGS = {"bwd_dbias_not_reduced": "mask_bias_bottom_right", "bwd_padding_rows": "query_mask_padding",
+            "bwd_gqa_sum_tiled": "gqa_softcap_bias"}
+
+
+@unittest.skipUnless(find_cli(), "no attnoracle binary (set ATTNORACLE_CLI or build into build/)")
+class GradientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="attn_np_grad_")
+        cls.cases = gc.build(cls.dir, find_cli())
+        cls.got = {flag: gc.run_adapter([sys.executable, ADAPTER, "--dtype", flag], cls.cases.values(),
+                                        cls.dir, flag) for flag in ("float32", "float64")}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def test_gradients_within_the_limit(self):
+        for flag, got in self.got.items():
+            for name, case in self.cases.items():
+                with self.subTest(flag=flag, case=name):
+                    self.assertIsInstance(got[name], dict, got[name])
+                    for g in case.grads:
+                        ref = case.golden[g]
+                        self.assertEqual(got[name][g].shape, ref.shape, g)
+                        self.assertEqual(got[name][g].dtype, ref.dtype, g)
+                    ratios = gc.ratios(got[name], case, numpy_limit(case))
+                    self.assertLessEqual(max(ratios.values()), 1, ratios)
+
+    def test_gradient_zeros(self):
+        got = self.got["float32"]
+        # padding rows (past seqlens_q) and keys past seqlens_k: exactly 0, NaN inputs there
+        c, r = self.cases["seqlens_unused_nan"], got["seqlens_unused_nan"]
+        lq, lk = c.golden["seqlens_q"], c.golden["seqlens_k"]
+        for b in range(2):
+            np.testing.assert_array_equal(r["dq"][b, :, lq[b]:], 0)
+            np.testing.assert_array_equal(r["dk"][b, :, lk[b]:], 0)
+            np.testing.assert_array_equal(r["dv"][b, :, lk[b]:], 0)
+        for name in self.cases:
+            for g in self.cases[name].grads:
+                self.assertTrue(np.isfinite(got[name][g]).all(), (name, g))
+        # fully masked rows under policy zero (window, mask) and query_mask padding rows
+        np.testing.assert_array_equal(got["top_left_window_masked_rows"]["dq"][:, :, 4:], 0)
+        np.testing.assert_array_equal(got["query_mask_padding"]["dq"][:, :, 1:4], 0)
+        np.testing.assert_array_equal(self.cases["query_mask_padding"].golden["dq"][:, :, 1:4], 0)
+        # a bias broadcast along the keys (or of shape []): each row of dS sums to 0
+        np.testing.assert_array_equal(got["bias_along_keys"]["dbias"], 0)
+        self.assertEqual(got["scalar_bias_bf16"]["dbias"].shape, ())
+        np.testing.assert_array_equal(got["scalar_bias_bf16"]["dbias"], 0)
+        np.testing.assert_array_equal(self.cases["bias_along_keys"].golden["dbias"], 0)
+
+    def test_each_backward_bug_is_beyond_the_limit(self):
+        from attention import BUGS
+        self.assertEqual(set(BWD_BUGS), {b for b in BUGS if b.startswith("bwd_")})
+        for bug, name in BWD_BUGS.items():
+            with self.subTest(bug=bug):
+                case = self.cases[name]
+                got = gc.run_adapter([sys.executable, ADAPTER, "--bug", bug], [case], self.dir, bug)[name]
+                ratios = gc.ratios(got, case, numpy_limit(case))
+                self.assertGreater(max(ratios.values()), 1, ratios)
+
+    def test_gradients_unsupported(self):
+        rng = np.random.default_rng(3)
+        t = {"q": rng.normal(size=(1, 2, 3, 4)), "k": rng.normal(size=(1, 2, 3, 4)),
+             "v": rng.normal(size=(1, 2, 3, 4)), "dout": rng.normal(size=(1, 2, 3, 4))}
+        cases = [(dict(t, sinks=np.zeros(2)), meta(outputs="out,dq"), None, "sinks"),
+                 (t, meta(outputs="out,dk", output_dtype="F32"), {x: "F8_E4M3" for x in t if x != "dout"},
+                  "F8_E4M3"),
+                 ({"x_q": rng.normal(size=(1, 3, 4)), "x_kv": rng.normal(size=(1, 3, 4)),
+                   "w_q": rng.normal(size=(1, 4, 4)), "w_k": rng.normal(size=(1, 4, 4)),
+                   "w_v": rng.normal(size=(1, 4, 4)), "w_o": rng.normal(size=(4, 4))},
+                  meta(kind="mha", outputs="out,dq"), None, "kind mha")]
+        for i, (tensors, m, dtypes, why) in enumerate(cases):
+            path = os.path.join(self.dir, f"unsupported{i}.safetensors")
+            if dtypes:                      # FP8 bytes: the nearest E4M3 of small normals
+                tensors = {x: a.astype(np.float32) for x, a in tensors.items()}
+                raw = {x: a for x, a in tensors.items() if x not in dtypes}
+                st.save(path, raw, m, {"dout": "F32"})
+                path = self.fp8_copy(path, tensors, dtypes)
+            else:
+                st.save(path, tensors, m)
+            out = os.path.join(self.dir, f"unsupported{i}.out")
+            jobs = os.path.join(self.dir, f"unsupported{i}.jsonl")
+            with open(jobs, "w") as f:
+                f.write(json.dumps({"id": "u", "input": path, "output": out}) + "\n")
+            subprocess.run([sys.executable, ADAPTER, jobs], check=True)
+            with open(out + ".unsupported", encoding="utf-8") as f:
+                self.assertIn(why, f.read())
+
+    def fp8_copy(self, path, tensors, dtypes):
+        """A copy of the case with the tensors in `dtypes` stored as F8_E4M3, every element 0x38
+        (1.0), the others as F32."""
+        header, blobs, offset = {"__metadata__": st.read(path)[1]}, [], 0
+        for name in sorted(tensors):
+            a = tensors[name]
+            if name in dtypes:
+                data = np.full(a.shape, 0x38, np.uint8).tobytes()
+                dt = "F8_E4M3"
+            else:
+                data = a.astype("<f4").tobytes()
+                dt = "F32"
+            header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+            blobs.append(data)
+            offset += len(data)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        fp8 = path + ".fp8.safetensors"
+        with open(fp8, "wb") as f:
+            f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+        return fp8
 
 
 if __name__ == "__main__":

@@ -101,6 +101,14 @@ def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None
         raise nx.Unsupported("attn.kind mha in --mode ops (--mode mha runs it)")
     dt = torch_dtype(in_dtype)
     q, k, v = tensor(q, dt), tensor(k, dt), tensor(v, dt)
+    result = ops_forward(q, k, v, meta, mask, bias, None if bias is None else tensor(bias, dt),
+                         query_mask, seqlens_q, seqlens_k, sinks, dt)
+    return tuple(t.double().numpy() for t in result)
+
+
+def ops_forward(q, k, v, meta, mask, bias, bias_t, query_mask, seqlens_q, seqlens_k, sinks, dt):
+    """The ops on torch tensors q, k, v and bias_t (the bias in dt; `bias` the array it came
+    from, for its -inf entries) -> out, weights, lse, scores."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:                                               # GQA / MQA
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -108,8 +116,8 @@ def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None
     cap = nx.number(meta.get("attn.softcap", "0"))
     if cap != 0:
         scores = cap * torch.tanh(scores / cap)
-    if bias is not None:
-        scores = scores + tensor(bias, dt)
+    if bias_t is not None:
+        scores = scores + bias_t
     allowed = allowed_keys(meta, scores.shape, mask, bias, seqlens_q, seqlens_k)
     live = allowed.any(dim=-1)
     if sinks is None:
@@ -127,7 +135,33 @@ def ops_attention(q, k, v, meta, bug=None, mask=None, bias=None, query_mask=None
     # Unused positions may hold NaN or infinities: a value row no query other than padding
     # attends (the contract refuses any other). As 0, it keeps 0 * NaN out of the other rows.
     out = weights @ torch.where(torch.isfinite(v), v, torch.zeros_like(v))
-    return tuple(t.double().numpy() for t in (out, weights, lse, scores))
+    return out, weights, lse, scores
+
+
+def ops_gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
+                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None):
+    """Called as the NumPy adapter's `gradients`: dq, dk, dv, dbias by autograd through the
+    ops above, in the input dtype: q, k, v and bias leaves with requires_grad, out.backward(dout)
+    with dout 0 on padding rows. Non-finite values at unused positions (q of padding rows, k and
+    v rows no query attends, bias entries of padding rows) are read as 0 first, so that no NaN
+    reaches a sum; padding rows' dq is 0."""
+    dt = torch_dtype(in_dtype)
+    rows = nx.query_rows(q.shape[0], q.shape[2], query_mask, seqlens_q)
+    finite = lambda a: np.where(np.isfinite(a), a, 0)
+    leaves = {"q": tensor(finite(q), dt), "k": tensor(finite(k), dt), "v": tensor(finite(v), dt)}
+    if bias is not None:
+        leaves["bias"] = tensor(np.where(np.isfinite(bias) | (bias == -np.inf), bias, 0), dt)
+    with torch.enable_grad():
+        for t in leaves.values():
+            t.requires_grad_(True)
+        out = ops_forward(leaves["q"], leaves["k"], leaves["v"], meta, mask, bias, leaves.get("bias"),
+                          query_mask, seqlens_q, seqlens_k, None, dt)[0]
+        out.backward(tensor(np.where(rows[:, None, :, None], finite(dout), 0), dt))
+    result = {"d" + name: t.grad.double().numpy() for name, t in leaves.items()}
+    if bias is not None:                # a bias of shape [] became [1] (np.ascontiguousarray)
+        result["dbias"] = result["dbias"].reshape(bias.shape)
+    result["dq"] = np.where(rows[:, None, :, None], result["dq"], 0)
+    return {name: result[name] for name in names}
 
 
 def mha_case(path, compute=None, bug=None):
@@ -147,6 +181,9 @@ def mha_case(path, compute=None, bug=None):
         raise nx.Unsupported("sinks: multi_head_attention_forward has no sink logits")
     if "scores" in meta.get("attn.outputs", "out").split(","):
         raise nx.Unsupported("attn.outputs scores: multi_head_attention_forward returns no scores")
+    grads = [g for g in meta.get("attn.outputs", "out").split(",") if g in nx.GRADIENTS]
+    if grads:
+        raise nx.Unsupported(f"attn.outputs {','.join(grads)}: gradients of kind mha are not supported")
     in_dtype = dtypes["x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
     dt = torch_dtype(in_dtype)
@@ -203,6 +240,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.mode == "ops":
         nx.attention = ops_attention
+        nx.gradients = ops_gradients
     else:
         nx.run_case = mha_case
     # The NumPy adapter's job loop; float64 carries every input dtype exactly (converted back here).

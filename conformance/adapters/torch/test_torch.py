@@ -6,12 +6,19 @@ Skipped, saying why, when torch cannot be imported (Debian python3-torch) or the
 is not found (ATTNORACLE_CLI, or build/attnoracle).
 """
 import os
+import shutil
 import sys
+import tempfile
 import unittest
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "flash_numpy"))
 import gate  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
+import grad_cases as gc  # noqa: E402
 
 try:
     import torch  # noqa: F401
@@ -53,6 +60,64 @@ class TorchGateTest(unittest.TestCase):
 
     def test_mha(self):
         self.check(["--mode", "mha"], PROFILES, 7 + 1 + 2, "--tag", "mha", "--returns", "weights")
+
+
+def torch_limit(case):
+    """u_out |G.ref| + tiny + 2 n u_in G.bound: the final rounding into the output dtype, and
+    every op (the forward, softmax, tanh, the backward's matmuls) rounded in the input dtype (u_in),
+    at most n = Nq + Nk + Dk + Dv terms per sum, times 2 for the exp and the softmax's division."""
+    u, tiny, u_in = gc.UNIT[case.out_dtype], gc.TINY[case.out_dtype], gc.UNIT[case.dtypes["q"]]
+    return lambda ref, bound: u * np.abs(ref) + tiny + 2 * case.n * u_in * bound
+
+
+@unittest.skipIf(NO_TORCH, NO_TORCH)
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class TorchGradientTest(unittest.TestCase):
+    """Autograd's dq, dk, dv, dbias against `attnoracle eval` on ../numpy/grad_cases.py."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="attn_torch_grad_")
+        cls.cases = gc.build(cls.dir, gate.cli())
+        cls.got = gc.run_adapter(ADAPTER, cls.cases.values(), cls.dir, "ops")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def test_gradients_within_the_limit(self):
+        for name, case in self.cases.items():
+            with self.subTest(case=name):
+                got = self.got[name]
+                if case.dtypes["q"] == "F16":    # no Half matmul on the CPU
+                    self.assertEqual(got[0], ".unsupported")
+                    continue
+                self.assertIsInstance(got, dict, got)
+                for g in case.grads:
+                    self.assertEqual(got[g].shape, case.golden[g].shape, g)
+                ratios = gc.ratios(got, case, torch_limit(case))
+                self.assertLessEqual(max(ratios.values()), 1, ratios)
+
+    def test_gradient_zeros(self):
+        c, r = self.cases["seqlens_unused_nan"], self.got["seqlens_unused_nan"]
+        for b in range(2):
+            lq, lk = c.golden["seqlens_q"][b], c.golden["seqlens_k"][b]
+            np.testing.assert_array_equal(r["dq"][b, :, lq:], 0)
+            np.testing.assert_array_equal(r["dk"][b, :, lk:], 0)
+            np.testing.assert_array_equal(r["dv"][b, :, lk:], 0)
+        np.testing.assert_array_equal(self.got["top_left_window_masked_rows"]["dq"][:, :, 4:], 0)
+        np.testing.assert_array_equal(self.got["query_mask_padding"]["dq"][:, :, 1:4], 0)
+
+    def test_mha_gradients_unsupported(self):
+        rng = np.random.default_rng(5)
+        t = {"x_q": rng.normal(size=(1, 3, 4)), "x_kv": rng.normal(size=(1, 3, 4)),
+             "w_q": rng.normal(size=(2, 4, 2)), "w_k": rng.normal(size=(2, 4, 2)),
+             "w_v": rng.normal(size=(2, 4, 2)), "w_o": rng.normal(size=(4, 4))}
+        path = os.path.join(self.dir, "mha.safetensors")
+        gc.st.save(path, t, {"attn.format": "1", "attn.kind": "mha", "attn.outputs": "out,dq"})
+        got = gc.run_adapter(ADAPTER + ["--mode", "mha"], [gc.Case("mha", path, {})], self.dir, "mha")["mha"]
+        self.assertEqual(got[0], ".unsupported")
+        self.assertIn("gradients", got[1])
 
 
 if __name__ == "__main__":
