@@ -197,6 +197,40 @@ MUTANTS = {
                                     expected=FP8, tags=("descales",)),
     "flash:descales_kv_head0": flash("descales_kv_head0", "every FP8 case with descales: B and Hkv are 2, "
                                      "the descales distinct", expected=FP8, tags=("descales",)),
+    # Backward bugs (the gradient gate, TOLERANCE.md "Gradients"), on the backward families.
+    "bwd_dbias_not_reduced": numpy("bwd_dbias_not_reduced", ALL, "dbias of a broadcast bias (bwd_bias per_key "
+                                   "and scalar)", tags=("backward",)),
+    "bwd_padding_rows": numpy("bwd_padding_rows", ALL, "padding rows' dout reaching dk and dv (bwd_masks, "
+                              "bwd_varlen)", tags=("backward",)),
+    "bwd_gqa_sum_tiled": numpy("bwd_gqa_sum_tiled", ALL, "GQA cases: dk and dv summed over the wrong heads",
+                               tags=("backward",)),
+    "flash:bwd_no_delta": flash("bwd_no_delta", "every backward case: dS without D_i", tags=("backward",)),
+    "flash:bwd_dk_no_scale": flash("bwd_dk_no_scale", "every backward case: dk without the scale", tags=("backward",)),
+    "flash:bwd_gqa_no_sum": flash("bwd_gqa_no_sum", "GQA cases (bwd-001/-003/-005/-007)", tags=("backward",)),
+    "flash:bwd_no_softcap_grad": flash("bwd_no_softcap_grad", "bwd_softcap: dT = dS", tags=("backward",)),
+    "flash:bwd_dv_unnormalised": flash("bwd_dv_unnormalised", "every backward case: dv from exp(S - m)", tags=("backward",)),
+    "flash:bwd_lse_rounded": flash("bwd_lse_rounded", "lse kept in F16 between the passes: every F32 case, "
+                                   "the large-score ones in F16 and BF16", tags=("backward",)),
+    "flash:bwd_lse_batch0": flash("bwd_lse_batch0", "cases with B > 1: batch 0's lse for every batch", tags=("backward",)),
+    "flash:bwd_mask_ignored": flash("bwd_mask_ignored", "masked, padded, windowed and fully masked cases",
+                                    tags=("backward",)),
+    "flash:bwd_dq_other_alignment": flash("bwd_dq_other_alignment", "causal cases with Nq != Nk", tags=("backward",)),
+    "flash:bwd_masked_row_nan": flash("bwd_masked_row_nan", "rows with no key under policy zero "
+                                      "(bwd_causal bottom_right, bwd_fully_masked)", tags=("backward",)),
+    "flash:bwd_stale_lse": flash("bwd_stale_lse", "rows of more than 16 keys (bwd_long_rows, bwd_block_edges)",
+                                 tags=("backward",)),
+    "flash:bwd_dk_f16_accumulation": flash("bwd_dk_f16_accumulation", "F32 cases: dk summed in F16",
+                                           expected=("fp32",),
+                                           long_rows={"flash-fp16": "dk summed in F16 over at most 33 query "
+                                                      "rows: within the F16 rounding of P and dS that the "
+                                                      "limit allows; it shows over 128 rows (the adapter's "
+                                                      "own test)",
+                                                      "flash-bf16": "as flash-fp16, BF16 rounding of P and "
+                                                      "dS being coarser still"},
+                                           tags=("backward",)),
+    "flash:bwd_tail_block_skipped": flash("bwd_tail_block_skipped", "a partial last key block "
+                                          "(bwd_block_edges)", tags=("backward",)),
+
     # Statistical bugs of the flash kernel's arithmetic, caught by the error distribution's tests
     # (TOLERANCE.md, the statistical tier) where each element stays within its limit.
     "flash:stat_exp_1e3": flash("stat_exp_1e3", "exp with a relative error of 1e-3: many cases",
