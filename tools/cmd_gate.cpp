@@ -35,12 +35,7 @@ conformance::ProfileSet profiles_of(const GateArgs& a) {
   }
   for (conformance::Profile& p : set.members) {
     if (rows) p.masked_rows = *rows;
-    if (!a.returns.empty()) {
-      p.returns_weights = a.returns.find("weights") != std::string::npos;
-      p.returns_lse = a.returns.find("lse") != std::string::npos;
-      p.returns_scores = a.returns.find("scores") != std::string::npos;
-      p.returns_gradients = a.returns.find("gradients") != std::string::npos;
-    }
+    if (!a.returns.empty()) conformance::declare_returns(p, a.returns);
   }
   return set;
 }

@@ -55,6 +55,13 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
   return p;
 }
 
+void declare_returns(Profile& p, std::string_view list) {
+  p.returns_weights = list.find("weights") != std::string_view::npos;
+  p.returns_lse = list.find("lse") != std::string_view::npos;
+  p.returns_scores = list.find("scores") != std::string_view::npos;
+  p.returns_gradients = list.find("gradients") != std::string_view::npos;
+}
+
 std::string_view convention_name(MaskedRowConvention c) {
   switch (c) {
     case MaskedRowConvention::Error: return "error";

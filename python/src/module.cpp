@@ -218,10 +218,7 @@ py::tuple py_check(const std::string& id, const std::vector<std::string>& tags, 
   }
   for (conformance::Profile& p : set.members) {
     if (rows) p.masked_rows = *rows;
-    if (!returns.empty()) {
-      p.returns_weights = returns.find("weights") != std::string::npos;
-      p.returns_lse = returns.find("lse") != std::string::npos;
-    }
+    if (!returns.empty()) conformance::declare_returns(p, returns);
   }
   conformance::GateReport rep;
   rep.implementation = "python";

@@ -74,6 +74,10 @@ struct ProfileSet {
 ProfileSet load_profile_set(const std::string& spec, const std::string& what = "--profile");
 std::vector<std::string> builtin_family_names();
 
+// What `--returns LIST` declares (a comma list among weights, lse, scores, gradients): the
+// optional outputs the implementation returns; those not listed are not asked for.
+void declare_returns(Profile& p, std::string_view list);
+
 std::string_view convention_name(MaskedRowConvention c);
 std::optional<MaskedRowConvention> convention_from_name(std::string_view s);  // error|zero|nan|mean
 
