@@ -8,8 +8,8 @@
  * seqlens_k, I32 or I64, bottom_right aligned per batch), fully masked rows (refused
  * under attn.masked_rows=error, zeros and lse -inf under zero; padding rows never refused), and
  * the optional weights and lse. F32 inputs are computed in float, F64 inputs in double; results
- * are rounded once, to nearest-even, into the output dtype (F64, F32, F16 or BF16). Kind mha and
- * F16 or BF16 inputs are reported as unsupported. */
+ * are rounded once, to nearest-even, into the output dtype (F64, F32, F16 or BF16). Kind mha,
+ * F16 or BF16 inputs and gradients (dq, dk, dv, dbias) are reported as unsupported. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +162,19 @@ static int bad_case(char* message, size_t size, const char* detail)
   return say(ATTNORACLE_FAILED, message, size, "bad case: ", detail);
 }
 
+/* Whether the comma list attn.outputs names a gradient (dq, dk, dv, dbias). */
+static int asks_gradients(const char* outputs)
+{
+  static const char* grads[] = {"dq", "dk", "dv", "dbias"};
+  while (*outputs) {
+    size_t len = strcspn(outputs, ","), n;
+    for (n = 0; n < sizeof grads / sizeof grads[0]; ++n)
+      if (len == strlen(grads[n]) && !strncmp(outputs, grads[n], len)) return 1;
+    outputs += len + (outputs[len] == ',');
+  }
+  return 0;
+}
+
 /* Fills p from the case; on anything it cannot take, returns the status with a message. */
 static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t size)
 {
@@ -181,6 +194,8 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
   }
   if (strcmp(find_meta(c, "attn.format", ""), "1") != 0)
     return unsupported(msg, size, "attn.format ", find_meta(c, "attn.format", "(none)"));
+  if (asks_gradients(find_meta(c, "attn.outputs", "out")))
+    return unsupported(msg, size, "gradients: not implemented by naive-c", "");
   if (strcmp(find_meta(c, "attn.kind", "sdpa"), "sdpa") != 0)
     return unsupported(msg, size, "attn.kind ", find_meta(c, "attn.kind", ""));
   for (t = 0; t < c->num_tensors; ++t) {
