@@ -494,6 +494,16 @@ TEST_F(PluginTest, LibtorchGradientsPassTheGate) {
   GTEST_SKIP() << "libtorch not built";
 #else
   expect_gradients_pass(TORCH_PLUGIN);
+  // Gradients of kind mha are declined, naming the kind.
+  Problem mha;
+  mha.id = "mha_gradients";
+  mha.mha = true;
+  mha.meta = {{"attn.outputs", "out,dq"}};
+  const AdapterRun r = host(TORCH_PLUGIN, jobs_for({write_case(mha.id, make_case(mha, 5))}));
+  ASSERT_EQ(r.results.size(), 1u);
+  EXPECT_EQ(r.results[0].outcome, Outcome::Unsupported) << r.results[0].reason;
+  EXPECT_NE(r.results[0].reason.find("gradients of kind mha"), std::string::npos)
+      << r.results[0].reason;
 #endif
 }
 
