@@ -1,6 +1,7 @@
 // The plugin host (`attnoracle plugin-host LIB JOBS`) through the adapter runner: the naive C
 // plugin against `attnoracle eval` on hand-made cases, misbehaving plugins (a crash, a wrong ABI
-// version, bad tensors, every status), and the libtorch plugin when it is built.
+// version, bad tensors, every status), and the libtorch plugin when it is built; gradient cases
+// made by `attnoracle gen` and judged by `attnoracle run`.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/dtype.hpp"
@@ -284,6 +286,64 @@ class PluginTest : public ::testing::Test {
     }
   }
 
+  // Gradient cases (F32 and F64) by `attnoracle gen` from a spec written here: GQA, softcap, a
+  // bias with -inf entries and query padding whose dout is not 0 (dq, dk, dv, dbias); fully
+  // masked rows under policy zero (dq, dk, dv). Returns the vector set's directory.
+  std::string gradient_suite() {
+    const fs::path spec = dir_ / "gradients.json", suite = dir_ / "gradients";
+    std::ofstream(spec) << R"({"suite": "plugin_gradients", "seed": 7,
+      "description": "gradients through the plugins",
+      "families": [
+        {"name": "grad_bias", "generator": "normal", "description": "GQA, softcap, bias, padding",
+         "cross": {"dtype": ["F32", "F64"]},
+         "fixed": {"shape": [2, 4, 2, 6, 9, 8, 8], "bias": "random", "softcap": 5,
+                   "query_mask": true, "causal": "bottom_right",
+                   "outputs": "out,lse,dq,dk,dv,dbias"}},
+        {"name": "grad_zero", "generator": "normal", "description": "fully masked rows",
+         "cross": {"dtype": ["F32", "F64"]},
+         "fixed": {"shape": [2, 2, 2, 6, 8, 8, 8], "mask": "fully_masked_rows",
+                   "masked_rows": "zero", "outputs": "out,dq,dk,dv"}}]})";
+    const std::string cmd = quote(ATTNORACLE_CLI) + " gen " + quote(spec.string()) + " -o " +
+                            quote(suite.string()) + " > " + quote((dir_ / "gen.log").string()) +
+                            " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return suite.string();
+  }
+  // The gate's JSON report of `lib` on `suite`, under fp32,fp64.
+  nlohmann::json gate(const std::string& lib, const std::string& suite) {
+    const std::string report = (dir_ / "report.json").string();
+    const std::string cmd = "ulimit -c 0; " + quote(ATTNORACLE_CLI) + " run " + quote(suite) +
+                            " --plugin " + quote(lib) + " --profile fp32,fp64 --json " +
+                            quote(report) + " > " + quote((dir_ / "run.log").string()) + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(report);
+    return nlohmann::json::parse(in);
+  }
+
+  // Every gradient case passes, with dq, dk, dv (and dbias where there is a bias) compared.
+  void expect_gradients_pass(const std::string& lib) {
+    const nlohmann::json r = gate(lib, gradient_suite());
+    EXPECT_EQ(r["verdict"], "pass");
+    EXPECT_EQ(r["passed"], 4);
+    ASSERT_EQ(r["cases"].size(), 4u);
+    for (const auto& c : r["cases"]) {
+      const std::string id = c["id"];
+      EXPECT_EQ(c["status"], "pass") << id << ": " << c["reason"];
+      std::vector<std::string> expected = {"dq", "dk", "dv"};
+      if (id.rfind("grad_bias", 0) == 0) expected.push_back("dbias");
+      for (const auto& name : expected) {
+        bool found = false;
+        for (const auto& t : c["tensors"])
+          if (t["tensor"] == name) {
+            found = true;
+            EXPECT_GT(t["compared"], 0) << id << ": " << name;
+            EXPECT_EQ(t["over_limit"], 0) << id << ": " << name;
+          }
+        EXPECT_TRUE(found) << id << ": " << name << " not compared";
+      }
+    }
+  }
+
   fs::path dir_;
 };
 
@@ -319,6 +379,9 @@ TEST_F(PluginTest, NaiveCRefusesAndReportsUnsupported) {
   EXPECT_EQ(r.results[2].outcome, Outcome::Unsupported);
   EXPECT_NE(r.results[2].reason.find("mha"), std::string::npos) << r.results[2].reason;
 }
+
+// The plain C backward (dout of padding rows ignored, softcap's derivative) passes the gate.
+TEST_F(PluginTest, NaiveCGradientsPassTheGate) { expect_gradients_pass(NAIVE_C_PLUGIN); }
 
 TEST_F(PluginTest, CrashOnTheSecondCaseFailsTheRestOnly) {
   const auto js = jobs_for({mode_case("ok"), mode_case("segv"), mode_case("ok", "-again")});
@@ -422,6 +485,25 @@ TEST_F(PluginTest, LibtorchMatchesTheReference) {
   ASSERT_EQ(r.results.size(), 1u);
   EXPECT_EQ(r.results[0].outcome, Outcome::Unsupported) << r.results[0].reason;
   EXPECT_NE(r.results[0].reason.find("Half"), std::string::npos) << r.results[0].reason;
+#endif
+}
+
+// Autograd's dq, dk, dv and dbias pass the gate, each compared element by element.
+TEST_F(PluginTest, LibtorchGradientsPassTheGate) {
+#ifndef TORCH_PLUGIN
+  GTEST_SKIP() << "libtorch not built";
+#else
+  expect_gradients_pass(TORCH_PLUGIN);
+  // Gradients of kind mha are declined, naming the kind.
+  Problem mha;
+  mha.id = "mha_gradients";
+  mha.mha = true;
+  mha.meta = {{"attn.outputs", "out,dq"}};
+  const AdapterRun r = host(TORCH_PLUGIN, jobs_for({write_case(mha.id, make_case(mha, 5))}));
+  ASSERT_EQ(r.results.size(), 1u);
+  EXPECT_EQ(r.results[0].outcome, Outcome::Unsupported) << r.results[0].reason;
+  EXPECT_NE(r.results[0].reason.find("gradients of kind mha"), std::string::npos)
+      << r.results[0].reason;
 #endif
 }
 

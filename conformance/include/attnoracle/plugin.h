@@ -36,7 +36,8 @@ extern "C" {
 
 /* One tensor, in the case (host to plugin) or in the result (plugin to host). */
 typedef struct attnoracle_tensor {
-  const char* name;      /* NUL-terminated: "q", "k", "v", "mask", ...; "out", "weights", "lse" */
+  const char* name;      /* NUL-terminated: "q", "k", "v", "mask", "dout", ...; "out", "weights",
+                            "lse", "dq", ... */
   const char* dtype;     /* safetensors dtype name: "F64", "F32", "F16", "BF16", "BOOL", ... */
   int32_t ndim;          /* number of dimensions, 0 to 16 (0: a scalar of one element) */
   const int64_t* shape;  /* ndim sizes, each >= 0; may be NULL when ndim == 0 */
@@ -62,8 +63,9 @@ typedef struct attnoracle_case {
   size_t num_metadata;
 } attnoracle_case;
 
-/* Where results go. The plugin calls emit(ctx, &t) once per output tensor ("out", plus
- * "weights" and "lse" when attn.outputs asks for them), in the output dtype of the case.
+/* Where results go. The plugin calls emit(ctx, &t) once per output tensor attn.outputs names
+ * ("out", "weights", "lse", "scores", and the gradients "dq", "dk", "dv", "dbias", shaped as q,
+ * k, v and bias: docs/CONTRACT.md section 7), in the output dtype of the case.
  * emit returns 0 when the tensor is taken, nonzero when it is rejected (unknown dtype, nbytes
  * not matching the shape, NULL name or data, a name given twice): the case then fails with a
  * message naming the problem, whatever the plugin returns. Tensors emitted are written only

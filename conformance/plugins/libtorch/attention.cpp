@@ -1,7 +1,7 @@
 // Attention with libtorch (CPU) tensor ops, as an AttnOracle plugin (attnoracle/plugin.h).
 // Everything is computed in the input dtype with the ops a PyTorch user would write: matmul,
-// scalar multiply, tanh (softcap), masked_fill with -inf, softmax, logsumexp. Conventions are
-// in README.md beside this file.
+// scalar multiply, tanh (softcap), masked_fill with -inf, softmax, logsumexp; gradients (dq, dk,
+// dv, dbias) by autograd through those ops. Conventions are in README.md beside this file.
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -90,6 +90,16 @@ double number(const std::string& key, const std::string& text) {
   return v;
 }
 
+// The query rows that are not padding: query_mask and i < seqlens_q, as [B, 1, Nq].
+torch::Tensor query_rows(const Inputs& in, int64_t B, int64_t Nq) {
+  torch::Tensor query = torch::ones({B, 1, Nq}, torch::TensorOptions().dtype(torch::kBool));
+  if (auto qm = in.get("query_mask")) query = qm->unsqueeze(1);
+  if (auto lq = in.get("seqlens_q"))
+    query = query & (torch::arange(Nq, torch::TensorOptions().dtype(torch::kInt64)).view({1, 1, Nq}) <
+                     lq->to(torch::kInt64).view({B, 1, 1}));
+  return query;
+}
+
 // Scaled dot-product attention, q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv].
 struct Result {
   torch::Tensor out, weights, lse;
@@ -152,10 +162,7 @@ Result sdpa(torch::Tensor q, torch::Tensor k, torch::Tensor v, const Inputs& in)
   // Fully masked rows: refused under policy error (padding rows excepted), else zeros.
   const torch::Tensor live = allowed.any(-1);  // [B, Hq, Nq]
   if (in.meta_or("attn.masked_rows", "error") == "error") {
-    torch::Tensor query = torch::ones({B, 1, Nq}, bool_opts);
-    if (auto qm = in.get("query_mask")) query = qm->unsqueeze(1);
-    query = query & (torch::arange(Nq, index_opts).view({1, 1, Nq}) < lq.view({B, 1, 1}));
-    const torch::Tensor bad = torch::nonzero(live.logical_not() & query);
+    const torch::Tensor bad = torch::nonzero(live.logical_not() & query_rows(in, B, Nq));
     if (bad.size(0) > 0) {
       const auto at = [&](int64_t col) { return std::to_string(bad[0][col].item<int64_t>()); };
       throw Refused("fully masked row: b=" + at(0) + ", h=" + at(1) + ", i=" + at(2) +
@@ -163,9 +170,11 @@ Result sdpa(torch::Tensor q, torch::Tensor k, torch::Tensor v, const Inputs& in)
     }
   }
   // softmax of a row of -inf is NaN: those rows are set to 0 explicitly, their lse to -inf.
+  // For the backward, those rows' scores go into softmax as 0 (finite), so that no NaN of
+  // softmax's backward reaches dq, dk, dv or dbias; their weights are then masked to 0.
   const torch::Tensor dead = live.logical_not().unsqueeze(-1);
   Result r;
-  r.weights = torch::softmax(s, -1).masked_fill(dead, 0);
+  r.weights = torch::softmax(s.masked_fill(dead, 0), -1).masked_fill(dead, 0);
   r.lse = torch::logsumexp(s, -1).masked_fill(live.logical_not(), -INFINITY);
   r.out = torch::matmul(r.weights, v);
   return r;
@@ -213,12 +222,40 @@ void emit(const attnoracle_sink& sink, const char* name, const torch::Tensor& t,
     throw std::runtime_error(std::string("the host rejected ") + name);
 }
 
+// The names of attn.outputs, in order.
+std::vector<std::string> output_names(const std::string& outputs) {
+  std::vector<std::string> names;
+  std::size_t from = 0;
+  while (from <= outputs.size()) {
+    const std::size_t comma = std::min(outputs.find(',', from), outputs.size());
+    names.push_back(outputs.substr(from, comma - from));
+    from = comma + 1;
+  }
+  return names;
+}
+
+bool is_gradient(const std::string& name) {
+  return name == "dq" || name == "dk" || name == "dv" || name == "dbias";
+}
+
 int run(const attnoracle_case& c, const attnoracle_sink& sink) {
   const Inputs in = read_inputs(c);
   check_metadata(in);
-  if (in.tensors.count("sinks")) throw Unsupported("sinks: this plugin has no sink logits");
+  const std::string outputs = in.meta_or("attn.outputs", "out");
+  const std::vector<std::string> names = output_names(outputs);
+  bool gradients = false;
+  for (const auto& name : names) {
+    if (name != "out" && name != "weights" && name != "lse" && !is_gradient(name))
+      throw Unsupported("attn.outputs " + outputs);
+    gradients = gradients || is_gradient(name);
+  }
+  if (in.tensors.count("sinks"))
+    throw Unsupported(gradients ? "sinks: this plugin has no sink logits (nor their gradients)"
+                                : "sinks: this plugin has no sink logits");
   const std::string kind = in.meta_or("attn.kind", "sdpa");
   if (kind != "sdpa" && kind != "mha") throw Unsupported("attn.kind " + kind);
+  if (gradients && kind != "sdpa")
+    throw Unsupported("gradients of kind " + kind + ": this plugin differentiates kind sdpa only");
   const torch::Tensor first = in.need(kind == "sdpa" ? "q" : "x_q");
   const auto in_type = first.scalar_type();
   const auto out_type = torch_dtype(in.meta_or("attn.output_dtype", dtype_name(in_type)));
@@ -226,25 +263,49 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
     throw Unsupported("attn.output_dtype " + in.meta_or("attn.output_dtype", ""));
   for (const auto& [name, t] : in.tensors)
     if (name != "mask" && name != "query_mask" && name != "bias" && name != "seqlens_q" &&
-        name != "seqlens_k" && t.scalar_type() != in_type)
+        name != "seqlens_k" && name != "dout" && t.scalar_type() != in_type)
       throw std::runtime_error("tensor " + name + " differs in dtype from " + dtype_name(in_type));
 
+  Result r;
+  std::map<std::string, torch::Tensor> grads;
+  if (!gradients) {
+    torch::NoGradGuard no_grad;
+    r = kind == "sdpa" ? sdpa(in.need("q"), in.need("k"), in.need("v"), in) : mha(in);
+  } else {
+    // Autograd through the same forward: q, k, v (and bias) as leaves, out.backward(dout).
+    // repeat_interleave's backward sums a kv head's query heads (GQA), the broadcast add of the
+    // bias sums over its broadcast dimensions.
+    const auto leaf = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+    Inputs g = in;
+    const torch::Tensor q = leaf(in.need("q")), k = leaf(in.need("k")), v = leaf(in.need("v"));
+    torch::Tensor bias;
+    // The bias leaf in the compute dtype (as the forward adds it), so dbias is not rounded to a
+    // narrower bias dtype (an F32 bias of an F64 case) before the output dtype.
+    if (auto b = in.get("bias")) g.tensors["bias"] = bias = leaf(b->to(in_type));
+    r = sdpa(q, k, v, g);
+    torch::Tensor dout = in.need("dout");
+    if (dout.sizes() != r.out.sizes())
+      throw std::runtime_error("dout is not shaped as out [B, Hq, Nq, Dv]");
+    // Padding rows contribute nothing: their dout (which may hold anything) is set to 0.
+    const torch::Tensor pad = query_rows(in, q.size(0), q.size(2)).logical_not().unsqueeze(-1);
+    dout = dout.to(in_type).masked_fill(pad, 0);
+    r.out.backward(dout);
+    grads = {{"dq", q.grad()}, {"dk", k.grad()}, {"dv", v.grad()}};
+    if (bias.defined()) grads["dbias"] = bias.grad();
+  }
+
   torch::NoGradGuard no_grad;
-  const Result r = kind == "sdpa" ? sdpa(in.need("q"), in.need("k"), in.need("v"), in) : mha(in);
-  const std::string outputs = in.meta_or("attn.outputs", "out");
-  std::size_t from = 0;
-  while (from <= outputs.size()) {
-    const std::size_t comma = std::min(outputs.find(',', from), outputs.size());
-    const std::string name = outputs.substr(from, comma - from);
+  for (const auto& name : names) {
     if (name == "out")
       emit(sink, "out", r.out, *out_type);
     else if (name == "weights")
       emit(sink, "weights", r.weights, *out_type);
     else if (name == "lse")
       emit(sink, "lse", r.lse, *out_type);
+    else if (!grads.count(name))
+      throw std::runtime_error(name + " asked for, but the case has no bias");
     else
-      throw Unsupported("attn.outputs " + outputs);
-    from = comma + 1;
+      emit(sink, name.c_str(), grads.at(name), *out_type);
   }
   return ATTNORACLE_OK;
 }

@@ -7,9 +7,10 @@
  * causal (top_left and bottom_right), window, GQA/MQA, query_mask, sequence lengths (seqlens_q,
  * seqlens_k, I32 or I64, bottom_right aligned per batch), fully masked rows (refused
  * under attn.masked_rows=error, zeros and lse -inf under zero; padding rows never refused), and
- * the optional weights and lse. F32 inputs are computed in float, F64 inputs in double; results
- * are rounded once, to nearest-even, into the output dtype (F64, F32, F16 or BF16). Kind mha and
- * F16 or BF16 inputs are reported as unsupported. */
+ * the optional weights and lse, and the gradients dq, dk, dv and dbias given dout. F32 inputs
+ * are computed in float, F64 inputs in double; results are rounded once, to nearest-even, into
+ * the output dtype (F64, F32, F16 or BF16). Kind mha and F16 or BF16 inputs are reported as
+ * unsupported. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +36,17 @@ typedef struct problem {
   int64_t left, right;
   int zero_rows;                    /* attn.masked_rows=zero */
   int want_out, want_weights, want_lse;
+  int want_dq, want_dk, want_dv, want_dbias;
+  const void* dout;                 /* [B, Hq, Nq, Dv], NULL: no gradient asked */
+  int dout_f64;
   int out_dtype;                    /* OUT_* */
   const unsigned char* mask;        /* NULL: no mask */
   int64_t mask_stride[4];
   const void* bias;                 /* NULL: no bias */
   int bias_f64;
   int64_t bias_stride[4];
+  int32_t bias_ndim;
+  const int64_t* bias_shape;
   const unsigned char* query_mask;  /* [B, Nq], NULL: every row is a query */
   const void *seqlens_q, *seqlens_k; /* [B], NULL: Nq and Nk */
   int seqlens_q_i64, seqlens_k_i64;
@@ -87,16 +93,26 @@ static unsigned char key_allowed(const problem* p, int64_t b, int64_t h, int64_t
   return 1;
 }
 
+/* Whether row i of batch b is padding (query_mask false, or i >= seqlens_q). */
+static int padding_row(const problem* p, int64_t b, int64_t i)
+{
+  return (p->query_mask && !p->query_mask[b * p->Nq + i]) || i >= len_q(p, b);
+}
+
 #define REAL float
 #define SDPA sdpa_f32
+#define SDPA_BACKWARD sdpa_backward_f32
 #include "sdpa_kernel.h"
 #undef REAL
 #undef SDPA
+#undef SDPA_BACKWARD
 #define REAL double
 #define SDPA sdpa_f64
+#define SDPA_BACKWARD sdpa_backward_f64
 #include "sdpa_kernel.h"
 #undef REAL
 #undef SDPA
+#undef SDPA_BACKWARD
 
 /* ---- Reading the case ---- */
 
@@ -187,7 +203,7 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
     const char* name = c->tensors[t].name;
     if (strcmp(name, "q") && strcmp(name, "k") && strcmp(name, "v") && strcmp(name, "mask") &&
         strcmp(name, "bias") && strcmp(name, "query_mask") && strcmp(name, "seqlens_q") &&
-        strcmp(name, "seqlens_k"))
+        strcmp(name, "seqlens_k") && strcmp(name, "dout"))
       return unsupported(msg, size, "tensor ", name);
   }
 
@@ -225,6 +241,8 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
       return bad_case(msg, size, "bias does not broadcast");
     p->bias = bias->data;
     p->bias_f64 = !strcmp(bias->dtype, "F64");
+    p->bias_ndim = bias->ndim;
+    p->bias_shape = bias->shape;
   }
   qmask = find_tensor(c, "query_mask");
   if (qmask) {
@@ -272,15 +290,30 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
     if (!strcmp(out_dtype, kOutNames[p->out_dtype])) break;
   if (p->out_dtype == 4) return unsupported(msg, size, "output dtype ", out_dtype);
 
-  /* attn.outputs: a comma list of out, weights, lse. */
+  /* attn.outputs: a comma list of out, weights, lse and the gradients dq, dk, dv, dbias. */
   outputs = find_meta(c, "attn.outputs", "out");
   while (*outputs) {
     size_t len = strcspn(outputs, ",");
     if (len == 3 && !strncmp(outputs, "out", 3)) p->want_out = 1;
     else if (len == 7 && !strncmp(outputs, "weights", 7)) p->want_weights = 1;
     else if (len == 3 && !strncmp(outputs, "lse", 3)) p->want_lse = 1;
+    else if (len == 2 && !strncmp(outputs, "dq", 2)) p->want_dq = 1;
+    else if (len == 2 && !strncmp(outputs, "dk", 2)) p->want_dk = 1;
+    else if (len == 2 && !strncmp(outputs, "dv", 2)) p->want_dv = 1;
+    else if (len == 5 && !strncmp(outputs, "dbias", 5)) p->want_dbias = 1;
     else return unsupported(msg, size, "attn.outputs ", find_meta(c, "attn.outputs", ""));
     outputs += len + (outputs[len] == ',');
+  }
+  if (p->want_dq || p->want_dk || p->want_dv || p->want_dbias) {
+    const attnoracle_tensor* d = find_tensor(c, "dout");
+    if (p->want_dbias && !p->bias) return bad_case(msg, size, "dbias asked for, but there is no bias");
+    if (!d) return bad_case(msg, size, "gradients asked for, but dout is missing");
+    if (!is_f32_or_f64(d->dtype)) return unsupported(msg, size, "dout dtype ", d->dtype);
+    if (d->ndim != 4 || d->shape[0] != p->B || d->shape[1] != p->Hq || d->shape[2] != p->Nq ||
+        d->shape[3] != p->Dv)
+      return bad_case(msg, size, "dout is not shaped as out [B, Hq, Nq, Dv]");
+    p->dout = d->data;
+    p->dout_f64 = !strcmp(d->dtype, "F64");
   }
   return ATTNORACLE_OK;
 }
@@ -357,50 +390,88 @@ ATTNORACLE_PLUGIN_EXPORT int attnoracle_plugin_abi(void) { return ATTNORACLE_PLU
 
 ATTNORACLE_PLUGIN_EXPORT const char* attnoracle_plugin_name(void) { return "naive-c 1.0"; }
 
+/* Values of an F32 or F64 tensor in the compute type (a new buffer), or NULL. */
+static void* to_real(const problem* p, const void* data, int f64, int64_t count)
+{
+  void* r = malloc((size_t)count * (p->f64 ? sizeof(double) : sizeof(float)) + 1);
+  int64_t e;
+  if (!r) return NULL;
+  for (e = 0; e < count; ++e) {
+    double x = f64 ? ((const double*)data)[e] : ((const float*)data)[e];
+    if (p->f64) ((double*)r)[e] = x;
+    else ((float*)r)[e] = (float)x;
+  }
+  return r;
+}
+
 ATTNORACLE_PLUGIN_EXPORT int attnoracle_plugin_run(const attnoracle_case* c,
                                                    const attnoracle_sink* sink, char* message,
                                                    size_t message_size)
 {
   problem p;
-  int status, ok = 1;
+  int status, ok = 1, grads, e;
   size_t real = 0;
-  int64_t rows, out_shape[4], weights_shape[4];
+  int64_t rows, kv, nbias = 1, out_shape[4], weights_shape[4], q_shape[4], k_shape[4], v_shape[4];
   void *out = NULL, *weights = NULL, *lse = NULL;
+  void *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *dbias = NULL;
   unsigned char* allowed = NULL;
 
   memset(&p, 0, sizeof p);
   status = read_problem(c, &p, message, message_size);
   if (status != ATTNORACLE_OK) return status;
 
-  /* Buffers in the compute type; weights are one row of scratch unless asked for. */
+  /* Buffers in the compute type; weights are one row of scratch unless asked for (or needed by
+   * the gradients, as out is). */
+  grads = p.dout != NULL;
   real = p.f64 ? sizeof(double) : sizeof(float);
   rows = p.B * p.Hq * p.Nq;
-  if (p.want_out) out = malloc((size_t)(rows * p.Dv) * real);
-  weights = malloc((size_t)((p.want_weights ? rows : 1) * p.Nk) * real);
+  kv = p.B * p.Hkv * p.Nk;
+  for (e = 0; p.bias && e < p.bias_ndim; ++e) nbias *= p.bias_shape[e];
+  if (p.want_out || grads) out = malloc((size_t)(rows * p.Dv) * real);
+  weights = malloc((size_t)((p.want_weights || grads ? rows : 1) * p.Nk) * real);
   if (p.want_lse) lse = malloc((size_t)rows * real);
   allowed = malloc((size_t)p.Nk);
-  if ((p.want_out && !out) || !weights || (p.want_lse && !lse) || !allowed) {
+  if (grads) {
+    dout = to_real(&p, p.dout, p.dout_f64, rows * p.Dv);
+    dq = calloc((size_t)(rows * p.Dk) + 1, real);
+    dk = calloc((size_t)(kv * p.Dk) + 1, real);
+    dv = calloc((size_t)(kv * p.Dv) + 1, real);
+    if (p.want_dbias) dbias = calloc((size_t)nbias, real);
+  }
+  if (((p.want_out || grads) && !out) || !weights || (p.want_lse && !lse) || !allowed ||
+      (grads && (!dout || !dq || !dk || !dv || (p.want_dbias && !dbias)))) {
     status = say(ATTNORACLE_FAILED, message, message_size, "out of memory", "");
     goto done;
   }
 
   if (p.f64)
-    ok = sdpa_f64(&p, out, weights, p.want_weights, lse, allowed, message, message_size);
+    ok = sdpa_f64(&p, out, weights, p.want_weights || grads, lse, allowed, message, message_size);
   else
-    ok = sdpa_f32(&p, out, weights, p.want_weights, lse, allowed, message, message_size);
+    ok = sdpa_f32(&p, out, weights, p.want_weights || grads, lse, allowed, message, message_size);
   if (!ok) {
     status = ATTNORACLE_REFUSED;
     goto done;
   }
+  if (grads && p.f64)
+    sdpa_backward_f64(&p, weights, out, dout, dq, dk, dv, dbias);
+  else if (grads)
+    sdpa_backward_f32(&p, weights, out, dout, dq, dk, dv, dbias);
 
-  out_shape[0] = weights_shape[0] = p.B;
-  out_shape[1] = weights_shape[1] = p.Hq;
-  out_shape[2] = weights_shape[2] = p.Nq;
-  out_shape[3] = p.Dv;
+  out_shape[0] = weights_shape[0] = q_shape[0] = k_shape[0] = v_shape[0] = p.B;
+  out_shape[1] = weights_shape[1] = q_shape[1] = p.Hq;
+  k_shape[1] = v_shape[1] = p.Hkv;
+  out_shape[2] = weights_shape[2] = q_shape[2] = p.Nq;
+  k_shape[2] = v_shape[2] = p.Nk;
+  out_shape[3] = v_shape[3] = p.Dv;
+  q_shape[3] = k_shape[3] = p.Dk;
   weights_shape[3] = p.Nk;
   if ((p.want_out && emit(sink, &p, "out", out, rows * p.Dv, 4, out_shape)) ||
       (p.want_weights && emit(sink, &p, "weights", weights, rows * p.Nk, 4, weights_shape)) ||
-      (p.want_lse && emit(sink, &p, "lse", lse, rows, 3, out_shape)))
+      (p.want_lse && emit(sink, &p, "lse", lse, rows, 3, out_shape)) ||
+      (p.want_dq && emit(sink, &p, "dq", dq, rows * p.Dk, 4, q_shape)) ||
+      (p.want_dk && emit(sink, &p, "dk", dk, kv * p.Dk, 4, k_shape)) ||
+      (p.want_dv && emit(sink, &p, "dv", dv, kv * p.Dv, 4, v_shape)) ||
+      (p.want_dbias && emit(sink, &p, "dbias", dbias, nbias, p.bias_ndim, p.bias_shape)))
     status = say(ATTNORACLE_FAILED, message, message_size, "a result was not taken", "");
 
 done:
@@ -408,5 +479,10 @@ done:
   free(weights);
   free(lse);
   free(allowed);
+  free(dout);
+  free(dq);
+  free(dk);
+  free(dv);
+  free(dbias);
   return status;
 }
