@@ -250,7 +250,7 @@ def _tensor_arrays(tensors):
         elif dtype == "BF16":
             raw = np.frombuffer(data, "<u2").reshape(shape)
             bits[name] = raw.copy()
-            values[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+            values[name] = (raw.astype(np.uint32).reshape(-1) << 16).view(np.float32).reshape(shape)
         elif dtype in ("F64", "F32", "F16"):
             values[name] = np.frombuffer(data, _NUMPY_OF[dtype]).reshape(shape).astype(_NUMPY_OF[dtype][1:])
             if dtype == "F16":

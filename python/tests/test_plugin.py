@@ -23,7 +23,15 @@ def test_numpy_attention(attnoracle_case):
                                         bias=x.get("bias"), query_mask=x.get("query_mask"), in_dtype=c.input_dtype,
                                         seqlens_q=x.get("seqlens_q"), seqlens_k=x.get("seqlens_k"),
                                         descales=descales or None, sinks=x.get("sinks"))
-        return {{n: a for n, a in (("out", out), ("weights", w), ("lse", lse), ("scores", s)) if n in c.outputs}}
+        r = {{n: a for n, a in (("out", out), ("weights", w), ("lse", lse), ("scores", s)) if n in c.outputs}}
+        grads = [n for n in ("dq", "dk", "dv", "dbias") if n in c.outputs]
+        if grads:  # the adapter's backward, in float64
+            x64 = {{n: a.astype(np.float64) if a.dtype.kind == "f" else a for n, a in c.inputs.items()}}
+            r.update(impl.gradients(x64["q"], x64["k"], x64["v"], x64["dout"], c.metadata, {bug!r}, grads,
+                                    mask=x64.get("mask"), bias=x64.get("bias"), query_mask=x64.get("query_mask"),
+                                    in_dtype=c.input_dtype, seqlens_q=x64.get("seqlens_q"),
+                                    seqlens_k=x64.get("seqlens_k")))
+        return r
     c.assert_conforms(run)
 """
 
@@ -105,7 +113,7 @@ import attnoracle
 @attnoracle.parametrize_suite({suite!r}, profile="fp32", unsupported={unsupported!r})
 def test_features(attnoracle_case):
     c = attnoracle_case
-    c.assert_conforms({{n: c.golden[n] for n in ("out", "scores") if n in c.outputs}})
+    c.assert_conforms({{n: c.golden[n] for n in ("out", "scores", "dq", "dk", "dv", "dbias") if n in c.outputs}})
 """
 
 
