@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cli_args.hpp"
+#include "golden_results.hpp"
 
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/conformance/gate.hpp"
@@ -52,34 +53,13 @@ SafeTensorsFile make_case(const Shape& s, std::map<std::string, std::string> met
   return f;
 }
 
-SafeTensorsFile golden_of(const SafeTensorsFile& f) {
-  const Case c = case_from_file("c", f);
-  return golden_file(c, evaluate(c, {}));
-}
+using testing::get;
+using testing::golden_of;
+using testing::set;
+using testing::tensor;
 
 // The golden tensors returned as the result.
-JobResult golden_result(const SafeTensorsFile& golden) {
-  JobResult r;
-  r.outcome = Outcome::Output;
-  for (const char* name : {"out", "weights", "lse"})
-    if (const RawTensor* t = golden.find(name)) r.output.put(*t);
-  return r;
-}
-
-float get(const RawTensor& t, std::size_t k) {
-  float x;
-  std::memcpy(&x, t.data.data() + 4 * k, 4);
-  return x;
-}
-void set(RawTensor& t, std::size_t k, double x) {
-  const auto f = static_cast<float>(x);
-  std::memcpy(t.data.data() + 4 * k, &f, 4);
-}
-RawTensor& tensor(JobResult& r, const char* name) {
-  for (auto& t : r.output.tensors)
-    if (t.name == name) return t;
-  throw std::runtime_error(name);
-}
+JobResult golden_result(const SafeTensorsFile& golden) { return testing::golden_result(golden, {"out", "weights", "lse"}); }
 
 // Changes element [b, h, i, j] (4-d) or [b, h, i] of a result tensor by f(value).
 void change(JobResult& r, const char* name, const std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& where,

@@ -11,6 +11,7 @@
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
 #include "attnoracle/reference/evaluate.hpp"
+#include "golden_results.hpp"
 
 namespace attnoracle::conformance {
 namespace {
@@ -40,30 +41,14 @@ SafeTensorsFile make_case(std::map<std::string, std::string> meta, bool bias, st
   return f;
 }
 
-SafeTensorsFile golden_of(const SafeTensorsFile& f) {
-  const Case c = case_from_file("c", f);
-  return golden_file(c, evaluate(c, {}));
-}
+using testing::get;
+using testing::golden_of;
+using testing::set;
+using testing::tensor;
 
 JobResult golden_result(const SafeTensorsFile& golden) {
-  JobResult r;
-  r.outcome = Outcome::Output;
-  for (const char* name : {"out", "lse", "dq", "dk", "dv", "dbias"})
-    if (const RawTensor* t = golden.find(name)) r.output.put(*t);
-  return r;
+  return testing::golden_result(golden, {"out", "lse", "dq", "dk", "dv", "dbias"});
 }
-
-RawTensor& tensor(JobResult& r, const std::string& name) {
-  for (auto& t : r.output.tensors)
-    if (t.name == name) return t;
-  throw std::runtime_error(name);
-}
-float get(const RawTensor& t, std::size_t k) {
-  float x;
-  std::memcpy(&x, t.data.data() + 4 * k, 4);
-  return x;
-}
-void set(RawTensor& t, std::size_t k, float x) { std::memcpy(t.data.data() + 4 * k, &x, 4); }
 
 const TensorReport* report_of(const CaseReport& rep, const std::string& name) {
   for (const auto& t : rep.tensors)
