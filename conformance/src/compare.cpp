@@ -229,9 +229,10 @@ struct Comparer {
     }
     if (t->dtype != c.output_dtype || t->shape != shape) {
       std::string s;
-      for (auto d : t->shape) s += (s.empty() ? "" : ",") + std::to_string(d);
+      // Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&.
+      for (auto d : t->shape) (s.empty() ? s : s += ',') += std::to_string(d);
       std::string w;
-      for (auto d : shape) w += (w.empty() ? "" : ",") + std::to_string(d);
+      for (auto d : shape) (w.empty() ? w : w += ',') += std::to_string(d);
       fail(name + " is " + std::string(dtype_name(t->dtype)) + " [" + s + "], expected " +
            std::string(dtype_name(c.output_dtype)) + " [" + w + "]");
       return nullptr;

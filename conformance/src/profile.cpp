@@ -50,7 +50,7 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
   } else {
     std::string known;
     for (const auto& n : builtin_profile_names()) known += (known.empty() ? "" : ", ") + n;
-    throw InputError(what, "", "unknown profile '" + name + "' (" + known + ", or a JSON file)");
+    throw InputError(what, "", "unknown profile '" + printable(name) + "' (" + known + ", or a JSON file)");
   }
   return p;
 }
@@ -97,11 +97,19 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
+// The string field `key` of object `j`, or `absent` when it has none.
+std::string text_field(const nlohmann::json& j, const std::string& key, const std::string& absent,
+                       const std::string& path) {
+  if (!j.contains(key)) return absent;
+  if (!j[key].is_string()) throw InputError(path, key, std::string("must be a string, not a JSON ") + j[key].type_name());
+  return j[key].get<std::string>();
+}
+
 // A profile object; `path` names it in errors (a file, or a file and the member's index).
 Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object()) throw InputError(path, "", "a profile is a JSON object");
-  Profile p = builtin_profile(j.value("base", std::string("fp32")), path + ": base");
-  p.name = j.value("name", std::string("custom"));
+  Profile p = builtin_profile(text_field(j, "base", "fp32", path), path + ": base");
+  p.name = text_field(j, "name", "custom", path);
   auto dtype = [&](const std::string& key, DType& out) {
     if (!j.contains(key)) return;
     const auto& v = j[key];
@@ -132,7 +140,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
                                   "grad_dp", "grad_ds", "grad_accum"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
-    if (!ok) throw InputError(path, key, "unknown profile field");
+    if (!ok) throw InputError(path, printable(key), "unknown profile field");
   }
   if (j.contains("input_dtypes")) {
     if (!j["input_dtypes"].is_array()) throw InputError(path, "input_dtypes", "must be a list of dtype names");
@@ -187,7 +195,7 @@ std::vector<DType> covered(const Profile& p) {
 void add_member(ProfileSet& set, Profile p, const std::string& what) {
   for (DType t : covered(p))
     if (const Profile* other = set.for_dtype(t))
-      throw InputError(what, "", "profiles " + other->name + " and " + p.name + " both cover " +
+      throw InputError(what, "", "profiles " + printable(other->name) + " and " + printable(p.name) + " both cover " +
                                      std::string(dtype_name(t)) + " inputs: give one profile per input dtype");
   set.members.push_back(std::move(p));
 }
@@ -239,16 +247,18 @@ ProfileSet load_profile_set(const std::string& spec, const std::string& what) {
       return set;
     }
     for (const auto& [key, v] : j.items())
-      if (key != "name" && key != "profiles") throw InputError(spec, key, "unknown field of a profile family");
+      if (key != "name" && key != "profiles") throw InputError(spec, printable(key), "unknown field of a profile family");
     if (!j["profiles"].is_array() || j["profiles"].empty())
       throw InputError(spec, "profiles", "must be a non-empty list of profile names, files or objects");
-    set.name = j.value("name", std::string("custom"));
+    set.name = text_field(j, "name", "custom", spec);
     const std::filesystem::path base = std::filesystem::path(spec).parent_path();
     std::size_t k = 0;
     for (const auto& m : j["profiles"]) {
       const std::string at = spec + ": profiles[" + std::to_string(k++) + "]";
       if (m.is_string()) {
         const std::string s = m.get<std::string>();
+        if (s.empty() || printable(s, s.size()) != s)
+          throw InputError(at, "", "\"" + printable(s) + "\" is not a profile name or a file name");
         add_member(set, is_json_path(s) ? profile_from_json((base / s).string()) : builtin_profile(s, at), spec);
       } else if (m.is_object()) {
         add_member(set, profile_from_object(m, at), spec);

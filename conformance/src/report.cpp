@@ -24,8 +24,11 @@ std::string num(double x) {
   return buf;
 }
 std::string index_text(const std::vector<std::int64_t>& ix) {
-  std::string s = "[";
-  for (std::size_t k = 0; k < ix.size(); ++k) s += (k ? "," : "") + std::to_string(ix[k]);
+  std::string s = "[";  // appended: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&
+  for (std::size_t k = 0; k < ix.size(); ++k) {
+    if (k) s += ',';
+    s += std::to_string(ix[k]);
+  }
   return s + "]";
 }
 std::string worst_text(const ElementReport& w) {

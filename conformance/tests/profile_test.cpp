@@ -156,6 +156,20 @@ TEST_F(Profiles, Refusals) {
   const std::string bias = file("bad5.json", R"({"base": "fp16", "bias": "I64"})");
   EXPECT_NE(refusal([&] { load_profile_set(bias); }).find("bad5.json: bias: must be one of F64, F32, F16, BF16"),
             std::string::npos);
+  // names of the wrong type and text from the file, escaped: one line naming the file and field
+  const std::string base = file("bad6.json", R"({"base": 3})");
+  EXPECT_EQ(refusal([&] { load_profile_set(base); }), base + ": base: must be a string, not a JSON number");
+  const std::string name = file("bad7.json", R"({"name": ["x"], "profiles": ["fp32"]})");
+  EXPECT_EQ(refusal([&] { load_profile_set(name); }), name + ": name: must be a string, not a JSON array");
+  const std::string key = file("bad8.json", R"({"bad\nkey": 1})");
+  EXPECT_EQ(refusal([&] { load_profile_set(key); }), key + ": bad\\x0akey: unknown profile field");
+  const std::string unknown = file("bad9.json", R"({"base": "fp\n16"})");
+  EXPECT_EQ(refusal([&] { load_profile_set(unknown); }).rfind(unknown + ": base: unknown profile 'fp\\x0a16' (", 0), 0u);
+  const std::string names = file("bad10.json", R"({"profiles": [{"name": "a\nb"}, {"name": "c"}]})");
+  EXPECT_NE(refusal([&] { load_profile_set(names); }).find("profiles a\\x0ab and c both cover"), std::string::npos);
+  const std::string member_file = file("bad11.json", R"({"profiles": ["x\n.json"]})");
+  EXPECT_EQ(refusal([&] { load_profile_set(member_file); }),
+            member_file + ": profiles[0]: \"x\\x0a.json\" is not a profile name or a file name");
   // invariants takes one profile, not a family
   EXPECT_NE(refusal([&] { conformance::load_profile((dir_ / "bad1.json").string()); }).find("a profile family"),
             std::string::npos);

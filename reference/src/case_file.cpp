@@ -710,8 +710,13 @@ Case case_from_file(const std::string& path, SafeTensorsFile file) {
 Case read_case(const std::string& path) { return case_from_file(path, read_safetensors(path)); }
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
+  // Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&
+  // (GCC bug 105329).
   std::string s = "[";
-  for (std::size_t a = 0; a < shape.size(); ++a) s += (a ? "," : "") + std::to_string(shape[a]);
+  for (std::size_t a = 0; a < shape.size(); ++a) {
+    if (a) s += ',';
+    s += std::to_string(shape[a]);
+  }
   return s + "]";
 }
 

@@ -32,7 +32,8 @@ RawTensor bools(const std::string& name, std::vector<std::int64_t> shape, const 
 SafeTensorsFile file(std::vector<RawTensor> tensors, std::map<std::string, std::string> md) {
   SafeTensorsFile f;
   f.metadata = std::move(md);
-  f.metadata["attn.format"] = "1";
+  // a string moved in: GCC 12 at -O3 reports a false -Wrestrict on assigning "1" (GCC bug 105329)
+  f.metadata["attn.format"] = std::string("1");
   for (auto& t : tensors) f.put(std::move(t));
   return f;
 }

@@ -1,5 +1,6 @@
 // Hostile inputs to the format library, each one a regression: deep JSON nesting, many tensors,
 // NUL padding, text that is not UTF-8, files that are not regular, temporary names planted.
+#include <algorithm>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,10 +26,11 @@ namespace {
 using Bytes = std::vector<unsigned char>;
 
 Bytes with_header(const std::string& header, std::size_t data_bytes = 0) {
-  Bytes out(8);
+  // One allocation, the header copied in: GCC 12 at -O3 reports a false -Warray-bounds on insert
+  // after a vector of 8.
+  Bytes out(8 + header.size() + data_bytes, 0);
   for (std::size_t b = 0; b < 8; ++b) out[b] = static_cast<unsigned char>(header.size() >> (8 * b));
-  out.insert(out.end(), header.begin(), header.end());
-  out.resize(out.size() + data_bytes, 0);
+  std::copy(header.begin(), header.end(), out.begin() + 8);
   return out;
 }
 
@@ -106,9 +108,12 @@ TEST(HostileJson, ManifestWithTooManyCasesIsAProblem) {
 
 TEST(HostileTensors, ManyTensorsAreRefusedAtOnce) {
   std::string header = "{";
-  for (int k = 0; k < 100000; ++k)
-    header += (k ? "," : "") + std::string("\"t") + std::to_string(k) +
-              R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  for (int k = 0; k < 100000; ++k) {
+    if (k) header += ',';  // appended: GCC 12's false -Wrestrict on "," + std::string&&
+    header += "\"t";
+    header += std::to_string(k);
+    header += R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  }
   header += "}";
   const auto t0 = std::chrono::steady_clock::now();
   const std::string m = refusal(with_header(header));
@@ -118,9 +123,12 @@ TEST(HostileTensors, ManyTensorsAreRefusedAtOnce) {
 
 TEST(HostileTensors, ManyTensorsBelowTheLimitAreFast) {
   std::string header = "{";
-  for (std::uint64_t k = 0; k < limits::kTensors; ++k)
-    header += (k ? "," : "") + std::string("\"t") + std::to_string(k) +
-              R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  for (std::uint64_t k = 0; k < limits::kTensors; ++k) {
+    if (k) header += ',';  // appended: GCC 12's false -Wrestrict on "," + std::string&&
+    header += "\"t";
+    header += std::to_string(k);
+    header += R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  }
   header += "}";
   const auto t0 = std::chrono::steady_clock::now();
   const SafeTensorsFile f = parse_safetensors("t.safetensors", with_header(header));

@@ -83,8 +83,11 @@ std::string format_value(std::uint64_t bits, DType t) {
 }
 
 std::string shape_text(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t a = 0; a < shape.size(); ++a) s += (a ? "," : "") + std::to_string(shape[a]);
+  std::string s = "[";  // appended: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&
+  for (std::size_t a = 0; a < shape.size(); ++a) {
+    if (a) s += ',';
+    s += std::to_string(shape[a]);
+  }
   return s + "]";
 }
 
@@ -94,8 +97,11 @@ std::string index_text(std::int64_t flat, const Shape& shape) {
     idx[a] = flat % shape[a];
     flat /= shape[a];
   }
-  std::string s = "[";
-  for (std::size_t a = 0; a < idx.size(); ++a) s += (a ? "," : "") + std::to_string(idx[a]);
+  std::string s = "[";  // appended: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&
+  for (std::size_t a = 0; a < idx.size(); ++a) {
+    if (a) s += ',';
+    s += std::to_string(idx[a]);
+  }
   return s + "]";
 }
 

@@ -1,6 +1,7 @@
 // The safetensors container: round trips, deterministic bytes, and every refusal of the reader.
 #include "attnoracle/reference/safetensors.hpp"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -33,11 +34,12 @@ RawTensor tensor(const std::string& name, DType dtype, std::vector<std::int64_t>
 
 // A file from header text and data bytes, as a careless writer might produce it.
 Bytes raw_file(const std::string& header, std::size_t data_bytes = 0) {
-  Bytes out(8);
+  // One allocation, the header copied in: GCC 12 at -O3 reports a false -Warray-bounds on insert
+  // after a vector of 8.
+  Bytes out(8 + header.size() + data_bytes, 0);
   std::uint64_t n = header.size();
   for (std::size_t b = 0; b < 8; ++b) out[b] = static_cast<unsigned char>(n >> (8 * b));
-  out.insert(out.end(), header.begin(), header.end());
-  out.resize(out.size() + data_bytes, 0);
+  std::copy(header.begin(), header.end(), out.begin() + 8);
   return out;
 }
 
@@ -174,7 +176,9 @@ RC_GTEST_PROP(SafetensorsWrite, RandomRoundTrip, ()) {
     const auto dtype = static_cast<DType>(*rc::gen::inRange(0, 15));
     const auto shape = *rc::gen::container<std::vector<std::int64_t>>(
         *rc::gen::inRange<std::size_t>(0, 4), rc::gen::inRange<std::int64_t>(0, 4));
-    f.put(tensor("t" + std::to_string(i), dtype, shape));
+    std::string name = "t";  // appended: GCC 12's false -Wrestrict on "t" + std::string&&
+    name += std::to_string(i);
+    f.put(tensor(name, dtype, shape));
   }
   if (*rc::gen::arbitrary<bool>())
     f.metadata["key"] = *rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127));

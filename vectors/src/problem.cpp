@@ -431,12 +431,12 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     if (!c || *c < 0) return "softcap is not a finite number >= 0";
   }
   const GeneratorInfo* g = find_generator(p.generator);
-  if (!g) return "unknown generator \"" + p.generator + "\"";
+  if (!g) return "unknown generator \"" + printable(p.generator) + "\"";
   for (const auto& [name, value] : p.params) {
     bool known = false;
     for (const auto& [n, v] : g->params) known = known || n == name;
-    if (!known) return "generator " + p.generator + " has no parameter \"" + name + "\"";
-    if (!std::isfinite(value)) return "parameter " + name + " is not finite";
+    if (!known) return "generator " + p.generator + " has no parameter \"" + printable(name) + "\"";
+    if (!std::isfinite(value)) return "parameter " + printable(name) + " is not finite";
   }
   auto par = [&](std::string_view n) { return param(p, n); };
   const std::string_view gn = p.generator;

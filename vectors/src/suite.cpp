@@ -148,8 +148,13 @@ class SpecReader {
   std::int64_t integer(const json& j, const std::string& path, std::int64_t lo,
                        std::int64_t hi) const {
     if (!j.is_number_integer()) fail(path, "must be an integer, not " + brief(j));
-    if (j.is_number_unsigned() ? j.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
-                               : j.get<std::int64_t>() < lo || j.get<std::int64_t>() > hi)
+    // JSON's non-negative integers are unsigned: both bounds apply to them too (a size of 0
+    // would divide by zero); the cast is exact once u <= hi.
+    const bool out = j.is_number_unsigned()
+                         ? j.get<std::uint64_t>() > static_cast<std::uint64_t>(hi) ||
+                               static_cast<std::int64_t>(j.get<std::uint64_t>()) < lo
+                         : j.get<std::int64_t>() < lo || j.get<std::int64_t>() > hi;
+    if (out)
       fail(path, "must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", not " +
                      brief(j));
     return j.get<std::int64_t>();

@@ -102,6 +102,10 @@ TEST(VectorsSuite, RefusalsNameTheJsonPath) {
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "fixed": {"params": {"offset": 3}}}]})"),
             "spec.json: families[0]: case a-000: generator normal has no parameter \"offset\"");
+  // the parameter's name escaped: the message stays one line
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"params": {"off\nset": 3}}}]})"),
+            "spec.json: families[0]: case a-000: generator normal has no parameter \"off\\x0aset\"");
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "cross": {"dtype": []}}]})"),
             "spec.json: families[0].cross.dtype: must be a non-empty array of values, not []");
@@ -118,6 +122,13 @@ TEST(VectorsSuite, RefusalsNameTheJsonPath) {
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "fixed": {"window": [1, -2]}}]})"),
             "spec.json: families[0].fixed.window[1]: must be between 0 and 16777216, not -2");
+  // zero is below the bound too (a head count of 0 divided by zero; 0 seeds made no case)
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"shape": [1, 2, 0, 2, 2, 2, 2]}}]})"),
+            "spec.json: families[0].fixed.shape[2]: must be between 1 and 16777216, not 0");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "seeds": 0}]})"),
+            "spec.json: families[0].seeds: must be between 1 and 10000, not 0");
   EXPECT_EQ(error_of("[]"), "spec.json: $: must be a JSON object, not a JSON array");
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "fixed": {"bias": "random", "bias_fill": "-1e4"}}]})"),
