@@ -8,49 +8,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "error_bounds.hpp"
-#include "exp_dd.hpp"
-
 namespace attnoracle::fast {
 namespace {
-
-// A radius computed with rounding to nearest, made an upper bound (error_bounds.hpp).
-inline double radius_up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
-// |x| <= |hi| (1 + u) for a normalised double-double.
-inline double mag(DD x) { return std::fabs(x.hi) * (1 + kMagRel); }
-
-// Sums and products of balls: the midpoint's own error plus the radii carried through.
-inline Ball add(const Ball& a, const Ball& b) {
-  const DD m = fast::add(a.mid, b.mid);
-  return {m, radius_up(a.rad + b.rad + kAddDD * mag(m))};
-}
-inline Ball add(const Ball& a, double y) {
-  const DD m = fast::add(a.mid, y);
-  return {m, radius_up(a.rad + kAddFP * mag(m))};
-}
-inline Ball mul(const Ball& a, double y) {
-  const DD m = fast::mul(a.mid, y);
-  return {m, radius_up(a.rad * std::fabs(y) + kMulFP * mag(m))};
-}
-// |a b - am bm| <= |am| rb + |bm| ra + ra rb
-inline Ball mul(const Ball& a, const Ball& b) {
-  const DD m = fast::mul(a.mid, b.mid);
-  return {m, radius_up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
-}
-// For bm > 2 rb > 0: |a/b - am/bm| <= (ra + |am/bm| rb) / (bm - rb).
-inline Ball div(const Ball& a, const Ball& b) {
-  const DD m = fast::div(a.mid, b.mid);
-  const double q = mag(m) * (1 + kDivQuotient);  // |am/bm| <= |m| / (1 - kDivDD)
-  const double den = std::fabs(b.mid.hi) * (1 - kMagRel) - b.rad;  // >= bm/2: rounding relative
-  return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
-}
-// exp(am + d) = exp(am) e^d and |e^d - 1| <= r (1 + r) for |d| <= r <= 1.
-inline Ball exp(const Ball& a) {
-  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(kExpMin + 2 kExpMaxRad) <= kTinyExp
-  const DD m = exp_dd(a.mid);
-  const double e = mag(m) * (1 + kExpMid);  // exp(am) <= |m| / (1 - kExpRel)
-  return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
-}
 
 bool in_range(double x) {
   const double a = std::fabs(x);
@@ -184,24 +143,10 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     }
   if (keys.empty()) return r;  // a fully masked (or sink-only) row: the MPFR path
 
-  // Dot2: s + c = q.k within gamma_Dk^2 sum |q_d k_d| (Ogita, Rump, Oishi), used with factor 2;
-  // sum |q_d k_d| is itself rounded, by at most gamma_Dk relative.
-  const double n = static_cast<double>(Dk);
-  const double gam = n * kU / (1 - n * kU);
-  const double dot_factor = 2 * gam * gam * (1 + 2 * gam);
   std::vector<Ball> S(keys.size());
   double m = -INFINITY;
   for (std::size_t a = 0; a < keys.size(); ++a) {
-    const double* k = K + keys[a] * Dk;
-    double sh = 0, sl = 0, sabs = 0;
-    for (std::int64_t d = 0; d < Dk; ++d) {
-      const DD p = two_prod(q[d], k[d]);
-      const DD t = two_sum(sh, p.hi);
-      sh = t.hi;
-      sl += t.lo + p.lo;
-      sabs += std::fabs(p.hi);
-    }
-    const Ball dot{two_sum(sh, sl), radius_up(dot_factor * sabs)};
+    const Ball dot = dot2(q, K + keys[a] * Dk, Dk);
     r.dots[static_cast<std::size_t>(keys[a])] = dot;
     Ball sc = mul(s.scale, dot);
     const double bias = c.bias_at(b, h, i, keys[a]);
@@ -218,25 +163,20 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   Ball z{};
   for (std::size_t a = 0; a < keys.size(); ++a) {
     const Ball x = add(S[a], -m);
-    if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;  // outside exp's ball rule: MPFR
+    if (!exp_applies(x)) return r;  // outside exp's ball rule: MPFR
     e[a] = exp(x);
     z = add(z, e[a]);
   }
   if (c.sinks) {  // the sink: one more term of Z, exp(sink - m), with no value vector
     const Ball x = add(Ball{DD{c.sink(h), 0}, 0}, -m);
-    if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;
+    if (!exp_applies(x)) return r;
     z = add(z, exp(x));
   }
   if (!(z.mid.hi > kDivMargin * z.rad)) return r;
   r.z = z;
   for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = div(e[a], z);
 
-  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc|, accumulated like Dot2 on
-  // the midpoints' high parts (TwoProd, TwoSum) plus their low parts in plain F64. With
-  // A = sum_j |e_j.hi v_jc| (|e.lo| <= u |e.hi|): the Dot2 error gamma_n^2 A and the low parts'
-  // products and their sum, together within (n + 1)^2 u^2 A, which 3 gamma_n^2 + 2u^2 covers
-  // (reference/proofs/dot2_factors.sollya), and the balls' radii sum_j e_j.rad |v_jc|; A and
-  // that sum are themselves rounded (gamma_n relative).
+  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (BallSum), over Z.
   r.out.resize(static_cast<std::size_t>(Dv));
   r.bound.resize(static_cast<std::size_t>(Dv));
   r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
@@ -244,22 +184,13 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.absmin.assign(static_cast<std::size_t>(Dv), INFINITY);
   r.absmax.assign(static_cast<std::size_t>(Dv), 0);
   const auto nd = static_cast<std::size_t>(Dv);
-  std::vector<double> nh(nd, 0), nl(nd, 0), bh(nd, 0), bl(nd, 0), absum(nd, 0), radsum(nd, 0);
+  std::vector<BallSum> num(nd), mag_sum(nd);
   for (std::size_t a = 0; a < keys.size(); ++a) {
     const double* v = V + keys[a] * Dv;
-    const double eh = e[a].mid.hi, el = e[a].mid.lo, er = e[a].rad;
     for (std::size_t ci = 0; ci < nd; ++ci) {
       const double x = v[ci], ax = std::fabs(x);
-      const DD p = two_prod(eh, x);
-      const DD t = two_sum(nh[ci], p.hi);
-      nh[ci] = t.hi;
-      nl[ci] += t.lo + p.lo + el * x;
-      const DD pb = two_prod(eh, ax);
-      const DD tb = two_sum(bh[ci], pb.hi);
-      bh[ci] = tb.hi;
-      bl[ci] += tb.lo + pb.lo + el * ax;
-      absum[ci] += pb.hi;
-      radsum[ci] += er * ax;
+      num[ci].add(e[a], x);
+      mag_sum[ci].add(e[a], ax);
       r.vmin[ci] = std::min(r.vmin[ci], x);
       r.vmax[ci] = std::max(r.vmax[ci], x);
       r.absmin[ci] = std::min(r.absmin[ci], ax);
@@ -272,13 +203,9 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
       r.vmax[ci] = std::max(r.vmax[ci], 0.0);
       r.absmin[ci] = 0;
     }
-  const double nk = static_cast<double>(keys.size());
-  const double gk = nk * kU / (1 - nk * kU);
-  const double pv_factor = 3 * gk * gk + 2 * kU * kU;  // 2 gamma_n^2 + the low parts, with room
   for (std::size_t ci = 0; ci < nd; ++ci) {
-    const double err = radius_up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
-    r.out[ci] = div(Ball{two_sum(nh[ci], nl[ci]), err}, z);
-    r.bound[ci] = div(Ball{two_sum(bh[ci], bl[ci]), err}, z);
+    r.out[ci] = div(num[ci].ball(), z);
+    r.bound[ci] = div(mag_sum[ci].ball(), z);
   }
   r.ok = true;
   return r;

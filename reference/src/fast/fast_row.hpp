@@ -10,15 +10,9 @@
 #include <vector>
 
 #include "attnoracle/reference/case_file.hpp"
-#include "dd.hpp"
+#include "ball.hpp"
 
 namespace attnoracle::fast {
-
-// The exact value lies in [mid - rad, mid + rad].
-struct Ball {
-  DD mid;
-  double rad = 0;
-};
 
 // Lower and upper ends of a ball as double-doubles no further in than the exact ends.
 DD lower(const Ball& b);

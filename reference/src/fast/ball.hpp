@@ -1,0 +1,110 @@
+// Ball arithmetic on double-doubles: a midpoint and an F64 radius that bounds the distance to
+// the exact value. Each operation's midpoint error comes from its published bound
+// (error_bounds.hpp); each radius formula says in a comment why it holds. Used by the forward
+// rows (fast_row.cpp) and the gradients (fast_backward.cpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "dd.hpp"
+#include "error_bounds.hpp"
+#include "exp_dd.hpp"
+
+namespace attnoracle::fast {
+
+// The exact value lies in [mid - rad, mid + rad].
+struct Ball {
+  DD mid;
+  double rad = 0;
+};
+
+// A radius computed with rounding to nearest, made an upper bound (error_bounds.hpp).
+inline double radius_up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
+// |x| <= |hi| (1 + u) for a normalised double-double.
+inline double mag(DD x) { return std::fabs(x.hi) * (1 + kMagRel); }
+
+// Sums and products of balls: the midpoint's own error plus the radii carried through.
+inline Ball add(const Ball& a, const Ball& b) {
+  const DD m = fast::add(a.mid, b.mid);
+  return {m, radius_up(a.rad + b.rad + kAddDD * mag(m))};
+}
+inline Ball add(const Ball& a, double y) {
+  const DD m = fast::add(a.mid, y);
+  return {m, radius_up(a.rad + kAddFP * mag(m))};
+}
+inline Ball neg(const Ball& a) { return {fast::neg(a.mid), a.rad}; }
+// ||x| - |m|| <= |x - m|: the same radius holds |x|.
+inline Ball abs(const Ball& a) { return a.mid.hi < 0 ? neg(a) : a; }
+inline Ball mul(const Ball& a, double y) {
+  const DD m = fast::mul(a.mid, y);
+  return {m, radius_up(a.rad * std::fabs(y) + kMulFP * mag(m))};
+}
+// |a b - am bm| <= |am| rb + |bm| ra + ra rb
+inline Ball mul(const Ball& a, const Ball& b) {
+  const DD m = fast::mul(a.mid, b.mid);
+  return {m, radius_up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
+}
+// For bm > 2 rb > 0: |a/b - am/bm| <= (ra + |am/bm| rb) / (bm - rb).
+inline Ball div(const Ball& a, const Ball& b) {
+  const DD m = fast::div(a.mid, b.mid);
+  const double q = mag(m) * (1 + kDivQuotient);  // |am/bm| <= |m| / (1 - kDivDD)
+  const double den = std::fabs(b.mid.hi) * (1 - kMagRel) - b.rad;  // >= bm/2: rounding relative
+  return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
+}
+// exp(am + d) = exp(am) e^d and |e^d - 1| <= r (1 + r) for |d| <= r <= 1.
+inline Ball exp(const Ball& a) {
+  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(kExpMin + 2 kExpMaxRad) <= kTinyExp
+  const DD m = exp_dd(a.mid);
+  const double e = mag(m) * (1 + kExpMid);  // exp(am) <= |m| / (1 - kExpRel)
+  return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
+}
+// Whether exp's ball rule and exp_dd's range hold for a (else the caller goes to MPFR).
+inline bool exp_applies(const Ball& a) { return a.rad <= kExpMaxRad && a.mid.hi <= kExpMax; }
+
+// sum_d a[d] b[d] by Dot2: s + c encloses the dot within gamma_n^2 sum |a_d b_d| (Ogita, Rump,
+// Oishi), used with factor 2; sum |a_d b_d| is itself rounded, by at most gamma_n relative.
+inline Ball dot2(const double* a, const double* b, std::int64_t n) {
+  const double nn = static_cast<double>(n);
+  const double gam = nn * kU / (1 - nn * kU);
+  double sh = 0, sl = 0, sabs = 0;
+  for (std::int64_t d = 0; d < n; ++d) {
+    const DD p = two_prod(a[d], b[d]);
+    const DD t = two_sum(sh, p.hi);
+    sh = t.hi;
+    sl += t.lo + p.lo;
+    sabs += std::fabs(p.hi);
+  }
+  return {two_sum(sh, sl), radius_up(2 * gam * gam * (1 + 2 * gam) * sabs)};
+}
+
+// sum_j x_j y_j for balls x_j and doubles y_j, accumulated like Dot2 on the midpoints' high
+// parts (TwoProd, TwoSum) plus their low parts in plain F64. With A = sum_j |x_j.hi y_j|
+// (|x.lo| <= u |x.hi|): the Dot2 error gamma_n^2 A and the low parts' products and their sum,
+// together within (n + 1)^2 u^2 A, which 3 gamma_n^2 + 2u^2 covers
+// (reference/proofs/dot2_factors.sollya), and the radii's share sum_j x_j.rad |y_j|; A and that
+// sum are themselves rounded (gamma_n relative). Terms exactly 0 make an exact 0.
+struct BallSum {
+  double hi = 0, lo = 0, absum = 0, radsum = 0;
+  std::int64_t n = 0;
+  bool zero = true;  // every term so far exactly 0
+  void add(const Ball& x, double y) {
+    const DD p = two_prod(x.mid.hi, y);
+    const DD t = two_sum(hi, p.hi);
+    hi = t.hi;
+    lo += t.lo + p.lo + x.mid.lo * y;
+    absum += std::fabs(p.hi);
+    radsum += x.rad * std::fabs(y);
+    ++n;
+    zero = zero && (y == 0 || (x.mid.hi == 0 && x.rad == 0));
+  }
+  Ball ball() const {
+    if (zero) return {};
+    const double nk = static_cast<double>(n);
+    const double gk = nk * kU / (1 - nk * kU);
+    const double factor = 3 * gk * gk + 2 * kU * kU;
+    return {two_sum(hi, lo), radius_up((radsum + factor * absum) * (1 + 2 * gk))};
+  }
+};
+
+}  // namespace attnoracle::fast
