@@ -58,6 +58,9 @@ int run_eval(const EvalArgs& a) {
                                  std::to_string(st.rows - st.rows_fast) + " by MPFR (" +
                                  std::to_string(st.rows_fallback) + " fell back)"
                            : "all by MPFR (fast path: " + st.fast_path_note + ")";
+    if (c.wants_gradients())
+      fast += "; gradient units " + std::to_string(st.grad_units_fast) + " by the fast path (" +
+              std::to_string(st.grad_units_fallback) + " fell back to MPFR)";
     std::fprintf(stderr,
                  "%s: %llu golden elements, %llu undecided; %llu rows, %s, %llu needed more "
                  "precision (up to %ld bits); %.3f s on %d thread%s (reading %.3f s, evaluation "

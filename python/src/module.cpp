@@ -138,6 +138,8 @@ py::tuple py_evaluate(const std::vector<PyTensor>& tensors, const Metadata& meta
   stats["undecided"] = r.stats.undecided;
   stats["rows"] = r.stats.rows;
   stats["rows_fast"] = r.stats.rows_fast;
+  stats["grad_units_fast"] = r.stats.grad_units_fast;
+  stats["grad_units_fallback"] = r.stats.grad_units_fallback;
   stats["rows_raised"] = r.stats.rows_raised;
   stats["max_precision_reached"] = static_cast<long>(r.stats.max_precision_reached);
   stats["seconds"] = r.stats.seconds;

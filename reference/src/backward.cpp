@@ -4,9 +4,10 @@
 //   dq = scale dT K, dk = scale dT^T Q, dv = P^T dout (summed over a kv head's query heads),
 //   dbias = dS summed over the bias's broadcast dimensions.
 // Three passes, each streamed and threaded: rows (the row statistics lse_i and D_i, and dq_i),
-// keys (dk_j and dv_j, P_ij recomputed from lse_i), and the columns of the bias (dbias). Each
-// unit runs its own Ziv loop; a unit past the starting precision recomputes the statistics of
-// the rows it reads at its own precision.
+// keys (dk_j and dv_j, P_ij recomputed from lse_i), and the columns of the bias (dbias). The
+// rows and keys go first to the fast path (fast/fast_backward.cpp), which commits a unit when
+// its balls decide every rounding; the others run their own Ziv loop, and a unit past the
+// starting precision recomputes the statistics of the rows it reads at its own precision.
 #include "backward.hpp"
 
 #include <algorithm>
@@ -14,11 +15,13 @@
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/reference/round.hpp"
+#include "fast/fast_backward.hpp"
 #include "golden_buffer.hpp"
 #include "interval.hpp"
 
@@ -165,7 +168,13 @@ struct Entry {
 class Backward {
  public:
   Backward(const Case& c, const EvalOptions& opt)
-      : c_(c), opt_(opt), ev_(c), G_(c.Hq / c.Hkv), stats_(static_cast<std::size_t>(c.B * c.Hq * c.Nq)) {
+      : c_(c),
+        opt_(opt),
+        ev_(c),
+        fast_(c, opt),
+        G_(c.Hq / c.Hkv),
+        stats_(static_cast<std::size_t>(c.B * c.Hq * c.Nq)),
+        once_(new std::once_flag[stats_.size()]) {
     auto lg = [](std::int64_t n) {
       return static_cast<mpfr_prec_t>(std::ceil(std::log2(static_cast<double>(n) + 1.0)));
     };
@@ -203,6 +212,8 @@ class Backward {
     res.stats.elements += elements_.load();
     res.stats.undecided += undecided_.load();
     res.stats.max_precision_reached = std::max(res.stats.max_precision_reached, reached_.load());
+    res.stats.grad_units_fast += fast_units_.load();
+    res.stats.grad_units_fallback += fallback_units_.load();
   }
 
  private:
@@ -315,17 +326,53 @@ class Backward {
     }
   }
 
-  // The row pass: the row's statistics at the starting precision, and dq_i by Ziv's loop.
+  // A unit's elements of gradient gk decided by the fast path, from flat index `base` on.
+  void commit_fast(std::size_t gk, std::int64_t base, const fast::DecidedGrad& d) {
+    val_[gk]->set_all(base, d.value);
+    ref_[gk]->set_all(base, d.ref);
+    bound_[gk]->set_all(base, d.bound);
+    elements_.fetch_add(d.value.size() + d.ref.size());
+  }
+
+  // The statistics of row u at the starting precision, computed once, by whichever unit needs
+  // them first (the row pass, or a unit of the other passes after a fast row).
+  const RowStat& base_stat(std::size_t u) {
+    std::call_once(once_[u], [&] {
+      const auto uu = static_cast<std::int64_t>(u);
+      const std::int64_t b = uu / (c_.Hq * c_.Nq), h = uu / c_.Nq % c_.Hq, i = uu % c_.Nq;
+      RowStat st;
+      std::optional<RowEnclosures> r = stat_at(b, h, i, p0_, st);
+      std::vector<Pending> pend;
+      std::vector<std::pair<std::int64_t, double>> bounds;
+      dq_row(b, h, i, p0_, st, r ? &*r : nullptr, pend, bounds, false);
+      stats_[u] = std::move(st);
+    });
+    return stats_[u];
+  }
+
+  // The row pass: the fast path, else the row's statistics at the starting precision and dq_i
+  // by Ziv's loop.
   void row_unit(std::size_t u) {
     const auto uu = static_cast<std::int64_t>(u);
     const std::int64_t b = uu / (c_.Hq * c_.Nq), h = uu / c_.Nq % c_.Hq, i = uu % c_.Nq;
+    if (fast_.applies() && c_.query_valid(b, i) && c_.row_has_key(b, h, i)) {
+      fast::DecidedGrad dq;
+      const bool done = fast_.row(b, h, i, dq);
+      if (!c_.want_dq) return;  // the statistics are all the row pass was for
+      if (done) {
+        commit_fast(0, static_cast<std::int64_t>(u) * c_.Dk, dq);
+        fast_units_.fetch_add(1);
+        return;
+      }
+      fallback_units_.fetch_add(1);
+    }
     std::vector<Pending> pend;
     std::vector<std::pair<std::int64_t, double>> bounds;
     for (mpfr_prec_t p = p0_;; p = std::min(2 * p, cap_)) {
       RowStat st;
       std::optional<RowEnclosures> r = stat_at(b, h, i, p, st);
-      const bool done = dq_row(b, h, i, p, st, r ? &*r : nullptr, pend, bounds);
-      if (p == p0_) stats_[u] = std::move(st);
+      const bool done = dq_row(b, h, i, p, st, r ? &*r : nullptr, pend, bounds, c_.want_dq);
+      if (p == p0_) std::call_once(once_[u], [&] { stats_[u] = std::move(st); });
       if (!c_.want_dq) return;
       if (!done && p < cap_) continue;
       commit(0, p, pend, bounds);
@@ -336,9 +383,10 @@ class Backward {
   // dq_ic = scale sum_j dT_ij K_jc. Without softcap, dS_i sums to 0 over j, so K_jc may be
   // replaced by K_jc - K_j0c exactly; that is done for the columns where every difference is
   // exact in F64, and makes dq exactly 0 where the column is constant. Also sets st.zero_ds.
+  // Without `values`, only st.zero_ds is set.
   bool dq_row(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p, RowStat& st,
               const RowEnclosures* r, std::vector<Pending>& pend,
-              std::vector<std::pair<std::int64_t, double>>& bounds) const {
+              std::vector<std::pair<std::int64_t, double>>& bounds, bool values) const {
     pend.clear();
     bounds.clear();
     const std::int64_t Dk = c_.Dk, g = c_.kv_head(h);
@@ -359,14 +407,14 @@ class Backward {
     for (std::size_t a = 0; a < n; ++a) {
       dP.emplace_back(p);
       all_exact = dot(dP.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods) && all_exact;
-      if (c_.want_dq) {
+      if (values) {
         dPabs.emplace_back(p);
         dot_abs(dPabs.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods);
       }
     }
     st.zero_ds = n > 0 && all_exact &&
                  std::all_of(dP.begin(), dP.end(), [&](const Enclosure& e) { return mpfr_equal_p(e.lo, dP[0].lo); });
-    if (!c_.want_dq) return true;
+    if (!values) return true;
     if (n == 0) {  // padding or fully masked: dq = 0, bound 0
       for (std::int64_t cc = 0; cc < Dk; ++cc) round_element(0, base + cc, zero, zero, pend, bounds, all);
       return all;
@@ -427,8 +475,8 @@ class Backward {
   // The statistics of row (b, h, i) at precision p: the stored ones at the starting precision,
   // else recomputed into `fresh`.
   const RowStat& stat(std::int64_t b, std::int64_t h, std::int64_t i, mpfr_prec_t p,
-                      std::vector<std::unique_ptr<RowStat>>& fresh, std::size_t slot) const {
-    const RowStat& st = stats_[row_id(b, h, i)];
+                      std::vector<std::unique_ptr<RowStat>>& fresh, std::size_t slot) {
+    const RowStat& st = base_stat(row_id(b, h, i));
     if (p == p0_ || !st.valid) return st;
     if (!fresh[slot]) {
       fresh[slot] = std::make_unique<RowStat>();
@@ -468,6 +516,17 @@ class Backward {
   void key_unit(std::size_t u) {
     const auto uu = static_cast<std::int64_t>(u);
     const std::int64_t b = uu / (c_.Hkv * c_.Nk), g = uu / c_.Nk % c_.Hkv, j = uu % c_.Nk;
+    if (fast_.applies()) {
+      fast::DecidedGrad dk, dv;
+      if (fast_.key(b, g, j, dk, dv)) {
+        const auto key = static_cast<std::int64_t>(key_id(b, g, j));
+        if (c_.want_dk) commit_fast(1, key * c_.Dk, dk);
+        if (c_.want_dv) commit_fast(2, key * c_.Dv, dv);
+        fast_units_.fetch_add(1);
+        return;
+      }
+      fallback_units_.fetch_add(1);
+    }
     std::vector<Pending> pk, pv;
     std::vector<std::pair<std::int64_t, double>> bk, bv;
     std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(G_ * c_.Nq));
@@ -485,7 +544,7 @@ class Backward {
       Enclosure T(p);
       for (std::int64_t h = g * G_; h < (g + 1) * G_; ++h)
         for (std::int64_t i = 0; i < c_.Nq; ++i) {
-          if (!stats_[row_id(b, h, i)].valid || !c_.allowed(b, h, i, j)) continue;
+          if (!c_.allowed(b, h, i, j) || !base_stat(row_id(b, h, i)).valid) continue;
           const RowStat& st = stat(b, h, i, p, fresh, static_cast<std::size_t>((h - g * G_) * c_.Nq + i));
           key_entry(e, T, b, h, i, j, st, k, prods);
           const std::size_t a = rows.size();
@@ -563,7 +622,7 @@ class Backward {
       for (std::int64_t b = b0; b <= b1; ++b)
         for (std::int64_t h = h0; h <= h1; ++h)
           for (std::int64_t i = 0; i < c_.Nq; ++i) {
-            if (!stats_[row_id(b, h, i)].valid) continue;
+            if (!base_stat(row_id(b, h, i)).valid) continue;
             const RowStat& st = stat(b, h, i, p, fresh, row_id(b, h, i));
             row.reset(static_cast<std::size_t>(j1 - j0 + 1), p);
             brow.reset(static_cast<std::size_t>(j1 - j0 + 1), p);
@@ -597,13 +656,15 @@ class Backward {
   const Case& c_;
   const EvalOptions& opt_;
   RowEvaluator ev_;
+  const fast::FastBackward fast_;
   const std::int64_t G_;  // query heads per kv head
   mpfr_prec_t p0_ = 0, cap_ = 0;
   std::vector<std::unique_ptr<GoldenBuffer>> bufs_;
   std::array<GoldenBuffer*, 4> val_{}, ref_{}, bound_{};
   std::array<std::int64_t, 4> ext_{1, 1, 1, 1};  // the bias's extents over [B, Hq, Nq, Nk]
-  std::vector<RowStat> stats_;                   // per row, at the starting precision
-  std::atomic<std::uint64_t> elements_{0}, undecided_{0};
+  std::vector<RowStat> stats_;                   // per row, at the starting precision (base_stat)
+  std::unique_ptr<std::once_flag[]> once_;       // per row: stats_ computed
+  std::atomic<std::uint64_t> elements_{0}, undecided_{0}, fast_units_{0}, fallback_units_{0};
   std::atomic<mpfr_prec_t> reached_{0};
 };
 

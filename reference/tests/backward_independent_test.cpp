@@ -355,7 +355,8 @@ RandomCaseOptions gradient_options() {
 // Returns how many of them have sequence lengths.
 int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_t first_seed) {
   Report rep;
-  std::uint64_t problems = 0;
+  std::uint64_t problems = 0, fast_units = 0, fallback_units = 0;
+  int both = 0;
   int with_seqlens = 0;
   for (int n = 0; n < count; ++n) {
     const auto seed = static_cast<std::uint64_t>(n) + first_seed;
@@ -393,12 +394,27 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
     };
     const EvalResult r = evaluate(c, eo);
     ++problems;
+    fast_units += r.stats.grad_units_fast;
+    fallback_units += r.stats.grad_units_fallback;
+    if (n % 4 == 0) {  // the fast path's bytes against the MPFR path's, every tensor
+      EvalOptions mp = eo;
+      mp.fast_path = false;
+      mp.gradient_check = nullptr;
+      const EvalResult rm = evaluate(c, mp);
+      ++both;
+      for (const RawTensor& t : r.golden) {
+        const RawTensor* u = find(rm, t.name);
+        if (!u || u->data != t.data) rep.fail(ctx + ": " + t.name + " differs between the fast and the MPFR path");
+      }
+    }
     compare(rep, r, "dq", m.dq, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dq); });
     compare(rep, r, "dk", m.dk, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dk); });
     compare(rep, r, "dv", m.dv, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dv); });
     if (p.has_bias) compare(rep, r, "dbias", m.dbias, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dbias); });
   }
   for (const auto& n : rep.notes) std::printf("%s\n", n.c_str());
+  std::printf("gradient units: %llu by the fast path, %llu fell back to MPFR; %d problems also by MPFR alone\n",
+              static_cast<unsigned long long>(fast_units), static_cast<unsigned long long>(fallback_units), both);
   std::printf("%llu problems, %llu gradient elements compared (%llu within our error of a boundary, %llu of them "
               "an exact 0; %llu undecided), %llu enclosures\n",
               static_cast<unsigned long long>(problems), static_cast<unsigned long long>(rep.elements),
@@ -407,6 +423,7 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
               static_cast<unsigned long long>(rep.enclosures));
   EXPECT_EQ(problems, static_cast<std::uint64_t>(count));
   EXPECT_GT(rep.enclosures, rep.elements / 4);
+  EXPECT_GT(fast_units, problems);  // the fast path takes part in what is compared
   for (const auto& s : rep.failures) ADD_FAILURE() << s;
   return with_seqlens;
 }

@@ -9,9 +9,7 @@
 #include "attnoracle/reference/round.hpp"
 
 namespace attnoracle::fast {
-namespace {
 
-// Both ends round alike: the rounding is proven (zeros: +0 unless the whole ball is < 0).
 bool decide(DD lo, DD hi, DType t, std::vector<double>& into) {
   const double a = round_dd(lo, t), z = round_dd(hi, t);
   if (a == 0 && z == 0) into.push_back((hi.hi < 0 || (hi.hi == 0 && hi.lo < 0)) ? -0.0 : 0.0);
@@ -19,6 +17,8 @@ bool decide(DD lo, DD hi, DType t, std::vector<double>& into) {
   else return false;
   return true;
 }
+
+namespace {
 
 // out, out.ref, [out.ref_lo] and out.bound of element e.
 bool decide_out(const Case& c, const FastRow& fr, std::size_t e, DecidedRow& d) {
@@ -71,12 +71,6 @@ void set_dd(mpfr_ptr x, DD d, mpfr_rnd_t rnd) {
   mpfr_set_d(x, d.hi, rnd);
   mpfr_add_d(x, x, d.lo, rnd);
 }
-Enclosure ball_enclosure(const Ball& b) {
-  Enclosure e(128);
-  set_dd(e.lo, lower(b), MPFR_RNDD);
-  set_dd(e.hi, upper(b), MPFR_RNDU);
-  return e;
-}
 Enclosure point_enclosure(double lo, double hi) {
   Enclosure e(128);
   mpfr_set_d(e.lo, lo, MPFR_RNDD);
@@ -94,6 +88,13 @@ Enclosure clamped_enclosure(const Ball& b, double lo, double hi) {
 }
 
 }  // namespace
+
+Enclosure ball_enclosure(const Ball& b) {
+  Enclosure e(128);
+  set_dd(e.lo, lower(b), MPFR_RNDD);
+  set_dd(e.hi, upper(b), MPFR_RNDU);
+  return e;
+}
 
 std::uint64_t DecidedRow::rounded() const {
   return out.size() + out_ref.size() + out_ref_lo.size() + weights.size() + weights_ref.size() +

@@ -11,6 +11,12 @@
 
 namespace attnoracle::fast {
 
+// Both ends round alike in t: the rounding is proven and appended to `into` (zeros: +0 unless
+// the whole ball is < 0).
+bool decide(DD lo, DD hi, DType t, std::vector<double>& into);
+// A ball as an enclosure (128 bits).
+Enclosure ball_enclosure(const Ball& b);
+
 // lse = m + log Z, enclosed with MPFR (128 bits) from the ends of Z's ball.
 Enclosure lse_enclosure(const FastRow& fr);
 

@@ -47,6 +47,8 @@ struct EvalStats {
   std::uint64_t rows_raised = 0;      // rows that needed more than the starting precision
   std::uint64_t rows_fast = 0;        // rows decided entirely by the fast path
   std::uint64_t rows_fallback = 0;    // rows the fast path applied to but could not decide
+  std::uint64_t grad_units_fast = 0;      // gradient units (rows for dq, keys for dk, dv) decided fast
+  std::uint64_t grad_units_fallback = 0;  // gradient units the fast path applied to but did not decide
   std::string fast_path_note;         // why the fast path did not apply, if it did not
   mpfr_prec_t max_precision_reached = 0;
   double seconds = 0;

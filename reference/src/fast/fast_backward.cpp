@@ -1,0 +1,205 @@
+// The gradients in ball arithmetic (ball.hpp), by the formulas of backward.cpp:
+//   dS_ij = P_ij (dP_ij - D_i), dq = scale dS K, dk = scale dS^T Q, dv = P^T dout,
+// with P_ij recomputed in the key pass from the row pass's constant m_i and sum Z_i by the
+// forward's own operations, so that both passes hold the same balls.
+#include "fast_backward.hpp"
+
+#include <mpfr.h>
+
+#include <cmath>
+#include <memory>
+
+#include "attnoracle/reference/detail/row_evaluator.hpp"
+#include "ball.hpp"
+#include "decide.hpp"
+#include "fast_row.hpp"
+
+namespace attnoracle::fast {
+namespace {
+
+// What the key pass reads of a row: the row constant m, Z = sum_j exp(S_j - m), D = dout . O
+// and sum_c |dout_c O_c|.
+struct RowStat {
+  bool ok = false;
+  double m = 0;
+  Ball z, d, dabs;
+};
+
+bool finite(const Ball& x) { return std::isfinite(x.mid.hi) && std::isfinite(x.rad); }
+
+// The entry (i, j): dS = P (dP - D) and A = P (|dP| + |D|), the magnitude of its terms.
+struct Entry {
+  Ball dS, A;
+};
+Entry entry(const Ball& P, const double* dout, const double* adout, const double* v, double* av,
+            std::int64_t Dv, const RowStat& st) {
+  for (std::int64_t c = 0; c < Dv; ++c) av[c] = std::fabs(v[c]);
+  const Ball dP = dot2(dout, v, Dv), dPabs = dot2(adout, av, Dv);
+  return {mul(P, add(dP, neg(st.d))), mul(P, add(dPabs, st.dabs))};
+}
+
+}  // namespace
+
+struct FastBackward::Impl {
+  const Case& c;
+  const EvalOptions& opt;
+  Setup s;
+  Ball abs_scale;
+  mutable std::vector<RowStat> stats;  // per row; each written by its own row unit only
+
+  Impl(const Case& cs, const EvalOptions& o) : c(cs), opt(o) {
+    if (!opt.fast_path) {
+      s.why_not = "off";
+      return;
+    }
+    s = prepare(c);
+    if (s.applies && c.sinks) s = Setup{false, "sinks", {}};
+    if (s.applies)
+      for (double x : c.dout->values)
+        if (x != 0 && !(std::fabs(x) >= kMinInput && std::fabs(x) <= kMaxInput)) {
+          s = Setup{false, "dout outside [2^-480, 2^480]", {}};
+          break;
+        }
+    abs_scale = abs(s.scale);
+    if (s.applies) stats.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
+  }
+
+  std::size_t row_id(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i);
+  }
+  const double* dout_row(std::size_t r) const { return c.dout->values.data() + r * static_cast<std::size_t>(c.Dv); }
+
+  // Decides element e of gradient `name` from the value's and the bound's balls; calls the
+  // oracle's hook on what is decided.
+  bool decide_element(const char* name, std::int64_t flat, const Ball& v, const Ball& bd, DecidedGrad& g) const {
+    if (!finite(v) || !finite(bd)) return false;
+    const DD lo = lower(v), hi = upper(v);
+    if (!decide(lo, hi, c.output_dtype, g.value) || !decide(lo, hi, DType::F64, g.ref)) return false;
+    // The bound's upper end rounded up, as the MPFR path gives it once it is decided there:
+    // accepted when both ends round up alike (the smallest F64 at or above the exact bound).
+    const double up = round_up_dd(upper(bd)) + 0.0, down = round_up_dd(lower(bd)) + 0.0;
+    if (up != down) return false;
+    g.bound.push_back(up);
+    if (opt.gradient_check) opt.gradient_check(name, flat, ball_enclosure(v), ball_enclosure(bd));
+    return true;
+  }
+};
+
+FastBackward::FastBackward(const Case& c, const EvalOptions& opt) : impl_(new Impl(c, opt)) {}
+FastBackward::~FastBackward() { delete impl_; }
+bool FastBackward::applies() const { return impl_->s.applies; }
+const std::string& FastBackward::why_not() const { return impl_->s.why_not; }
+
+bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGrad& dq) const {
+  const Impl& m = *impl_;
+  const Case& c = m.c;
+  const std::size_t r = m.row_id(b, h, i);
+  RowStat& st = m.stats[r];
+  st = RowStat{};
+  const FastRow fr = fast_row(c, m.s, b, h, i);
+  if (!fr.ok) return false;
+  const std::int64_t Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
+  const double* dout = m.dout_row(r);
+  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
+  BallSum d, dabs;
+  for (std::int64_t cc = 0; cc < Dv; ++cc) {
+    adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
+    d.add(fr.out[static_cast<std::size_t>(cc)], dout[cc]);
+    dabs.add(abs(fr.out[static_cast<std::size_t>(cc)]), std::fabs(dout[cc]));
+  }
+  st.m = fr.m;
+  st.z = fr.z;
+  st.d = d.ball();
+  st.dabs = dabs.ball();
+  st.ok = finite(st.d) && finite(st.dabs);
+  if (!st.ok) return false;
+  if (!c.want_dq) return true;
+
+  // dq_c = scale sum_j dS_j K_jc. dS_i sums to 0 over j (no softcap, no sinks here), so K_jc
+  // may be replaced by K_jc - K_j0c, where every difference is exact: a constant column gives 0.
+  std::vector<std::int64_t> keys;
+  for (std::int64_t j = 0; j < c.Nk; ++j)
+    if (fr.allowed[static_cast<std::size_t>(j)]) keys.push_back(j);
+  const double* K = c.k.values.data() + (b * c.Hkv + g) * c.Nk * Dk;
+  const double* V = c.v.values.data() + (b * c.Hkv + g) * c.Nk * Dv;
+  std::vector<char> centred(static_cast<std::size_t>(Dk), 1);
+  for (std::int64_t cc = 0; cc < Dk; ++cc) {
+    const double k0 = K[keys[0] * Dk + cc];
+    for (std::int64_t j : keys) {
+      const double kj = K[j * Dk + cc], dd = kj - k0;
+      if (!(std::isfinite(dd) && dd + k0 == kj && kj - dd == k0)) {
+        centred[static_cast<std::size_t>(cc)] = 0;
+        break;
+      }
+    }
+  }
+  std::vector<BallSum> val(static_cast<std::size_t>(Dk)), bnd(static_cast<std::size_t>(Dk));
+  for (std::int64_t j : keys) {
+    const Entry e = entry(fr.weights[static_cast<std::size_t>(j)], dout, adout.data(), V + j * Dv, av.data(), Dv, st);
+    const double* k = K + j * Dk;
+    for (std::int64_t cc = 0; cc < Dk; ++cc) {
+      const auto ci = static_cast<std::size_t>(cc);
+      val[ci].add(e.dS, centred[ci] ? k[cc] - K[keys[0] * Dk + cc] : k[cc]);
+      bnd[ci].add(e.A, std::fabs(k[cc]));
+    }
+  }
+  dq = DecidedGrad{};
+  const auto base = static_cast<std::int64_t>(r) * Dk;
+  for (std::int64_t cc = 0; cc < Dk; ++cc) {
+    const auto ci = static_cast<std::size_t>(cc);
+    if (!m.decide_element("dq", base + cc, mul(m.s.scale, val[ci].ball()), mul(m.abs_scale, bnd[ci].ball()), dq))
+      return false;
+  }
+  return true;
+}
+
+bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGrad& dk, DecidedGrad& dv) const {
+  const Impl& m = *impl_;
+  const Case& c = m.c;
+  const std::int64_t Dk = c.Dk, Dv = c.Dv, G = c.Hq / c.Hkv;
+  const std::size_t key = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk + j);
+  const double* k = c.k.values.data() + key * static_cast<std::size_t>(Dk);
+  const double* v = c.v.values.data() + key * static_cast<std::size_t>(Dv);
+  std::vector<BallSum> kval(static_cast<std::size_t>(c.want_dk ? Dk : 0)), kbnd(kval.size());
+  std::vector<BallSum> vval(static_cast<std::size_t>(c.want_dv ? Dv : 0)), vbnd(vval.size());
+  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
+  for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
+    for (std::int64_t i = 0; i < c.Nq; ++i) {
+      if (!c.query_valid(b, i) || !c.allowed(b, h, i, j)) continue;  // row_has_key follows
+      const std::size_t r = m.row_id(b, h, i);
+      const RowStat& st = m.stats[r];
+      if (!st.ok) return false;
+      // P_ij as the forward's fast row makes it: exp(scale q.k + bias - m) / Z.
+      const double* q = c.q.values.data() + r * static_cast<std::size_t>(Dk);
+      Ball sc = mul(m.s.scale, dot2(q, k, Dk));
+      const double bias = c.bias_at(b, h, i, j);
+      if (bias != 0) sc = add(sc, bias);
+      const Ball x = add(sc, -st.m);
+      if (!finite(x) || !exp_applies(x)) return false;
+      const Ball P = div(exp(x), st.z);
+      const double* dout = m.dout_row(r);
+      for (std::int64_t cc = 0; cc < Dv; ++cc) adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
+      const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
+      for (std::size_t cc = 0; cc < kval.size(); ++cc) {
+        kval[cc].add(e.dS, q[cc]);
+        kbnd[cc].add(e.A, std::fabs(q[cc]));
+      }
+      for (std::size_t cc = 0; cc < vval.size(); ++cc) {
+        vval[cc].add(P, dout[cc]);
+        vbnd[cc].add(P, adout[cc]);
+      }
+    }
+  dk = DecidedGrad{};
+  dv = DecidedGrad{};
+  for (std::size_t cc = 0; cc < kval.size(); ++cc)
+    if (!m.decide_element("dk", static_cast<std::int64_t>(key) * Dk + static_cast<std::int64_t>(cc),
+                          mul(m.s.scale, kval[cc].ball()), mul(m.abs_scale, kbnd[cc].ball()), dk))
+      return false;
+  for (std::size_t cc = 0; cc < vval.size(); ++cc)
+    if (!m.decide_element("dv", static_cast<std::int64_t>(key) * Dv + static_cast<std::int64_t>(cc),
+                          vval[cc].ball(), vbnd[cc].ball(), dv))
+      return false;
+  return true;
+}
+
+}  // namespace attnoracle::fast

@@ -1,0 +1,45 @@
+// The fast certified path of the gradients: dq row by row and dk, dv key by key in
+// double-double ball arithmetic, committed where the balls decide every rounding (values,
+// their .ref and their bound); what they do not decide goes to the MPFR path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
+
+namespace attnoracle::fast {
+
+// One gradient's elements of a unit, decided: [n] values, their .ref and bounds.
+struct DecidedGrad {
+  std::vector<double> value, ref, bound;
+};
+
+class FastBackward {
+ public:
+  // Applies like the forward's fast path (kind sdpa, no softcap, inputs and dout in range)
+  // and to cases without sinks.
+  FastBackward(const Case& c, const EvalOptions& opt);
+  ~FastBackward();
+  FastBackward(const FastBackward&) = delete;
+  FastBackward& operator=(const FastBackward&) = delete;
+
+  bool applies() const;
+  const std::string& why_not() const;
+
+  // The row pass on a row that takes part (not padding, some key allowed): keeps the row's
+  // statistics for the key pass, and decides dq_i when the case asks for it. False: dq_i is
+  // not decided (the MPFR path does it).
+  bool row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGrad& dq) const;
+  // The key pass: dk_j and dv_j (those the case asks for) over the rows of kv head g that see
+  // key j, after the row pass. False: the unit goes to the MPFR path.
+  bool key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGrad& dk, DecidedGrad& dv) const;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace attnoracle::fast
