@@ -5,7 +5,7 @@
 //   dbias = dS summed over the bias's broadcast dimensions.
 // Three passes, each streamed and threaded: rows (the row statistics lse_i and D_i, and dq_i),
 // keys (dk_j and dv_j, P_ij recomputed from lse_i), and the columns of the bias (dbias). The
-// rows and keys go first to the fast path (fast/fast_backward.cpp), which commits a unit when
+// units of each go first to the fast path (fast/fast_backward.cpp), which commits a unit when
 // its balls decide every rounding; the others run their own Ziv loop, and a unit past the
 // starting precision recomputes the statistics of the rows it reads at its own precision.
 #include "backward.hpp"
@@ -604,6 +604,22 @@ class Backward {
     const auto [b0, b1] = span(ext_[0], bb, c_.B);
     const auto [h0, h1] = span(Eh, hb, c_.Hq);
     const auto [j0, j1] = span(Ej, jb, c_.Nk);
+    if (fast_.applies()) {
+      fast::DecidedGrad db;
+      if (fast_.bias(bb, hb, jb, db)) {
+        for (std::int64_t ib = 0; ib < Ei; ++ib) {
+          const auto k = static_cast<std::size_t>(ib);
+          const std::int64_t idx = ((bb * Eh + hb) * Ei + ib) * Ej + jb;
+          val_[3]->set(idx, db.value[k]);
+          ref_[3]->set(idx, db.ref[k]);
+          bound_[3]->set(idx, db.bound[k]);
+        }
+        elements_.fetch_add(db.value.size() + db.ref.size());
+        fast_units_.fetch_add(1);
+        return;
+      }
+      fallback_units_.fetch_add(1);
+    }
     std::vector<Pending> pend;
     std::vector<std::pair<std::int64_t, double>> bounds;
     std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(c_.B * c_.Hq * c_.Nq));

@@ -69,6 +69,18 @@ struct FastBackward::Impl {
   }
   const double* dout_row(std::size_t r) const { return c.dout->values.data() + r * static_cast<std::size_t>(c.Dv); }
 
+  // P_ij as the forward's fast row makes it: exp(scale q.k + bias - m) / Z.
+  bool weight(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const double* q, const double* k,
+              const RowStat& st, Ball& P) const {
+    Ball sc = mul(s.scale, dot2(q, k, c.Dk));
+    const double bias = c.bias_at(b, h, i, j);
+    if (bias != 0) sc = add(sc, bias);
+    const Ball x = add(sc, -st.m);
+    if (!finite(x) || !exp_applies(x)) return false;
+    P = div(exp(x), st.z);
+    return true;
+  }
+
   // Decides element e of gradient `name` from the value's and the bound's balls; calls the
   // oracle's hook on what is decided.
   bool decide_element(const char* name, std::int64_t flat, const Ball& v, const Ball& bd, DecidedGrad& g) const {
@@ -169,14 +181,9 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
       const std::size_t r = m.row_id(b, h, i);
       const RowStat& st = m.stats[r];
       if (!st.ok) return false;
-      // P_ij as the forward's fast row makes it: exp(scale q.k + bias - m) / Z.
       const double* q = c.q.values.data() + r * static_cast<std::size_t>(Dk);
-      Ball sc = mul(m.s.scale, dot2(q, k, Dk));
-      const double bias = c.bias_at(b, h, i, j);
-      if (bias != 0) sc = add(sc, bias);
-      const Ball x = add(sc, -st.m);
-      if (!finite(x) || !exp_applies(x)) return false;
-      const Ball P = div(exp(x), st.z);
+      Ball P;
+      if (!m.weight(b, h, i, j, q, k, st, P)) return false;
       const double* dout = m.dout_row(r);
       for (std::int64_t cc = 0; cc < Dv; ++cc) adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
       const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
@@ -199,6 +206,55 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
     if (!m.decide_element("dv", static_cast<std::int64_t>(key) * Dv + static_cast<std::int64_t>(cc),
                           vval[cc].ball(), vbnd[cc].ball(), dv))
       return false;
+  return true;
+}
+
+bool FastBackward::bias(std::int64_t bb, std::int64_t hb, std::int64_t jb, DecidedGrad& db) const {
+  const Impl& m = *impl_;
+  const Case& c = m.c;
+  const auto& shape = c.bias->shape;
+  std::int64_t ext[4];
+  for (std::size_t a = 0; a < 4; ++a) ext[a] = a + shape.size() >= 4 ? shape[a + shape.size() - 4] : 1;
+  const std::int64_t Eh = ext[1], Ei = ext[2], Ej = ext[3], Dv = c.Dv;
+  // The dimensions the bias was broadcast along are summed whole, the others are this unit's.
+  auto span = [](std::int64_t e, std::int64_t x, std::int64_t full) {
+    return e == 1 ? std::pair<std::int64_t, std::int64_t>{0, full - 1} : std::pair{x, x};
+  };
+  const auto [b0, b1] = span(ext[0], bb, c.B);
+  const auto [h0, h1] = span(Eh, hb, c.Hq);
+  const auto [j0, j1] = span(Ej, jb, c.Nk);
+  std::vector<BallSum> val(static_cast<std::size_t>(Ei)), bnd(val.size());
+  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
+  for (std::int64_t b = b0; b <= b1; ++b)
+    for (std::int64_t h = h0; h <= h1; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        if (!c.query_valid(b, i) || !c.row_has_key(b, h, i)) continue;
+        const std::size_t r = m.row_id(b, h, i);
+        const RowStat& st = m.stats[r];
+        if (!st.ok) return false;
+        const double* q = c.q.values.data() + r * static_cast<std::size_t>(c.Dk);
+        const double* dout = m.dout_row(r);
+        for (std::int64_t cc = 0; cc < Dv; ++cc) adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
+        const std::int64_t g = c.kv_head(h);
+        const auto slot = static_cast<std::size_t>(Ei == 1 ? 0 : i);
+        for (std::int64_t j = j0; j <= j1; ++j) {
+          if (!c.allowed(b, h, i, j)) continue;
+          const std::size_t key = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk + j);
+          const double* v = c.v.values.data() + key * static_cast<std::size_t>(Dv);
+          Ball P;
+          if (!m.weight(b, h, i, j, q, c.k.values.data() + key * static_cast<std::size_t>(c.Dk), st, P)) return false;
+          const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
+          val[slot].add(e.dS, 1.0);
+          bnd[slot].add(e.A, 1.0);
+        }
+      }
+  db = DecidedGrad{};
+  for (std::int64_t ib = 0; ib < Ei; ++ib) {
+    const auto sl = static_cast<std::size_t>(ib);
+    // Along the keys whole (Ej = 1), each row of dS sums to 0 exactly (no sinks here).
+    const Ball v = Ej == 1 ? Ball{} : val[sl].ball();
+    if (!m.decide_element("dbias", ((bb * Eh + hb) * Ei + ib) * Ej + jb, v, bnd[sl].ball(), db)) return false;
+  }
   return true;
 }
 

@@ -36,6 +36,9 @@ class FastBackward {
   // The key pass: dk_j and dv_j (those the case asks for) over the rows of kv head g that see
   // key j, after the row pass. False: the unit goes to the MPFR path.
   bool key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGrad& dk, DecidedGrad& dv) const;
+  // The bias pass: unit (b', h', j') of the bias's extents [Eb, Eh, Ei, Ej] over
+  // [B, Hq, Nq, Nk], its Ei elements of dbias, after the row pass. False: MPFR.
+  bool bias(std::int64_t bb, std::int64_t hb, std::int64_t jb, DecidedGrad& db) const;
 
  private:
   struct Impl;
