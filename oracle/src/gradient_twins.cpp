@@ -166,9 +166,10 @@ std::vector<Violation> check_gradient_twins(const Case& c, const EvalResult& res
 
   // Linearity: the twin with dout doubled. Each golden element is the one correct rounding of
   // its exact value x, and 2x has x's significand, so round(2x) = 2 round(x) bit for bit; it
-  // fails only where 2 round(x) overflows, or where x lies at or below the smallest normal
-  // (there round(x) is on the subnormals' fixed grid, or rounds up to the smallest normal,
-  // while 2x rounds on a finer relative grid): those elements, and undecided ones, are skipped.
+  // fails only where 2 round(x) overflows, or where |round(x)| is at most the smallest normal
+  // (x may then be subnormal: round(x) lies on the subnormals' grid of spacing u, and 2x is
+  // rounded on a grid of spacing u as well, not 2u): those elements, and undecided ones, are
+  // skipped.
   // Golden values rather than enclosures: the relation is then one of the exact values, not of
   // how the reference reached them (its working precisions need not scale with dout).
   Slice twice = s;
@@ -192,7 +193,9 @@ std::vector<Violation> check_gradient_twins(const Case& c, const EvalResult& res
         if (!(std::fabs(x) > min_normal) || !(std::fabs(x) <= max_finite / 2)) continue;
         if (y != 2 * x)
           out.push_back(at(gr.name, k, Invariant::GradientLinearity,
-                           name + ": twice dout gives " + hex(y) + ", not twice " + hex(x), w));
+                           name + (std::string(gr.name) == "dbias" ? " (i: its flat index)" : "") +
+                               ": twice dout gives " + hex(y) + ", not twice " + hex(x),
+                           w));
       }
     }
   }

@@ -548,6 +548,19 @@ TEST(Oracle, GradientLinearityCatchesANonlinearEvaluation) {
   ASSERT_EQ(v.size(), 1u) << list(v);
   EXPECT_EQ(v[0].invariant, Invariant::GradientLinearity);
   EXPECT_EQ(v[0].message().rfind("gradient_linearity: b=0 h=3 i=1 c=1: dq.ref: twice dout gives", 0), 0u) << v[0].message();
+  // dbias of a bias [1, Hq, Nq, Nk]: the slice of kv head 1 holds heads 2 and 3; its entry
+  // (head 2, query 0, key 0) is the case's flat 60, and query 0 changes in the second twin
+  const Case cb = gradient_case({{"attn.causal", "bottom_right"}, {"attn.outputs", "dbias"}},
+                                {floats("bias", {1, 4, 5, 6}, ramp(120, 0.29, 0.7))});
+  calls = 0;
+  v = check_gradient_twins(cb, evaluate(cb, {}), 0, 1, [&calls](const Case& t) {
+    EvalResult r = evaluate(t, {});
+    if (++calls == 1) nudge(r, "dbias", 0);
+    return r;
+  });
+  ASSERT_EQ(v.size(), 1u) << list(v);
+  EXPECT_EQ(v[0].message().rfind("gradient_linearity: b=-1 h=-1 i=60: dbias (i: its flat index): twice dout", 0), 0u)
+      << v[0].message();
 }
 
 TEST(Oracle, GradientCausalDependenceCatchesALeak) {
