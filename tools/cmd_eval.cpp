@@ -18,6 +18,7 @@ struct EvalArgs {
   int threads = default_threads();
   long max_precision = 2048;
   std::int64_t twin_units = 16;
+  std::int64_t gradient_slices = 1;
   bool quiet = false;
   bool no_fast_path = false;
 };
@@ -38,6 +39,7 @@ int run_eval(const EvalArgs& a) {
   opt.fast_path = !a.no_fast_path;
   oracle::CheckOptions check;
   check.twin_units = a.twin_units;
+  check.gradient_twin_slices = a.gradient_slices;
   EvalResult r;
   try {
     r = oracle::certified_evaluate(c, opt, check);
@@ -87,6 +89,10 @@ Command add_eval(CLI::App& app) {
       ->check(CLI::Range(64L, 1L << 20));
   sub->add_option("--oracle-rows", a->twin_units,
                   "row units given the oracle's metamorphic checks (every row gets the others)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  sub->add_option("--oracle-gradient-slices", a->gradient_slices,
+                  "(batch, kv head) slices given the oracle's gradient twins, each up to two "
+                  "backward evaluations of the slice")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   sub->add_flag("--no-fast-path", a->no_fast_path, "evaluate every row with MPFR (same bytes, slower)");
   sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");

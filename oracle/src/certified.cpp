@@ -145,6 +145,20 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   });
   std::vector<Violation> all;
   for (auto& f : found) all.insert(all.end(), f.begin(), f.end());
+
+  // The gradient twins, on a sample of (batch, kv head) slices, by the same evaluation.
+  if (c.wants_gradients()) {
+    EvalOptions twin;
+    twin.threads = eval.threads;
+    twin.start_precision = eval.start_precision;
+    twin.max_precision = eval.max_precision;
+    twin.fast_path = eval.fast_path;
+    for (std::int64_t s : sample_units(c.B * c.Hkv, check.gradient_twin_slices)) {
+      auto v = check_gradient_twins(c, res, s / c.Hkv, s % c.Hkv,
+                                    [&twin](const Case& t) { return evaluate(t, twin); });
+      all.insert(all.end(), v.begin(), v.end());
+    }
+  }
   if (!all.empty()) throw InvariantViolation(std::move(all));
   return res;
 }

@@ -18,6 +18,8 @@ std::string_view invariant_name(Invariant v) {
     case Invariant::HeadIndependence: return "head_independence";
     case Invariant::GradientZero: return "gradient_zero";
     case Invariant::GradientRowSum: return "gradient_row_sum";
+    case Invariant::GradientLinearity: return "gradient_linearity";
+    case Invariant::GradientCausalDependence: return "gradient_causal_dependence";
   }
   return "unknown";
 }
@@ -26,7 +28,8 @@ std::vector<Invariant> all_invariants() {
   return {Invariant::RowSum,          Invariant::WeightRange,      Invariant::MaskedZero,
           Invariant::ConvexHull,      Invariant::EqualScores,      Invariant::MaskedRowPolicy,
           Invariant::ShiftInvariance, Invariant::CausalDependence, Invariant::KeyPermutation,
-          Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum};
+          Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum,
+          Invariant::GradientLinearity, Invariant::GradientCausalDependence};
 }
 
 std::string Violation::message() const {

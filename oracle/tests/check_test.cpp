@@ -1,6 +1,7 @@
 // The oracle passes the reference, and each invariant catches a deliberately broken evaluation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -476,10 +477,130 @@ TEST(Oracle, GradientChecks) {
   EXPECT_EQ(v.front().invariant, Invariant::GradientRowSum);
 }
 
+// The gradient twins: the reference passes them on every slice, and evaluations that break
+// linearity in dout or let a query reach a key it cannot see are caught.
+Case gradient_case(std::map<std::string, std::string> md, std::vector<RawTensor> extra = {}) {
+  extra.push_back(floats("dout", {1, 4, 5, 2}, ramp(40, 0.53, 0.3)));
+  if (!md.count("attn.outputs")) md["attn.outputs"] = "dq,dk,dv";
+  return sdpa(md, std::move(extra));
+}
+TwinEvaluator reference_twins(int* calls = nullptr) {
+  return [calls](const Case& t) {
+    if (calls) ++*calls;
+    return evaluate(t, {});
+  };
+}
+// The golden element `flat` of tensor `name` moved to the next value of its dtype (F32, F64).
+void nudge(EvalResult& r, const std::string& name, std::int64_t flat) {
+  for (RawTensor& t : r.golden) {
+    if (t.name != name) continue;
+    unsigned char* p = t.data.data() + static_cast<std::size_t>(flat) * dtype_size(t.dtype);
+    const double x = decode_float(t.dtype, p);
+    encode_float(t.dtype, t.dtype == DType::F32 ? double(std::nextafter(float(x), INFINITY)) : std::nextafter(x, INFINITY), p);
+    return;
+  }
+  ADD_FAILURE() << name << " is not in the evaluation";
+}
+
+TEST(Oracle, GradientTwinsPassTheReference) {
+  std::vector<Case> cases;
+  cases.push_back(gradient_case({{"attn.causal", "top_left"}}));
+  cases.push_back(gradient_case({{"attn.causal", "bottom_right"}, {"attn.output_dtype", "F16"}}));
+  cases.push_back(gradient_case({{"attn.window", "1,2"}, {"attn.output_dtype", "BF16"}}));
+  cases.push_back(gradient_case({{"attn.causal", "top_left"}, {"attn.window", "2,0"}, {"attn.softcap", "2.5"}}));
+  // a bias of every head (its dbias is the slice's), and one broadcast over the heads
+  cases.push_back(gradient_case({{"attn.causal", "bottom_right"}, {"attn.outputs", "dq,dk,dv,dbias"}},
+                                {floats("bias", {1, 4, 5, 6}, ramp(120, 0.29, 0.7))}));
+  cases.push_back(gradient_case({{"attn.outputs", "dbias,dv"}, {"attn.masked_rows", "zero"}},
+                                {floats("bias", {5, 6}, ramp(30, 0.29, 0.7)), bools("query_mask", {1, 5}, {1, 0, 1, 1, 0})}));
+  cases.push_back(gradient_case({{"attn.causal", "top_left"}}, {lengths("seqlens_q", 4), lengths("seqlens_k", 3)}));
+  for (const Case& c : cases) {
+    const EvalResult res = evaluate(c, {});
+    for (std::int64_t g = 0; g < c.Hkv; ++g) {
+      int calls = 0;
+      const auto v = check_gradient_twins(c, res, 0, g, reference_twins(&calls));
+      EXPECT_TRUE(v.empty()) << c.file.metadata.at("attn.outputs") << "\n" << list(v);
+      EXPECT_EQ(calls, c.causal != Causal::None || c.window || c.query_mask || c.seqlens_q ? 2 : 1);
+    }
+    CheckOptions all;
+    all.gradient_twin_slices = 2;
+    EXPECT_NO_THROW(certified_evaluate(c, {}, all));
+  }
+}
+
+TEST(Oracle, GradientLinearityCatchesANonlinearEvaluation) {
+  const Case c = gradient_case({{"attn.causal", "top_left"}});
+  const EvalResult res = evaluate(c, {});
+  // dout clipped to [-1, 1] (twice dout reaches 2)
+  auto v = check_gradient_twins(c, res, 0, 1, [](const Case& t) {
+    Case m = t;
+    for (double& x : m.dout->values) x = std::clamp(x, -1.0, 1.0);
+    return evaluate(m, {});
+  });
+  EXPECT_TRUE(names(v, Invariant::GradientLinearity)) << list(v);
+  // one element of dq.ref off by one unit in the last place, in the doubled twin only
+  int calls = 0;
+  v = check_gradient_twins(c, res, 0, 1, [&calls](const Case& t) {
+    EvalResult r = evaluate(t, {});
+    if (++calls == 1) nudge(r, "dq.ref", 1 * 5 * 3 + 1 * 3 + 1);  // slice head 1, row 1 (changed in the second), c 1
+    return r;
+  });
+  ASSERT_EQ(v.size(), 1u) << list(v);
+  EXPECT_EQ(v[0].invariant, Invariant::GradientLinearity);
+  EXPECT_EQ(v[0].message().rfind("gradient_linearity: b=0 h=3 i=1 c=1: dq.ref: twice dout gives", 0), 0u) << v[0].message();
+  // dbias of a bias [1, Hq, Nq, Nk]: the slice of kv head 1 holds heads 2 and 3; its entry
+  // (head 2, query 0, key 0) is the case's flat 60, and query 0 changes in the second twin
+  const Case cb = gradient_case({{"attn.causal", "bottom_right"}, {"attn.outputs", "dbias"}},
+                                {floats("bias", {1, 4, 5, 6}, ramp(120, 0.29, 0.7))});
+  calls = 0;
+  v = check_gradient_twins(cb, evaluate(cb, {}), 0, 1, [&calls](const Case& t) {
+    EvalResult r = evaluate(t, {});
+    if (++calls == 1) nudge(r, "dbias", 0);
+    return r;
+  });
+  ASSERT_EQ(v.size(), 1u) << list(v);
+  EXPECT_EQ(v[0].message().rfind("gradient_linearity: b=-1 h=-1 i=60: dbias (i: its flat index): twice dout", 0), 0u)
+      << v[0].message();
+}
+
+TEST(Oracle, GradientCausalDependenceCatchesALeak) {
+  const Case c = gradient_case({{"attn.causal", "top_left"}, {"attn.output_dtype", "F32"}});
+  const EvalResult res = evaluate(c, {});
+  // causal ignored when the queries that cannot see the key are changed (the second twin)
+  int calls = 0;
+  auto v = check_gradient_twins(c, res, 0, 0, [&calls](const Case& t) {
+    Case m = t;
+    if (++calls == 2) m.causal = Causal::None;
+    return evaluate(m, {});
+  });
+  EXPECT_TRUE(names(v, Invariant::GradientCausalDependence)) << list(v);
+  EXPECT_FALSE(names(v, Invariant::GradientLinearity)) << list(v);
+  // one element of dk moved in the second twin: the key chosen is 2 (seen by rows 2 to 4 of
+  // both heads), so rows 0 and 1 change and keys 2 to 5 must keep their gradients
+  calls = 0;
+  v = check_gradient_twins(c, res, 0, 0, [&calls](const Case& t) {
+    EvalResult r = evaluate(t, {});
+    if (++calls == 2) nudge(r, "dk", 4 * 3 + 2);  // key 4 (seen by query 4 only), c 2
+    return r;
+  });
+  ASSERT_EQ(v.size(), 1u) << list(v);
+  EXPECT_EQ(v[0].message().rfind("gradient_causal_dependence: b=0 h=0 i=-1 j=4 c=2: dk: changing the queries that cannot see key", 0), 0u)
+      << v[0].message();
+  // padding rows' dout reaching dv: query_mask ignored in the second twin
+  const Case p = gradient_case({{"attn.outputs", "dv"}}, {bools("query_mask", {1, 5}, {1, 1, 0, 1, 0})});
+  calls = 0;
+  v = check_gradient_twins(p, evaluate(p, {}), 0, 1, [&calls](const Case& t) {
+    Case m = t;
+    if (++calls == 2) m.query_mask.reset();
+    return evaluate(m, {});
+  });
+  EXPECT_TRUE(names(v, Invariant::GradientCausalDependence)) << list(v);
+}
+
 TEST(Oracle, InvariantNamesAreDistinct) {
   std::set<std::string_view> seen;
   for (auto v : all_invariants()) EXPECT_TRUE(seen.insert(invariant_name(v)).second);
-  EXPECT_EQ(seen.size(), 12u);
+  EXPECT_EQ(seen.size(), 14u);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 //      key permutation, score shift, causal dependence, head independence, batch duplication.
 //      Golden values are compared bit for bit (+0 and -0 are the same golden value, CONTRACT);
 //      elements undecided in either evaluation are skipped.
+//   5. The gradient twins (linearity in dout, dependence on only the queries that see a key)
+//      find nothing in the reference's gradients, on every batch entry and kv head.
 #include <gtest/gtest.h>
 #include <mpfr.h>
 #include <rapidcheck.h>
@@ -778,6 +780,37 @@ RC_GTEST_PROP(OracleProperties, BatchCopiesAreIdentical, ()) {
         if (rd.kind == Kind::Sdpa || h == 0) compare_out(rd, a.golden, b, h, i, z.golden, bz, h, i, rel);
         compare_head_row(rd, a.golden, b, h, i, z.golden, bz, i, nullptr, rel);
       }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. The gradient twins pass the reference (small sdpa shapes, gradients asked).
+
+RC_GTEST_PROP(OracleProperties, GradientTwinsFindNothingInTheReference, ()) {
+  Spec spec = *gen_spec();
+  spec.kind = Kind::Sdpa;
+  spec.Nq = std::min<I>(spec.Nq, 6), spec.Nk = std::min<I>(spec.Nk, 6);
+  spec.Dk = std::min<I>(spec.Dk, 4), spec.Dv = std::min<I>(spec.Dv, 4);
+  spec.outputs = spec.bias_rank > 0 ? "out,dq,dk,dv,dbias" : "out,dq,dk,dv";
+  RC_LOG() << "spec: " << summary(spec) << "\n";
+  SafeTensorsFile f = *gen_file(spec);
+  f.put(*gen_float_tensor("dout", spec.input, {spec.B, spec.Hq, spec.Nq, spec.Dv},
+                          *gen::element(Values::Normal, Values::Dyadic, Values::Mixed)));
+  log_case(f);
+  const Case c = case_from_file(kPath, f);
+  if (c.first_refused_row()) RC_DISCARD("refused: a fully masked row under policy error");
+  const EvalResult res = evaluate(c, {});
+  int twins = 0;
+  for (I b = 0; b < c.B; ++b)
+    for (I g = 0; g < c.Hkv; ++g) {
+      const auto v = check_gradient_twins(c, res, b, g, [&twins](const Case& t) {
+        ++twins;
+        return evaluate(t, {});
+      });
+      for (const Violation& x : v) RC_LOG() << "violation: " << x.message() << "\n";
+      RC_ASSERT(v.empty());
+    }
+  RC_ASSERT(twins >= c.B * c.Hkv);  // the linearity twin of every slice ran
+  RC_TAG(twins > c.B * c.Hkv ? "dependence twins" : "linearity only");
 }
 
 }  // namespace

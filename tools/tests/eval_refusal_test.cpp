@@ -109,6 +109,18 @@ TEST_F(EvalRefusal, ValidCaseEvaluates) {
   EXPECT_TRUE(fs::exists(out));
 }
 
+TEST_F(EvalRefusal, BackwardCoreCasesPassTheGradientTwins) {
+  // Causal of both alignments and a window, every kv head's slice given the twins: the oracle
+  // passes and the golden file is the committed one, byte for byte.
+  for (const char* id : {"bwd_causal-000", "bwd_causal-001", "bwd_window-000", "bwd_bias-000"}) {
+    const fs::path in = fs::path(ATTNORACLE_SOURCE_DIR) / "vectors" / "core" / "cases" / (std::string(id) + ".safetensors");
+    const std::string out = dir_ / (std::string(id) + ".out.safetensors");
+    const CliResult r = run({"eval", in.string(), "-o", out, "--oracle-gradient-slices", "8", "-q"});
+    EXPECT_EQ(r.status, 0) << id << ": " << r.err;
+    EXPECT_TRUE(read_text(in) == read_text(out)) << id << ": the golden file differs from the committed one";
+  }
+}
+
 TEST_F(EvalRefusal, SummaryGivesTheWholeTimeAndItsParts) {
   const std::string in = dir_ / "ok.safetensors";
   const std::string out = dir_ / "ok.out.safetensors";

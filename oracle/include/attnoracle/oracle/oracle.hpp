@@ -31,6 +31,8 @@ enum class Invariant {
   HeadIndependence,  // changing one head's inputs changes only that head's output
   GradientZero,      // padding and fully masked rows, and keys no query sees, have gradient 0
   GradientRowSum,    // each row of dbias (over the keys) sums to 0, as each row of dS does
+  GradientLinearity,  // twice dout gives exactly twice every gradient
+  GradientCausalDependence,  // queries that cannot see key j leave dk_j, dv_j unchanged
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -86,7 +88,18 @@ std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h
 struct CheckOptions {
   std::int64_t twin_units = 16;  // row units given the metamorphic checks (evenly spread)
   mpfr_prec_t twin_precision = 128;
+  // (batch, kv head) slices given the gradient twins (evenly spread), each two backward
+  // evaluations of 1 / (B Hkv) of the case
+  std::int64_t gradient_twin_slices = 1;
 };
+
+// The gradient twins of batch entry b and kv head g of an sdpa case with gradients, whose
+// evaluation is `res`: its slice (B = 1, the query heads of kv head g) evaluated by
+// `evaluate_twin` with dout doubled, then again with the rows that cannot see a chosen key
+// changed (when some can and some cannot), the golden gradients compared bit for bit.
+using TwinEvaluator = std::function<EvalResult(const Case&)>;
+std::vector<Violation> check_gradient_twins(const Case& c, const EvalResult& res, std::int64_t b,
+                                            std::int64_t g, const TwinEvaluator& evaluate_twin);
 
 // The gradient invariants of one evaluation, fed the enclosure of every gradient element
 // (EvalOptions::gradient_check; thread-safe). element() throws InvariantViolation at once on
