@@ -23,12 +23,15 @@ on what was measured. Markdown on stdout and in --output, with the command line 
 """
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -226,6 +229,28 @@ def agreement(golden_path, other_path):
     return int(same.sum()), int(a.size)
 
 
+def write_results(case_path, out_path, names):
+    """Writes the tensors `names` of a case file as a result file (safetensors, standard library
+    only); returns their bytes."""
+    with open(case_path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    out_header, chunks, offset = {}, [], 0
+    for name in names:
+        t = header[name]
+        start, end = t["data_offsets"]
+        chunks.append(data[start:end])
+        out_header[name] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [offset, offset + end - start]}
+        offset += end - start
+    text = json.dumps(out_header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(out_path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    return offset
+
+
 def fmt(x, digits=3):
     if x is None:
         return "–"
@@ -260,6 +285,9 @@ def main(argv=None):
     p.add_argument("--fallback-n", type=int, help="N of the fallback cases (default: the largest of --sizes)")
     p.add_argument("--fallback-heads", type=int, default=10,
                    help="heads of the fallback cases, for resolution: rows = heads * N (default 10)")
+    p.add_argument("--check-n", type=int, default=1024,
+                   help="N of the `check` throughput case (8 heads, D = 64, F32, out, weights and lse; "
+                        "0 to skip; default 1024)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take (default 3600)")
     p.add_argument("--workdir", help="where the case and output files go (default a temporary directory)")
@@ -396,6 +424,38 @@ def main(argv=None):
                 mp_cost = c.median() / work(n, d)
         return case, case_bytes, cmds
 
+    def measure_check(n):
+        spec = os.path.join(workdir, "check-spec.json")
+        with open(spec, "w") as f:
+            json.dump({"suite": "bench-check", "seed": args.seed, "families": [
+                {"name": "check", "generator": "normal", "fixed": {
+                    "dtype": "F32", "shape": [1, 8, 8, n, n, 64, 64], "outputs": "out,weights,lse"}}]}, f)
+        vset, rdir = os.path.join(workdir, "check-set"), os.path.join(workdir, "check-results")
+        cmd = Command("attnoracle check, 1 thread", "check", None, 1)
+        try:
+            wall, _, _ = run_once([args.attnoracle, "gen", spec, "-o", vset, "--quiet"], args.timeout, workdir)
+            log(f"check: vector set of {n}x{n}, 8 heads generated in {wall:.1f} s")
+        except Failure as e:
+            cmd.failed = f"gen failed: {e}"
+            return 0, cmd
+        os.makedirs(rdir, exist_ok=True)
+        case_file = os.path.join(vset, "cases", "check-000.safetensors")
+        result_bytes = write_results(case_file, os.path.join(rdir, "check-000.safetensors"),
+                                     ("out", "weights", "lse"))
+        argv = [args.attnoracle, "check", vset, "--results", rdir, "--profile", "fp32", "--threads", "1",
+                "--no-progress"]
+        for r in range(args.reps):
+            try:
+                wall, peak, _ = run_once(argv, args.timeout, workdir)
+            except Failure as e:
+                cmd.failed = str(e)
+                log(f"check: FAILED {e}")
+                break
+            cmd.walls.append(wall)
+            cmd.peaks.append(peak)
+            log(f"check run {r + 1}: {wall:.3f} s, {result_bytes / wall / 1e6:.0f} MB/s")
+        return result_bytes, cmd
+
     results = []   # (n, d, case_bytes, cmds, agreement dict)
     try:
         for n in sizes:
@@ -450,11 +510,15 @@ def main(argv=None):
             for f in (case, out):
                 if os.path.exists(f):
                     os.remove(f)
+
+        # `check` on one thread: a one-case vector set made by `attnoracle gen`, the results its
+        # own golden out, weights and lse (what a correct implementation returns at best).
+        check = None  # (result bytes, Command)
+        if args.check_n > 0:
+            check = measure_check(args.check_n)
     finally:
         if not args.keep and not args.workdir:
-            for f in os.listdir(workdir):
-                os.remove(os.path.join(workdir, f))
-            os.rmdir(workdir)
+            shutil.rmtree(workdir, ignore_errors=True)
 
     # ---- the report ----
     md = []
@@ -558,6 +622,19 @@ def main(argv=None):
         md.append("")
         md.append("Summary lines: " + "; ".join(f"{dt}: `{i.get('line', '')}`" for dt, _, i, _ in fallback if i))
 
+    if check:
+        result_bytes, c = check
+        md.append("")
+        md.append(f"## `attnoracle check`, one thread: 1 case, 8 heads, {args.check_n}x{args.check_n}, D = 64, "
+                  f"F32, out, weights and lse ({result_bytes / 1e6:.1f} MB of results)")
+        md.append("")
+        if c.walls:
+            md.append(f"{len(c.walls)} runs, median {fmt(c.median(), 4)} s whole process (reading and hashing the "
+                      f"golden file, reading the results, the comparison, the report): "
+                      f"**{result_bytes / c.median() / 1e6:.0f} MB/s** of results; peak {c.peak() / MIB:.1f} MiB.")
+        else:
+            md.append(f"not measured: {c.failed}")
+
     # ---- issue 6 targets, on what was measured ----
     md.append("")
     md.append("## Issue 6 targets, on this run")
@@ -643,6 +720,59 @@ def main(argv=None):
     md.append("- Rows falling back to MPFR under 1 in 10,000 (F32, F16, BF16 outputs): "
               + ("; ".join(parts) if parts else "not measured")
               + (f"; F32 in the timed cases: {', '.join(timed)}" if timed else ""))
+    # ---- issue 12 targets ----
+    md.append("")
+    md.append("## Issue 12 targets, on this run")
+    md.append("")
+    parts = []
+    for t in threads:
+        e = eval_at(1024, 64, t)
+        if e and npy:
+            r = e.median() / npy.median()
+            parts.append(f"{t} thread{'s' if t > 1 else ''}: {r:.2f}x ({verdict(r <= 1)})")
+    md.append("- 1024x1024, D = 64, F32, whole process at most 1x NumPy float64's: "
+              + ("; ".join(parts) if parts else "not measured (needs 1024 in --sizes)"))
+    parts = []
+    if decode:
+        for c in decode[1]:
+            if c.kind == "eval" and c.walls:
+                parts.append(f"{c.threads} thread{'s' if c.threads > 1 else ''}: {c.median():.2f} s "
+                             f"({verdict(c.median() <= 2)})")
+    md.append("- Decode shape, whole process (oracle included) at most 2 s: "
+              + ("; ".join(parts) if parts else "not measured (--no-decode)"))
+    parts = []
+    for n in large:
+        if n != 8192:
+            continue
+        case_bytes, cmds = by_size.get((n, args.large_d), (0, []))
+        for c in cmds:
+            if c.kind == "eval" and c.walls and c.threads == 2:
+                limit = 2 * case_bytes + 64e6
+                parts.append(f"{c.median():.1f} s ({verdict(c.median() <= 10)}), peak {c.peak() / MIB:.1f} MiB "
+                             f"vs {limit / MIB:.1f} MiB ({verdict(c.peak() <= limit)})")
+    md.append(f"- 8192x8192, D = {args.large_d}, F32, at most 10 s on 2 threads, peak at most 2 x file + 64 MB: "
+              + ("; ".join(parts) if parts else "not measured (run with --large)"))
+    parts = []
+    for n, d, _, cmds, _ in results:
+        mpm = ref_at(n, d, "mpmath")
+        e = eval_at(n, d, 1)
+        if mpm and e:
+            r = mpm.median() / e.median()
+            parts.append(f"{n}x{n}: {r:.0f}x ({verdict(r >= 5000)})")
+    md.append("- At least 5000x faster than mpmath at 30 digits (1 thread): " + ("; ".join(parts) if parts else "not measured"))
+    parts = []
+    if 1 in threads and 2 in threads:
+        for n, d, _, cmds, _ in results:
+            e1, e2 = eval_at(n, d, 1), eval_at(n, d, 2)
+            if e1 and e2 and n >= 1024:
+                s2 = e1.median() / e2.median()
+                parts.append(f"{n}x{n} D={d}: {s2:.2f}x ({verdict(s2 >= 1.8)})")
+    md.append("- 2 threads at least 1.8x faster than 1 (N >= 1024): " + ("; ".join(parts) if parts else "not measured"))
+    if check and check[1].walls:
+        rate = check[0] / check[1].median() / 1e6
+        md.append(f"- `check` at least 1 GB/s of results on one core: {rate:.0f} MB/s ({verdict(rate >= 1000)})")
+    else:
+        md.append("- `check` at least 1 GB/s of results on one core: not measured (--check-n 0)")
     if notes:
         md.append("")
         md.append("Notes: " + "; ".join(notes) + ".")

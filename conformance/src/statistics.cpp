@@ -23,12 +23,7 @@ namespace {
 double sq(double x) { return x * x; }
 
 typedef double v2d __attribute__((vector_size(16)));  // SSE2: in every x86-64's base ABI
-v2d load(const double* at) {
-  v2d x;
-  std::memcpy(&x, at, sizeof x);
-  return x;
-}
-void store(double* at, v2d x) { std::memcpy(at, &x, sizeof x); }
+typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the processor has it
 
 // dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d k_jd|, each summed in d order, four keys at a
 // time (four independent sums: the same roundings as one key at a time).
@@ -62,6 +57,71 @@ void key_dots(const double* q, const double* kb, std::int64_t Dk, const std::vec
     dot[a] = s0, dabs[a] = t0;
   }
 }
+
+// For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
+// (w_j (v_jc - x_c) kr_j)^2, wv_c = sum_j (w_j v_jc)^2 and partial_c = sum_k P_k^2 (P_k =
+// sum_{j <= k} w_j v_jc), not yet square-rooted; key, wv and ps start at 0, x and run are
+// scratch [Dv]. Key by key, each value row read in order, L elements (V) at a time: the same
+// operations per element as the scalar loop of weight_spread, in every lane. Returns the
+// elements done (the rest is the scalar loop's).
+template <class V>
+inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, const std::int64_t* keys, std::size_t n,
+                                                            const double* w, const double* kr, std::int64_t Dv,
+                                                            double* key, double* wv, double* ps, double* x,
+                                                            double* run) {
+  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double));
+  const std::int64_t DvL = Dv / L * L;
+  // (memcpy for the unaligned loads and stores: no lambdas, whose vector arguments would
+  // cross a function boundary outside the AVX2 target)
+  for (std::int64_t e = 0; e < DvL; ++e) x[e] = run[e] = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const double* v = vb + keys[j] * Dv;
+    for (std::int64_t e = 0; e < DvL; e += L) {
+      V vv, xx;
+      std::memcpy(&vv, v + e, sizeof vv);
+      std::memcpy(&xx, x + e, sizeof xx);
+      xx += w[j] * vv;
+      std::memcpy(x + e, &xx, sizeof xx);
+    }
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const double* v = vb + keys[j] * Dv;
+    const double wj = w[j], kj = kr[j];
+    for (std::int64_t e = 0; e < DvL; e += L) {
+      V vv, xx, k, q2, r, p;
+      std::memcpy(&vv, v + e, sizeof vv);
+      std::memcpy(&xx, x + e, sizeof xx);
+      std::memcpy(&k, key + e, sizeof k);
+      std::memcpy(&q2, wv + e, sizeof q2);
+      std::memcpy(&r, run + e, sizeof r);
+      std::memcpy(&p, ps + e, sizeof p);
+      const V d = wj * (vv - xx) * kj, q = wj * vv;
+      k += d * d;
+      q2 += q * q;
+      r += q;
+      p += r * r;
+      std::memcpy(key + e, &k, sizeof k);
+      std::memcpy(wv + e, &q2, sizeof q2);
+      std::memcpy(run + e, &r, sizeof r);
+      std::memcpy(ps + e, &p, sizeof p);
+    }
+  }
+  return DvL;
+}
+
+#define ATTNORACLE_SUMS_ARGS const double *vb, const std::int64_t *keys, std::size_t n, const double *w, \
+                             const double *kr, std::int64_t Dv, double *key, double *wv, double *ps, double *x, \
+                             double *run
+#define ATTNORACLE_SUMS_PASS vb, keys, n, w, kr, Dv, key, wv, ps, x, run
+__attribute__((target("avx2"))) std::int64_t sums_avx2(ATTNORACLE_SUMS_ARGS) {
+  return out_sums<v4d>(ATTNORACLE_SUMS_PASS);
+}
+std::int64_t sums_sse(ATTNORACLE_SUMS_ARGS) { return out_sums<v2d>(ATTNORACLE_SUMS_PASS); }
+#undef ATTNORACLE_SUMS_ARGS
+#undef ATTNORACLE_SUMS_PASS
+using SumsFn = std::int64_t (*)(const double*, const std::int64_t*, std::size_t, const double*, const double*,
+                                std::int64_t, double*, double*, double*, double*, double*);
+SumsFn sums_kernel() { return __builtin_cpu_supports("avx2") ? sums_avx2 : sums_sse; }
 }  // namespace
 
 Spread weight_spread(const Case& c, const Profile& p) {
@@ -84,6 +144,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
   std::vector<std::int64_t> keys;
   std::vector<double> w, t, kr, dots, dabss, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
+  const SumsFn sums = sums_kernel();
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
@@ -131,36 +192,15 @@ Spread weight_spread(const Case& c, const Profile& p) {
         s.key_sum[row] = std::sqrt(ks);
         s.key_max[row] = km;
         s.z_part[row] = std::sqrt(zp);
-        // Four elements at a time over all keys, their sums in registers; each element's sums
-        // still run over the keys in order, so the results are the scalar loops' bit for bit.
+        // Vectors of elements at a time, key by key; each element's sums still run over the keys
+        // in order, so the results are the scalar loops' bit for bit.
         double* key = &s.key[row * static_cast<std::size_t>(Dv)];
         double* wv = &s.wv[row * static_cast<std::size_t>(Dv)];
         double* ps = &s.partial[row * static_cast<std::size_t>(Dv)];
-        const std::int64_t Dv4 = Dv / 4 * 4;
-        for (std::int64_t e = 0; e < Dv4; e += 4) {
-          v2d x0{}, x1{};
-          for (std::size_t j = 0; j < keys.size(); ++j) {
-            const double* v = vrow(keys[j]) + e;
-            x0 += w[j] * load(v);
-            x1 += w[j] * load(v + 2);
-          }
-          v2d k0{}, k1{}, w0{}, w1{}, r0{}, r1{}, p0{}, p1{};
-          for (std::size_t j = 0; j < keys.size(); ++j) {
-            const double* v = vrow(keys[j]) + e;
-            const double wj = w[j], kj = kr[j];
-            const v2d v0 = load(v), v1 = load(v + 2);
-            const v2d d0 = wj * (v0 - x0) * kj, d1 = wj * (v1 - x1) * kj;
-            const v2d q0 = wj * v0, q1 = wj * v1;
-            k0 += d0 * d0, k1 += d1 * d1;
-            w0 += q0 * q0, w1 += q1 * q1;
-            r0 += q0, r1 += q1;
-            p0 += r0 * r0, p1 += r1 * r1;
-          }
-          store(key + e, k0), store(key + e + 2, k1);
-          store(wv + e, w0), store(wv + e + 2, w1);
-          store(ps + e, p0), store(ps + e + 2, p1);
-        }
-        for (std::int64_t e = Dv4; e < Dv; ++e) {
+        const double* vb = &c.v.values[static_cast<std::size_t>((b * c.Hkv + g) * Nk * Dv)];
+        const std::int64_t DvE = sums(vb, keys.data(), keys.size(), w.data(), kr.data(), Dv, key, wv, ps, x.data(),
+                                      run.data());
+        for (std::int64_t e = DvE; e < Dv; ++e) {
           const auto ue = static_cast<std::size_t>(e);
           x[ue] = 0;
           for (std::size_t j = 0; j < keys.size(); ++j) x[ue] += w[j] * vrow(keys[j])[e];

@@ -20,7 +20,7 @@ class ReferenceRows : public RowSource {
 
 class TieredRows : public RowSource {
  public:
-  TieredRows(const Case& c, mpfr_prec_t p) : ev_(c), p_(p) {}
+  TieredRows(const Case& c, mpfr_prec_t p, RowParts parts) : ev_(c, parts), p_(p) {}
   RowEnclosures row(std::int64_t b, std::int64_t h, std::int64_t i) override {
     return ev_.row(b, h, i, p_);
   }
@@ -37,7 +37,7 @@ RowSourceFactory reference_rows(mpfr_prec_t p) {
 }
 
 RowSourceFactory tiered_rows(mpfr_prec_t p) {
-  return [p](const Case& c) { return std::make_unique<TieredRows>(c, p); };
+  return [p](const Case& c) { return std::make_unique<TieredRows>(c, p, RowParts::All); };
 }
 
 std::int64_t unit_count(const Case& c) {
@@ -124,8 +124,12 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   // each ball holds its exact value, so disjoint balls prove the exact values differ: every
   // violation found on them is one of the exact values too, as on MPFR enclosures.
   const std::vector<std::int64_t> units = sample_units(unit_count(c), check.twin_units);
-  const RowSourceFactory rows = tiered_rows(check.twin_precision);
-  const TieredRowEvaluator whole(c);  // the units' own rows, on the case itself
+  // The twins compare out, weights and lse only: their fast rows carry just those parts.
+  const mpfr_prec_t tp = check.twin_precision;
+  const RowSourceFactory rows = [tp](const Case& t) {
+    return std::make_unique<TieredRows>(t, tp, RowParts::Compared);
+  };
+  const TieredRowEvaluator whole(c, RowParts::Compared);  // the units' own rows, on the case itself
   std::vector<std::vector<Violation>> found(units.size());
   // Kind sdpa twins hold one unit's inputs; mha twins copy the case: there, above 16 MB of
   // inputs, one thread keeps the peak memory down.

@@ -286,30 +286,34 @@ struct TwinChecker {
     if (c.kind == Kind::Mha) mha_out(Invariant::KeyPermutation, r, "when keys are permuted");
   }
 
-  // On the unit's slice: its keys, values, mask row and bias row.
+  // On the unit's slice: its keys, values, mask row and bias row. The slice's keys and values
+  // are the case's block of kv head kv_head(h), read from there.
   void permute_sdpa(Case& t, const std::vector<std::int64_t>& perm) const {
-    const Case src = t;  // the slice before the permutation
+    const std::int64_t g = c.kv_head(h);
     auto permute_rows = [&](std::vector<double>& dst, const std::vector<double>& from, std::int64_t E) {
+      const double* block = from.data() + (b * c.Hkv + g) * c.Nk * E;
       for (std::int64_t j = 0; j < c.Nk; ++j)
-        std::copy_n(from.begin() + j * E, E, dst.begin() + perm[static_cast<std::size_t>(j)] * E);
+        std::copy_n(block + j * E, E, dst.begin() + perm[static_cast<std::size_t>(j)] * E);
     };
-    permute_rows(t.k.values, src.k.values, c.Dk);
-    permute_rows(t.v.values, src.v.values, c.Dv);
+    permute_rows(t.k.values, c.k.values, c.Dk);
+    permute_rows(t.v.values, c.v.values, c.Dv);
     if (c.mask || c.causal != Causal::None || c.window || c.seqlens_k) {
       // mask'[perm[j]] = mask[i, j] and positional(b, i, j), over the keys of row i
       BoolTensor m{{1, 1, 1, c.Nk}, std::vector<unsigned char>(static_cast<std::size_t>(c.Nk), 0)};
       for (std::int64_t j = 0; j < c.Nk; ++j)
         m.values[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] =
-            src.mask_at(0, 0, i, j) && detail::positional(c, b, i, j);
+            t.mask_at(0, 0, i, j) && detail::positional(c, b, i, j);
       t.mask = std::move(m);
       t.causal = Causal::None;
       t.window = false;
       t.seqlens_k.reset();  // now in the mask
     }
-    if (src.bias && src.bias->shape.back() == c.Nk)  // else constant over keys
+    if (t.bias && t.bias->shape.back() == c.Nk) {  // else constant over keys
+      const std::vector<double> row = t.bias->values;  // the slice's bias row before the permutation
       for (std::int64_t j = 0; j < c.Nk; ++j)
         t.bias->values[static_cast<std::size_t>(perm[static_cast<std::size_t>(j)])] =
-            src.bias->values[static_cast<std::size_t>(j)];
+            row[static_cast<std::size_t>(j)];
+    }
   }
 
   // On a copy of the whole case: the projected inputs' rows, the mask and bias columns.

@@ -640,5 +640,26 @@ TEST(OracleFast, IntervalChecksCatchBrokenRows) {
   with([](RowIntervals& r) { r.w_lo[3] = r.w_hi[3] = 0.1, r.w_lo[4] = r.w_hi[4] = 0.3; }, Invariant::EqualScores);
 }
 
+// Equal keys wherever they stand (zeros of either sign alike), each paired with the first key
+// equal to it; keys equal but for one component are not paired.
+TEST(OracleFast, EqualScoresPairEachKeyWithTheFirstEqualOne) {
+  Case c = sdpa();
+  const auto Dk = static_cast<std::size_t>(c.Dk);
+  auto key = [&](std::size_t j, std::size_t d) -> double& { return c.k.values[j * Dk + d]; };
+  for (std::size_t d = 0; d < Dk; ++d) key(1, d) = key(5, d) = key(4, d) = key(3, d);
+  key(1, 0) = 0.0, key(5, 0) = -0.0, key(4, 0) = 0.0, key(3, 0) = 0.0;
+  key(4, 2) = std::nextafter(key(3, 2), 2.0);  // one ulp apart: another score
+  RowIntervals r;
+  r.allowed = std::vector<char>(6, 1);
+  r.w_lo = r.w_hi = {0.2, 0.1, 0.1, 0.1, 0.2, 0.3};
+  r.w_lo[0] = r.w_lo[2] = r.w_lo[4] = 0.1;  // sums of 0.8 to 1.1: no RowSum violation
+  r.dot_lo = r.dot_hi = std::vector<double>(6, 0.0);
+  r.out_lo = r.out_hi = {1.5, 1.5};
+  std::vector<std::string> pairs;
+  for (const auto& v : check_row_fast(c, 0, 0, 0, r))
+    if (v.invariant == Invariant::EqualScores) pairs.push_back(v.detail.substr(0, v.detail.find(" (")));
+  EXPECT_EQ(pairs, (std::vector<std::string>{"keys 1 and 5"})) << list(check_row_fast(c, 0, 0, 0, r));
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

@@ -115,7 +115,12 @@ std::uint16_t bf16_bits_exact(double x) {
   return static_cast<std::uint16_t>(encode_small(x, 7, 8, "BF16"));
 }
 double f16_from_bits(std::uint16_t b) { return decode_small(b, 10, 5); }
-double bf16_from_bits(std::uint16_t b) { return decode_small(b, 7, 8); }
+// A finite BF16 number is the F32 number whose upper half has its bits (F32 embeds exactly in
+// F64); infinities and NaN take the general rule.
+double bf16_from_bits(std::uint16_t b) {
+  if ((b & 0x7f80u) == 0x7f80u) return decode_small(b, 7, 8);
+  return static_cast<double>(std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16));
+}
 
 // E4M3FN: s eeee mmm, value (-1)^s 2^(e-7) (1 + m/8), or 2^-6 (m/8) when e = 0; s 1111 111 is NaN
 // and exponent 15 is otherwise a normal binade (up to 1.75 * 2^8 = 448).

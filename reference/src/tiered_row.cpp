@@ -10,10 +10,11 @@ struct TieredRowEvaluator::Impl {
   const Case& c;
   const fast::Setup fast;
   const RowEvaluator mpfr;
-  explicit Impl(const Case& cs) : c(cs), fast(fast::prepare(cs)), mpfr(cs) {}
+  const RowParts parts;
+  Impl(const Case& cs, RowParts p) : c(cs), fast(fast::prepare(cs)), mpfr(cs), parts(p) {}
 };
 
-TieredRowEvaluator::TieredRowEvaluator(const Case& c) : impl_(new Impl(c)) {}
+TieredRowEvaluator::TieredRowEvaluator(const Case& c, RowParts parts) : impl_(new Impl(c, parts)) {}
 TieredRowEvaluator::~TieredRowEvaluator() { delete impl_; }
 
 RowEnclosures TieredRowEvaluator::row(std::int64_t b, std::int64_t h, std::int64_t i,
@@ -23,7 +24,7 @@ RowEnclosures TieredRowEvaluator::row(std::int64_t b, std::int64_t h, std::int64
     if (fr.ok) {
       const Enclosure lse = fast::lse_enclosure(fr);
       fast::DecidedRow d;
-      if (fast::decide_row(impl_->c, fr, lse, d, true, true)) return fast::row_enclosures(fr, lse);
+      if (fast::decide_row(impl_->c, fr, lse, d, true, true)) return fast::row_enclosures(fr, lse, impl_->parts);
     }
   }
   return impl_->mpfr.row(b, h, i, p);

@@ -4,8 +4,10 @@
 // rows (fast_row.cpp) and the gradients (fast_backward.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "dd.hpp"
 #include "error_bounds.hpp"
@@ -78,33 +80,51 @@ inline Ball dot2(const double* a, const double* b, std::int64_t n) {
   return {two_sum(sh, sl), radius_up(2 * gam * gam * (1 + 2 * gam) * sabs)};
 }
 
-// sum_j x_j y_j for balls x_j and doubles y_j, accumulated like Dot2 on the midpoints' high
-// parts (TwoProd, TwoSum) plus their low parts in plain F64. With A = sum_j |x_j.hi y_j|
-// (|x.lo| <= u |x.hi|): the Dot2 error gamma_n^2 A and the low parts' products and their sum,
-// together within (n + 1)^2 u^2 A, which 3 gamma_n^2 + 2u^2 covers
-// (reference/proofs/dot2_factors.sollya), and the radii's share sum_j x_j.rad |y_j|; A and that
-// sum are themselves rounded (gamma_n relative). Terms exactly 0 make an exact 0.
-struct BallSum {
-  double hi = 0, lo = 0, absum = 0, radsum = 0;
-  std::int64_t n = 0;
-  bool zero = true;  // every term so far exactly 0
-  void add(const Ball& x, double y) {
-    const DD p = two_prod(x.mid.hi, y);
-    const DD t = two_sum(hi, p.hi);
-    hi = t.hi;
-    lo += t.lo + p.lo + x.mid.lo * y;
-    absum += std::fabs(p.hi);
-    radsum += x.rad * std::fabs(y);
-    ++n;
-    zero = zero && (y == 0 || (x.mid.hi == 0 && x.rad == 0));
+// Column sums S_c = sum_j x_j y_jc for balls x_j and doubles y_jc, accumulated like Dot2 on the
+// midpoints' high parts (TwoProd, TwoSum) plus their low parts in plain F64. With
+// A_c = sum_j |x_j.hi y_jc| (|x.lo| <= u |x.hi|): the Dot2 error gamma_n^2 A_c and the low
+// parts' products and their sum, together within (n + 1)^2 u^2 A_c, which 3 gamma_n^2 + 2u^2
+// covers (reference/proofs/dot2_factors.sollya), and the radii's share sum_j x_j.rad |y_jc|;
+// A_c and that sum are themselves rounded (gamma_n relative). Exactly zero balls are left out
+// (they add nothing), and a column whose every y is 0 is an exact 0.
+class BallSums {
+ public:
+  explicit BallSums(std::size_t columns = 0)
+      : hi_(columns), lo_(columns), absum_(columns), radsum_(columns), ymax_(columns) {}
+  std::size_t size() const { return hi_.size(); }
+
+  // x y_c added to every column c: the columns are independent lanes (the same operations in
+  // the same order in each), so the loop vectorizes without changing a bit.
+  void add(const Ball& x, const double* y) {
+    if (x.mid.hi == 0 && x.rad == 0) return;
+    ++n_;
+    lanes(hi_.size(), y, x.mid.hi, x.mid.lo, x.rad, hi_.data(), lo_.data(), absum_.data(), radsum_.data(),
+          ymax_.data());
   }
-  Ball ball() const {
-    if (zero) return {};
-    const double nk = static_cast<double>(n);
+  Ball ball(std::size_t c) const {
+    if (n_ == 0 || ymax_[c] == 0) return {};
+    const double nk = static_cast<double>(n_);
     const double gk = nk * kU / (1 - nk * kU);
     const double factor = 3 * gk * gk + 2 * kU * kU;
-    return {two_sum(hi, lo), radius_up((radsum + factor * absum) * (1 + 2 * gk))};
+    return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + factor * absum_[c]) * (1 + 2 * gk))};
   }
+
+ private:
+  static void lanes(std::size_t n, const double* __restrict y, double xh, double xl, double xr,
+                    double* __restrict hi, double* __restrict lo, double* __restrict absum,
+                    double* __restrict radsum, double* __restrict ymax) {
+    for (std::size_t c = 0; c < n; ++c) {
+      const DD p = two_prod(xh, y[c]);
+      const DD t = two_sum(hi[c], p.hi);
+      hi[c] = t.hi;
+      lo[c] += t.lo + p.lo + xl * y[c];
+      absum[c] += std::fabs(p.hi);
+      radsum[c] += xr * std::fabs(y[c]);
+      ymax[c] = std::max(ymax[c], std::fabs(y[c]));
+    }
+  }
+  std::vector<double> hi_, lo_, absum_, radsum_, ymax_;
+  std::int64_t n_ = 0;
 };
 
 }  // namespace attnoracle::fast

@@ -135,6 +135,9 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
 RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
   RowIntervals r;
   r.allowed = fr.allowed;
+  for (auto* v : {&r.dot_lo, &r.dot_hi, &r.w_lo, &r.w_hi, &r.s_lo, &r.s_hi}) v->reserve(fr.weights.size());
+  r.out_lo.reserve(fr.out.size());
+  r.out_hi.reserve(fr.out.size());
   for (std::size_t j = 0; j < fr.weights.size(); ++j) {
     r.dot_lo.push_back(round_down_dd(lower(fr.dots[j])));
     r.dot_hi.push_back(round_up_dd(upper(fr.dots[j])));
@@ -154,20 +157,32 @@ RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
 }
 
 RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse) {
+  return row_enclosures(fr, lse, RowParts::All);
+}
+
+RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse, RowParts parts) {
+  const bool all = parts == RowParts::All;
   RowEnclosures r;
   HeadDetail d;
   d.allowed = fr.allowed;
   std::vector<Enclosure> w, s;
+  w.reserve(fr.weights.size());
+  if (all) {
+    d.dots.reserve(fr.weights.size());
+    s.reserve(fr.weights.size());
+  }
   for (std::size_t j = 0; j < fr.weights.size(); ++j) {
-    d.dots.push_back(ball_enclosure(fr.dots[j]));
     w.push_back(ball_enclosure(fr.weights[j]));
+    if (!all) continue;
+    d.dots.push_back(ball_enclosure(fr.dots[j]));
     s.push_back(fr.allowed[j] ? ball_enclosure(fr.scores[j]) : point_enclosure(-INFINITY, -INFINITY));
   }
   for (std::size_t e = 0; e < fr.out.size(); ++e) {
-    d.raw_out.push_back(ball_enclosure(fr.out[e]));
-    d.hull.push_back(point_enclosure(fr.vmin[e], fr.vmax[e]));
     d.out.push_back(clamped_enclosure(fr.out[e], fr.vmin[e], fr.vmax[e]));
     r.out.push_back(clamped_enclosure(fr.out[e], fr.vmin[e], fr.vmax[e]));
+    if (!all) continue;
+    d.raw_out.push_back(ball_enclosure(fr.out[e]));
+    d.hull.push_back(point_enclosure(fr.vmin[e], fr.vmax[e]));
     r.bound.push_back(ball_enclosure(fr.bound[e]));
   }
   Enclosure l(128);

@@ -39,5 +39,6 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
 // The row in F64 intervals rounded outward, and as the enclosures the oracle checks.
 RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse);
 RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse);
+RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse, RowParts parts);
 
 }  // namespace attnoracle::fast

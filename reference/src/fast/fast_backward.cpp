@@ -26,6 +26,10 @@ struct RowStat {
 };
 
 bool finite(const Ball& x) { return std::isfinite(x.mid.hi) && std::isfinite(x.rad); }
+constexpr double kOne[1] = {1.0};  // a term of a plain sum of balls
+
+// s x, an exact 0 kept exact.
+Ball scaled(const Ball& s, const Ball& x) { return x.mid.hi == 0 && x.rad == 0 ? x : mul(s, x); }
 
 // The entry (i, j): dS = P (dP - D) and A = P (|dP| + |D|), the magnitude of its terms.
 struct Entry {
@@ -113,16 +117,17 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   const std::int64_t Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
   const double* dout = m.dout_row(r);
   std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
-  BallSum d, dabs;
+  BallSums d(1), dabs(1);  // one column: the sums over c
   for (std::int64_t cc = 0; cc < Dv; ++cc) {
-    adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
-    d.add(fr.out[static_cast<std::size_t>(cc)], dout[cc]);
-    dabs.add(abs(fr.out[static_cast<std::size_t>(cc)]), std::fabs(dout[cc]));
+    const auto ci = static_cast<std::size_t>(cc);
+    adout[ci] = std::fabs(dout[cc]);
+    d.add(fr.out[ci], &dout[cc]);
+    dabs.add(abs(fr.out[ci]), &adout[ci]);
   }
   st.m = fr.m;
   st.z = fr.z;
-  st.d = d.ball();
-  st.dabs = dabs.ball();
+  st.d = d.ball(0);
+  st.dabs = dabs.ball(0);
   st.ok = finite(st.d) && finite(st.dabs);
   if (!st.ok) return false;
   if (!c.want_dq) return true;
@@ -145,21 +150,24 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
       }
     }
   }
-  std::vector<BallSum> val(static_cast<std::size_t>(Dk)), bnd(static_cast<std::size_t>(Dk));
+  BallSums val(static_cast<std::size_t>(Dk)), bnd(static_cast<std::size_t>(Dk));
+  std::vector<double> kc(static_cast<std::size_t>(Dk)), ak(kc.size());
+  const double* k0 = K + keys[0] * Dk;
   for (std::int64_t j : keys) {
     const Entry e = entry(fr.weights[static_cast<std::size_t>(j)], dout, adout.data(), V + j * Dv, av.data(), Dv, st);
     const double* k = K + j * Dk;
-    for (std::int64_t cc = 0; cc < Dk; ++cc) {
-      const auto ci = static_cast<std::size_t>(cc);
-      val[ci].add(e.dS, centred[ci] ? k[cc] - K[keys[0] * Dk + cc] : k[cc]);
-      bnd[ci].add(e.A, std::fabs(k[cc]));
+    for (std::size_t ci = 0; ci < kc.size(); ++ci) {
+      kc[ci] = centred[ci] ? k[ci] - k0[ci] : k[ci];
+      ak[ci] = std::fabs(k[ci]);
     }
+    val.add(e.dS, kc.data());
+    bnd.add(e.A, ak.data());
   }
   dq = DecidedGrad{};
   const auto base = static_cast<std::int64_t>(r) * Dk;
   for (std::int64_t cc = 0; cc < Dk; ++cc) {
     const auto ci = static_cast<std::size_t>(cc);
-    if (!m.decide_element("dq", base + cc, mul(m.s.scale, val[ci].ball()), mul(m.abs_scale, bnd[ci].ball()), dq))
+    if (!m.decide_element("dq", base + cc, scaled(m.s.scale, val.ball(ci)), scaled(m.abs_scale, bnd.ball(ci)), dq))
       return false;
   }
   return true;
@@ -172,9 +180,9 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
   const std::size_t key = static_cast<std::size_t>((b * c.Hkv + g) * c.Nk + j);
   const double* k = c.k.values.data() + key * static_cast<std::size_t>(Dk);
   const double* v = c.v.values.data() + key * static_cast<std::size_t>(Dv);
-  std::vector<BallSum> kval(static_cast<std::size_t>(c.want_dk ? Dk : 0)), kbnd(kval.size());
-  std::vector<BallSum> vval(static_cast<std::size_t>(c.want_dv ? Dv : 0)), vbnd(vval.size());
-  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
+  BallSums kval(static_cast<std::size_t>(c.want_dk ? Dk : 0)), kbnd(kval.size());
+  BallSums vval(static_cast<std::size_t>(c.want_dv ? Dv : 0)), vbnd(vval.size());
+  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv)), aq(static_cast<std::size_t>(Dk));
   for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
     for (std::int64_t i = 0; i < c.Nq; ++i) {
       if (!c.query_valid(b, i) || !c.allowed(b, h, i, j)) continue;  // row_has_key follows
@@ -187,24 +195,25 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
       const double* dout = m.dout_row(r);
       for (std::int64_t cc = 0; cc < Dv; ++cc) adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
       const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
-      for (std::size_t cc = 0; cc < kval.size(); ++cc) {
-        kval[cc].add(e.dS, q[cc]);
-        kbnd[cc].add(e.A, std::fabs(q[cc]));
+      if (kval.size()) {
+        for (std::size_t cc = 0; cc < aq.size(); ++cc) aq[cc] = std::fabs(q[cc]);
+        kval.add(e.dS, q);
+        kbnd.add(e.A, aq.data());
       }
-      for (std::size_t cc = 0; cc < vval.size(); ++cc) {
-        vval[cc].add(P, dout[cc]);
-        vbnd[cc].add(P, adout[cc]);
+      if (vval.size()) {
+        vval.add(P, dout);
+        vbnd.add(P, adout.data());
       }
     }
   dk = DecidedGrad{};
   dv = DecidedGrad{};
   for (std::size_t cc = 0; cc < kval.size(); ++cc)
     if (!m.decide_element("dk", static_cast<std::int64_t>(key) * Dk + static_cast<std::int64_t>(cc),
-                          mul(m.s.scale, kval[cc].ball()), mul(m.abs_scale, kbnd[cc].ball()), dk))
+                          scaled(m.s.scale, kval.ball(cc)), scaled(m.abs_scale, kbnd.ball(cc)), dk))
       return false;
   for (std::size_t cc = 0; cc < vval.size(); ++cc)
     if (!m.decide_element("dv", static_cast<std::int64_t>(key) * Dv + static_cast<std::int64_t>(cc),
-                          vval[cc].ball(), vbnd[cc].ball(), dv))
+                          vval.ball(cc), vbnd.ball(cc), dv))
       return false;
   return true;
 }
@@ -223,7 +232,7 @@ bool FastBackward::bias(std::int64_t bb, std::int64_t hb, std::int64_t jb, Decid
   const auto [b0, b1] = span(ext[0], bb, c.B);
   const auto [h0, h1] = span(Eh, hb, c.Hq);
   const auto [j0, j1] = span(Ej, jb, c.Nk);
-  std::vector<BallSum> val(static_cast<std::size_t>(Ei)), bnd(val.size());
+  std::vector<BallSums> val(static_cast<std::size_t>(Ei), BallSums(1)), bnd(val.size(), BallSums(1));
   std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
   for (std::int64_t b = b0; b <= b1; ++b)
     for (std::int64_t h = h0; h <= h1; ++h)
@@ -244,16 +253,16 @@ bool FastBackward::bias(std::int64_t bb, std::int64_t hb, std::int64_t jb, Decid
           Ball P;
           if (!m.weight(b, h, i, j, q, c.k.values.data() + key * static_cast<std::size_t>(c.Dk), st, P)) return false;
           const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
-          val[slot].add(e.dS, 1.0);
-          bnd[slot].add(e.A, 1.0);
+          val[slot].add(e.dS, kOne);
+          bnd[slot].add(e.A, kOne);
         }
       }
   db = DecidedGrad{};
   for (std::int64_t ib = 0; ib < Ei; ++ib) {
     const auto sl = static_cast<std::size_t>(ib);
     // Along the keys whole (Ej = 1), each row of dS sums to 0 exactly (no sinks here).
-    const Ball v = Ej == 1 ? Ball{} : val[sl].ball();
-    if (!m.decide_element("dbias", ((bb * Eh + hb) * Ei + ib) * Ej + jb, v, bnd[sl].ball(), db)) return false;
+    const Ball v = Ej == 1 ? Ball{} : val[sl].ball(0);
+    if (!m.decide_element("dbias", ((bb * Eh + hb) * Ei + ib) * Ej + jb, v, bnd[sl].ball(0), db)) return false;
   }
   return true;
 }

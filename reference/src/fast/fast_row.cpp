@@ -15,7 +15,15 @@ bool in_range(double x) {
   const double a = std::fabs(x);
   return a == 0 || (a >= kMinInput && a <= kMaxInput);
 }
-bool all_in_range(const std::vector<double>& v) { return std::all_of(v.begin(), v.end(), in_range); }
+// Every element tested, without an early exit, so that the loop vectorizes.
+bool all_in_range(const std::vector<double>& v) {
+  std::size_t bad = 0;
+  for (double x : v) {
+    const double a = std::fabs(x);
+    bad += !((a == 0) | ((a >= kMinInput) & (a <= kMaxInput)));
+  }
+  return bad == 0;
+}
 
 // x compared with y: -1, 0, 1.
 int cmp(DD x, double y) {
@@ -32,6 +40,20 @@ double round_double(double r, int p, int emin, int emax) {
   const double quantum = std::ldexp(1.0, e - p + 1);
   const double y = std::nearbyint(r / quantum) * quantum;
   return std::fabs(y) >= std::ldexp(1.0, emax + 1) ? std::copysign(INFINITY, r) : y;
+}
+
+// The value row v's magnitudes into av and its range into the column ranges (independent
+// lanes: the loop vectorizes).
+void value_ranges(std::size_t nd, const double* __restrict v, double* __restrict av, double* __restrict vmin,
+                  double* __restrict vmax, double* __restrict absmin, double* __restrict absmax) {
+  for (std::size_t ci = 0; ci < nd; ++ci) {
+    const double x = v[ci], ax = std::fabs(x);
+    av[ci] = ax;
+    vmin[ci] = std::min(vmin[ci], x);
+    vmax[ci] = std::max(vmax[ci], x);
+    absmin[ci] = std::min(absmin[ci], ax);
+    absmax[ci] = std::max(absmax[ci], ax);
+  }
 }
 
 }  // namespace
@@ -176,7 +198,7 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.z = z;
   for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = div(e[a], z);
 
-  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (BallSum), over Z.
+  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (BallSums), over Z.
   r.out.resize(static_cast<std::size_t>(Dv));
   r.bound.resize(static_cast<std::size_t>(Dv));
   r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
@@ -184,18 +206,13 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   r.absmin.assign(static_cast<std::size_t>(Dv), INFINITY);
   r.absmax.assign(static_cast<std::size_t>(Dv), 0);
   const auto nd = static_cast<std::size_t>(Dv);
-  std::vector<BallSum> num(nd), mag_sum(nd);
+  BallSums num(nd), mag_sum(nd);
+  std::vector<double> av(nd);
   for (std::size_t a = 0; a < keys.size(); ++a) {
     const double* v = V + keys[a] * Dv;
-    for (std::size_t ci = 0; ci < nd; ++ci) {
-      const double x = v[ci], ax = std::fabs(x);
-      num[ci].add(e[a], x);
-      mag_sum[ci].add(e[a], ax);
-      r.vmin[ci] = std::min(r.vmin[ci], x);
-      r.vmax[ci] = std::max(r.vmax[ci], x);
-      r.absmin[ci] = std::min(r.absmin[ci], ax);
-      r.absmax[ci] = std::max(r.absmax[ci], ax);
-    }
+    value_ranges(nd, v, av.data(), r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
+    num.add(e[a], v);
+    mag_sum.add(e[a], av.data());
   }
   if (c.sinks)  // the weights sum to less than 1: the output is a combination of 0 and the values
     for (std::size_t ci = 0; ci < nd; ++ci) {
@@ -204,8 +221,8 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
       r.absmin[ci] = 0;
     }
   for (std::size_t ci = 0; ci < nd; ++ci) {
-    r.out[ci] = div(num[ci].ball(), z);
-    r.bound[ci] = div(mag_sum[ci].ball(), z);
+    r.out[ci] = div(num.ball(ci), z);
+    r.bound[ci] = div(mag_sum.ball(ci), z);
   }
   r.ok = true;
   return r;

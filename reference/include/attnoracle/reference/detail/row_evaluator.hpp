@@ -79,9 +79,15 @@ class RowEvaluator {
 // (the test by which eval commits a fast row, with weights and lse always included), else
 // RowEvaluator at precision p. The fast path's enclosures are its balls, which hold the exact
 // values as the MPFR ones do.
+// What a row of the fast path is given as: every part (the oracle's row checks read them all),
+// or only the parts the twins compare (out, weights, lse and the heads' out, allowed and
+// validity), which spares the enclosures of the dots, scores, raw outputs, hulls and bounds.
+// Rows from MPFR always have every part.
+enum class RowParts { All, Compared };
+
 class TieredRowEvaluator {
  public:
-  explicit TieredRowEvaluator(const Case& c);
+  explicit TieredRowEvaluator(const Case& c, RowParts parts = RowParts::All);
   ~TieredRowEvaluator();
   TieredRowEvaluator(const TieredRowEvaluator&) = delete;
   TieredRowEvaluator& operator=(const TieredRowEvaluator&) = delete;
