@@ -358,6 +358,10 @@ class Backward {
     if (fast_.applies() && c_.query_valid(b, i) && c_.row_has_key(b, h, i)) {
       fast::DecidedGrad dq;
       const bool done = fast_.row(b, h, i, dq);
+      if (!fast_.has_row_stat(b, h, i)) {  // the balls did not hold the forward row: MPFR's
+        const RowStat& st = base_stat(u);
+        if (st.valid) fast_.set_row_stat(b, h, i, st.lse, st.d, st.dabs);
+      }
       if (!c_.want_dq) return;  // the statistics are all the row pass was for
       if (done) {
         commit_fast(0, static_cast<std::int64_t>(u) * c_.Dk, dq);
@@ -672,7 +676,7 @@ class Backward {
   const Case& c_;
   const EvalOptions& opt_;
   RowEvaluator ev_;
-  const fast::FastBackward fast_;
+  fast::FastBackward fast_;
   const std::int64_t G_;  // query heads per kv head
   mpfr_prec_t p0_ = 0, cap_ = 0;
   std::vector<std::unique_ptr<GoldenBuffer>> bufs_;

@@ -1,7 +1,7 @@
 // The gradients in ball arithmetic (ball.hpp), by the formulas of backward.cpp:
 //   dS_ij = P_ij (dP_ij - D_i), dq = scale dS K, dk = scale dS^T Q, dv = P^T dout,
-// with P_ij recomputed in the key pass from the row pass's constant m_i and sum Z_i by the
-// forward's own operations, so that both passes hold the same balls.
+// with P_ij = exp(S_ij - lse_i) recomputed in the key and bias passes from the row's lse, whether
+// the row pass enclosed it in balls or with MPFR.
 #include "fast_backward.hpp"
 
 #include <mpfr.h>
@@ -17,12 +17,10 @@
 namespace attnoracle::fast {
 namespace {
 
-// What the key pass reads of a row: the row constant m, Z = sum_j exp(S_j - m), D = dout . O
-// and sum_c |dout_c O_c|.
+// What the key pass reads of a row: lse, D = dout . O and sum_c |dout_c O_c|.
 struct RowStat {
   bool ok = false;
-  double m = 0;
-  Ball z, d, dabs;
+  Ball lse, d, dabs;
 };
 
 bool finite(const Ball& x) { return std::isfinite(x.mid.hi) && std::isfinite(x.rad); }
@@ -73,15 +71,15 @@ struct FastBackward::Impl {
   }
   const double* dout_row(std::size_t r) const { return c.dout->values.data() + r * static_cast<std::size_t>(c.Dv); }
 
-  // P_ij as the forward's fast row makes it: exp(scale q.k + bias - m) / Z.
+  // P_ij = exp(scale q.k + bias - lse).
   bool weight(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const double* q, const double* k,
               const RowStat& st, Ball& P) const {
     Ball sc = mul(s.scale, dot2(q, k, c.Dk));
     const double bias = c.bias_at(b, h, i, j);
     if (bias != 0) sc = add(sc, bias);
-    const Ball x = add(sc, -st.m);
+    const Ball x = add(sc, neg(st.lse));
     if (!finite(x) || !exp_applies(x)) return false;
-    P = div(exp(x), st.z);
+    P = exp(x);
     return true;
   }
 
@@ -106,6 +104,19 @@ FastBackward::~FastBackward() { delete impl_; }
 bool FastBackward::applies() const { return impl_->s.applies; }
 const std::string& FastBackward::why_not() const { return impl_->s.why_not; }
 
+bool FastBackward::has_row_stat(std::int64_t b, std::int64_t h, std::int64_t i) const {
+  return impl_->stats[impl_->row_id(b, h, i)].ok;
+}
+
+void FastBackward::set_row_stat(std::int64_t b, std::int64_t h, std::int64_t i, const Enclosure& lse,
+                                const Enclosure& d, const Enclosure& dabs) {
+  RowStat& st = impl_->stats[impl_->row_id(b, h, i)];
+  st.lse = ball_of(lse.lo, lse.hi);
+  st.d = ball_of(d.lo, d.hi);
+  st.dabs = ball_of(dabs.lo, dabs.hi);
+  st.ok = finite(st.lse) && finite(st.d) && finite(st.dabs);
+}
+
 bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGrad& dq) const {
   const Impl& m = *impl_;
   const Case& c = m.c;
@@ -124,11 +135,11 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
     d.add(fr.out[ci], &dout[cc]);
     dabs.add(abs(fr.out[ci]), &adout[ci]);
   }
-  st.m = fr.m;
-  st.z = fr.z;
+  const Enclosure lse = lse_enclosure(fr);
+  st.lse = ball_of(lse.lo, lse.hi);
   st.d = d.ball(0);
   st.dabs = dabs.ball(0);
-  st.ok = finite(st.d) && finite(st.dabs);
+  st.ok = finite(st.lse) && finite(st.d) && finite(st.dabs);
   if (!st.ok) return false;
   if (!c.want_dq) return true;
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 
 namespace attnoracle::fast {
@@ -33,6 +34,11 @@ class FastBackward {
   // statistics for the key pass, and decides dq_i when the case asks for it. False: dq_i is
   // not decided (the MPFR path does it).
   bool row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGrad& dq) const;
+  // Whether row (b, h, i) has its statistics for the other passes (from row(), or else given
+  // by set_row_stat from the MPFR path's enclosures).
+  bool has_row_stat(std::int64_t b, std::int64_t h, std::int64_t i) const;
+  void set_row_stat(std::int64_t b, std::int64_t h, std::int64_t i, const Enclosure& lse, const Enclosure& d,
+                    const Enclosure& dabs);
   // The key pass: dk_j and dv_j (those the case asks for) over the rows of kv head g that see
   // key j, after the row pass. False: the unit goes to the MPFR path.
   bool key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGrad& dk, DecidedGrad& dv) const;

@@ -86,6 +86,29 @@ double round_dd(DD x, DType t) {
   return round_double(r, f.precision, 1 - f.bias, f.bias);
 }
 
+Ball ball_of(mpfr_srcptr lo, mpfr_srcptr hi) {
+  if (!mpfr_number_p(lo) || !mpfr_number_p(hi)) return {DD{NAN, 0}, NAN};
+  mpfr_t t, u;
+  mpfr_inits2(std::max<mpfr_prec_t>({256, mpfr_get_prec(lo), mpfr_get_prec(hi)}) + 64, t, u,
+              static_cast<mpfr_ptr>(nullptr));
+  Ball b;
+  b.mid.hi = mpfr_get_d(lo, MPFR_RNDN);
+  mpfr_sub_d(t, lo, b.mid.hi, MPFR_RNDN);  // exact: lo and its nearest double share the top bits
+  b.mid.lo = mpfr_get_d(t, MPFR_RNDN);
+  // rad >= |x - mid| for x = lo, hi: x - mid rounded both ways bounds it on either side.
+  double rad = 0;
+  for (mpfr_srcptr x : {lo, hi})
+    for (mpfr_rnd_t rnd : {MPFR_RNDD, MPFR_RNDU}) {
+      mpfr_sub_d(t, x, b.mid.hi, rnd);
+      mpfr_sub_d(u, t, b.mid.lo, rnd);
+      mpfr_abs(u, u, MPFR_RNDU);
+      rad = std::max(rad, mpfr_get_d(u, MPFR_RNDU));
+    }
+  b.rad = radius_up(rad);
+  mpfr_clears(t, u, static_cast<mpfr_ptr>(nullptr));
+  return b;
+}
+
 Setup prepare(const Case& c) {
   Setup s;
   if (c.kind != Kind::Sdpa) {
@@ -121,19 +144,7 @@ Setup prepare(const Case& c) {
     mpfr_rec_sqrt(lo, t, MPFR_RNDD);
     mpfr_rec_sqrt(hi, t, MPFR_RNDU);
   }
-  s.scale.mid.hi = mpfr_get_d(lo, MPFR_RNDN);
-  mpfr_sub_d(t, lo, s.scale.mid.hi, MPFR_RNDN);  // exact at 256 bits
-  s.scale.mid.lo = mpfr_get_d(t, MPFR_RNDN);
-  // rad >= max(|lo - mid|, |hi - mid|), both computed upward
-  mpfr_sub_d(t, lo, s.scale.mid.hi, MPFR_RNDU);
-  mpfr_sub_d(t, t, s.scale.mid.lo, MPFR_RNDU);
-  mpfr_abs(t, t, MPFR_RNDU);
-  double rad = mpfr_get_d(t, MPFR_RNDU);
-  mpfr_sub_d(t, hi, s.scale.mid.hi, MPFR_RNDU);
-  mpfr_sub_d(t, t, s.scale.mid.lo, MPFR_RNDU);
-  mpfr_abs(t, t, MPFR_RNDU);
-  rad = std::max(rad, mpfr_get_d(t, MPFR_RNDU));
-  s.scale.rad = radius_up(rad);
+  s.scale = ball_of(lo, hi);
   mpfr_clears(lo, hi, t, static_cast<mpfr_ptr>(nullptr));
   if (!(std::fabs(s.scale.mid.hi) <= kMaxInput) || (s.scale.mid.hi != 0 && std::fabs(s.scale.mid.hi) < kMinInput)) {
     s.why_not = "scale out of range";

@@ -4,6 +4,8 @@
 // is done; otherwise (or where the path does not apply) the row goes to the MPFR path.
 #pragma once
 
+#include <mpfr.h>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -41,6 +43,9 @@ struct FastRow {
   Ball z;                          // sum_j exp(S_j - m)
   double m = 0;                    // the row constant
 };
+
+// The ball of an enclosure [lo, hi] (not finite if an end is not).
+Ball ball_of(mpfr_srcptr lo, mpfr_srcptr hi);
 
 FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i);
 
