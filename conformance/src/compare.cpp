@@ -372,7 +372,7 @@ struct Comparer {
     return last;
   }
 
-  // dq, dk, dv, dbias (TOLERANCE.md, "Gradients"), per element; no statistics.
+  // dq, dk, dv, dbias, dsinks (TOLERANCE.md, "Gradients"), per element; no statistics.
   void gradients() {
     if (!profile.returns_gradients) {
       rep.reason += (rep.reason.empty() ? "" : "; ") + std::string("gradients not returned (declared)");
@@ -438,6 +438,10 @@ struct Comparer {
       const double per = static_cast<double>(c.B * c.Hq * c.Nq * c.Nk) / static_cast<double>(c.bias->values.size());
       judge("dbias", c.want_dbias, c.bias->shape, ge.dbias, [&](std::size_t) { return per; }, 0.0);
     }
+    // dsinks[h] sums one term per row of the head over the batch.
+    if (c.sinks)
+      judge("dsinks", c.want_dsinks, {c.Hq}, ge.dsinks,
+            [&](std::size_t) { return static_cast<double>(c.B * c.Nq); }, 0.0);
   }
 
   void run() {

@@ -22,6 +22,7 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   g.dk.assign(static_cast<std::size_t>(c.B * Hk * Nk * Dk), 0);
   g.dv.assign(static_cast<std::size_t>(c.B * Hk * Nk * Dv), 0);
   if (c.bias) g.dbias.assign(c.bias->values.size(), 0);
+  if (c.sinks) g.dsinks.assign(static_cast<std::size_t>(H), 0);
   std::vector<double> s(static_cast<std::size_t>(Nk)), t(s), P(s), a(s);
   std::vector<char> on(s.size());
   for (std::int64_t b = 0; b < c.B; ++b)
@@ -54,8 +55,11 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           s[jj] = T + c.bias_at(b, h, i, j);
           mx = std::max(mx, s[jj]);
         }
-        if (mx == -INFINITY) continue;  // no allowed key: gradient 0 under policy zero
-        double Z = 0, R = 0, A = 0;
+        // No allowed key: gradient 0 under policy zero; with a sink O = 0, so D = 0 and the row
+        // adds 0 to dsinks.
+        if (mx == -INFINITY) continue;
+        if (c.sinks) mx = std::max(mx, c.sink(h));
+        double Z = c.sinks ? std::exp(c.sink(h) - mx) : 0, R = 0, A = 0;
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (on[static_cast<std::size_t>(j)]) Z += P[static_cast<std::size_t>(j)] = std::exp(s[static_cast<std::size_t>(j)] - mx);
         for (std::int64_t j = r.first; j <= r.last; ++j) {
@@ -108,6 +112,12 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
             g.dv[kj * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e)] +=
                 ((p_rel + u_ds) * P[jj] + p_abs) * std::fabs(dout[e]);
           if (c.bias) g.dbias[c.bias_index(b, h, i, j)] += d_ds;
+        }
+        // dsinks[h] -= P_sink D: P_sink = exp(sink - lse) off by p_rel (S exact here, lse's error
+        // and one exp) and p_abs, D off by E, the product rounded to grad_ds.
+        if (c.sinks) {
+          const double ps = std::exp(c.sink(h) - mx) / Z;
+          g.dsinks[static_cast<std::size_t>(h)] += (p_rel + u_ds) * ps * o + ps * E + p_abs * o;
         }
       }
   return g;

@@ -99,6 +99,39 @@ TEST(GradientGate, AnElementBeyondItsLimitFailsNamingIt) {
   }
 }
 
+// With sinks (a row masked to only its sink): every gradient and dsinks pass from the golden
+// values; dsinks[1] moved beyond its limit fails naming it, within half of it passes.
+TEST(GradientGate, DsinksJudgedAgainstItsLimit) {
+  SafeTensorsFile f = make_case({{"attn.outputs", "out,lse,dq,dk,dv,dbias,dsinks"}}, true);
+  RawTensor sinks{"sinks", DType::F32, {4}, std::vector<unsigned char>(16)};
+  const float sv[4] = {0.5f, -1.0f, 1.5f, 0.0f};
+  std::memcpy(sinks.data.data(), sv, 16);
+  f.put(std::move(sinks));
+  RawTensor mask{"mask", DType::BOOL, {1, 1, 5, 1}, {1, 1, 0, 1, 1}};  // row 2: no key, its sink
+  f.put(std::move(mask));
+  const auto golden = golden_of(f);
+  auto result = [&] { return testing::golden_result(golden, {"out", "lse", "dq", "dk", "dv", "dbias", "dsinks"}); };
+  const CaseReport base = compare_case("c", golden, "ok", result(), builtin_profile("fp32"));
+  ASSERT_EQ(base.status, CaseStatus::Pass) << base.reason;
+  const TensorReport* t = report_of(base, "dsinks");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->compared, 4);
+  EXPECT_EQ(t->worst_ratio, 0);
+  auto moved = [&](double by) {
+    JobResult r = result();
+    RawTensor& d = tensor(r, "dsinks");
+    set(d, 1, static_cast<float>(get(d, 1) + by));
+    return compare_case("c", golden, "ok", r, builtin_profile("fp32"));
+  };
+  const CaseReport rep = moved(2 * t->largest_limit);
+  ASSERT_EQ(rep.status, CaseStatus::Fail);
+  ASSERT_TRUE(rep.worst);
+  EXPECT_EQ(rep.worst->tensor, "dsinks");
+  EXPECT_EQ(rep.failed_elements, 1);
+  const CaseReport half = moved(0.5 * rep.worst->limit);
+  EXPECT_EQ(half.status, CaseStatus::Pass) << half.reason;
+}
+
 TEST(GradientGate, MissingOrDeclinedGradients) {
   const auto golden = golden_of(make_case(kGrad, false));
   JobResult r = golden_result(golden);

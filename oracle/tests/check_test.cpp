@@ -514,6 +514,9 @@ TEST(Oracle, GradientTwinsPassTheReference) {
   cases.push_back(gradient_case({{"attn.outputs", "dbias,dv"}, {"attn.masked_rows", "zero"}},
                                 {floats("bias", {5, 6}, ramp(30, 0.29, 0.7)), bools("query_mask", {1, 5}, {1, 0, 1, 1, 0})}));
   cases.push_back(gradient_case({{"attn.causal", "top_left"}}, {lengths("seqlens_q", 4), lengths("seqlens_k", 3)}));
+  // sinks: the slice keeps its heads' sinks (a row with no key keeps its sink's mass)
+  cases.push_back(gradient_case({{"attn.causal", "bottom_right"}, {"attn.outputs", "dq,dk,dv,dsinks"}},
+                                {floats("sinks", {4}, ramp(4, 0.61, 0.4))}));
   for (const Case& c : cases) {
     const EvalResult res = evaluate(c, {});
     for (std::int64_t g = 0; g < c.Hkv; ++g) {
@@ -595,6 +598,49 @@ TEST(Oracle, GradientCausalDependenceCatchesALeak) {
     return evaluate(m, {});
   });
   EXPECT_TRUE(names(v, Invariant::GradientCausalDependence)) << list(v);
+}
+
+
+// With sinks: the reference passes, dbias and dsinks of a head must sum to 0 together, and a
+// head whose rows have only the sink (head 1: every key masked) has dsinks exactly 0.
+TEST(Oracle, GradientChecksWithSinks) {
+  const std::vector<RawTensor> extra = {floats("dout", {1, 4, 5, 2}, ramp(40, 0.53, 0.3)),
+                                        floats("sinks", {4}, {0.5, -1, 2, 0}), bools("mask", {4, 1, 1}, {1, 0, 1, 1})};
+  auto with = [&](RawTensor bias) {
+    std::vector<RawTensor> t = extra;
+    t.push_back(std::move(bias));
+    return sdpa({{"attn.outputs", "dq,dk,dv,dbias,dsinks"}}, std::move(t));
+  };
+  Enclosure one(64);
+  mpfr_set_ui(one.lo, 1, MPFR_RNDN);
+  mpfr_set_ui(one.hi, 1, MPFR_RNDN);
+  {  // a bias per head: one sum per head
+    Case c = with(floats("bias", {4, 5, 6}, ramp(120, 0.29, 0.7)));
+    EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+    GradientChecks g(c);
+    EXPECT_THROW(g.element("dsinks", 1, one), InvariantViolation);
+    for (std::int64_t e = 0; e < 120; ++e) g.element("dbias", e, one);
+    for (std::int64_t h : {0, 2, 3}) g.element("dsinks", h, one);
+    const auto v = g.finish();
+    ASSERT_EQ(v.size(), 4u);  // head 1: dbias 1 everywhere and no dsinks enclosure
+    EXPECT_EQ(v.front().invariant, Invariant::GradientRowSum);
+  }
+  {  // a bias broadcast over the heads: one sum over all of them; -30 from the bias, +30 back
+    Case c = with(floats("bias", {5, 6}, ramp(30, 0.29, 0.7)));
+    EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+    GradientChecks g(c);
+    Enclosure minus(64);
+    mpfr_set_si(minus.lo, -1, MPFR_RNDN);
+    mpfr_set_si(minus.hi, -1, MPFR_RNDN);
+    for (std::int64_t e = 0; e < 30; ++e) g.element("dbias", e, minus);
+    for (std::int64_t h : {0, 2, 3}) g.element("dsinks", h, one);
+    EXPECT_EQ(g.finish().size(), 1u);
+    Enclosure back(64);
+    mpfr_set_si(back.lo, 28, MPFR_RNDN);
+    mpfr_set_si(back.hi, 28, MPFR_RNDN);
+    g.element("dsinks", 3, back);
+    EXPECT_TRUE(g.finish().empty());
+  }
 }
 
 TEST(Oracle, InvariantNamesAreDistinct) {

@@ -267,7 +267,8 @@ def _tensor_arrays(tensors):
 class Result(dict):
     """Golden tensors by name: `out`, `out.ref` (F64), `out.bound`, `row.valid` (bool), and
     `weights`, `weights.ref`, `lse`, `lse.ref`, `scores`, `scores.ref` when asked, `out.ref_lo`
-    for F64 outputs, and each gradient G asked (`dq`, `dk`, `dv`, `dbias`) with `G.ref`, `G.bound`.
+    for F64 outputs, and each gradient G asked (`dq`, `dk`, `dv`, `dbias`, `dsinks`) with `G.ref`,
+    `G.bound`.
 
     undecided: {tensor: flat indices} of the elements whose rounding could not be proven (empty
     when every element is proven); alt: {tensor: the other candidate of each}; bits: raw uint16
@@ -313,7 +314,7 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
     v_descale [B, Hkv] (F32) for FP8 inputs; causal "top_left", "bottom_right" (True: top_left);
     window (left, right); scale and softcap a float (its exact value) or a str (the exact value
     of the text); outputs among "out", "weights", "lse", "scores" and the gradients "dq", "dk",
-    "dv", "dbias" (dout given). input_dtype: by default the dtype of q (float64, float32,
+    "dv", "dbias", "dsinks" (dout given; dsinks with sinks). input_dtype: by default the dtype of q (float64, float32,
     float16; a PyTorch bfloat16 tensor is BF16); "BF16" takes float arrays whose values BF16
     holds exactly (refused otherwise) or uint16 bit patterns, "F8_E4M3" and "F8_E5M2" float
     arrays of values they hold or uint8 bit patterns (output_dtype then required). Every value
@@ -358,12 +359,13 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
 # Cases, suites, verdicts
 
 # Features a case can use, as the pytest plugin's `unsupported` names them: "fp8" is either FP8
-# input dtype, as "causal" is either alignment; "gradients" any of dq, dk, dv, dbias asked.
+# input dtype, as "causal" is either alignment; "gradients" any of dq, dk, dv, dbias, dsinks asked,
+# "dsinks" that one.
 FEATURES = ("mha", "gqa", "mask", "bias", "query_mask", "causal", "causal_top_left", "causal_bottom_right",
             "window", "softcap", "scale", "masked_rows_zero", "weights", "lse", "output_dtype", "F64", "F32",
             "F16", "BF16", "expect_error", "seqlens", "sinks", "fp8", "F8_E4M3", "F8_E5M2", "descales", "scores",
-            "gradients")
-_GRADIENTS = ("dq", "dk", "dv", "dbias")
+            "gradients", "dsinks")
+_GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
 
 
 class Case:
@@ -443,6 +445,8 @@ class Case:
         f.update(n for n in ("weights", "lse", "scores") if n in self.outputs)
         if any(n in self.outputs for n in _GRADIENTS):
             f.add("gradients")
+        if "dsinks" in self.outputs:
+            f.add("dsinks")
         if self.output_dtype != self.input_dtype:
             f.add("output_dtype")
         if self.expect == "error":

@@ -58,7 +58,7 @@ REFUSALS = [
     ("dout_shape", dict(arrays(), dout=np.ones((1, 4, 2, 3), F32)), {"outputs": ("out", "dv")}, {"attn.outputs": "out,dv"}),
     ("dout_nan", dict(arrays(), dout=np.full((1, 4, 2, 2), np.nan, F32)), GRAD, GRAD_META),
     ("dbias_without_bias", dict(arrays(), dout=DOUT), {"outputs": "dbias"}, {"attn.outputs": "dbias"}),
-    ("gradient_with_sinks", dict(arrays(), sinks=np.zeros(4, F32), dout=DOUT), GRAD, GRAD_META),
+    ("dsinks_without_sinks", dict(arrays(), dout=DOUT), {"outputs": "dsinks"}, {"attn.outputs": "dsinks"}),
     ("gradient_of_fp8", dict(fp8_arrays(), dout=DOUT), dict(E4M3, **GRAD), dict(E4M3_META, **GRAD_META)),
     ("dout_of_mha", dict(MHA, dout=np.ones((1, 2, 4), F32)), {}, {"attn.kind": "mha"}),
 ]

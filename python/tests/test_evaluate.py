@@ -353,3 +353,26 @@ def test_write_case_rounds_fp8_inputs_and_load_case_decodes_them(tmp_path):
     assert r.returncode == 0, r.stderr
     assert golden_bytes(c.evaluate(threads=1).tensors) == golden_bytes(
         attnoracle.load_case(tmp_path / "g.safetensors").golden.tensors)
+
+
+def test_dsinks_of_a_case_with_sinks(tmp_path):
+    rng = np.random.default_rng(12)
+    f = np.float32
+    q, k, v = (rng.standard_normal(s).astype(f) for s in ((1, 2, 3, 3), (1, 1, 4, 3), (1, 1, 4, 2)))
+    sinks = np.array([0.5, -1.25], f)
+    dout = rng.standard_normal((1, 2, 3, 2)).astype(f)
+    kw = dict(sinks=sinks, dout=dout, outputs=("out", "dq", "dsinks"))
+    a = attnoracle.evaluate(q, k, v, **kw, threads=1)
+    assert a["dsinks"].shape == (2,) and a["dsinks"].dtype == np.float32 and a["dsinks.ref"].dtype == np.float64
+    assert np.all(np.abs(a["dsinks.ref"]) <= a["dsinks.bound"])
+    case = attnoracle.load_case(attnoracle.write_case(tmp_path / "s.safetensors", q, k, v, **kw))
+    assert "dsinks" in case.features and "gradients" in case.features
+    # dsinks[h] = - sum_i P_sink[i] D_i, in float64 (CONTRACT section 7)
+    x = [t.astype(np.float64) for t in (q, np.repeat(k, 2, 1), np.repeat(v, 2, 1), dout)]
+    s = x[0] @ x[1].transpose(0, 1, 3, 2) / np.sqrt(3)
+    z = np.exp(s).sum(-1) + np.exp(sinks.astype(np.float64))[None, :, None]
+    o = (np.exp(s) / z[..., None]) @ x[2]
+    want = -((np.exp(sinks.astype(np.float64))[None, :, None] / z) * (x[3] * o).sum(-1)).sum(axis=(0, 2))
+    np.testing.assert_allclose(a["dsinks.ref"], want, rtol=1e-12)
+    with pytest.raises(attnoracle.InputError, match="dsinks is asked but the case has no sinks"):
+        attnoracle.evaluate(q, k, v, dout=dout, outputs=("out", "dsinks"))

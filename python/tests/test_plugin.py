@@ -24,13 +24,13 @@ def test_numpy_attention(attnoracle_case):
                                         seqlens_q=x.get("seqlens_q"), seqlens_k=x.get("seqlens_k"),
                                         descales=descales or None, sinks=x.get("sinks"))
         r = {{n: a for n, a in (("out", out), ("weights", w), ("lse", lse), ("scores", s)) if n in c.outputs}}
-        grads = [n for n in ("dq", "dk", "dv", "dbias") if n in c.outputs]
+        grads = [n for n in ("dq", "dk", "dv", "dbias", "dsinks") if n in c.outputs]
         if grads:  # the adapter's backward, in float64
             x64 = {{n: a.astype(np.float64) if a.dtype.kind == "f" else a for n, a in c.inputs.items()}}
             r.update(impl.gradients(x64["q"], x64["k"], x64["v"], x64["dout"], c.metadata, {bug!r}, grads,
                                     mask=x64.get("mask"), bias=x64.get("bias"), query_mask=x64.get("query_mask"),
                                     in_dtype=c.input_dtype, seqlens_q=x64.get("seqlens_q"),
-                                    seqlens_k=x64.get("seqlens_k")))
+                                    seqlens_k=x64.get("seqlens_k"), sinks=x64.get("sinks")))
         return r
     c.assert_conforms(run)
 """

@@ -204,6 +204,13 @@ class Backward {
     if (c_.want_dbias)
       parallel_for(static_cast<std::size_t>(ext_[0] * ext_[1] * ext_[3]), t,
                    [&](std::size_t u) { bias_unit(u); });
+    if (c_.want_dsinks) {
+      const SinkGradientStats s =
+          evaluate_dsinks(c_, opt_, ev_, {find("dsinks"), find("dsinks.ref"), find("dsinks.bound")}, p0_, cap_);
+      elements_.fetch_add(s.elements);
+      undecided_.fetch_add(s.undecided);
+      if (s.reached > reached_.load()) reached_.store(s.reached);
+    }
     mpfr_free_cache();
   }
 
@@ -416,8 +423,10 @@ class Backward {
         dot_abs(dPabs.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods);
       }
     }
+    // With a sink, D_i = (1 - P_sink) dP and dS_ij = P_ij P_sink dP: 0 only when dP is 0.
     st.zero_ds = n > 0 && all_exact &&
-                 std::all_of(dP.begin(), dP.end(), [&](const Enclosure& e) { return mpfr_equal_p(e.lo, dP[0].lo); });
+                 std::all_of(dP.begin(), dP.end(), [&](const Enclosure& e) { return mpfr_equal_p(e.lo, dP[0].lo); }) &&
+                 (!c_.sinks || mpfr_zero_p(dP[0].lo));
     if (!values) return true;
     if (n == 0) {  // padding or fully masked: dq = 0, bound 0
       for (std::int64_t cc = 0; cc < Dk; ++cc) round_element(0, base + cc, zero, zero, pend, bounds, all);
@@ -445,7 +454,8 @@ class Backward {
     Enclosure v(p), bd(p);
     std::vector<double> kc(n);
     for (std::int64_t cc = 0; cc < Dk; ++cc) {
-      bool centred = !k.softcap;
+      // With a sink, sum_j dS_ij = D_i - D_i (1 - P_sink_i) = P_sink_i D_i: no centring.
+      bool centred = !k.softcap && !c_.sinks;
       const double k0 = k_row(b, g, keys[0])[cc];
       for (std::size_t a = 0; a < n; ++a) {
         const double kj = k_row(b, g, keys[a])[cc];
@@ -662,7 +672,7 @@ class Backward {
       Enclosure v(p), bd(p);
       for (std::int64_t ib = 0; ib < Ei; ++ib) {
         parts[static_cast<std::size_t>(ib)].sum(v);
-        if (Ej == 1) set_zero(v);
+        if (Ej == 1 && !c_.sinks) set_zero(v);  // with a sink a row sums to P_sink_i D_i
         bparts[static_cast<std::size_t>(ib)].sum(bd);
         const std::int64_t idx = ((bb * Eh + hb) * Ei + ib) * Ej + jb;
         round_element(3, idx, v, bd, pend, bounds, all);
@@ -691,7 +701,7 @@ class Backward {
 }  // namespace
 
 bool is_gradient_golden(const std::string& name) {
-  for (const char* g : kGradients) {
+  for (const char* g : {"dq", "dk", "dv", "dbias", "dsinks"}) {
     const std::string s(g);
     if (name == s || name == s + ".ref" || name == s + ".bound") return true;
   }

@@ -169,9 +169,9 @@ class CaseReader {
         const auto comma = rest.find(',');
         const std::string name(rest.substr(0, comma));
         if (name != "out" && name != "weights" && name != "lse" && name != "scores" &&
-            name != "dq" && name != "dk" && name != "dv" && name != "dbias")
+            name != "dq" && name != "dk" && name != "dv" && name != "dbias" && name != "dsinks")
           bad("attn.outputs", *v,
-              "a comma list of out, weights, lse, scores, dq, dk, dv, dbias (" + quoted(name) + "?)");
+              "a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -184,6 +184,7 @@ class CaseReader {
       c_.want_dk = listed.count("dk") > 0;
       c_.want_dv = listed.count("dv") > 0;
       c_.want_dbias = listed.count("dbias") > 0;
+      c_.want_dsinks = listed.count("dsinks") > 0;
       if (c_.wants_gradients() && c_.kind == Kind::Mha)
         fail("attn.outputs", "value " + quoted(*v) + " asks for gradients, but gradients of kind "
                              "mha are not supported (only kind sdpa)");
@@ -260,17 +261,18 @@ class CaseReader {
 
  private:
   // dout (CONTRACT section 7): the shape of out, finite except on padding rows (zeroed there);
-  // required when a gradient is asked. dbias needs a bias.
+  // required when a gradient is asked. dbias needs a bias, dsinks sinks.
   void gradient_inputs(const SafeTensorsFile& file) {
     if (c_.want_dbias && !c_.bias)
       fail("attn.outputs", "dbias is asked but the case has no bias tensor");
+    if (c_.want_dsinks && !c_.sinks)
+      fail("attn.outputs", "dsinks is asked but the case has no sinks tensor");
     if (c_.wants_gradients() && is_fp8(c_.input_dtype))
       fail("attn.outputs", "asks for gradients, but gradients of " +
                                std::string(dtype_name(c_.input_dtype)) + " inputs are not supported");
-    if (c_.wants_gradients() && c_.sinks)
-      fail("attn.outputs", "asks for gradients, but gradients of a case with sinks are not supported");
     const RawTensor* t = file.find("dout");
-    const char* asked = c_.want_dq ? "dq" : c_.want_dk ? "dk" : c_.want_dv ? "dv" : "dbias";
+    const char* asked = c_.want_dq ? "dq" : c_.want_dk ? "dk" : c_.want_dv ? "dv"
+                      : c_.want_dbias ? "dbias" : "dsinks";
     if (!t) {
       if (c_.wants_gradients())
         fail("dout", std::string("missing (required when attn.outputs asks for a gradient: ") +
@@ -669,7 +671,7 @@ constexpr std::string_view kGoldenNames[] = {
     "out",      "out.ref",     "out.ref_lo", "out.bound",  "row.valid", "weights",     "weights.ref",
     "lse",      "lse.ref",     "scores",     "scores.ref", "dq",        "dq.ref",      "dq.bound",
     "dk",       "dk.ref",      "dk.bound",   "dv",         "dv.ref",    "dv.bound",    "dbias",
-    "dbias.ref", "dbias.bound"};
+    "dbias.ref", "dbias.bound", "dsinks", "dsinks.ref", "dsinks.bound"};
 
 }  // namespace
 
@@ -805,6 +807,7 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
   gradient(want_dk, "dk", {B, Hkv, Nk, Dk});
   gradient(want_dv, "dv", {B, Hkv, Nk, Dv});
   gradient(want_dbias, "dbias", bias ? bias->shape : std::vector<std::int64_t>{});
+  gradient(want_dsinks, "dsinks", {Hq});
   return g;
 }
 

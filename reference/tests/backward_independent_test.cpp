@@ -1,4 +1,4 @@
-// Independent check of the gradients: every golden element of dq, dk, dv and dbias (and their
+// Independent check of the gradients: every golden element of dq, dk, dv, dbias and dsinks (and their
 // .ref and .bound) of random problems computed a second way, by the plain formulas of CONTRACT
 // section 7 in 600-bit MPFR through Boost.Multiprecision, rounded by the tests' own integer
 // rounding (int_round), and compared bit for bit; every enclosure the reference reports must
@@ -65,9 +65,9 @@ std::int64_t bcast_flat(const Shape& shape, std::int64_t b, std::int64_t h, std:
 // The problem, re-read from the raw file by our own code.
 struct Problem {
   std::int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0;
-  std::vector<double> q, k, v, dout, mask, bias, qmask;
+  std::vector<double> q, k, v, dout, mask, bias, qmask, sinks;
   Shape mask_shape, bias_shape;
-  bool has_mask = false, has_bias = false, has_qmask = false;
+  bool has_mask = false, has_bias = false, has_qmask = false, has_sinks = false;
   std::vector<std::int64_t> lq, lk;  // [B]: seqlens_q, seqlens_k, else Nq, Nk
   std::string causal = "none", scale, softcap;
   bool window = false;
@@ -85,6 +85,7 @@ struct Problem {
     if (const RawTensor* t = f.find("mask")) has_mask = true, mask = decode(*t), mask_shape = t->shape;
     if (const RawTensor* t = f.find("bias")) has_bias = true, bias = decode(*t), bias_shape = t->shape;
     if (const RawTensor* t = f.find("query_mask")) has_qmask = true, qmask = decode(*t);
+    if (const RawTensor* t = f.find("sinks")) has_sinks = true, sinks = decode(*t);
     auto lengths = [&](const char* name, std::int64_t n) {  // I32 or I64, little-endian
       std::vector<std::int64_t> l(static_cast<std::size_t>(B), n);
       if (const RawTensor* t = f.find(name))
@@ -142,12 +143,12 @@ struct Grad {
 };
 template <class Real>
 struct Model {
-  Grad<Real> dq, dk, dv, dbias;
+  Grad<Real> dq, dk, dv, dbias, dsinks;
   double smag = 0;
   Model(const Problem& p)
       : dq(static_cast<std::size_t>(p.B * p.H * p.Nq * p.Dk)), dk(static_cast<std::size_t>(p.B * p.Hkv * p.Nk * p.Dk)),
         dv(static_cast<std::size_t>(p.B * p.Hkv * p.Nk * p.Dv)),
-        dbias(p.has_bias ? p.bias.size() : 0) {
+        dbias(p.has_bias ? p.bias.size() : 0), dsinks(p.has_sinks ? static_cast<std::size_t>(p.H) : 0) {
     const Real scale = p.scale.empty() ? Real(1) / sqrt(Real(p.Dk)) : parse_real<Real>(p.scale);
     std::optional<Real> cap;
     if (!p.softcap.empty() && parse_real<Real>(p.softcap) != 0) cap = parse_real<Real>(p.softcap);
@@ -176,9 +177,13 @@ struct Model {
             smag = std::max(smag, abs(T[a]).template convert_to<double>() + std::fabs(bias));
             if (a == 0 || S[a] > m) m = S[a];
           }
-          Real Z = 0;
+          // With a sink: one more term of Z, and P_sink its share.
+          const Real sink = p.has_sinks ? Real(p.sinks[static_cast<std::size_t>(h)]) : Real(0);
+          if (p.has_sinks && sink > m) m = sink;
+          Real Z = p.has_sinks ? exp(sink - m) : Real(0);
           for (std::size_t a = 0; a < n; ++a) Z += (P[a] = exp(S[a] - m));
           for (std::size_t a = 0; a < n; ++a) P[a] /= Z;
+          const Real Psink = p.has_sinks ? exp(sink - m) / Z : Real(0);
           Real D = 0, Dabs = 0, Dmag = 0;  // D, sum_c |dout_c O_c|, sum_c |dout_c| sum_j P_j |V_jc|
           for (std::int64_t c = 0; c < p.Dv; ++c) {
             Real o = 0, ob = 0;
@@ -186,6 +191,12 @@ struct Model {
             D += Real(dO(c)) * o;
             Dabs += std::fabs(dO(c)) * abs(o);
             Dmag += std::fabs(dO(c)) * ob;
+          }
+          if (p.has_sinks) {  // dsinks[h] = - sum_i P_sink D_i
+            const auto ih = static_cast<std::size_t>(h);
+            dsinks.val[ih] -= Psink * D;
+            dsinks.bound[ih] += Psink * Dabs;
+            dsinks.err[ih] += Psink * Dmag;
           }
           for (std::size_t a = 0; a < n; ++a) {
             dP[a] = 0, dPabs[a] = 0;
@@ -347,6 +358,7 @@ RandomCaseOptions gradient_options() {
   opt.max_seq = 24, opt.small_seq = 8, opt.max_dim = 12, opt.small_dim = 6;
   opt.allow_refusal = false;
   opt.weights_fraction = 0, opt.lse_fraction = 0;
+  opt.sinks_fraction = 0.3;
   return opt;
 }
 
@@ -357,7 +369,7 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
   Report rep;
   std::uint64_t problems = 0, fast_units = 0, fallback_units = 0;
   int both = 0;
-  int with_seqlens = 0;
+  int with_seqlens = 0, with_sinks = 0;
   for (int n = 0; n < count; ++n) {
     const auto seed = static_cast<std::uint64_t>(n) + first_seed;
     RandomCaseInfo info;
@@ -367,7 +379,9 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
     const RawTensor& v = *f.find("v");
     const DType dt = seed % 4 == 0 ? DType::F64 : seed % 4 == 1 ? DType::F32 : q.dtype;
     f.put(random_dout(seed, dt, {q.shape[0], q.shape[1], q.shape[2], v.shape[3]}));
-    f.metadata["attn.outputs"] = f.find("bias") ? "out,dq,dk,dv,dbias" : "out,dq,dk,dv";
+    f.metadata["attn.outputs"] = std::string(f.find("bias") ? "out,dq,dk,dv,dbias" : "out,dq,dk,dv") +
+                                 (f.find("sinks") ? ",dsinks" : "");
+    with_sinks += f.find("sinks") ? 1 : 0;
     const std::string ctx = "seed " + std::to_string(seed) + " (" + info.summary + ")";
     const Case c = case_from_file("random.safetensors", f);
     EvalOptions eo;
@@ -377,11 +391,14 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
     std::optional<Model<RealHi>> mh;
     auto precise = [&](const Grad<Real>& g) -> const Grad<RealHi>& {
       if (!mh) mh.emplace(p);
-      return &g == &m.dq ? mh->dq : &g == &m.dk ? mh->dk : &g == &m.dv ? mh->dv : mh->dbias;
+      return &g == &m.dq ? mh->dq : &g == &m.dk ? mh->dk : &g == &m.dv ? mh->dv : &g == &m.dbias ? mh->dbias : mh->dsinks;
     };
     std::mutex mu;
     eo.gradient_check = [&](const std::string& tensor, std::int64_t flat, const Enclosure& e, const Enclosure&) {
-      const Grad<Real>& g = tensor == "dq" ? m.dq : tensor == "dk" ? m.dk : tensor == "dv" ? m.dv : m.dbias;
+      const Grad<Real>& g = tensor == "dq"   ? m.dq
+                            : tensor == "dk" ? m.dk
+                            : tensor == "dv" ? m.dv
+                            : tensor == "dbias" ? m.dbias : m.dsinks;
       const Real x = g.val[static_cast<std::size_t>(flat)];
       const Real margin = ldexp(Real(1), -520) * (1 + m.smag) * g.err[static_cast<std::size_t>(flat)];
       Real lo, hi;
@@ -411,7 +428,10 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
     compare(rep, r, "dk", m.dk, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dk); });
     compare(rep, r, "dv", m.dv, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dv); });
     if (p.has_bias) compare(rep, r, "dbias", m.dbias, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dbias); });
+    if (p.has_sinks) compare(rep, r, "dsinks", m.dsinks, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dsinks); });
   }
+  std::printf("%d of %d problems with sinks\n", with_sinks, count);
+  EXPECT_GT(with_sinks, count / 10);
   for (const auto& n : rep.notes) std::printf("%s\n", n.c_str());
   std::printf("gradient units: %llu by the fast path, %llu fell back to MPFR; %d problems also by MPFR alone\n",
               static_cast<unsigned long long>(fast_units), static_cast<unsigned long long>(fallback_units), both);
@@ -447,7 +467,7 @@ TEST(BackwardIndependent, SequenceLengths) {
 // L = sum over rows that take part of <dout_i, out_i>, at inputs x + t R (Real inputs).
 template <class Real>
 Real loss(const Problem& p, const std::vector<Real>& q, const std::vector<Real>& k, const std::vector<Real>& v,
-          const std::vector<Real>& bias) {
+          const std::vector<Real>& bias, const std::vector<Real>& sinks) {
   const Real scale = p.scale.empty() ? Real(1) / sqrt(Real(p.Dk)) : parse_real<Real>(p.scale);
   std::optional<Real> cap;
   if (!p.softcap.empty() && parse_real<Real>(p.softcap) != 0) cap = parse_real<Real>(p.softcap);
@@ -473,7 +493,9 @@ Real loss(const Problem& p, const std::vector<Real>& q, const std::vector<Real>&
                  (p.has_bias ? bias[static_cast<std::size_t>(bcast_flat(p.bias_shape, b, h, i, keys[a]))] : Real(0));
           if (a == 0 || S[a] > m) m = S[a];
         }
-        Real Z = 0;
+        const auto ih = static_cast<std::size_t>(h);
+        if (p.has_sinks && sinks[ih] > m) m = sinks[ih];
+        Real Z = p.has_sinks ? exp(sinks[ih] - m) : Real(0);  // the sink: a term of Z only
         for (auto& x : S) Z += (x = exp(x - m));
         for (std::int64_t c = 0; c < p.Dv; ++c) {
           Real o = 0;
@@ -495,12 +517,14 @@ TEST(BackwardIndependent, DirectionalDerivativeMatchesFiniteDifference) {
   opt.allow_refusal = false;
   opt.weights_fraction = 0, opt.lse_fraction = 0;
   opt.families = {DataFamily::Uniform, DataFamily::Normal, DataFamily::LargeScores, DataFamily::Cancel};
-  int checked = 0;
+  opt.sinks_fraction = 0.4;
+  int checked = 0, with_sinks = 0;
   for (std::uint64_t seed = 500; seed < 560; ++seed) {
     SafeTensorsFile f = random_case(seed, opt, nullptr);
     const RawTensor& qt = *f.find("q");
     f.put(random_dout(seed, DType::F64, {qt.shape[0], qt.shape[1], qt.shape[2], f.find("v")->shape[3]}));
-    f.metadata["attn.outputs"] = f.find("bias") ? "dq,dk,dv,dbias" : "dq,dk,dv";
+    f.metadata["attn.outputs"] = std::string(f.find("bias") ? "dq,dk,dv,dbias" : "dq,dk,dv") +
+                                 (f.find("sinks") ? ",dsinks" : "");
     f.metadata["attn.output_dtype"] = "F64";
     const Case c = case_from_file("random.safetensors", f);
     EvalOptions eo;
@@ -516,7 +540,8 @@ TEST(BackwardIndependent, DirectionalDerivativeMatchesFiniteDifference) {
       }
       return d;
     };
-    const auto Rq = dir(p.q.size()), Rk = dir(p.k.size()), Rv = dir(p.v.size()), Rb = dir(p.bias.size());
+    const auto Rq = dir(p.q.size()), Rk = dir(p.k.size()), Rv = dir(p.v.size()), Rb = dir(p.bias.size()),
+               Rs = dir(p.sinks.size());
     auto shifted = [](const std::vector<double>& x, const std::vector<double>& R, const Real& t) {
       std::vector<Real> y(x.size());
       for (std::size_t e = 0; e < x.size(); ++e)
@@ -524,8 +549,10 @@ TEST(BackwardIndependent, DirectionalDerivativeMatchesFiniteDifference) {
       return y;
     };
     const Real t = ldexp(Real(1), -150);
-    const Real fd = (loss<Real>(p, shifted(p.q, Rq, t), shifted(p.k, Rk, t), shifted(p.v, Rv, t), shifted(p.bias, Rb, t)) -
-                     loss<Real>(p, shifted(p.q, Rq, -t), shifted(p.k, Rk, -t), shifted(p.v, Rv, -t), shifted(p.bias, Rb, -t))) /
+    const Real fd = (loss<Real>(p, shifted(p.q, Rq, t), shifted(p.k, Rk, t), shifted(p.v, Rv, t), shifted(p.bias, Rb, t),
+                                shifted(p.sinks, Rs, t)) -
+                     loss<Real>(p, shifted(p.q, Rq, -t), shifted(p.k, Rk, -t), shifted(p.v, Rv, -t), shifted(p.bias, Rb, -t),
+                                shifted(p.sinks, Rs, -t))) /
                     (2 * t);
     Real ip = 0, mag = 0;
     auto add = [&](const char* name, const std::vector<double>& R) {
@@ -542,12 +569,14 @@ TEST(BackwardIndependent, DirectionalDerivativeMatchesFiniteDifference) {
     add("dk", Rk);
     add("dv", Rv);
     if (p.has_bias) add("dbias", Rb);
+    if (p.has_sinks) add("dsinks", Rs), ++with_sinks;
     // Each G.ref is within half an F64 ulp of the exact gradient.
     EXPECT_LE(abs(ip - fd), ldexp(mag, -52) + ldexp(Real(1), -400))
         << "seed " << seed << ": <G, R> = " << ip.str(20) << ", finite difference " << fd.str(20);
     ++checked;
   }
   EXPECT_EQ(checked, 60);
+  EXPECT_GT(with_sinks, 10);  // the sink direction too
 }
 
 }  // namespace

@@ -301,6 +301,63 @@ TEST(Backward, ThreadCountDoesNotChangeBytes) {
   }
 }
 
+// One key (score 2) and a sink of 2: A = P_sink = 1/2, O = 3/2, D = dout O = 3, dP = 6,
+// dS = A (dP - D) = 3/2 (not 0: the weights sum to 1/2), dq = dS k = 3 (k not centred away),
+// dk = dS q = 3/2, dv = A dout = 1, dbias (a scalar) = dS = 3/2, dsinks = -P_sink D = -3/2 with
+// bound P_sink |dout O| = 3/2. dS + (-P_sink D) = 0: the row's shares with the sink sum to 0.
+TEST(Backward, OneKeyAndASinkWorkedByHand) {
+  auto r = run({floats("q", DType::F32, {1, 1, 1, 1}, {1}), floats("k", DType::F32, {1, 1, 1, 1}, {2}),
+                floats("v", DType::F32, {1, 1, 1, 1}, {3}), floats("dout", DType::F32, {1, 1, 1, 1}, {2}),
+                floats("bias", DType::F32, {}, {0}), floats("sinks", DType::F32, {1}, {2})},
+               {{"attn.outputs", "out,dq,dk,dv,dbias,dsinks"}, {"attn.scale", "1"}});
+  EXPECT_EQ(values(r, "out"), (std::vector<double>{1.5}));
+  EXPECT_EQ(values(r, "dq"), (std::vector<double>{3}));
+  EXPECT_EQ(values(r, "dk"), (std::vector<double>{1.5}));
+  EXPECT_EQ(values(r, "dv"), (std::vector<double>{1}));
+  EXPECT_EQ(values(r, "dbias"), (std::vector<double>{1.5}));
+  EXPECT_EQ(values(r, "dsinks"), (std::vector<double>{-1.5}));
+  EXPECT_EQ(values(r, "dsinks.ref"), (std::vector<double>{-1.5}));
+  // The bound: never below 3/2, at most one unit above it (P_sink comes from an inexact lse).
+  const double bound = values(r, "dsinks.bound").at(0);
+  EXPECT_GE(bound, 1.5);
+  EXPECT_LE(bound, std::nextafter(1.5, 2.0));
+  EXPECT_EQ(find(r, "dsinks").dtype, DType::F32);
+  EXPECT_EQ(find(r, "dsinks").shape, (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(find(r, "dsinks.ref").dtype, DType::F64);
+  EXPECT_EQ(r.stats.undecided, 0u);
+}
+
+// Row 1 of both heads has its key masked: only the sink is left, O = 0 and D = 0, so it adds
+// nothing to dsinks and its dq is 0 (dout there is 5 and 7). Head 0 is the example above
+// (dsinks -3/2); head 1 has the sink 2 + x with x = sinks[1] - 2 (exact): with e = exp(x),
+// A = 1/(1+e), P_sink = e/(1+e), O = 3A, D = 6A and dsinks = -6 e / (1+e)^2.
+TEST(Backward, SinkWithAMaskedRow) {
+  const double sink1 = 2 + std::log(2.0);
+  auto r = run({floats("q", DType::F64, {1, 2, 2, 1}, {1, 4, 1, -4}), floats("k", DType::F64, {1, 1, 1, 1}, {2}),
+                floats("v", DType::F64, {1, 1, 1, 1}, {3}), floats("dout", DType::F64, {1, 2, 2, 1}, {2, 5, 2, 7}),
+                bools("mask", {1, 2, 2, 1}, {1, 0, 1, 0}), floats("sinks", DType::F64, {2}, {2, sink1})},
+               {{"attn.outputs", "out,dq,dsinks"}, {"attn.scale", "1"}});
+  const double want = exact([&](mpfr_ptr x) {
+    mpfr_set_d(x, sink1, MPFR_RNDN);
+    mpfr_sub_ui(x, x, 2, MPFR_RNDN);  // exact
+    mpfr_exp(x, x, MPFR_RNDN);        // e
+    mpfr_t d;
+    mpfr_init2(d, 300);
+    mpfr_add_ui(d, x, 1, MPFR_RNDN);
+    mpfr_sqr(d, d, MPFR_RNDN);
+    mpfr_mul_si(x, x, -6, MPFR_RNDN);
+    mpfr_div(x, x, d, MPFR_RNDN);
+    mpfr_clear(d);
+  });
+  EXPECT_EQ(values(r, "dsinks"), (std::vector<double>{-1.5, want}));
+  EXPECT_NEAR(want, -4.0 / 3, 1e-15);
+  const std::vector<double> dq = values(r, "dq");
+  EXPECT_EQ(dq[1], 0);
+  EXPECT_EQ(dq[3], 0);
+  EXPECT_EQ(values(r, "out")[1], 0);
+  EXPECT_EQ(values(r, "out")[3], 0);
+}
+
 // Refusals: one clear error naming the field.
 void expect_refused(std::vector<RawTensor> t, std::map<std::string, std::string> md, const std::string& field,
                     const std::string& part) {
@@ -335,8 +392,10 @@ TEST(Backward, Refusals) {
                   floats("w_q", DType::F32, {1, 1, 1}, {1}), floats("w_k", DType::F32, {1, 1, 1}, {1}),
                   floats("w_v", DType::F32, {1, 1, 1}, {1}), floats("w_o", DType::F32, {1, 1}, {1})},
                  {{"attn.outputs", "dq"}, {"attn.kind", "mha"}}, "attn.outputs", "gradients of kind mha are not supported");
-  expect_refused(basic({floats("dout", DType::F32, {1, 1, 2, 1}, {1, 2}), floats("sinks", DType::F32, {1}, {0.5})}),
-                 {{"attn.outputs", "dq"}}, "attn.outputs", "gradients of a case with sinks are not supported");
+  expect_refused(basic({floats("dout", DType::F32, {1, 1, 2, 1}, {1, 2})}), {{"attn.outputs", "out,dsinks"}},
+                 "attn.outputs", "dsinks is asked but the case has no sinks tensor");
+  expect_refused(basic({floats("sinks", DType::F32, {1}, {0.5})}), {{"attn.outputs", "dsinks"}}, "dout",
+                 "required when attn.outputs asks for a gradient: dsinks");
   expect_refused({floats("q", DType::F8_E4M3, {1, 1, 2, 1}, {1, 2}), floats("k", DType::F8_E4M3, {1, 1, 2, 1}, {1, 1}),
                   floats("v", DType::F8_E4M3, {1, 1, 2, 1}, {1, 3}), floats("dout", DType::F32, {1, 1, 2, 1}, {1, 2})},
                  {{"attn.outputs", "dk"}, {"attn.output_dtype", "F32"}}, "attn.outputs",

@@ -288,7 +288,7 @@ void put_seqlens(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
 std::string outputs_text(const ProblemSpec& p) {
   return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "") +
          (p.want_scores ? ",scores" : "") + (p.want_dq ? ",dq" : "") + (p.want_dk ? ",dk" : "") +
-         (p.want_dv ? ",dv" : "") + (p.want_dbias ? ",dbias" : "");
+         (p.want_dv ? ",dv" : "") + (p.want_dbias ? ",dbias" : "") + (p.want_dsinks ? ",dsinks" : "");
 }
 
 }  // namespace
@@ -415,9 +415,9 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   if (p.wants_gradients()) {
     if (mha) return "gradients need kind sdpa";
     if (is_fp8(p.dtype)) return "gradients are not built for FP8 dtypes";
-    if (!p.sinks.empty()) return "gradients are not built with sinks";
     if (p.poison) return "gradients are not built with poison";
     if (p.want_dbias && p.bias == BiasKind::None) return "dbias needs a bias";
+    if (p.want_dsinks && p.sinks.empty()) return "dsinks needs sinks";
     if (p.dout != "normal" && p.dout != "wide_range" && p.dout != "cancel" && p.dout != "tiny")
       return "dout \"" + printable(p.dout) + "\" is not normal, wide_range, cancel or tiny";
   }

@@ -276,10 +276,10 @@ class SpecReader {
         for (std::size_t a = 0; a < v.size(); ++a)
           names.push_back(string(v[a], path + "[" + std::to_string(a) + "]"));
       } else {
-        fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, not " + brief(v));
+        fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, not " + brief(v));
       }
       p.want_weights = p.want_lse = p.want_scores = false;
-      p.want_dq = p.want_dk = p.want_dv = p.want_dbias = false;
+      p.want_dq = p.want_dk = p.want_dv = p.want_dbias = p.want_dsinks = false;
       for (const auto& n : names) {
         if (n == "weights")
           p.want_weights = true;
@@ -295,8 +295,10 @@ class SpecReader {
           p.want_dv = true;
         else if (n == "dbias")
           p.want_dbias = true;
+        else if (n == "dsinks")
+          p.want_dsinks = true;
         else if (n != "out")
-          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias");
+          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias, dsinks");
       }
     } else if (key == "self") {
       p.self_attention = boolean(v, path);

@@ -689,5 +689,18 @@ TEST(VectorsSinks, KindsDtypesAndRefusals) {
   EXPECT_FALSE(c.first_refused_row().has_value());
 }
 
+// dsinks: asked with sinks it is in attn.outputs (with dout); without sinks the spec is refused.
+TEST(VectorsSinks, Dsinks) {
+  ProblemSpec p = sdpa("normal", DType::F32, 1, 4, 2, 5, 9);
+  p.want_dq = p.want_dsinks = true;
+  EXPECT_EQ(problem_error(p).value_or(""), "dsinks needs sinks");
+  p.sinks = "near";
+  ASSERT_EQ(problem_error(p), std::nullopt);
+  const Case c = make_case(p);
+  EXPECT_TRUE(c.want_dsinks && c.want_dq && c.dout);
+  EXPECT_EQ(c.golden_tensors().back().name, "dsinks.bound");
+  EXPECT_EQ(c.golden_tensors().back().shape, (std::vector<std::int64_t>{4}));
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

@@ -419,18 +419,19 @@ class Kernel:
         return out, weights, lse, scores
 
     def gradients(self, q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
-                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None):
-        """dq, dk, dv, dbias (those in `names`), FlashAttention-2's backward: the forward above
+                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
+        """dq, dk, dv, dbias, dsinks (those in `names`), FlashAttention-2's backward: the forward above
         for out and lse, then per key block P = exp(S - lse) recomputed, and per query block
         dv += P^T dout, dP = dout V^T, dS = P (dP - D) with D_i = rowsum(dout * out) (out rounded
         to the output dtype), dT = dS (1 - tanh^2(T / c)), dq += dT K, dk += dT^T Q, all in the
         accumulation dtype (F32; F64 for F64 inputs); dq, dk times the scale at the end, dk and dv
-        summed over each kv head's query heads. --arith fp16/bf16: dout, P and dT rounded to the
+        summed over each kv head's query heads; with sinks (their term in lse) dsinks[h] =
+        -sum over b, i of exp(sink_h - lse_i) D_i in acc. --arith fp16/bf16: dout, P and dT rounded to the
         input format before their products, as the kernel's matmul inputs."""
         bug = self.bug
         forward = dict(meta, **{"attn.outputs": "out,lse"})
         out, _, lse, _ = self(q, k, v, forward, None, mask=mask, bias=bias, query_mask=query_mask,
-                              in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+                              in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks)
         acc = np.float64 if in_dtype == "F64" else np.float32
         rnd = self.rnd or (lambda a: a)
         B, Hq, Nq, Dk = q.shape
@@ -517,6 +518,10 @@ class Kernel:
         result = {"dq": dq, "dk": per_kv_head(dk), "dv": per_kv_head(dv)}
         if ds_all is not None:
             result["dbias"] = nx.reduce_to(ds_all, bias_shape)   # summed in acc over the broadcast
+        if sinks is not None:                 # P_sink = exp(sink - lse); 0 on padding rows
+            with np.errstate(over="ignore", invalid="ignore"):
+                p_sink = np.where(rows, np.exp(sinks.astype(acc)[None, :, None] - lse), 0).astype(acc)
+            result["dsinks"] = -np.sum(p_sink * delta, axis=(0, 2), dtype=acc)
         return {name: result[name] for name in names}
 
     def raw_scores(self, q, kb, bias, j0, j1, scale, cap):

@@ -489,15 +489,15 @@ class GradientTest(unittest.TestCase):
                 ratios = gc.ratios(got, self.cases[name], flash_limit(self.cases[name]))
                 self.assertGreater(max(ratios.values()), 1, ratios)
 
-    def test_sinks_gradients_unsupported(self):
+    def test_dsinks_without_sinks_refused(self):
         rng = np.random.default_rng(4)
         t = {x: rng.normal(size=(1, 2, 3, 4)) for x in ("q", "k", "v", "dout")}
-        path = os.path.join(self.dir, "sinks.safetensors")
-        gc.st.save(path, dict(t, sinks=np.zeros(2)), {"attn.format": "1", "attn.outputs": "out,dq"})
-        case = gc.Case("sinks", path, {})
-        got = gc.run_adapter(ADAPTER, [case], self.dir, "sinks")["sinks"]
-        self.assertEqual(got[0], ".unsupported")
-        self.assertIn("sinks", got[1])
+        path = os.path.join(self.dir, "nosinks.safetensors")
+        gc.st.save(path, t, {"attn.format": "1", "attn.outputs": "out,dsinks"})
+        case = gc.Case("nosinks", path, {})
+        got = gc.run_adapter(ADAPTER, [case], self.dir, "nosinks")["nosinks"]
+        self.assertEqual(got[0], ".error")
+        self.assertIn("dsinks asked for, but the case has no sinks", got[1])
 
 
 if __name__ == "__main__":

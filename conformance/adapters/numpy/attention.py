@@ -57,8 +57,11 @@ BUGS = {
                         "others: their dout enters dk and dv, and their dq is not zeroed",
     "bwd_gqa_sum_tiled": "dk and dv summed over the query heads h with h % Hkv = g (a tiled "
                          "reshape) instead of those with h // (Hq / Hkv) = g",
+    "bwd_dsinks_sign": "dsinks = + sum P_sink D instead of - sum P_sink D",
+    "bwd_sinks_ignored": "the backward recomputes P without the sink (each row's weights summing to "
+                         "1), so dq, dk, dv, dbias are those of a case without sinks",
 }
-GRADIENTS = ("dq", "dk", "dv", "dbias")
+GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.outputs"}
@@ -256,13 +259,15 @@ def reduce_to(g, shape, bug=None):
 
 
 def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None, in_dtype=None,
-              seqlens_q=None, seqlens_k=None, out_dtype=None):
-    """dq, dk, dv, dbias (those in `names`) of kind sdpa, in float64 whatever --dtype: the forward
+              seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
+    """dq, dk, dv, dbias, dsinks (those in `names`) of kind sdpa, in float64 whatever --dtype: the forward
     again in float64 (this adapter's arithmetic: scale times Q K^T, c tanh(t / c), + bias, the
     softmax with the row maximum subtracted), then dS = P (dP - D) with dP = dout V^T and
     D_i = dout_i . out_i, dT = dS (1 - tanh^2(T / c)), dq = scale dT K, dk = scale dT^T Q,
-    dv = P^T dout, dbias = dS reduced over the bias's broadcast dimensions. Padding rows get 0
-    and add nothing; so do fully masked rows (P = 0) and unused positions."""
+    dv = P^T dout, dbias = dS reduced over the bias's broadcast dimensions, and with sinks
+    dsinks[h] = - sum over b, i of P_sink D_i, P_sink = exp(sink - lse). Padding rows get 0
+    and add nothing; so do fully masked rows (P = 0), rows with only their sink (out = 0, so
+    D = 0) and unused positions."""
     f64 = np.float64
     B, Hq, Nq, Dk = q.shape
     Hkv = k.shape[1]
@@ -273,8 +278,16 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
     finite = lambda a: np.where(np.isfinite(a), a, 0).astype(f64)   # unused positions read as 0
     q, k, v = finite(q), finite(k), finite(v)
     dout = np.where(rows[:, None, :, None], finite(dout), 0)
-    out, p, _, _ = numpy_attention(q, k, v, meta, None, mask=mask, bias=bias, query_mask=query_mask,
-                                   in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+    out, p, lse, _ = numpy_attention(q, k, v, meta, None, mask=mask, bias=bias, query_mask=query_mask,
+                                     in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
+                                     sinks=sinks)
+    if sinks is not None:               # P_sink = exp(sink - lse), lse holding the sink's term
+        lse = np.where(rows[:, None, :], lse.reshape(B, Hq, Nq), 0)   # padding rows: -inf there
+        p_sink = np.where(rows[:, None, :], np.exp(sinks.astype(f64)[None, :, None] - lse), 0)
+    if sinks is not None and bug == "bwd_sinks_ignored":   # BUG: the backward's P without the sink
+        zero = dict(meta, **{"attn.masked_rows": "zero"})  # rows with only their sink: no key left
+        out, p, _, _ = numpy_attention(q, k, v, zero, None, mask=mask, bias=bias, query_mask=query_mask,
+                                       in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k)
     p = np.where(rows[:, None, :, None], p, 0)          # padding rows: no weight, no gradient
     out = np.where(rows[:, None, :, None], out, 0)
     g = np.arange(Hq) // group
@@ -301,10 +314,14 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
         result["dv"] = per_kv_head(np.swapaxes(p, -1, -2) @ dout)
     if "dbias" in names:
         padded = (1,) * (4 - bias.ndim) + bias.shape
-        if padded[3] == 1 and bug != "bwd_dbias_not_reduced":   # broadcast along the keys: each row of dS sums to 0
+        # broadcast along the keys: each row of dS sums to 0 (with a sink, to P_sink D_i)
+        if padded[3] == 1 and sinks is None and bug != "bwd_dbias_not_reduced":
             result["dbias"] = np.zeros(bias.shape, f64)
         else:
             result["dbias"] = reduce_to(ds, bias.shape, bug)
+    if "dsinks" in names:
+        sign = 1 if bug == "bwd_dsinks_sign" else -1    # BUG bwd_dsinks_sign: the sign flipped
+        result["dsinks"] = sign * np.sum(p_sink * delta[..., 0], axis=(0, 2))
     return result
 
 
@@ -358,14 +375,15 @@ def run_case(path, compute, bug=None):
         extra["descales"] = descales
     grads = [name for name in outputs if name in GRADIENTS]
     if grads:
-        why = ("kind mha" if kind != "sdpa" else "sinks" if "sinks" in tensors
-               else f"{in_dtype} inputs" if in_dtype in FP8 else None)
+        why = "kind mha" if kind != "sdpa" else f"{in_dtype} inputs" if in_dtype in FP8 else None
         if why:
             raise Unsupported(f"attn.outputs {','.join(grads)}: gradients of {why} are not supported")
         if "dout" not in tensors:
             raise Refused(f"{path}: dout: missing (attn.outputs asks for {','.join(grads)})")
         if "dbias" in grads and "bias" not in tensors:
             raise Refused(f"{path}: attn.outputs: dbias asked for, but the case has no bias")
+        if "dsinks" in grads and "sinks" not in tensors:
+            raise Refused(f"{path}: attn.outputs: dsinks asked for, but the case has no sinks")
     if kind == "sdpa":
         out, w, lse, scores = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:
@@ -378,10 +396,9 @@ def run_case(path, compute, bug=None):
 
     result = {"out": out, "weights": w, "lse": lse, "scores": scores}
     if grads:                           # from the stored inputs, exact in float64
-        f64 = {name: tensors[name].astype(np.float64) for name in ("q", "k", "v", "dout", "bias")
+        f64 = {name: tensors[name].astype(np.float64) for name in ("q", "k", "v", "dout", "bias", "sinks")
                if name in tensors}
-        extra64 = dict(extra, bias=f64.get("bias"), out_dtype=out_dtype)
-        extra64.pop("sinks")
+        extra64 = dict(extra, bias=f64.get("bias"), sinks=f64.get("sinks"), out_dtype=out_dtype)
         result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
     result = {name: result[name] for name in outputs}
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype

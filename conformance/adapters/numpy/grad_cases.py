@@ -12,7 +12,8 @@ top_left with a window leaving fully masked rows (policy zero); seqlens_q and se
 at every unused position and in dout on padding rows; query_mask padding rows with large finite
 dout; a bias broadcast along the keys (dbias exactly 0); F16, BF16 (F32 output) and F64 inputs;
 a bias of shape [] with BF16 inputs and outputs; F16 inputs with an F32 dout and a window on
-bottom_right; and a long case (Nq = 128, Nk = 40) for blocked kernels.
+bottom_right; sinks with GQA, a bias along the keys and a row left with only its sink (dsinks);
+and a long case (Nq = 128, Nk = 40) for blocked kernels.
 """
 import json
 import os
@@ -26,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import safetensors_np as st  # noqa: E402
 
-GRADS = ("dq", "dk", "dv", "dbias")
+GRADS = ("dq", "dk", "dv", "dbias", "dsinks")
 UNIT = {"F64": 2.0 ** -53, "F32": 2.0 ** -24, "F16": 2.0 ** -11, "BF16": 2.0 ** -8}
 # half the smallest subnormal spacing: the absolute error of one rounding near 0
 TINY = {"F64": 2.0 ** -1075, "F32": 2.0 ** -150, "F16": 2.0 ** -25, "BF16": 2.0 ** -134}
@@ -123,6 +124,14 @@ def specs(seed=11):
          "bias": n(1, 2, 1, 5)}
     out["f16_window_bottom_right"] = (t, _meta(causal="bottom_right", window="1,1", outputs=grads + ",dbias"),
                                       {"q": "F16", "k": "F16", "v": "F16", "dout": "F32", "bias": "F32"})
+    # sinks: GQA 4:2, a bias along the keys (with a sink dbias is not 0), row 2 of every head
+    # masked (only its sink: out 0), dsinks
+    mask = np.ones((1, 1, 5, 6), bool)
+    mask[..., 2, :] = False
+    out["sinks_gqa"] = (
+        {"q": n(1, 4, 5, 4), "k": n(1, 2, 6, 4), "v": n(1, 2, 6, 3), "dout": n(1, 4, 5, 3),
+         "bias": n(1, 4, 5, 1), "mask": mask, "sinks": n(4)},
+        _meta(outputs=grads + ",dbias,dsinks"), None)
     # long rows and columns for blocked kernels: several query and key blocks, a partial last one
     out["long"] = (
         {"q": n(1, 2, 128, 8), "k": n(1, 1, 40, 8), "v": n(1, 1, 40, 8), "dout": n(1, 2, 128, 8)},

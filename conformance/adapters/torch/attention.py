@@ -128,7 +128,8 @@ def ops_forward(q, k, v, meta, mask, bias, bias_t, query_mask, seqlens_q, seqlen
         weights = weights.masked_fill(~live[..., None], 0)      # policy zero: no NaN from 0/0
         lse = torch.logsumexp(scores, dim=-1)                    # -inf on fully masked rows
     else:
-        column = tensor(sinks, dt)[None, :, None, None].expand(*scores.shape[:-1], 1)
+        sinks_t = sinks if torch.is_tensor(sinks) else tensor(sinks, dt)   # a leaf for dsinks
+        column = sinks_t[None, :, None, None].expand(*scores.shape[:-1], 1)
         with_sink = torch.cat([scores, column], dim=-1)
         weights = torch.softmax(with_sink, dim=-1)[..., :-1]
         lse = torch.logsumexp(with_sink, dim=-1)
@@ -139,9 +140,9 @@ def ops_forward(q, k, v, meta, mask, bias, bias_t, query_mask, seqlens_q, seqlen
 
 
 def ops_gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
-                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None):
-    """Called as the NumPy adapter's `gradients`: dq, dk, dv, dbias by autograd through the
-    ops above, in the input dtype: q, k, v and bias leaves with requires_grad, out.backward(dout)
+                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
+    """Called as the NumPy adapter's `gradients`: dq, dk, dv, dbias, dsinks by autograd through
+    the ops above, in the input dtype: q, k, v, bias and sinks leaves with requires_grad, out.backward(dout)
     with dout 0 on padding rows. Non-finite values at unused positions (q of padding rows, k and
     v rows no query attends, bias entries of padding rows) are read as 0 first, so that no NaN
     reaches a sum; padding rows' dq is 0."""
@@ -151,11 +152,13 @@ def ops_gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_m
     leaves = {"q": tensor(finite(q), dt), "k": tensor(finite(k), dt), "v": tensor(finite(v), dt)}
     if bias is not None:
         leaves["bias"] = tensor(np.where(np.isfinite(bias) | (bias == -np.inf), bias, 0), dt)
+    if sinks is not None:
+        leaves["sinks"] = tensor(sinks, dt)
     with torch.enable_grad():
         for t in leaves.values():
             t.requires_grad_(True)
         out = ops_forward(leaves["q"], leaves["k"], leaves["v"], meta, mask, bias, leaves.get("bias"),
-                          query_mask, seqlens_q, seqlens_k, None, dt)[0]
+                          query_mask, seqlens_q, seqlens_k, leaves.get("sinks"), dt)[0]
         out.backward(tensor(np.where(rows[:, None, :, None], finite(dout), 0), dt))
     result = {"d" + name: t.grad.double().numpy() for name, t in leaves.items()}
     if bias is not None:                # a bias of shape [] became [1] (np.ascontiguousarray)

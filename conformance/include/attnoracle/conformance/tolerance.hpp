@@ -73,12 +73,12 @@ std::vector<double> out_bound_above(const Case& c);
 // underflow term (TOLERANCE.md step 4b). Needed only where some row's p_sub is not 0.
 std::vector<double> out_value_sum(const Case& c);
 
-// Gradients (TOLERANCE.md, "Gradients"): per element of dq, dk, dv and dbias (the shapes of q,
-// k, v and bias; dbias empty without a bias), the part of the error that dS's and P's errors
+// Gradients (TOLERANCE.md, "Gradients"): per element of dq, dk, dv, dbias and dsinks (the
+// shapes of q, k, v, bias and sinks; dbias, dsinks empty without them), the part of the error that dS's and P's errors
 // carry into it, before the safety factor. out_ref and out_bound: the golden out.ref and
 // out.bound; vsum: out_value_sum (empty when no row's p_sub is nonzero).
 struct GradientErrors {
-  std::vector<double> dq, dk, dv, dbias;
+  std::vector<double> dq, dk, dv, dbias, dsinks;
 };
 GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vector<RowMagnitudes>& mags,
                                const std::vector<RowLimits>& limits, const std::vector<double>& out_ref,

@@ -114,7 +114,10 @@ class GradientChecks {
   const Case& c_;
   std::vector<char> seen_;                          // [B, Hkv, Nk]: some query may see the key
   std::vector<std::unique_ptr<Enclosure>> dbias_;  // the latest enclosure of each element
+  std::vector<std::unique_ptr<Enclosure>> dsinks_;  // the same for dsinks [Hq]
+  std::vector<char> head_has_key_;                  // [Hq]: some row of the head has a key
   std::mutex mu_;
+  std::vector<Violation> sums_with_sinks() const;
 };
 
 // Row units given the twin checks: all when there are few, else `n` evenly spread, first and

@@ -79,8 +79,8 @@ struct Case {
   MaskedRows masked_rows = MaskedRows::Error;
   bool want_weights = false, want_lse = false, want_scores = false;
   // Gradients asked in attn.outputs (CONTRACT section 7; kind sdpa).
-  bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false;
-  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias; }
+  bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false, want_dsinks = false;
+  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias || want_dsinks; }
 
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;

@@ -34,7 +34,7 @@ struct EvalOptions {
   std::function<void(std::int64_t b, std::int64_t h, std::int64_t i, const RowIntervals&)>
       row_check_fast;
   // Called from the worker threads on the enclosures of every gradient element (tensor dq,
-  // dk, dv or dbias, flat index) and of its magnitude bound, at each working precision tried.
+  // dk, dv, dbias or dsinks, flat index) and of its magnitude bound, at each working precision tried.
   std::function<void(const std::string& tensor, std::int64_t flat, const Enclosure& value,
                      const Enclosure& bound)>
       gradient_check;

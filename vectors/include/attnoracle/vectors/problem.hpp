@@ -60,9 +60,9 @@ struct ProblemSpec {
   // Gradients (kind sdpa, no sinks, no FP8): dout [B, Hq, Nq, Dv] in the input dtype drawn by
   // `dout`: "normal" N(0,1); "wide_range" +-(1 + U[0,1)) 2^e, e in [-8, 8); "cancel" 8 + N(0,1)/16 (a common
   // part that dP - D cancels); "tiny" N(0,1) 2^-12 (near-zero gradients).
-  bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false;
+  bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false, want_dsinks = false;
   std::string dout = "normal";
-  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias; }
+  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias || want_dsinks; }
   // Sinks [Hq] in sinks_dtype: empty none; "near" U[-2,2) per head (the scores' range),
   // "dominant" 12 + U[0,4) (the sink takes most of each row), "negligible" -40 + U[0,4), or a
   // number (every head).
