@@ -1,4 +1,4 @@
-# The helpers of the ball operations (fast_row.cpp).
+# The helpers of the ball operations (ball.hpp).
 #   mag(x) = |x.hi| * (1 + kMagRel) must bound |x.hi + x.lo| with room. Normalised x.hi = h in
 #   [1, 2] (a normal double; signs and powers of two scale out), |x.lo| <= 2^-53:
 #   (1) mag - h >= 2^-52 (one ulp: the product h (1 + 2^-52) is at least h + 2^-52, a double);
@@ -21,10 +21,10 @@
 # covers: (1 + kExpMid) * (1 - kExpRel) >= 1
 # covers: (1 + kDivQuotient) * (1 - kDivDD) >= 1
 # covers: kDivMargin >= 2
-# code: fast_row.cpp: inline double mag(DD x) { return std::fabs(x.hi) * (1 + kMagRel); }
-# code: fast_row.cpp: const double q = mag(m) * (1 + kDivQuotient);
-# code: fast_row.cpp: const double den = std::fabs(b.mid.hi) * (1 - kMagRel) - b.rad;
-# code: fast_row.cpp: const double e = mag(m) * (1 + kExpMid);
+# code: ball.hpp: inline double mag(DD x) { return std::fabs(x.hi) * (1 + kMagRel); }
+# code: ball.hpp: const double q = mag(m) * (1 + kDivQuotient);
+# code: ball.hpp: const double den = std::fabs(b.mid.hi) * (1 - kMagRel) - b.rad;
+# code: ball.hpp: const double e = mag(m) * (1 + kExpMid);
 # code: fast_row.cpp: if (!(z.mid.hi > kDivMargin * z.rad)) return r;
 #@-Eno-auto-dichotomy
 @rnd = float<ieee_64, ne>;

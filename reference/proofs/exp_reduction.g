@@ -1,5 +1,5 @@
 # exp_dd's argument reduction (exp_dd.cpp): for a double-double x = xh + xl with
-# kExpMin <= xh <= 8 (fast_row.cpp calls exp_dd only there),
+# kExpMin <= xh <= 8 (ball.hpp calls exp_dd only there),
 #   k = nearbyint(RN(xh * 1.4426950408889634)); r = add(x, mul(LN2, -k)) (DWTimesFP3, then
 #   AccurateDWPlusDW); t = scale2(r, -10).
 # R = x - k ln 2 is the exact reduced argument: exp(x) = 2^k exp(R). tau = 2^10 t is r, except
@@ -21,8 +21,8 @@
 # code: exp_dd.cpp: const DD r = add(x, mul(K.ln2, -k));
 # code: exp_dd.cpp: const DD t = scale2(r, -10);
 # covers: kExpMax <= 8
-# code: fast_row.cpp: if (x.rad > kExpMaxRad || x.mid.hi > kExpMax) return r;
-# code: fast_row.cpp: if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};
+# code: ball.hpp: inline bool exp_applies(const Ball& a) { return a.rad <= kExpMaxRad && a.mid.hi <= kExpMax; }
+# code: ball.hpp: if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};
 @rnd = float<ieee_64, ne>;
 @rint = int<ne>;
 LN2 = @ln2_hi@ + @ln2_lo@;

@@ -1,4 +1,4 @@
-# The radius formulas of fast_row.cpp: every radius is computed in binary64 (rounding to
+# The radius formulas of ball.hpp and fast_row.cpp: every radius is computed in binary64 (rounding to
 # nearest) from nonnegative numbers by at most N = 15 roundings (additions, multiplications,
 # divisions; the only subtraction, div's denominator, is bounded by ball.g), then passed
 # through radius_up(r) = RN(RN(r (1 + kRadiusSlack)) + kRadiusFloor). docs/PROOFS.md lists each
@@ -30,15 +30,15 @@
 # covers: kRadiusSlack >= radius_slack_needed
 # covers: kRadiusFloor * (1 - u) >= radius_underflow_budget * (1 + kRadiusSlack) + 2^-1075
 # covers: kRadiusFloor >= 2^-1021
-# code: fast_row.cpp: inline double radius_up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
-# code: fast_row.cpp: return {m, radius_up(a.rad + b.rad + kAddDD * mag(m))};
-# code: fast_row.cpp: return {m, radius_up(a.rad + kAddFP * mag(m))};
-# code: fast_row.cpp: return {m, radius_up(a.rad * std::fabs(y) + kMulFP * mag(m))};
-# code: fast_row.cpp: return {m, radius_up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
-# code: fast_row.cpp: return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
-# code: fast_row.cpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
-# code: fast_row.cpp: const Ball dot{two_sum(sh, sl), radius_up(dot_factor * sabs)};
-# code: fast_row.cpp: const double err = radius_up((radsum[ci] + pv_factor * absum[ci]) * (1 + 2 * gk));
+# code: ball.hpp: inline double radius_up(double r) { return r * (1 + kRadiusSlack) + kRadiusFloor; }
+# code: ball.hpp: return {m, radius_up(a.rad + b.rad + kAddDD * mag(m))};
+# code: ball.hpp: return {m, radius_up(a.rad + kAddFP * mag(m))};
+# code: ball.hpp: return {m, radius_up(a.rad * std::fabs(y) + kMulFP * mag(m))};
+# code: ball.hpp: return {m, radius_up(mag(a.mid) * b.rad + mag(b.mid) * a.rad + a.rad * b.rad + kMulDD * mag(m))};
+# code: ball.hpp: return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
+# code: ball.hpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
+# code: ball.hpp: return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
+# code: ball.hpp: return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + pv_factor * absum_[c]) * (1 + 2 * gk))};
 # code: fast_row.cpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
 #@-Eprecision=300
 v = 1 - 0x1p-53;

@@ -64,20 +64,21 @@ inline Ball exp(const Ball& a) {
 // Whether exp's ball rule and exp_dd's range hold for a (else the caller goes to MPFR).
 inline bool exp_applies(const Ball& a) { return a.rad <= kExpMaxRad && a.mid.hi <= kExpMax; }
 
-// sum_d a[d] b[d] by Dot2: s + c encloses the dot within gamma_n^2 sum |a_d b_d| (Ogita, Rump,
-// Oishi), used with factor 2; sum |a_d b_d| is itself rounded, by at most gamma_n relative.
-inline Ball dot2(const double* a, const double* b, std::int64_t n) {
-  const double nn = static_cast<double>(n);
-  const double gam = nn * kU / (1 - nn * kU);
+// sum_d q[d] k[d] by Dot2: s + c encloses the dot within gamma_n^2 sum |q_d k_d| (Ogita, Rump,
+// Oishi), used with factor 2; sum |q_d k_d| is itself rounded, by at most gamma_n relative.
+inline Ball dot2(const double* q, const double* k, std::int64_t len) {
+  const double n = static_cast<double>(len);
+  const double gam = n * kU / (1 - n * kU);
+  const double dot_factor = 2 * gam * gam * (1 + 2 * gam);
   double sh = 0, sl = 0, sabs = 0;
-  for (std::int64_t d = 0; d < n; ++d) {
-    const DD p = two_prod(a[d], b[d]);
+  for (std::int64_t d = 0; d < len; ++d) {
+    const DD p = two_prod(q[d], k[d]);
     const DD t = two_sum(sh, p.hi);
     sh = t.hi;
     sl += t.lo + p.lo;
     sabs += std::fabs(p.hi);
   }
-  return {two_sum(sh, sl), radius_up(2 * gam * gam * (1 + 2 * gam) * sabs)};
+  return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
 }
 
 // Column sums S_c = sum_j x_j y_jc for balls x_j and doubles y_jc, accumulated like Dot2 on the
@@ -105,8 +106,8 @@ class BallSums {
     if (n_ == 0 || ymax_[c] == 0) return {};
     const double nk = static_cast<double>(n_);
     const double gk = nk * kU / (1 - nk * kU);
-    const double factor = 3 * gk * gk + 2 * kU * kU;
-    return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + factor * absum_[c]) * (1 + 2 * gk))};
+    const double pv_factor = 3 * gk * gk + 2 * kU * kU;
+    return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + pv_factor * absum_[c]) * (1 + 2 * gk))};
   }
 
  private:
