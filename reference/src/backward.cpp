@@ -349,9 +349,13 @@ class Backward {
       const std::int64_t b = uu / (c_.Hq * c_.Nq), h = uu / c_.Nq % c_.Hq, i = uu % c_.Nq;
       RowStat st;
       std::optional<RowEnclosures> r = stat_at(b, h, i, p0_, st);
-      std::vector<Pending> pend;
-      std::vector<std::pair<std::int64_t, double>> bounds;
-      dq_row(b, h, i, p0_, st, r ? &*r : nullptr, pend, bounds, false);
+      if (st.valid && fast_.applies() && fast_.dp_differ(b, h, i)) {
+        st.zero_ds = false;  // proven without MPFR's dot products
+      } else {
+        std::vector<Pending> pend;
+        std::vector<std::pair<std::int64_t, double>> bounds;
+        dq_row(b, h, i, p0_, st, r ? &*r : nullptr, pend, bounds, false);
+      }
       stats_[u] = std::move(st);
     });
     return stats_[u];
@@ -540,6 +544,12 @@ class Backward {
         return;
       }
       fallback_units_.fetch_add(1);
+      // The statistics of the rows that see key j, computed once for all units, in parallel.
+      std::vector<std::size_t> need;
+      for (std::int64_t h = g * G_; h < (g + 1) * G_; ++h)
+        for (std::int64_t i = 0; i < c_.Nq; ++i)
+          if (c_.allowed(b, h, i, j)) need.push_back(row_id(b, h, i));
+      parallel_for(need.size(), opt_.threads, [&](std::size_t k) { base_stat(need[k]); });
     }
     std::vector<Pending> pk, pv;
     std::vector<std::pair<std::int64_t, double>> bk, bv;

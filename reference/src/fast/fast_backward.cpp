@@ -104,6 +104,26 @@ FastBackward::~FastBackward() { delete impl_; }
 bool FastBackward::applies() const { return impl_->s.applies; }
 const std::string& FastBackward::why_not() const { return impl_->s.why_not; }
 
+bool FastBackward::dp_differ(std::int64_t b, std::int64_t h, std::int64_t i) const {
+  const Case& c = impl_->c;
+  const double* dout = impl_->dout_row(impl_->row_id(b, h, i));
+  const double* V = c.v.values.data() + (b * c.Hkv + c.kv_head(h)) * c.Nk * c.Dv;
+  bool first = true;
+  DD lo0, hi0;
+  for (std::int64_t j = 0; j < c.Nk; ++j) {
+    if (!c.allowed(b, h, i, j)) continue;
+    const Ball dP = dot2(dout, V + j * c.Dv, c.Dv);
+    if (!finite(dP)) return false;
+    const DD lo = lower(dP), hi = upper(dP);
+    if (first) {
+      lo0 = lo, hi0 = hi, first = false;
+    } else if (hi.hi + hi.lo < lo0.hi + lo0.lo || lo.hi + lo.lo > hi0.hi + hi0.lo) {
+      return true;  // rounding to nearest is monotone: RN(hi) < RN(lo0) implies hi < lo0
+    }
+  }
+  return false;
+}
+
 bool FastBackward::has_row_stat(std::int64_t b, std::int64_t h, std::int64_t i) const {
   return impl_->stats[impl_->row_id(b, h, i)].ok;
 }

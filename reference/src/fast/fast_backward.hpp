@@ -39,6 +39,9 @@ class FastBackward {
   bool has_row_stat(std::int64_t b, std::int64_t h, std::int64_t i) const;
   void set_row_stat(std::int64_t b, std::int64_t h, std::int64_t i, const Enclosure& lse, const Enclosure& d,
                     const Enclosure& dabs);
+  // Whether the dP_ij = dout_i . v_j of row (b, h, i) are proven not all equal over its allowed
+  // keys (two disjoint balls), so that its dS is not 0 by that structure.
+  bool dp_differ(std::int64_t b, std::int64_t h, std::int64_t i) const;
   // The key pass: dk_j and dv_j (those the case asks for) over the rows of kv head g that see
   // key j, after the row pass. False: the unit goes to the MPFR path.
   bool key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGrad& dk, DecidedGrad& dv) const;
