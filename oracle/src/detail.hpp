@@ -54,4 +54,22 @@ inline bool allowed(const Case& c, std::int64_t b, std::int64_t h, std::int64_t 
   return positional(c, b, i, j) && c.mask_at(b, h, i, j) && c.bias_at(b, h, i, j) != -INFINITY;
 }
 
+// A case's options (kind, dtypes, scale, softcap, causal, window, masked rows) without its
+// tensors, its outputs or the file it was read from: the start of every twin.
+inline Case options_only(const Case& c) {
+  Case t;
+  t.path = c.path;
+  t.kind = c.kind;
+  t.input_dtype = c.input_dtype;
+  t.output_dtype = c.output_dtype;
+  t.scale = c.scale;
+  t.softcap = c.softcap;
+  t.causal = c.causal;
+  t.window = c.window;
+  t.window_left = c.window_left;
+  t.window_right = c.window_right;
+  t.masked_rows = c.masked_rows;
+  return t;
+}
+
 }  // namespace attnoracle::oracle::detail

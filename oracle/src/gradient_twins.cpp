@@ -39,17 +39,7 @@ Slice slice(const Case& c, std::int64_t b, std::int64_t g) {
   Slice s{Case{}, b, g, c.Hq / c.Hkv};
   Case& t = s.t;
   const std::int64_t G = s.G, h0 = g * G;
-  t.path = c.path;
-  t.kind = c.kind;
-  t.input_dtype = c.input_dtype;
-  t.output_dtype = c.output_dtype;
-  t.scale = c.scale;
-  t.softcap = c.softcap;
-  t.causal = c.causal;
-  t.window = c.window;
-  t.window_left = c.window_left;
-  t.window_right = c.window_right;
-  t.masked_rows = c.masked_rows;
+  t = detail::options_only(c);
   t.want_dq = c.want_dq, t.want_dk = c.want_dk, t.want_dv = c.want_dv, t.want_dbias = c.want_dbias;
   t.B = 1, t.Hq = G, t.Hkv = 1, t.Nq = c.Nq, t.Nk = c.Nk, t.Dk = c.Dk, t.Dv = c.Dv;
   auto rows = [&](const FloatTensor& x, std::int64_t first, std::int64_t heads, std::int64_t N,

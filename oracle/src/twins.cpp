@@ -17,18 +17,7 @@ namespace {
 // A case's options without its tensors or the file it was read from, asking for weights and
 // lse (the twins compare them).
 Case options_of(const Case& c) {
-  Case t;
-  t.path = c.path;
-  t.kind = c.kind;
-  t.input_dtype = c.input_dtype;
-  t.output_dtype = c.output_dtype;
-  t.scale = c.scale;
-  t.softcap = c.softcap;
-  t.causal = c.causal;
-  t.window = c.window;
-  t.window_left = c.window_left;
-  t.window_right = c.window_right;
-  t.masked_rows = c.masked_rows;
+  Case t = detail::options_only(c);
   t.want_weights = true;
   t.want_lse = true;
   return t;
