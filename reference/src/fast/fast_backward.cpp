@@ -23,6 +23,10 @@ struct RowStat {
   Ball lse, d, dabs;
 };
 
+void absolute(const double* x, std::int64_t n, double* ax) {
+  for (std::int64_t c = 0; c < n; ++c) ax[c] = std::fabs(x[c]);
+}
+
 bool finite(const Ball& x) { return std::isfinite(x.mid.hi) && std::isfinite(x.rad); }
 constexpr double kOne[1] = {1.0};  // a term of a plain sum of balls
 
@@ -33,9 +37,9 @@ Ball scaled(const Ball& s, const Ball& x) { return x.mid.hi == 0 && x.rad == 0 ?
 struct Entry {
   Ball dS, A;
 };
-Entry entry(const Ball& P, const double* dout, const double* adout, const double* v, double* av,
+// av holds |v|, adout |dout|.
+Entry entry(const Ball& P, const double* dout, const double* adout, const double* v, const double* av,
             std::int64_t Dv, const RowStat& st) {
-  for (std::int64_t c = 0; c < Dv; ++c) av[c] = std::fabs(v[c]);
   const Ball dP = dot2(dout, v, Dv), dPabs = dot2(adout, av, Dv);
   return {mul(P, add(dP, neg(st.d))), mul(P, add(dPabs, st.dabs))};
 }
@@ -56,12 +60,7 @@ struct FastBackward::Impl {
     }
     s = prepare(c);
     if (s.applies && c.sinks) s = Setup{false, "sinks", {}};
-    if (s.applies)
-      for (double x : c.dout->values)
-        if (x != 0 && !(std::fabs(x) >= kMinInput && std::fabs(x) <= kMaxInput)) {
-          s = Setup{false, "dout outside [2^-480, 2^480]", {}};
-          break;
-        }
+    if (s.applies && !all_in_range(c.dout->values)) s = Setup{false, "dout outside [2^-480, 2^480]", {}};
     abs_scale = abs(s.scale);
     if (s.applies) stats.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
   }
@@ -185,6 +184,7 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   std::vector<double> kc(static_cast<std::size_t>(Dk)), ak(kc.size());
   const double* k0 = K + keys[0] * Dk;
   for (std::int64_t j : keys) {
+    absolute(V + j * Dv, Dv, av.data());
     const Entry e = entry(fr.weights[static_cast<std::size_t>(j)], dout, adout.data(), V + j * Dv, av.data(), Dv, st);
     const double* k = K + j * Dk;
     for (std::size_t ci = 0; ci < kc.size(); ++ci) {
@@ -214,6 +214,7 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
   BallSums kval(static_cast<std::size_t>(c.want_dk ? Dk : 0)), kbnd(kval.size());
   BallSums vval(static_cast<std::size_t>(c.want_dv ? Dv : 0)), vbnd(vval.size());
   std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv)), aq(static_cast<std::size_t>(Dk));
+  absolute(v, Dv, av.data());  // the key's |v|, once for all its rows
   for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
     for (std::int64_t i = 0; i < c.Nq; ++i) {
       if (!c.query_valid(b, i) || !c.allowed(b, h, i, j)) continue;  // row_has_key follows
@@ -283,6 +284,7 @@ bool FastBackward::bias(std::int64_t bb, std::int64_t hb, std::int64_t jb, Decid
           const double* v = c.v.values.data() + key * static_cast<std::size_t>(Dv);
           Ball P;
           if (!m.weight(b, h, i, j, q, c.k.values.data() + key * static_cast<std::size_t>(c.Dk), st, P)) return false;
+          absolute(v, Dv, av.data());
           const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
           val[slot].add(e.dS, kOne);
           bnd[slot].add(e.A, kOne);

@@ -11,20 +11,6 @@
 namespace attnoracle::fast {
 namespace {
 
-bool in_range(double x) {
-  const double a = std::fabs(x);
-  return a == 0 || (a >= kMinInput && a <= kMaxInput);
-}
-// Every element tested, without an early exit, so that the loop vectorizes.
-bool all_in_range(const std::vector<double>& v) {
-  std::size_t bad = 0;
-  for (double x : v) {
-    const double a = std::fabs(x);
-    bad += !((a == 0) | ((a >= kMinInput) & (a <= kMaxInput)));
-  }
-  return bad == 0;
-}
-
 // x compared with y: -1, 0, 1.
 int cmp(DD x, double y) {
   if (x.hi != y) return x.hi < y ? -1 : 1;
@@ -56,7 +42,21 @@ void value_ranges(std::size_t nd, const double* __restrict v, double* __restrict
   }
 }
 
+bool in_range(double x) {
+  const double a = std::fabs(x);
+  return a == 0 || (a >= kMinInput && a <= kMaxInput);
+}
 }  // namespace
+
+// Every element tested, without an early exit, so that the loop vectorizes.
+bool all_in_range(const std::vector<double>& v) {
+  std::size_t bad = 0;
+  for (double x : v) {
+    const double a = std::fabs(x);
+    bad += !((a == 0) | ((a >= kMinInput) & (a <= kMaxInput)));
+  }
+  return bad == 0;
+}
 
 DD lower(const Ball& b) {
   if (b.rad == 0) return b.mid;  // an exact ball (a masked key's weight)

@@ -44,6 +44,9 @@ struct FastRow {
   double m = 0;                    // the row constant
 };
 
+// Whether every value is 0 or of magnitude within [kMinInput, kMaxInput] (the fast path's inputs).
+bool all_in_range(const std::vector<double>& v);
+
 // The ball of an enclosure [lo, hi] (not finite if an end is not).
 Ball ball_of(mpfr_srcptr lo, mpfr_srcptr hi);
 
