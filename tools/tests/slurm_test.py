@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The Slurm recipe, end to end: a private single-node Slurm (munged, slurmctld and slurmd in a
-temporary directory, on free ports) runs tools/slurm/gen-array.sbatch as an array of 3 tasks;
-after a merging gen without --shard the set equals, byte for byte, a one-machine gen of the same
-spec. Exit 77 (skipped) with the reason where Slurm is not installed or cannot start.
+temporary directory, on free ports) runs tools/slurm/gen-array.sbatch as an array of 3 tasks,
+then the merging gen without --shard as a job depending on it; the set equals, byte for byte, a
+one-machine gen of the same spec. Exit 77 (skipped) with the reason where Slurm is not installed
+or cannot start.
 
 The test is its descendants' subreaper: the job steps (slurmstepd leaves slurmd's process tree)
 are its children, and every one is stopped and reaped before it exits.
@@ -13,6 +14,7 @@ import ctypes
 import filecmp
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -30,7 +32,8 @@ STOP_SECONDS = 10  # for a process to leave after SIGTERM
 SPEC = """{"suite": "slurm", "seed": 7, "families": [
   {"name": "uniform", "generator": "uniform", "cross": {"dtype": ["F32", "F16", "BF16", "F64"]},
    "fixed": {"shape": [1, 1, 1, 4, 6, 4, 4], "outputs": "out,weights,lse"}},
-  {"name": "causal", "generator": "normal", "cross": {"dtype": ["F32", "BF16"], "causal": ["top_left", "bottom_right"]},
+  {"name": "causal", "generator": "normal",
+   "cross": {"dtype": ["F32", "BF16"], "causal": ["top_left", "bottom_right"]},
    "fixed": {"shape": [1, 2, 1, 5, 3, 4, 4], "masked_rows": "zero", "outputs": "out,lse"}},
   {"name": "bwd", "generator": "normal", "cross": {"dtype": ["F32", "F16"]},
    "fixed": {"shape": [1, 2, 1, 4, 5, 4, 4], "outputs": "out,lse,dq,dk,dv"}}
@@ -135,7 +138,7 @@ class Cluster:
                     if not re.match(r"(SLURM_|SBATCH_|SQUEUE_|SINFO_|ATTNORACLE_SHARD_)", k)}
         self.env["SLURM_CONF"] = os.path.join(tmp, "slurm.conf")
         self.node = socket.gethostname().split(".")[0]
-        self.job = None
+        self.jobs = []  # ids of the jobs submitted
 
     def path(self, name):
         return os.path.join(self.tmp, name)
@@ -160,11 +163,29 @@ class Cluster:
             raise Failure(f"{' '.join(args)}: status {r.returncode}: {r.stderr.strip()}")
         return r.stdout
 
+    def submit(self, env, *args):
+        r = subprocess.run(["sbatch", "--parsable", *args], env=env, cwd=self.path("jobs"), capture_output=True,
+                           text=True, timeout=60)
+        job = r.stdout.strip().split(";")[0]
+        if r.returncode != 0 or not job.isdigit():
+            raise Failure(f"sbatch {' '.join(args)}: status {r.returncode}: {r.stderr.strip()}")
+        self.jobs.append(job)
+
+    def states(self, job):
+        """{array task id, or None for a job that is no array: (JobState, ExitCode)}."""
+        found = {}
+        for line in self.slurm("scontrol", "-o", "show", "job", job).splitlines():
+            task = re.search(r"\bArrayTaskId=(\d+)\b", line)
+            state = re.search(r"\bJobState=(\S+)", line)
+            code = re.search(r"\bExitCode=(\S+)", line)
+            found[int(task[1]) if task else None] = (state[1] if state else "?", code[1] if code else "?")
+        return found
+
     def up(self):
-        # munged with its own key and socket: it signs Slurm's credentials.
-        with open(self.path("munge.key"), "wb") as f:
+        # munged with its own key and socket: it signs Slurm's credentials. --force: the socket is in a
+        # directory only this user enters, which munged refuses by default (it serves every user).
+        with open(os.open(self.path("munge.key"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(os.urandom(1024))
-        os.chmod(self.path("munge.key"), 0o600)
         sock = self.path("munge.sock")
         self.start("munged", ["munged", "-F", "--force", f"--socket={sock}",
                               f"--key-file={self.path('munge.key')}", f"--pid-file={self.path('munged.pid')}",
@@ -180,6 +201,9 @@ class Cluster:
         user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
         for d in ("state", "spool", "jobs"):
             os.mkdir(self.path(d))
+        # Every file in the temporary directory; no cgroup, no accounting; the daemons run as this
+        # user (root is not needed); a scheduling pass each second (tasks past the CPUs and the
+        # merge wait for one; the default is a minute).
         with open(self.env["SLURM_CONF"], "w") as f:
             f.write(f"""ClusterName=attnoracle
 SlurmctldHost={self.node}(127.0.0.1)
@@ -202,19 +226,21 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 MinJobAge=300
+DependencyParameters=kill_invalid_depend
 NodeName={self.node} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN
 PartitionName=gen Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
         self.start("slurmctld", ["slurmctld", "-D", "-c"])
         self.start("slurmd", ["slurmd", "-D", "-N", self.node])
-        self.wait_for(lambda: self.slurm("sinfo", "-h", "-n", self.node, "-o", "%T", check=False).strip() == "idle",
-                      f"node {self.node} idle", both_logs=True)
+        idle = lambda: self.slurm("sinfo", "-h", "-n", self.node, "-o", "%T", check=False).strip() == "idle"
+        self.wait_for(idle, f"node {self.node} idle", both_logs=True)
 
     def wait_for(self, ready, what, both_logs=False):
         deadline = time.monotonic() + UP_SECONDS
@@ -229,8 +255,8 @@ PartitionName=gen Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.1)
 
     def down(self):
-        if self.job:
-            self.slurm("scancel", self.job, check=False)
+        if self.jobs:
+            self.slurm("scancel", *self.jobs, check=False)
         for name, p in reversed(self.daemons):  # slurmd, slurmctld, then munged
             if p.poll() is None:
                 p.terminate()
@@ -254,49 +280,42 @@ def run(cli, src, tmp):
     c = Cluster(tmp)
     try:
         c.up()
+        # As the README gives it: the array, then the merge as a job that depends on it.
         start = time.monotonic()
         env = dict(c.env, SPEC=spec, OUT=sharded, ATTNORACLE=cli)
-        out = subprocess.run(["sbatch", "--parsable", f"--array={FIRST_TASK}-{FIRST_TASK + TASKS - 1}",
-                              f"--output={c.path('jobs')}/task-%a.out",
-                              os.path.join(src, "tools", "slurm", "gen-array.sbatch")],
-                             env=env, cwd=c.path("jobs"), capture_output=True, text=True, timeout=60)
-        c.job = out.stdout.strip().split(";")[0]
-        if out.returncode != 0 or not c.job.isdigit():
-            raise Failure(f"sbatch: status {out.returncode}: {out.stderr.strip()}")
+        c.submit(env, f"--array={FIRST_TASK}-{FIRST_TASK + TASKS - 1}", f"--output={c.path('jobs')}/task-%a.out",
+                 os.path.join(src, "tools", "slurm", "gen-array.sbatch"))
+        merge_log = c.path("jobs/merge.out")
+        c.submit(env, f"--dependency=afterok:{c.jobs[0]}", f"--output={merge_log}",
+                 "--wrap", " ".join(shlex.quote(a) for a in (cli, "gen", spec, "-o", sharded, "--no-progress")))
         deadline = time.monotonic() + JOB_SECONDS
-        while c.slurm("squeue", "-h", "-j", c.job, "-o", "%i").strip():
+        while c.slurm("squeue", "-h", "-j", ",".join(c.jobs), "-o", "%i").strip():
             if time.monotonic() > deadline:
-                raise Failure(f"array job {c.job} not done within {JOB_SECONDS} s")
+                raise Failure(f"jobs {c.jobs} not done within {JOB_SECONDS} s: "
+                              f"{c.slurm('squeue', '-j', ','.join(c.jobs), check=False)}")
             time.sleep(0.1)
         seconds = time.monotonic() - start
 
-        # Every task completed with status 0 and generated the shard its index names.
-        tasks = {}
-        for line in c.slurm("scontrol", "-o", "show", "job", c.job).splitlines():
-            task = re.search(r"\bArrayTaskId=(\d+)\b", line)
-            state = re.search(r"\bJobState=(\S+)", line)
-            code = re.search(r"\bExitCode=(\S+)", line)
-            if task:
-                tasks[int(task[1])] = (state[1] if state else "?", code[1] if code else "?")
+        # Every task completed with status 0, generated the shard its index names and no manifest.
+        tasks = c.states(c.jobs[0])
         for i in range(TASKS):
             task = FIRST_TASK + i
-            log = os.path.join(c.path("jobs"), f"task-{task}.out")
+            log = c.path(f"jobs/task-{task}.out")
             if tasks.get(task) != ("COMPLETED", "0:0"):
                 raise Failure(f"array task {task}: {tasks.get(task)}, not COMPLETED 0:0: {tail(log)}")
             want = f"gen: shard {i}/{TASKS} (from SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT)"
             if want not in lines(log):
                 raise Failure(f"array task {task} did not print '{want}': {tail(log)}")
-        if os.path.exists(os.path.join(sharded, "manifest.json")):
-            raise Failure("a shard wrote the manifest")
+            if not re.search(rf"; shard {i}/{TASKS} done, \d+ of {CASES} cases still missing; ", lines(log)[-1]):
+                raise Failure(f"array task {task} did not end its shard without a manifest: {tail(log)}")
+
+        # The merge evaluated nothing: every case was present.
+        merge = c.states(c.jobs[1]).get(None)
+        summary = f": 0 cases written, {CASES} already present, 0 failed; manifest written ({CASES} cases)"
+        if merge != ("COMPLETED", "0:0") or not lines(merge_log)[-1].endswith(summary):
+            raise Failure(f"the merge job ({merge}) did not find the {CASES} cases present: {tail(merge_log)}")
     finally:
         c.down()
-
-    # The merge evaluates nothing: every case is present.
-    merge = subprocess.run([cli, "gen", spec, "-o", sharded, "--no-progress"], capture_output=True, text=True)
-    summary = f": 0 cases written, {CASES} already present, 0 failed; manifest written ({CASES} cases)"
-    if merge.returncode != 0 or not merge.stderr.rstrip().endswith(summary):
-        raise Failure(f"the merge did not find the {CASES} cases present: status {merge.returncode}: "
-                      f"{merge.stderr.strip().splitlines()[-1:]}")
 
     # One machine, no shards: the same files, byte for byte, and no other.
     subprocess.run([cli, "gen", spec, "-o", single, "--quiet"], check=True)
@@ -338,7 +357,7 @@ def main(argv):
         stop_all_children()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"slurm test: passed ({CASES} cases over {TASKS} array tasks, identical to one run; "
-          f"array job {seconds:.1f} s)")
+          f"jobs {seconds:.1f} s)")
     return 0
 
 
