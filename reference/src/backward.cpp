@@ -300,9 +300,11 @@ class Backward {
   }
 
   // One element's enclosures rounded: the value into G and G.ref, the bound rounded up.
+  // `strict`: the bound counts as decided only where both its ends round up alike (the
+  // smallest F64 at or above the exact bound, as the fast path requires).
   void round_element(std::size_t gk, std::int64_t idx, const Enclosure& v, const Enclosure& bd,
                      std::vector<Pending>& pend, std::vector<std::pair<std::int64_t, double>>& bounds,
-                     bool& all) const {
+                     bool& all, bool strict = false) const {
     if (opt_.gradient_check) opt_.gradient_check(kGradients[gk], idx, v, bd);
     for (GoldenBuffer* buf : {val_[gk], ref_[gk]}) {
       pend.push_back({buf, idx, round_enclosure(v.lo, v.hi, buf->dtype)});
@@ -312,6 +314,7 @@ class Backward {
     // Ziv's test (an exactly representable magnitude would never be decided).
     const double bhi = mpfr_get_d(bd.hi, MPFR_RNDU);
     bounds.emplace_back(idx, bhi == 0 ? 0.0 : bhi);  // a zero bound is +0
+    if (strict) all = all && mpfr_get_d(bd.lo, MPFR_RNDU) + 0.0 == bhi + 0.0;
   }
 
   void commit(std::size_t gk, mpfr_prec_t p, const std::vector<Pending>& pend,
@@ -534,6 +537,7 @@ class Backward {
   void key_unit(std::size_t u) {
     const auto uu = static_cast<std::int64_t>(u);
     const std::int64_t b = uu / (c_.Hkv * c_.Nk), g = uu / c_.Nk % c_.Hkv, j = uu % c_.Nk;
+    std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(G_ * c_.Nq));
     if (fast_.applies()) {
       fast::DecidedGrad dk, dv;
       if (fast_.key(b, g, j, dk, dv)) {
@@ -544,75 +548,106 @@ class Backward {
         return;
       }
       fallback_units_.fetch_add(1);
-      // The statistics of the rows that see key j, computed once for all units, in parallel.
+      // First at the starting precision on the rows' statistics from the balls, where every row
+      // that sees key j has them: no MPFR forward pass over those rows. Committed only if every
+      // value and every bound is decided (the bounds as on the fast path), so the bytes are
+      // those of the MPFR statistics; else those are computed, once for all units, in parallel.
       std::vector<std::size_t> need;
       for (std::int64_t h = g * G_; h < (g + 1) * G_; ++h)
         for (std::int64_t i = 0; i < c_.Nq; ++i)
           if (c_.allowed(b, h, i, j)) need.push_back(row_id(b, h, i));
+      bool balls = true;
+      for (std::int64_t h = g * G_; h < (g + 1) * G_ && balls; ++h)
+        for (std::int64_t i = 0; i < c_.Nq && balls; ++i) {
+          if (!c_.query_valid(b, i) || !c_.allowed(b, h, i, j)) continue;
+          auto st = std::make_unique<RowStat>();
+          st->lse = Enclosure(p0_), st->d = Enclosure(p0_), st->dabs = Enclosure(p0_);
+          // zero_ds false: an exact 0 of dS is then not decided, and the MPFR statistics take over
+          balls = fast_.row_stat(b, h, i, st->lse, st->d, st->dabs);
+          st->valid = true;
+          fresh[static_cast<std::size_t>((h - g * G_) * c_.Nq + i)] = std::move(st);
+        }
+      if (balls && key_attempt(b, g, j, p0_, [&](std::int64_t h, std::int64_t i) -> const RowStat* {
+            return fresh[static_cast<std::size_t>((h - g * G_) * c_.Nq + i)].get();
+          }, true))
+        return;
       parallel_for(need.size(), opt_.threads, [&](std::size_t k) { base_stat(need[k]); });
     }
+    for (mpfr_prec_t p = p0_;; p = std::min(2 * p, cap_)) {
+      for (auto& f : fresh) f.reset();
+      const auto stat_of = [&](std::int64_t h, std::int64_t i) -> const RowStat* {
+        if (!base_stat(row_id(b, h, i)).valid) return nullptr;
+        return &stat(b, h, i, p, fresh, static_cast<std::size_t>((h - g * G_) * c_.Nq + i));
+      };
+      if (key_attempt(b, g, j, p, stat_of, false) || p >= cap_) return;
+    }
+  }
+
+  // One precision of the key pass with the rows' statistics stat_of(h, i) (null: the row takes
+  // no part). Commits and returns true when every element is decided (or at the cap, with
+  // `strict` false: the undecided ones recorded).
+  template <class StatOf>
+  bool key_attempt(std::int64_t b, std::int64_t g, std::int64_t j, mpfr_prec_t p, const StatOf& stat_of, bool strict) {
     std::vector<Pending> pk, pv;
     std::vector<std::pair<std::int64_t, double>> bk, bv;
-    std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(G_ * c_.Nq));
-    for (mpfr_prec_t p = p0_;; p = std::min(2 * p, cap_)) {
-      pk.clear(), pv.clear(), bk.clear(), bv.clear();
-      for (auto& f : fresh) f.reset();
-      const Consts k(c_, p);
-      // The entries of every row that sees key j.
-      std::vector<std::pair<std::int64_t, std::int64_t>> rows;  // (h, i)
-      MpfrVec Plo, Phi, dTlo, dThi, Alo, Ahi, prods;
-      const std::size_t most = static_cast<std::size_t>(G_ * c_.Nq);
-      Plo.resize(most, p), Phi.resize(most, p), dTlo.resize(most, p), dThi.resize(most, p);
-      Alo.resize(most, p), Ahi.resize(most, p);
-      Entry e(p);
-      Enclosure T(p);
-      for (std::int64_t h = g * G_; h < (g + 1) * G_; ++h)
-        for (std::int64_t i = 0; i < c_.Nq; ++i) {
-          if (!c_.allowed(b, h, i, j) || !base_stat(row_id(b, h, i)).valid) continue;
-          const RowStat& st = stat(b, h, i, p, fresh, static_cast<std::size_t>((h - g * G_) * c_.Nq + i));
-          key_entry(e, T, b, h, i, j, st, k, prods);
-          const std::size_t a = rows.size();
-          rows.emplace_back(h, i);
-          mpfr_set(Plo[a], e.P.lo, MPFR_RNDD), mpfr_set(Phi[a], e.P.hi, MPFR_RNDU);
-          mpfr_set(dTlo[a], e.dT.lo, MPFR_RNDD), mpfr_set(dThi[a], e.dT.hi, MPFR_RNDU);
-          mpfr_set(Alo[a], e.At.lo, MPFR_RNDD), mpfr_set(Ahi[a], e.At.hi, MPFR_RNDU);
+    const Consts k(c_, p);
+    // The entries of every row that sees key j.
+    std::vector<std::pair<std::int64_t, std::int64_t>> rows;  // (h, i)
+    MpfrVec Plo, Phi, dTlo, dThi, Alo, Ahi, prods;
+    const std::size_t most = static_cast<std::size_t>(G_ * c_.Nq);
+    Plo.resize(most, p), Phi.resize(most, p), dTlo.resize(most, p), dThi.resize(most, p);
+    Alo.resize(most, p), Ahi.resize(most, p);
+    Entry e(p);
+    Enclosure T(p);
+    for (std::int64_t h = g * G_; h < (g + 1) * G_; ++h)
+      for (std::int64_t i = 0; i < c_.Nq; ++i) {
+        if (!c_.allowed(b, h, i, j)) continue;
+        const RowStat* st = stat_of(h, i);
+        if (!st) continue;
+        key_entry(e, T, b, h, i, j, *st, k, prods);
+        const std::size_t a = rows.size();
+        rows.emplace_back(h, i);
+        mpfr_set(Plo[a], e.P.lo, MPFR_RNDD), mpfr_set(Phi[a], e.P.hi, MPFR_RNDU);
+        mpfr_set(dTlo[a], e.dT.lo, MPFR_RNDD), mpfr_set(dThi[a], e.dT.hi, MPFR_RNDU);
+        mpfr_set(Alo[a], e.At.lo, MPFR_RNDD), mpfr_set(Ahi[a], e.At.hi, MPFR_RNDU);
+      }
+    const std::size_t n = rows.size();
+    bool all = true;
+    Terms t, tb;
+    Enclosure v(p), bd(p);
+    if (c_.want_dk)
+      for (std::int64_t cc = 0; cc < c_.Dk; ++cc) {
+        t.reset(n, p), tb.reset(n, p);
+        for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
+          const double x = q_row(b, rows[a].first, rows[a].second)[cc];
+          mul_d(t.lo[a], t.hi[a], dTlo[a], dThi[a], x);
+          mpfr_mul_d(tb.lo[a], Alo[a], std::fabs(x), MPFR_RNDD);
+          mpfr_mul_d(tb.hi[a], Ahi[a], std::fabs(x), MPFR_RNDU);
         }
-      const std::size_t n = rows.size();
-      bool all = true;
-      Terms t, tb;
-      Enclosure v(p), bd(p);
-      if (c_.want_dk)
-        for (std::int64_t cc = 0; cc < c_.Dk; ++cc) {
-          t.reset(n, p), tb.reset(n, p);
-          for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
-            const double x = q_row(b, rows[a].first, rows[a].second)[cc];
-            mul_d(t.lo[a], t.hi[a], dTlo[a], dThi[a], x);
-            mpfr_mul_d(tb.lo[a], Alo[a], std::fabs(x), MPFR_RNDD);
-            mpfr_mul_d(tb.hi[a], Ahi[a], std::fabs(x), MPFR_RNDU);
-          }
-          t.sum(v), tb.sum(bd);
-          detail::mul_interval(v.lo, v.hi, v.lo, v.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
-          mpfr_mul(bd.lo, bd.lo, k.abs_scale.lo, MPFR_RNDD);
-          mpfr_mul(bd.hi, bd.hi, k.abs_scale.hi, MPFR_RNDU);
-          round_element(1, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dk + cc, v, bd, pk, bk, all);
+        t.sum(v), tb.sum(bd);
+        detail::mul_interval(v.lo, v.hi, v.lo, v.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
+        mpfr_mul(bd.lo, bd.lo, k.abs_scale.lo, MPFR_RNDD);
+        mpfr_mul(bd.hi, bd.hi, k.abs_scale.hi, MPFR_RNDU);
+        round_element(1, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dk + cc, v, bd, pk, bk, all, strict);
+        if (strict && !all) return false;
+      }
+    if (c_.want_dv)
+      for (std::int64_t cc = 0; cc < c_.Dv; ++cc) {
+        t.reset(n, p), tb.reset(n, p);
+        for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
+          const double x = dout_row(b, rows[a].first, rows[a].second)[cc];
+          mul_d(t.lo[a], t.hi[a], Plo[a], Phi[a], x);
+          mpfr_mul_d(tb.lo[a], Plo[a], std::fabs(x), MPFR_RNDD);
+          mpfr_mul_d(tb.hi[a], Phi[a], std::fabs(x), MPFR_RNDU);
         }
-      if (c_.want_dv)
-        for (std::int64_t cc = 0; cc < c_.Dv; ++cc) {
-          t.reset(n, p), tb.reset(n, p);
-          for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
-            const double x = dout_row(b, rows[a].first, rows[a].second)[cc];
-            mul_d(t.lo[a], t.hi[a], Plo[a], Phi[a], x);
-            mpfr_mul_d(tb.lo[a], Plo[a], std::fabs(x), MPFR_RNDD);
-            mpfr_mul_d(tb.hi[a], Phi[a], std::fabs(x), MPFR_RNDU);
-          }
-          t.sum(v), tb.sum(bd);
-          round_element(2, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dv + cc, v, bd, pv, bv, all);
-        }
-      if (!all && p < cap_) continue;
-      if (c_.want_dk) commit(1, p, pk, bk);
-      if (c_.want_dv) commit(2, p, pv, bv);
-      return;
-    }
+        t.sum(v), tb.sum(bd);
+        round_element(2, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dv + cc, v, bd, pv, bv, all, strict);
+        if (strict && !all) return false;
+      }
+    if (!all && (strict || p < cap_)) return false;
+    if (c_.want_dk) commit(1, p, pk, bk);
+    if (c_.want_dv) commit(2, p, pv, bv);
+    return true;
   }
 
   // The bias pass: unit (b', h', j') of the bias's own extents [Eb, Eh, Ei, Ej], Ei elements.

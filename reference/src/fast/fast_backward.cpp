@@ -136,6 +136,18 @@ void FastBackward::set_row_stat(std::int64_t b, std::int64_t h, std::int64_t i, 
   st.ok = finite(st.lse) && finite(st.d) && finite(st.dabs);
 }
 
+bool FastBackward::row_stat(std::int64_t b, std::int64_t h, std::int64_t i, Enclosure& lse, Enclosure& d,
+                           Enclosure& dabs) const {
+  const RowStat& st = impl_->stats[impl_->row_id(b, h, i)];
+  if (!st.ok) return false;
+  for (auto [ball, out] : {std::pair{&st.lse, &lse}, std::pair{&st.d, &d}, std::pair{&st.dabs, &dabs}}) {
+    const Enclosure e = ball_enclosure(*ball);
+    mpfr_set(out->lo, e.lo, MPFR_RNDD);
+    mpfr_set(out->hi, e.hi, MPFR_RNDU);
+  }
+  return true;
+}
+
 bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGrad& dq) const {
   const Impl& m = *impl_;
   const Case& c = m.c;

@@ -39,6 +39,9 @@ class FastBackward {
   bool has_row_stat(std::int64_t b, std::int64_t h, std::int64_t i) const;
   void set_row_stat(std::int64_t b, std::int64_t h, std::int64_t i, const Enclosure& lse, const Enclosure& d,
                     const Enclosure& dabs);
+  // Row (b, h, i)'s statistics as MPFR enclosures (each end rounded outward to the enclosures'
+  // precision) when it has them: lse, D = dout . O and sum_c |dout_c O_c|.
+  bool row_stat(std::int64_t b, std::int64_t h, std::int64_t i, Enclosure& lse, Enclosure& d, Enclosure& dabs) const;
   // Whether the dP_ij = dout_i . v_j of row (b, h, i) are proven not all equal over its allowed
   // keys (two disjoint balls), so that its dS is not 0 by that structure.
   bool dp_differ(std::int64_t b, std::int64_t h, std::int64_t i) const;
