@@ -26,24 +26,10 @@ struct GateArgs {
   ProgressFlags progress;
 };
 
-conformance::ProfileSet profiles_of(const GateArgs& a) {
-  conformance::ProfileSet set = conformance::load_profile_set(a.profile);
-  std::optional<conformance::MaskedRowConvention> rows;
-  if (!a.masked_rows.empty()) {
-    rows = conformance::convention_from_name(a.masked_rows);
-    if (!rows) throw InputError("--masked-rows", "", "must be error, zero, nan or mean");
-  }
-  for (conformance::Profile& p : set.members) {
-    if (rows) p.masked_rows = *rows;
-    if (!a.returns.empty()) conformance::declare_returns(p, a.returns);
-  }
-  return set;
-}
-
 conformance::GateOptions options_of(const GateArgs& a) {
   conformance::GateOptions o;
   o.dir = a.dir;
-  o.profiles = profiles_of(a);
+  o.profiles = conformance::declared_profile_set(a.profile, a.masked_rows, a.returns);
   o.tags = a.tags;
   o.ids = a.ids;
   for (const auto& d : a.dtypes) {

@@ -228,6 +228,21 @@ std::vector<DType> ProfileSet::dtypes() const {
   return out;
 }
 
+ProfileSet declared_profile_set(const std::string& spec, const std::string& masked_rows, const std::string& returns,
+                                const std::string& what, const std::string& masked_what) {
+  ProfileSet set = load_profile_set(spec, what);
+  std::optional<MaskedRowConvention> rows;
+  if (!masked_rows.empty()) {
+    rows = convention_from_name(masked_rows);
+    if (!rows) throw InputError(masked_what, "", "must be error, zero, nan or mean");
+  }
+  for (Profile& p : set.members) {
+    if (rows) p.masked_rows = *rows;
+    if (!returns.empty()) declare_returns(p, returns);
+  }
+  return set;
+}
+
 ProfileSet load_profile_set(const std::string& spec, const std::string& what) {
   ProfileSet set;
   set.name = spec;

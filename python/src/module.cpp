@@ -212,16 +212,8 @@ py::tuple py_check(const std::string& id, const std::vector<std::string>& tags, 
   result.outcome = outcome_of(outcome);
   result.reason = reason;
   if (result.outcome == conformance::Outcome::Output) result.output = file_of(result_tensors, {}, id + " (result)");
-  conformance::ProfileSet set = conformance::load_profile_set(profile, "profile");
-  std::optional<conformance::MaskedRowConvention> rows;
-  if (!masked_rows.empty()) {
-    rows = conformance::convention_from_name(masked_rows);
-    if (!rows) throw InputError("masked_rows", "", "must be error, zero, nan or mean");
-  }
-  for (conformance::Profile& p : set.members) {
-    if (rows) p.masked_rows = *rows;
-    if (!returns.empty()) conformance::declare_returns(p, returns);
-  }
+  const conformance::ProfileSet set =
+      conformance::declared_profile_set(profile, masked_rows, returns, "profile", "masked_rows");
   conformance::GateReport rep;
   rep.implementation = "python";
   rep.profile = set.name;

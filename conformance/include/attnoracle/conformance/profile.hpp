@@ -78,6 +78,12 @@ std::vector<std::string> builtin_family_names();
 // optional outputs the implementation returns; those not listed are not asked for.
 void declare_returns(Profile& p, std::string_view list);
 
+// The profile set as a run declares it: load_profile_set(spec, what), then on every member the
+// convention for fully masked rows (`masked_rows`, empty: each profile's own; InputError naming
+// `masked_what` otherwise) and declare_returns(`returns`, when not empty).
+ProfileSet declared_profile_set(const std::string& spec, const std::string& masked_rows, const std::string& returns,
+                                const std::string& what = "--profile", const std::string& masked_what = "--masked-rows");
+
 std::string_view convention_name(MaskedRowConvention c);
 std::optional<MaskedRowConvention> convention_from_name(std::string_view s);  // error|zero|nan|mean
 
