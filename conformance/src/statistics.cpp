@@ -264,14 +264,24 @@ double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
   return std::sqrt(var) / kRoot3 + floors;
 }
 
-double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
-                    std::size_t row, double x) {
-  const double ax = std::fabs(x);
-  if (!sp.exact) return (s.key_rel * 2 + s.sum_rel + u_out) * ax / kRoot3 + L.floor + L.p_sub;
+RowWeightScale row_weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L,
+                                double u_out, std::size_t row) {
+  RowWeightScale r;
+  r.floor = L.floor;
+  r.p_sub = L.p_sub;
+  if (!sp.exact) {
+    r.rel = s.key_rel * 2 + s.sum_rel + u_out;
+    return r;
+  }
   // d w_i = w_i (eps_i - sum_j w_j eps_j): its own error, Z's, the final rounding
   const double us = unit_roundoff(p.softmax);
-  const double rel = std::sqrt(sq(sp.key_max[row]) + sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(u_out));
-  return rel * ax / kRoot3 + L.floor + L.p_sub;
+  r.rel = std::sqrt(sq(sp.key_max[row]) + sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(u_out));
+  return r;
+}
+
+double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                    std::size_t row, double x) {
+  return row_weight_scale(p, sp, s, L, u_out, row).at(x);
 }
 
 double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
