@@ -25,38 +25,45 @@ double sq(double x) { return x * x; }
 typedef double v2d __attribute__((vector_size(16)));  // SSE2: in every x86-64's base ABI
 typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the processor has it
 
-// dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d k_jd|, each summed in d order, four keys at a
-// time (four independent sums: the same roundings as one key at a time).
-void key_dots(const double* q, const double* kb, std::int64_t Dk, const std::vector<std::int64_t>& keys,
-              std::vector<double>& dot, std::vector<double>& dabs) {
-  const std::size_t n = keys.size();
-  dot.resize(n);
-  dabs.resize(n);
-  std::size_t a = 0;
-  for (; a + 4 <= n; a += 4) {
-    const double* k0 = kb + keys[a] * Dk;
-    const double* k1 = kb + keys[a + 1] * Dk;
-    const double* k2 = kb + keys[a + 2] * Dk;
-    const double* k3 = kb + keys[a + 3] * Dk;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+// dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd| (= |q_d k_jd|, exactly) for the keys j
+// in [j0, j1) (multiples of kKeyBlock), each summed in d order, kKeyBlock keys at a time in
+// vector lanes: the same roundings as one key at a time. kt and kat are the kv head's keys and
+// their magnitudes transposed, [Dk][ldk]; dot and dabs are indexed by j.
+constexpr std::int64_t kKeyBlock = 16;
+template <class V>
+inline __attribute__((always_inline)) void key_dots(const double* q, const double* kt, const double* kat,
+                                                    std::int64_t Dk, std::int64_t ldk, std::int64_t j0,
+                                                    std::int64_t j1, double* dot, double* dabs) {
+  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double)), KV = kKeyBlock / L;
+  for (std::int64_t jb = j0; jb < j1; jb += kKeyBlock) {
+    V s[KV], a[KV];
+    for (std::int64_t v = 0; v < KV; ++v) s[v] = a[v] = V{};
     for (std::int64_t d = 0; d < Dk; ++d) {
-      const double p0 = q[d] * k0[d], p1 = q[d] * k1[d], p2 = q[d] * k2[d], p3 = q[d] * k3[d];
-      s0 += p0, s1 += p1, s2 += p2, s3 += p3;
-      t0 += std::fabs(p0), t1 += std::fabs(p1), t2 += std::fabs(p2), t3 += std::fabs(p3);
+      const double x = q[d], xa = std::fabs(x);
+      for (std::int64_t v = 0; v < KV; ++v) {
+        V k, ka;
+        std::memcpy(&k, kt + d * ldk + jb + v * L, sizeof k);
+        std::memcpy(&ka, kat + d * ldk + jb + v * L, sizeof ka);
+        s[v] += x * k;
+        a[v] += xa * ka;
+      }
     }
-    dot[a] = s0, dot[a + 1] = s1, dot[a + 2] = s2, dot[a + 3] = s3;
-    dabs[a] = t0, dabs[a + 1] = t1, dabs[a + 2] = t2, dabs[a + 3] = t3;
-  }
-  for (; a < n; ++a) {
-    const double* k = kb + keys[a] * Dk;
-    double s0 = 0, t0 = 0;
-    for (std::int64_t d = 0; d < Dk; ++d) {
-      s0 += q[d] * k[d];
-      t0 += std::fabs(q[d] * k[d]);
+    for (std::int64_t v = 0; v < KV; ++v) {
+      std::memcpy(dot + jb + v * L, &s[v], sizeof(V));
+      std::memcpy(dabs + jb + v * L, &a[v], sizeof(V));
     }
-    dot[a] = s0, dabs[a] = t0;
   }
 }
+#define ATTNORACLE_DOTS_ARGS const double *q, const double *kt, const double *kat, std::int64_t Dk, std::int64_t ldk, \
+                             std::int64_t j0, std::int64_t j1, double *dot, double *dabs
+#define ATTNORACLE_DOTS_PASS q, kt, kat, Dk, ldk, j0, j1, dot, dabs
+__attribute__((target("avx2"))) void dots_avx2(ATTNORACLE_DOTS_ARGS) { key_dots<v4d>(ATTNORACLE_DOTS_PASS); }
+void dots_sse(ATTNORACLE_DOTS_ARGS) { key_dots<v2d>(ATTNORACLE_DOTS_PASS); }
+#undef ATTNORACLE_DOTS_ARGS
+#undef ATTNORACLE_DOTS_PASS
+using DotsFn = void (*)(const double*, const double*, const double*, std::int64_t, std::int64_t, std::int64_t,
+                        std::int64_t, double*, double*);
+DotsFn dots_kernel() { return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_sse; }
 
 // For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
 // (w_j (v_jc - x_c) kr_j)^2, wv_c = sum_j (w_j v_jc)^2 and partial_c = sum_k P_k^2 (P_k =
@@ -142,13 +149,28 @@ Spread weight_spread(const Case& c, const Profile& p) {
   s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
   s.wv = s.partial = s.key;
   std::vector<std::int64_t> keys;
-  std::vector<double> w, t, kr, dots, dabss, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
+  std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
   const SumsFn sums = sums_kernel();
+  const DotsFn row_dots = dots_kernel();
+  // The current kv head's keys and |keys| transposed [Dk][Nkp] (zero padded); a row's dots by key.
+  const std::int64_t Nkp = (Nk + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  const auto nkp = static_cast<std::size_t>(Nkp);
+  std::vector<double> kt(static_cast<std::size_t>(Dk) * nkp, 0.0), kat(kt.size(), 0.0), dots(nkp), dabss(nkp);
+  std::int64_t packed = -1;  // the kv head (b * Hkv + g) in kt
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
       auto vrow = [&](std::int64_t j) { return &c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dv)]; };
+      if (packed != b * c.Hkv + g) {
+        packed = b * c.Hkv + g;
+        for (std::int64_t j = 0; j < Nk; ++j)
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            const double kv = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
+            kt[static_cast<std::size_t>(d * Nkp + j)] = kv;
+            kat[static_cast<std::size_t>(d * Nkp + j)] = std::fabs(kv);
+          }
+      }
       for (std::int64_t i = 0; i < c.Nq; ++i) {
         const auto row = static_cast<std::size_t>((b * H + h) * c.Nq + i);
         const double* q = &c.q.values[row * static_cast<std::size_t>(Dk)];
@@ -159,9 +181,14 @@ Spread weight_spread(const Case& c, const Profile& p) {
         const Case::KeyRange r = c.key_range(b, i);
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (plain ? c.position_allowed(b, i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
-        key_dots(q, &c.k.values[static_cast<std::size_t>((b * c.Hkv + g) * Nk * Dk)], Dk, keys, dots, dabss);
+        if (!keys.empty()) {
+          const std::int64_t j0 = keys.front() / kKeyBlock * kKeyBlock;
+          const std::int64_t j1 = (keys.back() / kKeyBlock + 1) * kKeyBlock;
+          row_dots(q, kt.data(), kat.data(), Dk, Nkp, j0, j1, dots.data(), dabss.data());
+        }
         for (std::size_t a = 0; a < keys.size(); ++a) {
-          double tj = dots[a] * scale;
+          const auto ka = static_cast<std::size_t>(keys[a]);
+          double tj = dots[ka] * scale;
           if (cap > 0) tj = cap * std::tanh(tj / cap);
           t.push_back(tj);
           const double bj = plain ? 0.0 : c.bias_at(b, h, i, keys[a]);
@@ -169,7 +196,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
           // the dot (Dk products and sums), the scale, the softcap; the bias's own rounding
           // (hypot(x, 0) is |x| exactly)
           const double ebias = ub * bj;
-          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabss[a]) : std::hypot(dot_k * dabss[a], ebias));
+          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabss[ka]) : std::hypot(dot_k * dabss[ka], ebias));
         }
         if (keys.empty()) continue;
         const double m = *std::max_element(w.begin(), w.end());
