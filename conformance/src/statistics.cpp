@@ -25,44 +25,53 @@ double sq(double x) { return x * x; }
 typedef double v2d __attribute__((vector_size(16)));  // SSE2: in every x86-64's base ABI
 typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the processor has it
 
-// dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd| (= |q_d k_jd|, exactly) for the keys j
-// in [j0, j1) (multiples of kKeyBlock), each summed in d order, kKeyBlock keys at a time in
-// vector lanes: the same roundings as one key at a time. kt and kat are the kv head's keys and
-// their magnitudes transposed, [Dk][ldk]; dot and dabs are indexed by j.
-constexpr std::int64_t kKeyBlock = 16;
-template <class V>
-inline __attribute__((always_inline)) void key_dots(const double* q, const double* kt, const double* kat,
+// For two query rows q0 and q1, dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd| (= |q_d
+// k_jd|, exactly) for the keys j in [j0, j1) (multiples of kKeyBlock), each summed in d order,
+// kKeyBlock keys at a time in vector lanes: the same roundings as one key at a time. kt is the
+// kv head's keys transposed, [Dk][ldk]; dot0, dabs0 (q0's) and dot1, dabs1 are indexed by j.
+// Two rows share each load of the keys, which come from L3 for long rows.
+constexpr std::int64_t kKeyBlock = 8;
+typedef std::uint64_t u2l __attribute__((vector_size(16)));
+typedef std::uint64_t u4l __attribute__((vector_size(32)));
+template <class V, class U>
+inline __attribute__((always_inline)) void key_dots(const double* q0, const double* q1, const double* kt,
                                                     std::int64_t Dk, std::int64_t ldk, std::int64_t j0,
-                                                    std::int64_t j1, double* dot, double* dabs) {
+                                                    std::int64_t j1, double* dot0, double* dabs0, double* dot1,
+                                                    double* dabs1) {
   constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double)), KV = kKeyBlock / L;
+  const U magnitude = U{} + 0x7fff'ffff'ffff'ffffull;  // |x|: the sign bit cleared
   for (std::int64_t jb = j0; jb < j1; jb += kKeyBlock) {
-    V s[KV], a[KV];
-    for (std::int64_t v = 0; v < KV; ++v) s[v] = a[v] = V{};
+    V s0[KV], a0[KV], s1[KV], a1[KV];
+    for (std::int64_t v = 0; v < KV; ++v) s0[v] = a0[v] = s1[v] = a1[v] = V{};
     for (std::int64_t d = 0; d < Dk; ++d) {
-      const double x = q[d], xa = std::fabs(x);
+      const double x0 = q0[d], xa0 = std::fabs(x0), x1 = q1[d], xa1 = std::fabs(x1);
       for (std::int64_t v = 0; v < KV; ++v) {
-        V k, ka;
+        V k;
         std::memcpy(&k, kt + d * ldk + jb + v * L, sizeof k);
-        std::memcpy(&ka, kat + d * ldk + jb + v * L, sizeof ka);
-        s[v] += x * k;
-        a[v] += xa * ka;
+        const V ka = reinterpret_cast<V>(reinterpret_cast<U>(k) & magnitude);
+        s0[v] += x0 * k;
+        a0[v] += xa0 * ka;
+        s1[v] += x1 * k;
+        a1[v] += xa1 * ka;
       }
     }
     for (std::int64_t v = 0; v < KV; ++v) {
-      std::memcpy(dot + jb + v * L, &s[v], sizeof(V));
-      std::memcpy(dabs + jb + v * L, &a[v], sizeof(V));
+      std::memcpy(dot0 + jb + v * L, &s0[v], sizeof(V));
+      std::memcpy(dabs0 + jb + v * L, &a0[v], sizeof(V));
+      std::memcpy(dot1 + jb + v * L, &s1[v], sizeof(V));
+      std::memcpy(dabs1 + jb + v * L, &a1[v], sizeof(V));
     }
   }
 }
-#define ATTNORACLE_DOTS_ARGS const double *q, const double *kt, const double *kat, std::int64_t Dk, std::int64_t ldk, \
-                             std::int64_t j0, std::int64_t j1, double *dot, double *dabs
-#define ATTNORACLE_DOTS_PASS q, kt, kat, Dk, ldk, j0, j1, dot, dabs
-__attribute__((target("avx2"))) void dots_avx2(ATTNORACLE_DOTS_ARGS) { key_dots<v4d>(ATTNORACLE_DOTS_PASS); }
-void dots_sse(ATTNORACLE_DOTS_ARGS) { key_dots<v2d>(ATTNORACLE_DOTS_PASS); }
+#define ATTNORACLE_DOTS_ARGS const double *q0, const double *q1, const double *kt, std::int64_t Dk, std::int64_t ldk, \
+                             std::int64_t j0, std::int64_t j1, double *dot0, double *dabs0, double *dot1, double *dabs1
+#define ATTNORACLE_DOTS_PASS q0, q1, kt, Dk, ldk, j0, j1, dot0, dabs0, dot1, dabs1
+__attribute__((target("avx2"))) void dots_avx2(ATTNORACLE_DOTS_ARGS) { key_dots<v4d, u4l>(ATTNORACLE_DOTS_PASS); }
+void dots_sse(ATTNORACLE_DOTS_ARGS) { key_dots<v2d, u2l>(ATTNORACLE_DOTS_PASS); }
 #undef ATTNORACLE_DOTS_ARGS
 #undef ATTNORACLE_DOTS_PASS
 using DotsFn = void (*)(const double*, const double*, const double*, std::int64_t, std::int64_t, std::int64_t,
-                        std::int64_t, double*, double*);
+                        std::int64_t, double*, double*, double*, double*);
 DotsFn dots_kernel() { return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_sse; }
 
 // For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
@@ -153,10 +162,12 @@ Spread weight_spread(const Case& c, const Profile& p) {
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
   const SumsFn sums = sums_kernel();
   const DotsFn row_dots = dots_kernel();
-  // The current kv head's keys and |keys| transposed [Dk][Nkp] (zero padded); a row's dots by key.
+  // The current kv head's keys transposed [Dk][Nkp] (zero padded); two rows' dots by key, rows
+  // 2m (index 0) and 2m + 1 (index 1) of a head computed together.
   const std::int64_t Nkp = (Nk + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
   const auto nkp = static_cast<std::size_t>(Nkp);
-  std::vector<double> kt(static_cast<std::size_t>(Dk) * nkp, 0.0), kat(kt.size(), 0.0), dots(nkp), dabss(nkp);
+  std::vector<double> kt(static_cast<std::size_t>(Dk) * nkp, 0.0), dots[2], dabss[2];
+  for (int r = 0; r < 2; ++r) dots[r].assign(nkp, 0.0), dabss[r].assign(nkp, 0.0);
   std::int64_t packed = -1;  // the kv head (b * Hkv + g) in kt
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
@@ -166,9 +177,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
         packed = b * c.Hkv + g;
         for (std::int64_t j = 0; j < Nk; ++j)
           for (std::int64_t d = 0; d < Dk; ++d) {
-            const double kv = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
-            kt[static_cast<std::size_t>(d * Nkp + j)] = kv;
-            kat[static_cast<std::size_t>(d * Nkp + j)] = std::fabs(kv);
+            kt[static_cast<std::size_t>(d * Nkp + j)] = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
           }
       }
       for (std::int64_t i = 0; i < c.Nq; ++i) {
@@ -181,14 +190,19 @@ Spread weight_spread(const Case& c, const Profile& p) {
         const Case::KeyRange r = c.key_range(b, i);
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (plain ? c.position_allowed(b, i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
-        if (!keys.empty()) {
-          const std::int64_t j0 = keys.front() / kKeyBlock * kKeyBlock;
-          const std::int64_t j1 = (keys.back() / kKeyBlock + 1) * kKeyBlock;
-          row_dots(q, kt.data(), kat.data(), Dk, Nkp, j0, j1, dots.data(), dabss.data());
+        if (i % 2 == 0) {  // this row's and the next one's dots, over both key ranges
+          const std::int64_t i1 = std::min(i + 1, c.Nq - 1);
+          const Case::KeyRange r1 = c.key_range(b, i1);
+          std::int64_t lo = r.first <= r.last ? r.first : Nk, hi = r.first <= r.last ? r.last : -1;
+          if (r1.first <= r1.last) lo = std::min(lo, r1.first), hi = std::max(hi, r1.last);
+          if (lo <= hi)
+            row_dots(q, q + (i1 - i) * Dk, kt.data(), Dk, Nkp, lo / kKeyBlock * kKeyBlock, (hi / kKeyBlock + 1) * kKeyBlock,
+                     dots[0].data(), dabss[0].data(), dots[1].data(), dabss[1].data());
         }
+        const double *dot = dots[i % 2].data(), *dabs = dabss[i % 2].data();
         for (std::size_t a = 0; a < keys.size(); ++a) {
           const auto ka = static_cast<std::size_t>(keys[a]);
-          double tj = dots[ka] * scale;
+          double tj = dot[ka] * scale;
           if (cap > 0) tj = cap * std::tanh(tj / cap);
           t.push_back(tj);
           const double bj = plain ? 0.0 : c.bias_at(b, h, i, keys[a]);
@@ -196,7 +210,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
           // the dot (Dk products and sums), the scale, the softcap; the bias's own rounding
           // (hypot(x, 0) is |x| exactly)
           const double ebias = ub * bj;
-          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabss[ka]) : std::hypot(dot_k * dabss[ka], ebias));
+          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabs[ka]) : std::hypot(dot_k * dabs[ka], ebias));
         }
         if (keys.empty()) continue;
         const double m = *std::max_element(w.begin(), w.end());
