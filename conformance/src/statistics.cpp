@@ -28,26 +28,30 @@ typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the process
 // For two query rows q0 and q1, dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd| (= |q_d
 // k_jd|, exactly) for the keys j in [j0, j1) (multiples of kKeyBlock), each summed in d order,
 // kKeyBlock keys at a time in vector lanes: the same roundings as one key at a time. kt is the
-// kv head's keys transposed, [Dk][ldk]; dot0, dabs0 (q0's) and dot1, dabs1 are indexed by j.
-// Two rows share each load of the keys, which come from L3 for long rows.
+// kv head's keys by blocks of kKeyBlock, each transposed: key jb + l's element d at kt[jb Dk +
+// d kKeyBlock + l] (a block's reads are sequential); dot0, dabs0 (q0's) and dot1, dabs1 are
+// indexed by j. Two rows share each load of the keys.
 constexpr std::int64_t kKeyBlock = 8;
 typedef std::uint64_t u2l __attribute__((vector_size(16)));
 typedef std::uint64_t u4l __attribute__((vector_size(32)));
 template <class V, class U>
 inline __attribute__((always_inline)) void key_dots(const double* q0, const double* q1, const double* kt,
-                                                    std::int64_t Dk, std::int64_t ldk, std::int64_t j0,
+                                                    std::int64_t Dk, std::int64_t j0,
                                                     std::int64_t j1, double* dot0, double* dabs0, double* dot1,
                                                     double* dabs1) {
   constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double)), KV = kKeyBlock / L;
   const U magnitude = U{} + 0x7fff'ffff'ffff'ffffull;  // |x|: the sign bit cleared
   for (std::int64_t jb = j0; jb < j1; jb += kKeyBlock) {
     V s0[KV], a0[KV], s1[KV], a1[KV];
+#pragma GCC unroll 4
     for (std::int64_t v = 0; v < KV; ++v) s0[v] = a0[v] = s1[v] = a1[v] = V{};
+    const double* block = kt + jb * Dk;
     for (std::int64_t d = 0; d < Dk; ++d) {
       const double x0 = q0[d], xa0 = std::fabs(x0), x1 = q1[d], xa1 = std::fabs(x1);
+#pragma GCC unroll 4
       for (std::int64_t v = 0; v < KV; ++v) {
         V k;
-        std::memcpy(&k, kt + d * ldk + jb + v * L, sizeof k);
+        std::memcpy(&k, block + d * kKeyBlock + v * L, sizeof k);
         const V ka = reinterpret_cast<V>(reinterpret_cast<U>(k) & magnitude);
         s0[v] += x0 * k;
         a0[v] += xa0 * ka;
@@ -55,6 +59,7 @@ inline __attribute__((always_inline)) void key_dots(const double* q0, const doub
         a1[v] += xa1 * ka;
       }
     }
+#pragma GCC unroll 4
     for (std::int64_t v = 0; v < KV; ++v) {
       std::memcpy(dot0 + jb + v * L, &s0[v], sizeof(V));
       std::memcpy(dabs0 + jb + v * L, &a0[v], sizeof(V));
@@ -63,15 +68,15 @@ inline __attribute__((always_inline)) void key_dots(const double* q0, const doub
     }
   }
 }
-#define ATTNORACLE_DOTS_ARGS const double *q0, const double *q1, const double *kt, std::int64_t Dk, std::int64_t ldk, \
+#define ATTNORACLE_DOTS_ARGS const double *q0, const double *q1, const double *kt, std::int64_t Dk, \
                              std::int64_t j0, std::int64_t j1, double *dot0, double *dabs0, double *dot1, double *dabs1
-#define ATTNORACLE_DOTS_PASS q0, q1, kt, Dk, ldk, j0, j1, dot0, dabs0, dot1, dabs1
+#define ATTNORACLE_DOTS_PASS q0, q1, kt, Dk, j0, j1, dot0, dabs0, dot1, dabs1
 __attribute__((target("avx2"))) void dots_avx2(ATTNORACLE_DOTS_ARGS) { key_dots<v4d, u4l>(ATTNORACLE_DOTS_PASS); }
 void dots_sse(ATTNORACLE_DOTS_ARGS) { key_dots<v2d, u2l>(ATTNORACLE_DOTS_PASS); }
 #undef ATTNORACLE_DOTS_ARGS
 #undef ATTNORACLE_DOTS_PASS
 using DotsFn = void (*)(const double*, const double*, const double*, std::int64_t, std::int64_t, std::int64_t,
-                        std::int64_t, double*, double*, double*, double*);
+                        double*, double*, double*, double*);
 DotsFn dots_kernel() { return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_sse; }
 
 // For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
@@ -162,7 +167,8 @@ Spread weight_spread(const Case& c, const Profile& p) {
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
   const SumsFn sums = sums_kernel();
   const DotsFn row_dots = dots_kernel();
-  // The current kv head's keys transposed [Dk][Nkp] (zero padded); two rows' dots by key, rows
+  // The current kv head's keys by transposed blocks (as key_dots reads them, zero padded to Nkp
+  // keys); two rows' dots by key, rows
   // 2m (index 0) and 2m + 1 (index 1) of a head computed together.
   const std::int64_t Nkp = (Nk + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
   const auto nkp = static_cast<std::size_t>(Nkp);
@@ -177,7 +183,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
         packed = b * c.Hkv + g;
         for (std::int64_t j = 0; j < Nk; ++j)
           for (std::int64_t d = 0; d < Dk; ++d) {
-            kt[static_cast<std::size_t>(d * Nkp + j)] = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
+            kt[static_cast<std::size_t>(j / kKeyBlock * kKeyBlock * Dk + d * kKeyBlock + j % kKeyBlock)] = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
           }
       }
       for (std::int64_t i = 0; i < c.Nq; ++i) {
@@ -196,7 +202,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
           std::int64_t lo = r.first <= r.last ? r.first : Nk, hi = r.first <= r.last ? r.last : -1;
           if (r1.first <= r1.last) lo = std::min(lo, r1.first), hi = std::max(hi, r1.last);
           if (lo <= hi)
-            row_dots(q, q + (i1 - i) * Dk, kt.data(), Dk, Nkp, lo / kKeyBlock * kKeyBlock, (hi / kKeyBlock + 1) * kKeyBlock,
+            row_dots(q, q + (i1 - i) * Dk, kt.data(), Dk, lo / kKeyBlock * kKeyBlock, (hi / kKeyBlock + 1) * kKeyBlock,
                      dots[0].data(), dabss[0].data(), dots[1].data(), dabss[1].data());
         }
         const double *dot = dots[i % 2].data(), *dabs = dabss[i % 2].data();
