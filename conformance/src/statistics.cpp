@@ -82,52 +82,79 @@ DotsFn dots_kernel() { return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_
 // For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
 // (w_j (v_jc - x_c) kr_j)^2, wv_c = sum_j (w_j v_jc)^2 and partial_c = sum_k P_k^2 (P_k =
 // sum_{j <= k} w_j v_jc), not yet square-rooted; key, wv and ps start at 0, x and run are
-// scratch [Dv]. Key by key, each value row read in order, L elements (V) at a time: the same
-// operations per element as the scalar loop of weight_spread, in every lane. Returns the
-// elements done (the rest is the scalar loop's).
+// scratch [Dv]. C vectors of L elements (V) at a time, their sums in registers over all the
+// keys (XC vectors for x: more independent sums), the same operations per element as the
+// scalar loop of weight_spread, in every lane. Elements [e0, Dv) from e0 on, XC L (then C L) at a
+// time; returns the first element not done.
+template <class V, int C, int XC>
+inline __attribute__((always_inline)) std::int64_t out_sums(std::int64_t e0, const double* vb,
+                                                            const std::int64_t* keys, std::size_t n,
+                                                            const double* w, const double* kr, std::int64_t Dv,
+                                                            double* key, double* wv, double* ps, double* x,
+                                                            double* run) {
+  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double)), E = L * C, XE = L * XC;
+  // (memcpy for the unaligned loads and stores: no lambdas, whose vector arguments would
+  // cross a function boundary outside the AVX2 target)
+  const std::int64_t end = e0 + (Dv - e0) / XE * XE;
+  for (std::int64_t e = e0; e < end; e += XE) {
+    V xx[XC];
+#pragma GCC unroll 4
+    for (int c = 0; c < XC; ++c) xx[c] = V{};
+    for (std::size_t j = 0; j < n; ++j) {
+      const double* v = vb + keys[j] * Dv + e;
+#pragma GCC unroll 4
+      for (int c = 0; c < XC; ++c) {
+        V vv;
+        std::memcpy(&vv, v + c * L, sizeof vv);
+        xx[c] += w[j] * vv;
+      }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < XC; ++c) std::memcpy(x + e + c * L, &xx[c], sizeof(V));
+  }
+  for (; e0 + E <= end; e0 += E) {
+    V xx[C], k[C], q2[C], r[C], p[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      std::memcpy(&xx[c], x + e0 + c * L, sizeof(V));
+      r[c] = V{};
+      std::memcpy(&k[c], key + e0 + c * L, sizeof(V));
+      std::memcpy(&q2[c], wv + e0 + c * L, sizeof(V));
+      std::memcpy(&p[c], ps + e0 + c * L, sizeof(V));
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      const double* v = vb + keys[j] * Dv + e0;
+      const double wj = w[j], kj = kr[j];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        V vv;
+        std::memcpy(&vv, v + c * L, sizeof vv);
+        const V d = wj * (vv - xx[c]) * kj, q = wj * vv;
+        k[c] += d * d;
+        q2[c] += q * q;
+        r[c] += q;
+        p[c] += r[c] * r[c];
+      }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      std::memcpy(key + e0 + c * L, &k[c], sizeof(V));
+      std::memcpy(wv + e0 + c * L, &q2[c], sizeof(V));
+      std::memcpy(ps + e0 + c * L, &p[c], sizeof(V));
+      std::memcpy(run + e0 + c * L, &r[c], sizeof(V));
+    }
+  }
+  return e0;
+}
+// Four vectors at a time (two for the second pass), then one: the elements done (the rest is
+// the scalar loop's).
 template <class V>
 inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, const std::int64_t* keys, std::size_t n,
                                                             const double* w, const double* kr, std::int64_t Dv,
                                                             double* key, double* wv, double* ps, double* x,
                                                             double* run) {
-  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double));
-  const std::int64_t DvL = Dv / L * L;
-  // (memcpy for the unaligned loads and stores: no lambdas, whose vector arguments would
-  // cross a function boundary outside the AVX2 target)
-  for (std::int64_t e = 0; e < DvL; ++e) x[e] = run[e] = 0;
-  for (std::size_t j = 0; j < n; ++j) {
-    const double* v = vb + keys[j] * Dv;
-    for (std::int64_t e = 0; e < DvL; e += L) {
-      V vv, xx;
-      std::memcpy(&vv, v + e, sizeof vv);
-      std::memcpy(&xx, x + e, sizeof xx);
-      xx += w[j] * vv;
-      std::memcpy(x + e, &xx, sizeof xx);
-    }
-  }
-  for (std::size_t j = 0; j < n; ++j) {
-    const double* v = vb + keys[j] * Dv;
-    const double wj = w[j], kj = kr[j];
-    for (std::int64_t e = 0; e < DvL; e += L) {
-      V vv, xx, k, q2, r, p;
-      std::memcpy(&vv, v + e, sizeof vv);
-      std::memcpy(&xx, x + e, sizeof xx);
-      std::memcpy(&k, key + e, sizeof k);
-      std::memcpy(&q2, wv + e, sizeof q2);
-      std::memcpy(&r, run + e, sizeof r);
-      std::memcpy(&p, ps + e, sizeof p);
-      const V d = wj * (vv - xx) * kj, q = wj * vv;
-      k += d * d;
-      q2 += q * q;
-      r += q;
-      p += r * r;
-      std::memcpy(key + e, &k, sizeof k);
-      std::memcpy(wv + e, &q2, sizeof q2);
-      std::memcpy(run + e, &r, sizeof r);
-      std::memcpy(ps + e, &p, sizeof p);
-    }
-  }
-  return DvL;
+  const std::int64_t e = out_sums<V, 2, 4>(0, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
+  return out_sums<V, 1, 1>(e, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
 }
 
 #define ATTNORACLE_SUMS_ARGS const double *vb, const std::int64_t *keys, std::size_t n, const double *w, \
