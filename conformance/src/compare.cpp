@@ -39,14 +39,48 @@ SafeTensorsFile strip_golden(const SafeTensorsFile& golden) {
 
 namespace {
 
+// dtype_size, inline for the float formats the comparison reads element by element.
+std::size_t width_of(DType t) {
+  switch (t) {
+    case DType::F64: return 8;
+    case DType::F32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
+    default: return dtype_size(t);
+  }
+}
+double finite_value(DType t, const unsigned char* p);
+// decode_float, inline for finite F64, F32, F16 and BF16 elements.
+double decode_value(DType t, const unsigned char* p) {
+  switch (t) {
+    case DType::F64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case DType::F32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return static_cast<double>(x);
+    }
+    case DType::F16:
+    case DType::BF16: {
+      std::uint16_t b;
+      std::memcpy(&b, p, 2);
+      const std::uint16_t e = t == DType::F16 ? 0x7c00 : 0x7f80;  // all ones: infinite or NaN
+      return (b & e) != e ? finite_value(t, p) : decode_float(t, p);
+    }
+    default: return decode_float(t, p);
+  }
+}
+
 std::uint64_t bits_of(const RawTensor& t, std::size_t k) {
   std::uint64_t b = 0;
-  std::memcpy(&b, t.data.data() + k * dtype_size(t.dtype), dtype_size(t.dtype));
+  const std::size_t w = width_of(t.dtype);
+  std::memcpy(&b, t.data.data() + k * w, w);
   return b;
 }
-double value_of(const RawTensor& t, std::size_t k) {
-  return decode_float(t.dtype, t.data.data() + k * dtype_size(t.dtype));
-}
+double value_of(const RawTensor& t, std::size_t k) { return decode_value(t.dtype, t.data.data() + k * width_of(t.dtype)); }
 
 // A fully masked row that is not padding: the contract refuses it under policy error.
 bool has_refusable_row(const Case& c) {
@@ -282,11 +316,11 @@ struct Comparer {
                const std::uint64_t* alt = nullptr) {
     const DType t = got.dtype;
     if (t != fmt_dtype) format_of(t);
-    const std::size_t w = dtype_size(t);
-    const double y = decode_float(t, got.data.data() + k * w);
-    std::uint64_t yb = 0, gb = 0;
+    const std::size_t w = width_of(t);
+    const double y = decode_value(t, got.data.data() + k * w);
+    std::uint64_t yb = 0;
     std::memcpy(&yb, got.data.data() + k * w, w);
-    std::memcpy(&gb, gold.data.data() + k * dtype_size(gold.dtype), dtype_size(gold.dtype));
+    const std::uint64_t gb = bits_of(gold, k);
     // the golden value (or its other candidate) has error 0
     const double d = yb == gb || (alt && yb == *alt) ? 0 : abs_error(y, x_hi, x_lo, t);
     const double ratio = d == 0 ? 0 : (lim > 0 ? d / lim : INFINITY);
