@@ -542,6 +542,7 @@ struct Comparer {
     const std::size_t w = dtype_size(out->dtype);
     Acc acc;
     acc.t.tensor = "out";
+    acc.sample.z.reserve(out->data.size() / w);  // as for weights below
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t i = 0; i < c.Nq; ++i) {
         if (!c.query_valid(b, i)) continue;  // padding rows are not compared
@@ -620,6 +621,7 @@ struct Comparer {
                           gref->dtype == DType::F64 && gref->data.size() == n_el * 8;
       Acc a;
       a.t.tensor = name;
+      a.sample.z.reserve(n_el);  // at most one normalised error per element, without regrowing
       const std::int64_t per = weights ? c.Nk : 1;
       std::vector<char> slowed;  // per element of a block: compared by element()
       for (std::int64_t b = 0; b < c.B; ++b)

@@ -392,8 +392,9 @@ Tier judge(Sample& s) {
   // the 99th percentile of |z|: the ceil(0.99 n)-th smallest, the zeros first
   const auto rank = static_cast<std::int64_t>(std::ceil(0.99 * n));
   if (rank > s.zeros) {
-    std::vector<double> a(s.z.size());
-    std::transform(s.z.begin(), s.z.end(), a.begin(), [](double z) { return std::fabs(z); });
+    // in place (no copy of a sample as large as the tensor): z becomes |z|, reordered
+    std::vector<double>& a = s.z;
+    for (double& z : a) z = std::fabs(z);
     const auto at = a.begin() + (rank - s.zeros - 1);
     std::nth_element(a.begin(), at, a.end());
     t.q99 = *at;

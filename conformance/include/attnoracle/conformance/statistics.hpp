@@ -133,6 +133,7 @@ struct Tier {
 //   99th percentile of |z| <= sqrt(2 ln(200 / delta))
 //   mean over the rows of their mean z^2 <= 2 ln 2 + 4 ln(1 / delta) / rows
 //   |mean z| <= sqrt(2 ln(2 / delta)) (sqrt(sum share) + sqrt(sum_rows (sum_row sqrt(1 - share))^2)) / n
+// Closes the sample's last row; leaves s.z as the magnitudes |z|, in another order.
 Tier judge(Sample& s);
 
 }  // namespace attnoracle::conformance
