@@ -23,6 +23,7 @@ if ! $gate_only; then
     clang libclang-rt-14-dev  # fuzz/: libFuzzer with AddressSanitizer and UBSan
     dpkg-dev  # tools_install_test: the Debian package built by cpack
     chromium  # conformance_html_chromium_test: the HTML report in headless Chromium
+    slurm-wlm  # tools_slurm_test: its own single-node Slurm (and munge) runs tools/slurm/gen-array.sbatch
   )
   # Node.js and npm, for the ONNX Runtime adapter: Debian's only when none is on the PATH already.
   command -v node >/dev/null 2>&1 || packages+=(nodejs)

@@ -80,6 +80,7 @@ std::uint64_t bits_of(const RawTensor& t, std::size_t k) {
   std::memcpy(&b, t.data.data() + k * w, w);
   return b;
 }
+double sq(double x) { return x * x; }
 double value_of(const RawTensor& t, std::size_t k) { return decode_value(t.dtype, t.data.data() + k * width_of(t.dtype)); }
 
 // A fully masked row that is not padding: the contract refuses it under policy error.
@@ -426,7 +427,8 @@ struct Comparer {
     return last;
   }
 
-  // dq, dk, dv, dbias, dsinks (TOLERANCE.md, "Gradients"), per element; no statistics.
+  // dq, dk, dv, dbias, dsinks (TOLERANCE.md, "Gradients"): per element, and the statistical
+  // tier per tensor.
   void gradients() {
     if (!profile.returns_gradients) {
       rep.reason += (rep.reason.empty() ? "" : "; ") + std::string("gradients not returned (declared)");
@@ -448,8 +450,15 @@ struct Comparer {
     for (std::size_t k = 0; k < br.size(); ++k) br[k] = value_of(*obound, k);
     bool underflows = false;
     for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
-    const GradientErrors ge = gradient_errors(profile, c, mags, limits, xr, br,
-                                              underflows ? out_value_sum(c) : std::vector<double>{});
+    const std::vector<double> vsum = underflows ? out_value_sum(c) : std::vector<double>{};
+    // out's statistical bound per element (D_i = dout . out from the implementation's own out)
+    std::vector<double> os(xr.size());
+    for (std::size_t k = 0; k < os.size(); ++k) {
+      const std::size_t row = k / static_cast<std::size_t>(c.Dv);
+      os[k] = std::sqrt(3.0) * out_scale_at(row, k, xr[k], br[k], vsum.empty() ? 0 : vsum[k]);
+    }
+    const GradientErrors ge = gradient_errors(profile, c, mags, limits, xr, br, vsum, os);
+    const double ug = unit_roundoff(profile.grad_accum);
     const double uo = unit_roundoff(c.output_dtype);
     const double floor = 2 * min_subnormal(c.output_dtype);
     const double group = static_cast<double>(c.Hq / c.Hkv);
@@ -460,8 +469,10 @@ struct Comparer {
       const auto row = static_cast<std::int64_t>(k) / c.Dk;
       return !c.query_valid(row / (c.Hq * c.Nq), row % c.Nq);
     };
+    // The statistical tier's groups: elements of different groups depend on disjoint rows.
     auto judge = [&](const std::string& name, bool wanted, const std::vector<std::int64_t>& shape,
-                     const std::vector<double>& err, auto terms_of, double extra) {
+                     const std::vector<double>& err, const GradientSpread& sp, std::size_t group_size,
+                     auto terms_of, double extra) {
       if (!wanted) return;
       const RawTensor* got = returned(name, shape);
       if (!got) return;
@@ -474,27 +485,38 @@ struct Comparer {
         if (skip(name, k)) continue;
         const double x = value_of(*gref, k), bd = value_of(*gb, k), n = terms_of(k);
         // FTZ in the accumulation: n terms each flushed below grad_accum's smallest normal
-        const double lim = gradient_limit(profile, err[k], n, extra, bd, uo, floor + n * min_normal(profile.grad_accum), x);
-        element(a, *got, *gg, k, x, 0, bd, lim, -1, -1, 0, u_at.find(k));
+        const double fl = floor + n * min_normal(profile.grad_accum);
+        const double lim = gradient_limit(profile, err[k], n, extra, bd, uo, fl, x);
+        // the random parts, the accumulation's n + 2 roundings on at most bd each (any order),
+        // GQA's partial sums (extra = group u_out: group roundings of u_out bd), the final one
+        const double var = sq(sp.random[k]) + (n + 2) * sq(ug * bd) + extra * uo * sq(bd) + sq(uo * x);
+        const double scale = std::sqrt(var / 3) + sp.floor[k] + fl;
+        element(a, *got, *gg, k, x, 0, bd, lim, -1, scale, static_cast<std::int64_t>(k / group_size), u_at.find(k));
       }
       finish(a);
     };
     // dq sums over the row's keys; dk and dv over the group's query heads and rows (GQA partial
     // sums per query head may be rounded to the output dtype first: group u_out more); dbias over
     // the entries its element was broadcast to.
-    judge("dq", c.want_dq, c.q.shape, ge.dq, [&](std::size_t k) {
+    judge("dq", c.want_dq, c.q.shape, ge.dq, ge.dq_spread, static_cast<std::size_t>(c.Dk), [&](std::size_t k) {
       return limits[k / static_cast<std::size_t>(c.Dk)].keys; }, 0.0);
     const double rows = group * static_cast<double>(c.Nq);
     const double gqa = group > 1 ? group * uo : 0;
-    judge("dk", c.want_dk, c.k.shape, ge.dk, [&](std::size_t) { return rows; }, gqa);
-    judge("dv", c.want_dv, c.v.shape, ge.dv, [&](std::size_t) { return rows; }, gqa);
+    const auto head = static_cast<std::size_t>(c.Nk);
+    judge("dk", c.want_dk, c.k.shape, ge.dk, ge.dk_spread, head * static_cast<std::size_t>(c.Dk),
+          [&](std::size_t) { return rows; }, gqa);
+    judge("dv", c.want_dv, c.v.shape, ge.dv, ge.dv_spread, head * static_cast<std::size_t>(c.Dv),
+          [&](std::size_t) { return rows; }, gqa);
     if (c.bias) {
       const double per = static_cast<double>(c.B * c.Hq * c.Nq * c.Nk) / static_cast<double>(c.bias->values.size());
-      judge("dbias", c.want_dbias, c.bias->shape, ge.dbias, [&](std::size_t) { return per; }, 0.0);
+      // (the last extent is the keys'; the ones before it, where not broadcast, the rows')
+      const std::size_t last = c.bias->shape.empty() ? ge.dbias.size() : static_cast<std::size_t>(c.bias->shape.back());
+      judge("dbias", c.want_dbias, c.bias->shape, ge.dbias, ge.dbias_spread, std::max<std::size_t>(last, 1),
+            [&](std::size_t) { return per; }, 0.0);
     }
     // dsinks[h] sums one term per row of the head over the batch.
     if (c.sinks)
-      judge("dsinks", c.want_dsinks, {c.Hq}, ge.dsinks,
+      judge("dsinks", c.want_dsinks, {c.Hq}, ge.dsinks, ge.dsinks_spread, 1,
             [&](std::size_t) { return static_cast<double>(c.B * c.Nq); }, 0.0);
   }
 

@@ -7,9 +7,18 @@
 
 namespace attnoracle::conformance {
 
+namespace {
+double sq(double x) { return x * x; }
+void size_spread(GradientSpread& s, std::size_t n) {
+  s.random.assign(n, 0);
+  s.floor.assign(n, 0);
+}
+}  // namespace
+
 GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vector<RowMagnitudes>& mags,
                                const std::vector<RowLimits>& limits, const std::vector<double>& out_ref,
-                               const std::vector<double>& out_bound, const std::vector<double>& vsum) {
+                               const std::vector<double>& out_bound, const std::vector<double>& vsum,
+                               const std::vector<double>& out_spread) {
   const std::int64_t H = c.Hq, Hk = c.Hkv, Nq = c.Nq, Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
   const double sscale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(Dk));
   const double scale = std::fabs(sscale);
@@ -23,8 +32,22 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   g.dv.assign(static_cast<std::size_t>(c.B * Hk * Nk * Dv), 0);
   if (c.bias) g.dbias.assign(c.bias->values.size(), 0);
   if (c.sinks) g.dsinks.assign(static_cast<std::size_t>(H), 0);
-  std::vector<double> s(static_cast<std::size_t>(Nk)), t(s), P(s), a(s);
+  size_spread(g.dq_spread, g.dq.size());
+  size_spread(g.dk_spread, g.dk.size());
+  size_spread(g.dv_spread, g.dv.size());
+  size_spread(g.dbias_spread, g.dbias.size());
+  size_spread(g.dsinks_spread, g.dsinks.size());
+  // The statistical model's parts of the roundings (statistics.cpp's weight_spread, per key).
+  const double uq = unit_roundoff(p.qk_accum), up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const double ub = p.bias ? unit_roundoff(*p.bias) : 0;
+  const double dot_k = std::sqrt(static_cast<double>(Dk) + 2) * uq * scale;
+  const double root_dv = std::sqrt(static_cast<double>(Dv) + 1);
+  std::vector<double> s(static_cast<std::size_t>(Nk)), t(s), P(s), a(s), dabs(s), own(s), dS(s);
   std::vector<char> on(s.size());
+  std::vector<double> sum_p(static_cast<std::size_t>(Dk)), sum_s(sum_p), osq(sum_p), flr(sum_p);
+  std::vector<double> b_p(g.dbias.size()), b_s(b_p), b_osq(b_p), b_fl(b_p);
+  std::vector<char> b_on(g.dbias.size());
+  std::vector<std::size_t> touched;
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < Nq; ++i) {
@@ -43,8 +66,12 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           const auto jj = static_cast<std::size_t>(j);
           on[jj] = c.allowed(b, h, i, j);
           if (!on[jj]) continue;
-          double dot = 0;
-          for (std::int64_t d = 0; d < Dk; ++d) dot += q[d] * kb[j * Dk + d];
+          double dot = 0, da = 0;
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            dot += q[d] * kb[j * Dk + d];
+            da += std::fabs(q[d] * kb[j * Dk + d]);
+          }
+          dabs[jj] = da;
           double T = sscale * dot;
           t[jj] = 1;
           if (cap > 0) {
@@ -54,6 +81,11 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           }
           s[jj] = T + c.bias_at(b, h, i, j);
           mx = std::max(mx, s[jj]);
+          // weight j's own relative error: the dot, scale and softcap, the bias's rounding, the
+          // rounding into `softmax` of T and of S (the subtraction, exp, division and P's
+          // rounding follow once the row's maximum is known)
+          const double ebias = ub * (s[jj] - T);
+          own[jj] = sq(dot_k * da) + sq(ebias) + sq(us * T) + sq(us * s[jj]);
         }
         // No allowed key: gradient 0 under policy zero; with a sink O = 0, so D = 0 and the row
         // adds 0 to dsinks.
@@ -62,12 +94,27 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
         double Z = c.sinks ? std::exp(c.sink(h) - mx) : 0, R = 0, A = 0;
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (on[static_cast<std::size_t>(j)]) Z += P[static_cast<std::size_t>(j)] = std::exp(s[static_cast<std::size_t>(j)] - mx);
+        const double lse = mx + std::log(Z);
+        // P's common relative error in the row (the statistical tier): sum_j P_j eps_j of the
+        // forward's weights, Z's summation u_sm sqrt(sum W_k^2) (the sink's term first), log's
+        // own on log n, lse's addition of the maximum and its rounding into `softmax` (P
+        // recomputed from it); each a sum of independent roundings, in quadrature.
+        const double sink_own = c.sinks ? sq(us * (c.sink(h) - lse)) + sq(p.exp_ulps * us) + sq(us) + sq(up) : 0;
+        double key_sq = 0, W = c.sinks ? std::exp(c.sink(h) - mx) / Z : 0, zp = sq(W);
         for (std::int64_t j = r.first; j <= r.last; ++j) {
           const auto jj = static_cast<std::size_t>(j);
           if (!on[jj]) continue;
           P[jj] /= Z;
-          a[jj] = 0;
-          for (std::int64_t e = 0; e < Dv; ++e) a[jj] += std::fabs(dout[e] * vb[j * Dv + e]);
+          // |S - lse| >= |S - m|: the subtraction of either, then exp, the division, P's rounding
+          own[jj] = std::sqrt(own[jj] + sq(us * (s[jj] - lse)) + sq(p.exp_ulps * us) + sq(us) + sq(up));
+          key_sq += sq(P[jj] * own[jj]);
+          W += P[jj];
+          zp += sq(W);
+          a[jj] = dS[jj] = 0;
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            a[jj] += std::fabs(dout[e] * vb[j * Dv + e]);
+            dS[jj] += dout[e] * vb[j * Dv + e];  // dP_ij, made dS_ij below
+          }
           R += P[jj] * a[jj];
           A += a[jj];
         }
@@ -79,16 +126,40 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
         // errors (steps 1 and 5) and one exp, which these terms bound.
         const double p_rel = L.weight_rel + p.exp_ulps * us * (1 + m.score_abs) + us * (2 * m.score_abs + std::log(n) + 1);
         const double p_abs = L.p_sub + min_subnormal(p.softmax) / 2 + min_subnormal(p.grad_ds) / 2;
-        double o = 0, E_flash = 0;
+        double o = 0, E_flash = 0, Dx = 0;
         for (std::int64_t e = 0; e < Dv; ++e) {
           const std::size_t k = row * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e);
           const double vs = vsum.empty() ? 0 : vsum[k];
           o += std::fabs(dout[e] * out_ref[k]);
+          Dx += dout[e] * out_ref[k];
           E_flash += std::fabs(dout[e]) * (out_compute(L, out_bound[k], vs) + u_out * std::fabs(out_ref[k]));
         }
         E_flash += (static_cast<double>(Dv) + 1) * ug * o;
         const double E_math = ((n + 1) * ug + p_rel + (static_cast<double>(Dv) + 1) * ug + u_dp) * R + p_abs * A;
         const double E = std::max(E_flash, E_math);
+        if (c.sinks) key_sq += sq(std::exp(c.sink(h) - mx) / Z) * sink_own;
+        const double pc = std::sqrt(key_sq + sq(us * std::sqrt(zp)) + sq(p.exp_ulps * us * std::log(n)) +
+                                    2 * sq(us * lse));
+        // D_i's random part: from the implementation's out (each element's statistical bound,
+        // the elements of a row dependent: added linearly) and its Dv + 1 roundings, or as
+        // sum_j P_j dP_j (P's common relative error c makes it (1 + c) D, the own errors and dP's roundings of the keys in
+        // quadrature, the n + 1 roundings of the sum); its underflow part stays in E_fl.
+        double Es_flash = root_dv * ug * o, Es_math_sq = 0;
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          const std::size_t k = row * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e);
+          const double vs = vsum.empty() ? 0 : vsum[k];
+          Es_flash += std::fabs(dout[e]) * (out_spread.empty() ? out_compute(L, out_bound[k], vs) + u_out * std::fabs(out_ref[k])
+                                                               : out_spread[k]);
+        }
+        for (std::int64_t j = r.first; j <= r.last; ++j)
+          if (on[static_cast<std::size_t>(j)]) {
+            const auto jj = static_cast<std::size_t>(j);
+            Es_math_sq += sq(P[jj] * a[jj]) * (sq(own[jj]) + (static_cast<double>(Dv) + 1) * sq(ug) + sq(u_dp));
+          }
+        const double Es = std::max(Es_flash, pc * std::fabs(Dx) + std::sqrt(Es_math_sq) + std::sqrt(n + 1) * ug * R);
+        const double E_fl = p_abs * A;
+        for (std::int64_t j = r.first; j <= r.last; ++j)
+          if (on[static_cast<std::size_t>(j)]) dS[static_cast<std::size_t>(j)] = P[static_cast<std::size_t>(j)] * (dS[static_cast<std::size_t>(j)] - Dx);
         // dS = P (dP - D): P's error on |dP - D| <= a_j + o, dP's Dv + 1 roundings and its rounding
         // to grad_dp, the subtraction and product (2 u_g), dS rounded to grad_ds.
         const double c1 = p_rel + (static_cast<double>(Dv) + 3) * ug + u_dp + u_ds;
@@ -96,30 +167,88 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
         // and subtracted: an absolute error of at most twice that.
         const double f_abs = cap > 0 ? 2 * L.score / cap + 2 * (p.exp_ulps + 1) * us : 0;
         double* dq = &g.dq[row * static_cast<std::size_t>(Dk)];
+        std::fill(sum_p.begin(), sum_p.end(), 0.0);
+        std::fill(sum_s.begin(), sum_s.end(), 0.0);
+        std::fill(osq.begin(), osq.end(), 0.0);
+        std::fill(flr.begin(), flr.end(), 0.0);
+        touched.clear();
         for (std::int64_t j = r.first; j <= r.last; ++j) {
           const auto jj = static_cast<std::size_t>(j);
           if (!on[jj]) continue;
           const double M = P[jj] * (a[jj] + o);
           const double d_ds = c1 * M + P[jj] * E + p_abs * (a[jj] + o);
           const double d_dt = d_ds * t[jj] + M * f_abs;
+          // The statistical tier's dS_ij: the row's common part (D's error dD takes -P_ij dD, P's
+          // common relative error c makes dS c dS: to first order one variable each for the whole
+          // row, so a sum over the row's keys takes them on the signed sums), its own roundings
+          // (P's, dP's Dv + 1 and its rounding to grad_dp, the subtraction, the product, dS's
+          // rounding to grad_ds; in quadrature, independent of the other keys'), and the
+          // underflow terms.
+          const double Cs = P[jj] * Es + pc * std::fabs(dS[jj]);
+          const double Os = P[jj] * std::sqrt(sq(own[jj] * (a[jj] + o)) + (static_cast<double>(Dv) + 1) * sq(ug * a[jj]) +
+                                              sq(u_dp * a[jj]) + (2 * sq(ug) + sq(u_ds)) * sq(a[jj] + o));
+          const double Fs = p_abs * (a[jj] + o) + P[jj] * E_fl;
+          // dT = dS t, the softcap's factor off by f_abs (the key's own tanh)
+          const double C = Cs * t[jj], O = std::hypot(Os * t[jj], M * f_abs), F = Fs * t[jj];
           const std::size_t kj = static_cast<std::size_t>((b * Hk + gk) * Nk + j);
           for (std::int64_t d = 0; d < Dk; ++d) {
-            dq[d] += scale * d_dt * std::fabs(kb[j * Dk + d]);
-            g.dk[kj * static_cast<std::size_t>(Dk) + static_cast<std::size_t>(d)] += scale * d_dt * std::fabs(q[d]);
+            const double ak = scale * std::fabs(kb[j * Dk + d]), aq = scale * std::fabs(q[d]);
+            dq[d] += d_dt * ak;
+            sum_p[static_cast<std::size_t>(d)] += P[jj] * t[jj] * kb[j * Dk + d];
+            sum_s[static_cast<std::size_t>(d)] += dS[jj] * t[jj] * kb[j * Dk + d];
+            osq[static_cast<std::size_t>(d)] += sq(O * ak);
+            flr[static_cast<std::size_t>(d)] += F * ak;
+            const std::size_t kd = kj * static_cast<std::size_t>(Dk) + static_cast<std::size_t>(d);
+            g.dk[kd] += d_dt * aq;
+            // the rows of a kv head's group are independent: one row's part, squared
+            g.dk_spread.random[kd] += sq((C + O) * aq);
+            g.dk_spread.floor[kd] += F * aq;
           }
           // dv = P^T dout with P off by p_rel, rounded to grad_ds, and P's underflow
-          for (std::int64_t e = 0; e < Dv; ++e)
-            g.dv[kj * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e)] +=
-                ((p_rel + u_ds) * P[jj] + p_abs) * std::fabs(dout[e]);
-          if (c.bias) g.dbias[c.bias_index(b, h, i, j)] += d_ds;
+          const double pr = P[jj] * (pc + std::hypot(own[jj], u_ds));
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            const std::size_t ke = kj * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e);
+            g.dv[ke] += ((p_rel + u_ds) * P[jj] + p_abs) * std::fabs(dout[e]);
+            g.dv_spread.random[ke] += sq(pr * dout[e]);
+            g.dv_spread.floor[ke] += p_abs * std::fabs(dout[e]);
+          }
+          if (c.bias) {
+            const std::size_t bi = c.bias_index(b, h, i, j);
+            g.dbias[bi] += d_ds;
+            // within the row the common parts on the signed sums, the own ones in quadrature
+            if (!b_on[bi]) touched.push_back(bi);
+            b_on[bi] = 1;
+            b_p[bi] += P[jj];  // dbias takes dS, not dT
+            b_s[bi] += dS[jj];
+            b_osq[bi] += sq(Os);
+            b_fl[bi] += Fs;
+          }
+        }
+        for (std::int64_t d = 0; d < Dk; ++d) {
+          const auto ud = static_cast<std::size_t>(d);
+          g.dq_spread.random[row * static_cast<std::size_t>(Dk) + ud] =
+              scale * (Es * std::fabs(sum_p[ud]) + pc * std::fabs(sum_s[ud])) + std::sqrt(osq[ud]);
+          g.dq_spread.floor[row * static_cast<std::size_t>(Dk) + ud] = flr[ud];
+        }
+        for (const std::size_t bi : touched) {
+          g.dbias_spread.random[bi] += sq(Es * std::fabs(b_p[bi]) + pc * std::fabs(b_s[bi]) + std::sqrt(b_osq[bi]));
+          g.dbias_spread.floor[bi] += b_fl[bi];
+          b_p[bi] = b_s[bi] = b_osq[bi] = b_fl[bi] = 0;
+          b_on[bi] = 0;
         }
         // dsinks[h] -= P_sink D: P_sink = exp(sink - lse) off by p_rel (S exact here, lse's error
         // and one exp) and p_abs, D off by E, the product rounded to grad_ds.
         if (c.sinks) {
           const double ps = std::exp(c.sink(h) - mx) / Z;
           g.dsinks[static_cast<std::size_t>(h)] += (p_rel + u_ds) * ps * o + ps * E + p_abs * o;
+          g.dsinks_spread.random[static_cast<std::size_t>(h)] +=
+              sq(ps * ((pc + std::sqrt(sink_own + sq(u_ds))) * o + Es));
+          g.dsinks_spread.floor[static_cast<std::size_t>(h)] += p_abs * o + ps * E_fl;
         }
       }
+  // dk, dv, dbias, dsinks summed squares over independent rows: their roots
+  for (GradientSpread* sp : {&g.dk_spread, &g.dv_spread, &g.dbias_spread, &g.dsinks_spread})
+    for (double& x : sp->random) x = std::sqrt(x);
   return g;
 }
 

@@ -93,9 +93,44 @@ TEST(GradientGate, AnElementBeyondItsLimitFailsNamingIt) {
     EXPECT_GT(rep.worst->limit_ratio, 1) << name;
     EXPECT_EQ(rep.failed_elements, 1) << name;
     const double own = rep.worst->limit;
+    // Within its limit no element fails; but half a worst-case limit is many times the
+    // statistical tier's scale, so a tensor large enough to be tested fails there, by name.
     const CaseReport half = moved(0.5 * own);
-    EXPECT_EQ(half.status, CaseStatus::Pass) << name << ": " << half.reason;
+    EXPECT_EQ(half.failed_elements, 0) << name;
     EXPECT_NEAR(report_of(half, name)->worst_ratio, 0.5, 0.01) << name;
+    if (report_of(half, name)->tier.tested) {
+      EXPECT_EQ(half.status, CaseStatus::Fail) << name;
+      EXPECT_EQ(half.reason.rfind(std::string(name) + ": ", 0), 0u) << half.reason;
+    } else {
+      EXPECT_EQ(half.status, CaseStatus::Pass) << name << ": " << half.reason;
+    }
+  }
+}
+
+// The statistical tier of the gradients: every element of a tensor 256 ulps off, each well
+// within its worst-case limit, fails where the declared arithmetic's errors could not add up to
+// that; one ulp off every element, a correct F32 kernel's final rounding, passes.
+TEST(GradientGate, TierCatchesErrorsWithinTheLimits) {
+  const auto golden = golden_of(make_case({{"attn.outputs", "out,lse,dq,dk,dv"}}, false, 40));
+  auto shifted = [&](const char* name, int ulps) {
+    JobResult r = golden_result(golden);
+    RawTensor& t = tensor(r, name);
+    for (std::size_t k = 0; k < t.data.size() / 4; ++k) {
+      float x = get(t, k);
+      for (int u = 0; u < ulps; ++u) x = std::nextafter(x, k % 2 ? INFINITY : -INFINITY);
+      set(t, k, x);
+    }
+    return compare_case("c", golden, "ok", r, builtin_profile("fp32"));
+  };
+  for (const char* name : {"dq", "dk", "dv"}) {
+    const CaseReport one = shifted(name, 1);
+    EXPECT_EQ(one.status, CaseStatus::Pass) << name << ": " << one.reason;
+    ASSERT_TRUE(report_of(one, name)->tier.tested) << name;
+    const CaseReport many = shifted(name, 256);
+    EXPECT_EQ(many.failed_elements, 0) << name << ": " << many.reason;
+    EXPECT_EQ(many.status, CaseStatus::Fail) << name;
+    EXPECT_EQ(many.reason.rfind(std::string(name) + ": ", 0), 0u) << many.reason;
+    EXPECT_LT(report_of(many, name)->tier.headroom, 1) << name;
   }
 }
 

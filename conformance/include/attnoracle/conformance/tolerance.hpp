@@ -77,12 +77,23 @@ std::vector<double> out_value_sum(const Case& c);
 // shapes of q, k, v, bias and sinks; dbias, dsinks empty without them), the part of the error that dS's and P's errors
 // carry into it, before the safety factor. out_ref and out_bound: the golden out.ref and
 // out.bound; vsum: out_value_sum (empty when no row's p_sub is nonzero).
+//
+// For the statistical tier ("Gradients" there), per element: `random`, the root of the summed
+// squared bounds of the independent groups of roundings that reach it (a group's parts that may
+// depend on each other added linearly), before the accumulation and the final rounding; `floor`,
+// the underflow terms, added as they are. out_spread: per element of out, the root of its
+// statistical tier's proxy times sqrt 3 (empty: out's worst-case computing part instead).
+struct GradientSpread {
+  std::vector<double> random, floor;
+};
 struct GradientErrors {
   std::vector<double> dq, dk, dv, dbias, dsinks;
+  GradientSpread dq_spread, dk_spread, dv_spread, dbias_spread, dsinks_spread;
 };
 GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vector<RowMagnitudes>& mags,
                                const std::vector<RowLimits>& limits, const std::vector<double>& out_ref,
-                               const std::vector<double>& out_bound, const std::vector<double>& vsum);
+                               const std::vector<double>& out_bound, const std::vector<double>& vsum,
+                               const std::vector<double>& out_spread = {});
 // The limit of a gradient element: err from gradient_errors, `terms` the number of products the
 // element sums (the accumulation's gamma on its G.bound), `extra` a further relative term on the
 // bound (GQA partial sums rounded to the output dtype), x its exact value.
