@@ -425,36 +425,64 @@ def main(argv=None):
         return case, case_bytes, cmds
 
     def measure_check(n):
+        """`check` on two result sets of one case: its own golden tensors (every element equal to
+        the golden one: the comparison's fast path) and the NumPy adapter's float32 results (most
+        elements differ: every element through the full comparison, as for most implementations).
+        Returns [(label, result bytes, Command)], runs alternating between the two."""
         spec = os.path.join(workdir, "check-spec.json")
         with open(spec, "w") as f:
             json.dump({"suite": "bench-check", "seed": args.seed, "families": [
                 {"name": "check", "generator": "normal", "fixed": {
                     "dtype": "F32", "shape": [1, 8, 8, n, n, 64, 64], "outputs": "out,weights,lse"}}]}, f)
-        vset, rdir = os.path.join(workdir, "check-set"), os.path.join(workdir, "check-results")
-        cmd = Command("attnoracle check, 1 thread", "check", None, 1)
+        vset = os.path.join(workdir, "check-set")
         try:
             wall, _, _ = run_once([args.attnoracle, "gen", spec, "-o", vset, "--quiet"], args.timeout, workdir)
             log(f"check: vector set of {n}x{n}, 8 heads generated in {wall:.1f} s")
         except Failure as e:
+            cmd = Command("attnoracle check, 1 thread", "check", None, 1)
             cmd.failed = f"gen failed: {e}"
-            return 0, cmd
-        os.makedirs(rdir, exist_ok=True)
+            return [("golden copy", 0, cmd)]
         case_file = os.path.join(vset, "cases", "check-000.safetensors")
-        result_bytes = write_results(case_file, os.path.join(rdir, "check-000.safetensors"),
-                                     ("out", "weights", "lse"))
-        argv = [args.attnoracle, "check", vset, "--results", rdir, "--profile", "fp32", "--threads", "1",
-                "--no-progress"]
+        sets = []
+        rdir = os.path.join(workdir, "check-golden")
+        os.makedirs(rdir, exist_ok=True)
+        sets.append(("golden copy", rdir, write_results(case_file, os.path.join(rdir, "check-000.safetensors"),
+                                                        ("out", "weights", "lse"))))
+        rdir = os.path.join(workdir, "check-numpy")
+        os.makedirs(rdir, exist_ok=True)
+        out = os.path.join(rdir, "check-000.safetensors")
+        jobs = os.path.join(workdir, "check-jobs.jsonl")
+        with open(jobs, "w") as f:
+            f.write(json.dumps({"id": "check-000", "input": case_file, "output": out}) + "\n")
+        adapter = os.path.join(HERE, "..", "conformance", "adapters", "numpy", "attention.py")
+        try:
+            run_once([sys.executable, adapter, jobs], args.timeout, workdir)
+            with open(out, "rb") as f:
+                blob = f.read()
+            header = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
+            sets.append(("NumPy float32", rdir, sum(t["data_offsets"][1] - t["data_offsets"][0]
+                                                    for k, t in header.items() if k != "__metadata__")))
+        except (Failure, OSError, ValueError) as e:
+            log(f"check: no NumPy results ({e})")
+        measured = []
+        for label, rdir, result_bytes in sets:
+            measured.append((label, result_bytes, Command(f"attnoracle check, 1 thread, {label}", "check", None, 1),
+                             [args.attnoracle, "check", vset, "--results", rdir, "--profile", "fp32", "--threads", "1",
+                              "--no-progress"]))
         for r in range(args.reps):
-            try:
-                wall, peak, _ = run_once(argv, args.timeout, workdir)
-            except Failure as e:
-                cmd.failed = str(e)
-                log(f"check: FAILED {e}")
-                break
-            cmd.walls.append(wall)
-            cmd.peaks.append(peak)
-            log(f"check run {r + 1}: {wall:.3f} s, {result_bytes / wall / 1e6:.0f} MB/s")
-        return result_bytes, cmd
+            for label, result_bytes, cmd, argv in measured:
+                if cmd.failed:
+                    continue
+                try:
+                    wall, peak, _ = run_once(argv, args.timeout, workdir)
+                except Failure as e:
+                    cmd.failed = str(e)
+                    log(f"check ({label}): FAILED {e}")
+                    continue
+                cmd.walls.append(wall)
+                cmd.peaks.append(peak)
+                log(f"check ({label}) run {r + 1}: {wall:.3f} s, {result_bytes / wall / 1e6:.0f} MB/s")
+        return [(label, result_bytes, cmd) for label, result_bytes, cmd, _ in measured]
 
     results = []   # (n, d, case_bytes, cmds, agreement dict)
     try:
@@ -512,8 +540,9 @@ def main(argv=None):
                     os.remove(f)
 
         # `check` on one thread: a one-case vector set made by `attnoracle gen`, the results its
-        # own golden out, weights and lse (what a correct implementation returns at best).
-        check = None  # (result bytes, Command)
+        # own golden out, weights and lse (what a correct implementation returns at best) and the
+        # NumPy adapter's.
+        check = None  # [(label, result bytes, Command)]
         if args.check_n > 0:
             check = measure_check(args.check_n)
     finally:
@@ -623,17 +652,21 @@ def main(argv=None):
         md.append("Summary lines: " + "; ".join(f"{dt}: `{i.get('line', '')}`" for dt, _, i, _ in fallback if i))
 
     if check:
-        result_bytes, c = check
         md.append("")
         md.append(f"## `attnoracle check`, one thread: 1 case, 8 heads, {args.check_n}x{args.check_n}, D = 64, "
-                  f"F32, out, weights and lse ({result_bytes / 1e6:.1f} MB of results)")
+                  f"F32, out, weights and lse")
         md.append("")
-        if c.walls:
-            md.append(f"{len(c.walls)} runs, median {fmt(c.median(), 4)} s whole process (reading and hashing the "
-                      f"golden file, reading the results, the comparison, the report): "
-                      f"**{result_bytes / c.median() / 1e6:.0f} MB/s** of results; peak {c.peak() / MIB:.1f} MiB.")
-        else:
-            md.append(f"not measured: {c.failed}")
+        md.append("Whole process (reading and hashing the golden file, reading the results, the comparison, "
+                  "the report), median wall time; MB/s of results (10^6 bytes of result tensors per second).")
+        md.append("")
+        md.append("| results | MB | runs | median s | MB/s | peak MiB |")
+        md.append("|---|---|---|---|---|---|")
+        for label, result_bytes, c in check:
+            if c.walls:
+                md.append(f"| {label} | {result_bytes / 1e6:.1f} | {len(c.walls)} | {fmt(c.median(), 4)} "
+                          f"| **{result_bytes / c.median() / 1e6:.0f}** | {c.peak() / MIB:.1f} |")
+            else:
+                md.append(f"| {label} | {result_bytes / 1e6:.1f} | 0 | – | not measured: {c.failed} | – |")
 
     # ---- issue 6 targets, on what was measured ----
     md.append("")
@@ -768,9 +801,10 @@ def main(argv=None):
                 s2 = e1.median() / e2.median()
                 parts.append(f"{n}x{n} D={d}: {s2:.2f}x ({verdict(s2 >= 1.8)})")
     md.append("- 2 threads at least 1.8x faster than 1 (N >= 1024): " + ("; ".join(parts) if parts else "not measured"))
-    if check and check[1].walls:
-        rate = check[0] / check[1].median() / 1e6
-        md.append(f"- `check` at least 1 GB/s of results on one core: {rate:.0f} MB/s ({verdict(rate >= 1000)})")
+    if check and any(c.walls for _, _, c in check):
+        rates = [(label, b / c.median() / 1e6) for label, b, c in check if c.walls]
+        md.append("- `check` at least 1 GB/s of results on one core: " +
+                  "; ".join(f"{label} {rate:.0f} MB/s ({verdict(rate >= 1000)})" for label, rate in rates))
     else:
         md.append("- `check` at least 1 GB/s of results on one core: not measured (--check-n 0)")
     if notes:

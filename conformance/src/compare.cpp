@@ -39,15 +39,49 @@ SafeTensorsFile strip_golden(const SafeTensorsFile& golden) {
 
 namespace {
 
+// dtype_size, inline for the float formats the comparison reads element by element.
+std::size_t width_of(DType t) {
+  switch (t) {
+    case DType::F64: return 8;
+    case DType::F32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
+    default: return dtype_size(t);
+  }
+}
+double finite_value(DType t, const unsigned char* p);
+// decode_float, inline for finite F64, F32, F16 and BF16 elements.
+double decode_value(DType t, const unsigned char* p) {
+  switch (t) {
+    case DType::F64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case DType::F32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return static_cast<double>(x);
+    }
+    case DType::F16:
+    case DType::BF16: {
+      std::uint16_t b;
+      std::memcpy(&b, p, 2);
+      const std::uint16_t e = t == DType::F16 ? 0x7c00 : 0x7f80;  // all ones: infinite or NaN
+      return (b & e) != e ? finite_value(t, p) : decode_float(t, p);
+    }
+    default: return decode_float(t, p);
+  }
+}
+
 std::uint64_t bits_of(const RawTensor& t, std::size_t k) {
   std::uint64_t b = 0;
-  std::memcpy(&b, t.data.data() + k * dtype_size(t.dtype), dtype_size(t.dtype));
+  const std::size_t w = width_of(t.dtype);
+  std::memcpy(&b, t.data.data() + k * w, w);
   return b;
 }
 double sq(double x) { return x * x; }
-double value_of(const RawTensor& t, std::size_t k) {
-  return decode_float(t.dtype, t.data.data() + k * dtype_size(t.dtype));
-}
+double value_of(const RawTensor& t, std::size_t k) { return decode_value(t.dtype, t.data.data() + k * width_of(t.dtype)); }
 
 // A fully masked row that is not padding: the contract refuses it under policy error.
 bool has_refusable_row(const Case& c) {
@@ -257,7 +291,21 @@ struct Comparer {
     std::int64_t stat_n = 0;
     Sample sample;              // the statistical tier's normalised errors
     std::int64_t unsampled = 0;  // compared elements outside the sample
+    int diagnosis_tensor = -2;   // Diagnosis::tensor_index of the tensor, once known
   };
+
+  // The constants of element()'s dtype (that of the returned tensors), looked up when it changes.
+  DType fmt_dtype = DType::BOOL;
+  int fmt_emin = 0, fmt_precision = 0;
+  double fmt_u = 0, fmt_min_normal = 0;
+  void format_of(DType t) {
+    const FloatFormat f = float_format(t);
+    fmt_dtype = t;
+    fmt_emin = 1 - f.bias;
+    fmt_precision = f.precision;
+    fmt_u = unit_roundoff(t);
+    fmt_min_normal = min_normal(t);
+  }
 
   // One element: y against x = x_hi + x_lo, with limit `lim` (after the safety factor) and the
   // bound used by the bound error. `alt`: an undecided element's other candidate (bits).
@@ -267,18 +315,24 @@ struct Comparer {
   void element(Acc& acc, const RawTensor& got, const RawTensor& gold, std::size_t k, double x_hi, double x_lo,
                double bound, double lim, double compute, double scale, std::int64_t row,
                const std::uint64_t* alt = nullptr) {
-    const double y = value_of(got, k);
-    const std::uint64_t yb = bits_of(got, k), gb = bits_of(gold, k);
     const DType t = got.dtype;
+    if (t != fmt_dtype) format_of(t);
+    const std::size_t w = width_of(t);
+    const double y = decode_value(t, got.data.data() + k * w);
+    std::uint64_t yb = 0;
+    std::memcpy(&yb, got.data.data() + k * w, w);
+    const std::uint64_t gb = bits_of(gold, k);
     // the golden value (or its other candidate) has error 0
     const double d = yb == gb || (alt && yb == *alt) ? 0 : abs_error(y, x_hi, x_lo, t);
     const double ratio = d == 0 ? 0 : (lim > 0 ? d / lim : INFINITY);
-    const double ulp = d == 0 ? 0 : ulp_error(y, x_hi, x_lo, t);
-    const double be = d == 0 ? 0 : bound_error(y, x_hi, x_lo, bound, t);
+    // ulp_error and bound_error of d, with t's constants looked up once
+    const double ulp = d == 0 || std::isinf(d) ? d : d / ulp_of(x_hi, x_lo, fmt_emin, fmt_precision);
+    const double be = d == 0 || std::isinf(d) ? d : d / std::max(bound * fmt_u, fmt_min_normal);
     ++acc.t.compared;
     acc.t.worst_ulp = std::max(acc.t.worst_ulp, ulp);
     acc.t.worst_bound_error = std::max(acc.t.worst_bound_error, be);
-    rep.diagnosis.record(got.name, got.shape, k, x_hi + x_lo, y, ratio);
+    if (acc.diagnosis_tensor == -2) acc.diagnosis_tensor = Diagnosis::tensor_index(got.name);
+    rep.diagnosis.record(acc.diagnosis_tensor, got.shape, k, x_hi + x_lo, y, ratio);
     if (pictures) pictures->record(got.name, k, ratio);
     if (ratio > 1) {
       ++rep.failed_elements;
@@ -300,7 +354,7 @@ struct Comparer {
       statistics(acc, y, x_hi, x_lo, compute);
     }
     if (scale > 0 && std::isfinite(scale) && std::isfinite(d) && std::isfinite(x_hi))
-      acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale, final_share(unit_roundoff(t), x_hi, scale));
+      acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale, final_share(fmt_u, x_hi, scale));
     else
       ++acc.unsampled;
   }
@@ -510,6 +564,7 @@ struct Comparer {
     const std::size_t w = dtype_size(out->dtype);
     Acc acc;
     acc.t.tensor = "out";
+    acc.sample.z.reserve(out->data.size() / w);  // as for weights below
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t i = 0; i < c.Nq; ++i) {
         if (!c.query_valid(b, i)) continue;  // padding rows are not compared
@@ -588,6 +643,7 @@ struct Comparer {
                           gref->dtype == DType::F64 && gref->data.size() == n_el * 8;
       Acc a;
       a.t.tensor = name;
+      a.sample.z.reserve(n_el);  // at most one normalised error per element, without regrowing
       const std::int64_t per = weights ? c.Nk : 1;
       std::vector<char> slowed;  // per element of a block: compared by element()
       for (std::int64_t b = 0; b < c.B; ++b)
@@ -599,6 +655,8 @@ struct Comparer {
             const auto hrow = static_cast<std::size_t>((b * H + h) * c.Nq + i);
             const RowLimits& L = limits[lrow];
             const auto row0 = static_cast<std::size_t>(((b * H + h) * c.Nq + i) * per);
+            const RowWeightScale ws = weights ? row_weight_scale(profile, spread, scales[lrow], L, uo, hrow)
+                                              : RowWeightScale{};
             auto slow = [&](std::size_t k) {  // one element, as it has always been compared
               const double y = value_of(*got, k);
               if (masked && conv == MaskedRowConvention::Nan) {  // lse: NaN, or -inf as log 0
@@ -612,8 +670,7 @@ struct Comparer {
               const double x = value_of(*gref, k);
               const double lim = weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x);
               const RowScales& R = scales[lrow];
-              const double sc = weights ? weight_scale(profile, spread, R, L, uo, hrow, x)
-                                        : lse_scale(profile, spread, R, L, uo, hrow, x);
+              const double sc = weights ? ws.at(x) : lse_scale(profile, spread, R, L, uo, hrow, x);
               element(a, *got, *gg, k, x, 0, weights ? 1.0 : std::max(1.0, std::fabs(x)), lim, -1, sc,
                       static_cast<std::int64_t>(hrow), u_at.find(k));
             };
@@ -643,8 +700,7 @@ struct Comparer {
                 std::memcpy(&x, rd + 8 * e, 8);
                 a.t.largest_limit = std::max(a.t.largest_limit, weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x));
                 if (slowed[e - k]) continue;
-                const double sc = weights ? weight_scale(profile, spread, R, L, uo, hrow, x)
-                                          : lse_scale(profile, spread, R, L, uo, hrow, x);
+                const double sc = weights ? ws.at(x) : lse_scale(profile, spread, R, L, uo, hrow, x);
                 a.sample.add(static_cast<std::int64_t>(hrow), 0, final_share(uo, x, sc));
               }
               j += static_cast<std::int64_t>(n);

@@ -43,17 +43,29 @@ std::string plural(std::int64_t n, const char* one, const char* many) {
 
 }  // namespace
 
-void Diagnosis::record(const std::string& name, const std::vector<std::int64_t>& shape, std::size_t k, double expected,
-                       double actual, double ratio) {
-  const int t = tensor_of(name);
+int Diagnosis::tensor_index(const std::string& name) { return tensor_of(name); }
+
+void Diagnosis::record(int t, const std::vector<std::int64_t>& shape, std::size_t k, double expected, double actual,
+                       double ratio) {
   if (t < 0 || shape.size() < 3) return;
   // [b, h, i, j]: out and weights [B, H, Nq, W], lse [B, H, Nq] (j -1), mha's out [B, Nq, W] (h -1)
+  const std::int64_t H = has_head_axis(t, shape.size()) ? shape[1] : 1, Nq = shape.size() == 4 || t == 2 ? shape[2] : shape[1];
+  // b * H + h (h taken as 0 where there is no head axis in the shape): one division
+  const auto rest = static_cast<std::int64_t>(k);
+  const std::int64_t head = shape.size() == 4 ? rest / (shape[2] * shape[3])
+                            : t == 2          ? rest / shape[2]
+                                              : rest / (shape[1] * shape[2]) * H;
+  auto& ht = head_acc[t];
+  if (ht.empty()) ht.resize(static_cast<std::size_t>(shape[0] * H));
+  Acc& ha = ht[static_cast<std::size_t>(head)];
+  ha.worst = std::max(ha.worst, ratio);
+  if (!(ratio > 1)) return;
   std::int64_t c[4] = {0, -1, 0, -1};
-  auto rest = static_cast<std::int64_t>(k);
   if (shape.size() == 4) {
+    auto r = rest;
     for (int d = 3; d >= 0; --d) {
-      c[d] = rest % shape[static_cast<std::size_t>(d)];
-      rest /= shape[static_cast<std::size_t>(d)];
+      c[d] = r % shape[static_cast<std::size_t>(d)];
+      r /= shape[static_cast<std::size_t>(d)];
     }
   } else if (t == 2) {
     c[2] = rest % shape[2];
@@ -64,12 +76,6 @@ void Diagnosis::record(const std::string& name, const std::vector<std::int64_t>&
     c[2] = rest / shape[2] % shape[1];
     c[0] = rest / shape[2] / shape[1];
   }
-  const std::int64_t H = has_head_axis(t, shape.size()) ? shape[1] : 1, Nq = shape.size() == 4 || t == 2 ? shape[2] : shape[1];
-  auto& ht = head_acc[t];
-  if (ht.empty()) ht.resize(static_cast<std::size_t>(shape[0] * H));
-  Acc& ha = ht[static_cast<std::size_t>(c[0] * H + std::max<std::int64_t>(c[1], 0))];
-  ha.worst = std::max(ha.worst, ratio);
-  if (!(ratio > 1)) return;
   ++ha.failed;
   Acc& ra = row_acc[t][(c[0] * H + std::max<std::int64_t>(c[1], 0)) * Nq + c[2]];
   ++ra.failed;

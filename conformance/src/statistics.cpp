@@ -25,88 +25,136 @@ double sq(double x) { return x * x; }
 typedef double v2d __attribute__((vector_size(16)));  // SSE2: in every x86-64's base ABI
 typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the processor has it
 
-// dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d k_jd|, each summed in d order, four keys at a
-// time (four independent sums: the same roundings as one key at a time).
-void key_dots(const double* q, const double* kb, std::int64_t Dk, const std::vector<std::int64_t>& keys,
-              std::vector<double>& dot, std::vector<double>& dabs) {
-  const std::size_t n = keys.size();
-  dot.resize(n);
-  dabs.resize(n);
-  std::size_t a = 0;
-  for (; a + 4 <= n; a += 4) {
-    const double* k0 = kb + keys[a] * Dk;
-    const double* k1 = kb + keys[a + 1] * Dk;
-    const double* k2 = kb + keys[a + 2] * Dk;
-    const double* k3 = kb + keys[a + 3] * Dk;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+// For two query rows q0 and q1, dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd| (= |q_d
+// k_jd|, exactly) for the keys j in [j0, j1) (multiples of kKeyBlock), each summed in d order,
+// kKeyBlock keys at a time in vector lanes: the same roundings as one key at a time. kt is the
+// kv head's keys by blocks of kKeyBlock, each transposed: key jb + l's element d at kt[jb Dk +
+// d kKeyBlock + l] (a block's reads are sequential); dot0, dabs0 (q0's) and dot1, dabs1 are
+// indexed by j. Two rows share each load of the keys.
+constexpr std::int64_t kKeyBlock = 8;
+typedef std::uint64_t u2l __attribute__((vector_size(16)));
+typedef std::uint64_t u4l __attribute__((vector_size(32)));
+template <class V, class U>
+inline __attribute__((always_inline)) void key_dots(const double* q0, const double* q1, const double* kt,
+                                                    std::int64_t Dk, std::int64_t j0,
+                                                    std::int64_t j1, double* dot0, double* dabs0, double* dot1,
+                                                    double* dabs1) {
+  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double)), KV = kKeyBlock / L;
+  const U magnitude = U{} + 0x7fff'ffff'ffff'ffffull;  // |x|: the sign bit cleared
+  for (std::int64_t jb = j0; jb < j1; jb += kKeyBlock) {
+    V s0[KV], a0[KV], s1[KV], a1[KV];
+#pragma GCC unroll 4
+    for (std::int64_t v = 0; v < KV; ++v) s0[v] = a0[v] = s1[v] = a1[v] = V{};
+    const double* block = kt + jb * Dk;
     for (std::int64_t d = 0; d < Dk; ++d) {
-      const double p0 = q[d] * k0[d], p1 = q[d] * k1[d], p2 = q[d] * k2[d], p3 = q[d] * k3[d];
-      s0 += p0, s1 += p1, s2 += p2, s3 += p3;
-      t0 += std::fabs(p0), t1 += std::fabs(p1), t2 += std::fabs(p2), t3 += std::fabs(p3);
+      const double x0 = q0[d], xa0 = std::fabs(x0), x1 = q1[d], xa1 = std::fabs(x1);
+#pragma GCC unroll 4
+      for (std::int64_t v = 0; v < KV; ++v) {
+        V k;
+        std::memcpy(&k, block + d * kKeyBlock + v * L, sizeof k);
+        const V ka = reinterpret_cast<V>(reinterpret_cast<U>(k) & magnitude);
+        s0[v] += x0 * k;
+        a0[v] += xa0 * ka;
+        s1[v] += x1 * k;
+        a1[v] += xa1 * ka;
+      }
     }
-    dot[a] = s0, dot[a + 1] = s1, dot[a + 2] = s2, dot[a + 3] = s3;
-    dabs[a] = t0, dabs[a + 1] = t1, dabs[a + 2] = t2, dabs[a + 3] = t3;
-  }
-  for (; a < n; ++a) {
-    const double* k = kb + keys[a] * Dk;
-    double s0 = 0, t0 = 0;
-    for (std::int64_t d = 0; d < Dk; ++d) {
-      s0 += q[d] * k[d];
-      t0 += std::fabs(q[d] * k[d]);
+#pragma GCC unroll 4
+    for (std::int64_t v = 0; v < KV; ++v) {
+      std::memcpy(dot0 + jb + v * L, &s0[v], sizeof(V));
+      std::memcpy(dabs0 + jb + v * L, &a0[v], sizeof(V));
+      std::memcpy(dot1 + jb + v * L, &s1[v], sizeof(V));
+      std::memcpy(dabs1 + jb + v * L, &a1[v], sizeof(V));
     }
-    dot[a] = s0, dabs[a] = t0;
   }
 }
+#define ATTNORACLE_DOTS_ARGS const double *q0, const double *q1, const double *kt, std::int64_t Dk, \
+                             std::int64_t j0, std::int64_t j1, double *dot0, double *dabs0, double *dot1, double *dabs1
+#define ATTNORACLE_DOTS_PASS q0, q1, kt, Dk, j0, j1, dot0, dabs0, dot1, dabs1
+__attribute__((target("avx2"))) void dots_avx2(ATTNORACLE_DOTS_ARGS) { key_dots<v4d, u4l>(ATTNORACLE_DOTS_PASS); }
+void dots_sse(ATTNORACLE_DOTS_ARGS) { key_dots<v2d, u2l>(ATTNORACLE_DOTS_PASS); }
+#undef ATTNORACLE_DOTS_ARGS
+#undef ATTNORACLE_DOTS_PASS
+using DotsFn = void (*)(const double*, const double*, const double*, std::int64_t, std::int64_t, std::int64_t,
+                        double*, double*, double*, double*);
+DotsFn dots_kernel() { return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_sse; }
 
 // For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
 // (w_j (v_jc - x_c) kr_j)^2, wv_c = sum_j (w_j v_jc)^2 and partial_c = sum_k P_k^2 (P_k =
 // sum_{j <= k} w_j v_jc), not yet square-rooted; key, wv and ps start at 0, x and run are
-// scratch [Dv]. Key by key, each value row read in order, L elements (V) at a time: the same
-// operations per element as the scalar loop of weight_spread, in every lane. Returns the
-// elements done (the rest is the scalar loop's).
+// scratch [Dv]. C vectors of L elements (V) at a time, their sums in registers over all the
+// keys (XC vectors for x: more independent sums), the same operations per element as the
+// scalar loop of weight_spread, in every lane. Elements [e0, Dv) from e0 on, XC L (then C L) at a
+// time; returns the first element not done.
+template <class V, int C, int XC>
+inline __attribute__((always_inline)) std::int64_t out_sums(std::int64_t e0, const double* vb,
+                                                            const std::int64_t* keys, std::size_t n,
+                                                            const double* w, const double* kr, std::int64_t Dv,
+                                                            double* key, double* wv, double* ps, double* x,
+                                                            double* run) {
+  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double)), E = L * C, XE = L * XC;
+  // (memcpy for the unaligned loads and stores: no lambdas, whose vector arguments would
+  // cross a function boundary outside the AVX2 target)
+  const std::int64_t end = e0 + (Dv - e0) / XE * XE;
+  for (std::int64_t e = e0; e < end; e += XE) {
+    V xx[XC];
+#pragma GCC unroll 4
+    for (int c = 0; c < XC; ++c) xx[c] = V{};
+    for (std::size_t j = 0; j < n; ++j) {
+      const double* v = vb + keys[j] * Dv + e;
+#pragma GCC unroll 4
+      for (int c = 0; c < XC; ++c) {
+        V vv;
+        std::memcpy(&vv, v + c * L, sizeof vv);
+        xx[c] += w[j] * vv;
+      }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < XC; ++c) std::memcpy(x + e + c * L, &xx[c], sizeof(V));
+  }
+  for (; e0 + E <= end; e0 += E) {
+    V xx[C], k[C], q2[C], r[C], p[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      std::memcpy(&xx[c], x + e0 + c * L, sizeof(V));
+      r[c] = V{};
+      std::memcpy(&k[c], key + e0 + c * L, sizeof(V));
+      std::memcpy(&q2[c], wv + e0 + c * L, sizeof(V));
+      std::memcpy(&p[c], ps + e0 + c * L, sizeof(V));
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      const double* v = vb + keys[j] * Dv + e0;
+      const double wj = w[j], kj = kr[j];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        V vv;
+        std::memcpy(&vv, v + c * L, sizeof vv);
+        const V d = wj * (vv - xx[c]) * kj, q = wj * vv;
+        k[c] += d * d;
+        q2[c] += q * q;
+        r[c] += q;
+        p[c] += r[c] * r[c];
+      }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      std::memcpy(key + e0 + c * L, &k[c], sizeof(V));
+      std::memcpy(wv + e0 + c * L, &q2[c], sizeof(V));
+      std::memcpy(ps + e0 + c * L, &p[c], sizeof(V));
+      std::memcpy(run + e0 + c * L, &r[c], sizeof(V));
+    }
+  }
+  return e0;
+}
+// Four vectors at a time (two for the second pass), then one: the elements done (the rest is
+// the scalar loop's).
 template <class V>
 inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, const std::int64_t* keys, std::size_t n,
                                                             const double* w, const double* kr, std::int64_t Dv,
                                                             double* key, double* wv, double* ps, double* x,
                                                             double* run) {
-  constexpr std::int64_t L = static_cast<std::int64_t>(sizeof(V) / sizeof(double));
-  const std::int64_t DvL = Dv / L * L;
-  // (memcpy for the unaligned loads and stores: no lambdas, whose vector arguments would
-  // cross a function boundary outside the AVX2 target)
-  for (std::int64_t e = 0; e < DvL; ++e) x[e] = run[e] = 0;
-  for (std::size_t j = 0; j < n; ++j) {
-    const double* v = vb + keys[j] * Dv;
-    for (std::int64_t e = 0; e < DvL; e += L) {
-      V vv, xx;
-      std::memcpy(&vv, v + e, sizeof vv);
-      std::memcpy(&xx, x + e, sizeof xx);
-      xx += w[j] * vv;
-      std::memcpy(x + e, &xx, sizeof xx);
-    }
-  }
-  for (std::size_t j = 0; j < n; ++j) {
-    const double* v = vb + keys[j] * Dv;
-    const double wj = w[j], kj = kr[j];
-    for (std::int64_t e = 0; e < DvL; e += L) {
-      V vv, xx, k, q2, r, p;
-      std::memcpy(&vv, v + e, sizeof vv);
-      std::memcpy(&xx, x + e, sizeof xx);
-      std::memcpy(&k, key + e, sizeof k);
-      std::memcpy(&q2, wv + e, sizeof q2);
-      std::memcpy(&r, run + e, sizeof r);
-      std::memcpy(&p, ps + e, sizeof p);
-      const V d = wj * (vv - xx) * kj, q = wj * vv;
-      k += d * d;
-      q2 += q * q;
-      r += q;
-      p += r * r;
-      std::memcpy(key + e, &k, sizeof k);
-      std::memcpy(wv + e, &q2, sizeof q2);
-      std::memcpy(run + e, &r, sizeof r);
-      std::memcpy(ps + e, &p, sizeof p);
-    }
-  }
-  return DvL;
+  const std::int64_t e = out_sums<V, 2, 4>(0, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
+  return out_sums<V, 1, 1>(e, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
 }
 
 #define ATTNORACLE_SUMS_ARGS const double *vb, const std::int64_t *keys, std::size_t n, const double *w, \
@@ -142,13 +190,29 @@ Spread weight_spread(const Case& c, const Profile& p) {
   s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
   s.wv = s.partial = s.key;
   std::vector<std::int64_t> keys;
-  std::vector<double> w, t, kr, dots, dabss, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
+  std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
   const SumsFn sums = sums_kernel();
+  const DotsFn row_dots = dots_kernel();
+  // The current kv head's keys by transposed blocks (as key_dots reads them, zero padded to Nkp
+  // keys); two rows' dots by key, rows
+  // 2m (index 0) and 2m + 1 (index 1) of a head computed together.
+  const std::int64_t Nkp = (Nk + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  const auto nkp = static_cast<std::size_t>(Nkp);
+  std::vector<double> kt(static_cast<std::size_t>(Dk) * nkp, 0.0), dots[2], dabss[2];
+  for (int r = 0; r < 2; ++r) dots[r].assign(nkp, 0.0), dabss[r].assign(nkp, 0.0);
+  std::int64_t packed = -1;  // the kv head (b * Hkv + g) in kt
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
       auto vrow = [&](std::int64_t j) { return &c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * Nk + j) * Dv)]; };
+      if (packed != b * c.Hkv + g) {
+        packed = b * c.Hkv + g;
+        for (std::int64_t j = 0; j < Nk; ++j)
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            kt[static_cast<std::size_t>(j / kKeyBlock * kKeyBlock * Dk + d * kKeyBlock + j % kKeyBlock)] = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
+          }
+      }
       for (std::int64_t i = 0; i < c.Nq; ++i) {
         const auto row = static_cast<std::size_t>((b * H + h) * c.Nq + i);
         const double* q = &c.q.values[row * static_cast<std::size_t>(Dk)];
@@ -159,9 +223,19 @@ Spread weight_spread(const Case& c, const Profile& p) {
         const Case::KeyRange r = c.key_range(b, i);
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (plain ? c.position_allowed(b, i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
-        key_dots(q, &c.k.values[static_cast<std::size_t>((b * c.Hkv + g) * Nk * Dk)], Dk, keys, dots, dabss);
+        if (i % 2 == 0) {  // this row's and the next one's dots, over both key ranges
+          const std::int64_t i1 = std::min(i + 1, c.Nq - 1);
+          const Case::KeyRange r1 = c.key_range(b, i1);
+          std::int64_t lo = r.first <= r.last ? r.first : Nk, hi = r.first <= r.last ? r.last : -1;
+          if (r1.first <= r1.last) lo = std::min(lo, r1.first), hi = std::max(hi, r1.last);
+          if (lo <= hi)
+            row_dots(q, q + (i1 - i) * Dk, kt.data(), Dk, lo / kKeyBlock * kKeyBlock, (hi / kKeyBlock + 1) * kKeyBlock,
+                     dots[0].data(), dabss[0].data(), dots[1].data(), dabss[1].data());
+        }
+        const double *dot = dots[i % 2].data(), *dabs = dabss[i % 2].data();
         for (std::size_t a = 0; a < keys.size(); ++a) {
-          double tj = dots[a] * scale;
+          const auto ka = static_cast<std::size_t>(keys[a]);
+          double tj = dot[ka] * scale;
           if (cap > 0) tj = cap * std::tanh(tj / cap);
           t.push_back(tj);
           const double bj = plain ? 0.0 : c.bias_at(b, h, i, keys[a]);
@@ -169,7 +243,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
           // the dot (Dk products and sums), the scale, the softcap; the bias's own rounding
           // (hypot(x, 0) is |x| exactly)
           const double ebias = ub * bj;
-          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabss[a]) : std::hypot(dot_k * dabss[a], ebias));
+          kr.push_back(ebias == 0 ? std::fabs(dot_k * dabs[ka]) : std::hypot(dot_k * dabs[ka], ebias));
         }
         if (keys.empty()) continue;
         const double m = *std::max_element(w.begin(), w.end());
@@ -264,14 +338,24 @@ double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
   return std::sqrt(var) / kRoot3 + floors;
 }
 
-double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
-                    std::size_t row, double x) {
-  const double ax = std::fabs(x);
-  if (!sp.exact) return (s.key_rel * 2 + s.sum_rel + u_out) * ax / kRoot3 + L.floor + L.p_sub;
+RowWeightScale row_weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L,
+                                double u_out, std::size_t row) {
+  RowWeightScale r;
+  r.floor = L.floor;
+  r.p_sub = L.p_sub;
+  if (!sp.exact) {
+    r.rel = s.key_rel * 2 + s.sum_rel + u_out;
+    return r;
+  }
   // d w_i = w_i (eps_i - sum_j w_j eps_j): its own error, Z's, the final rounding
   const double us = unit_roundoff(p.softmax);
-  const double rel = std::sqrt(sq(sp.key_max[row]) + sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(u_out));
-  return rel * ax / kRoot3 + L.floor + L.p_sub;
+  r.rel = std::sqrt(sq(sp.key_max[row]) + sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(u_out));
+  return r;
+}
+
+double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
+                    std::size_t row, double x) {
+  return row_weight_scale(p, sp, s, L, u_out, row).at(x);
 }
 
 double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
@@ -308,8 +392,9 @@ Tier judge(Sample& s) {
   // the 99th percentile of |z|: the ceil(0.99 n)-th smallest, the zeros first
   const auto rank = static_cast<std::int64_t>(std::ceil(0.99 * n));
   if (rank > s.zeros) {
-    std::vector<double> a(s.z.size());
-    std::transform(s.z.begin(), s.z.end(), a.begin(), [](double z) { return std::fabs(z); });
+    // in place (no copy of a sample as large as the tensor): z becomes |z|, reordered
+    std::vector<double>& a = s.z;
+    for (double& z : a) z = std::fabs(z);
     const auto at = a.begin() + (rank - s.zeros - 1);
     std::nth_element(a.begin(), at, a.end());
     t.q99 = *at;

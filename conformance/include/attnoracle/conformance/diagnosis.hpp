@@ -56,7 +56,13 @@ struct Diagnosis {
 
   // While comparing: one compared element of tensor `name` (shape `shape`), flat index k.
   void record(const std::string& name, const std::vector<std::int64_t>& shape, std::size_t k, double expected,
-              double actual, double ratio);
+              double actual, double ratio) {
+    record(tensor_index(name), shape, k, expected, actual, ratio);
+  }
+  // The same with the tensor's index (tensor_index(name)), for a caller that looks it up once.
+  void record(int tensor, const std::vector<std::int64_t>& shape, std::size_t k, double expected, double actual,
+              double ratio);
+  static int tensor_index(const std::string& name);  // 0 out, 1 weights, 2 lse, -1 another
 
   // Gathered by record.
   std::vector<FailedElement> failed;  // at most kMaxElements

@@ -54,6 +54,14 @@ double weight_scale(const Profile& p, const Spread& sp, const RowScales& s, cons
                     std::size_t row, double x);
 double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
                  std::size_t row, double x);
+// weight_scale's terms that depend on the row only, taken once for all its weights: at(x) is
+// weight_scale(p, sp, s, L, u_out, row, x), bit for bit.
+struct RowWeightScale {
+  double rel = 0, floor = 0, p_sub = 0;
+  double at(double x) const { return rel * std::fabs(x) / std::sqrt(3.0) + floor + p_sub; }
+};
+RowWeightScale row_weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L,
+                                double u_out, std::size_t row);
 
 // The failure probability of each test, for a correct implementation under the model.
 inline constexpr double kFailureProbability = 1e-6;
@@ -125,6 +133,7 @@ struct Tier {
 //   99th percentile of |z| <= sqrt(2 ln(200 / delta))
 //   mean over the rows of their mean z^2 <= 2 ln 2 + 4 ln(1 / delta) / rows
 //   |mean z| <= sqrt(2 ln(2 / delta)) (sqrt(sum share) + sqrt(sum_rows (sum_row sqrt(1 - share))^2)) / n
+// Closes the sample's last row; leaves s.z as the magnitudes |z|, in another order.
 Tier judge(Sample& s);
 
 }  // namespace attnoracle::conformance
