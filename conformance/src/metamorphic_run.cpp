@@ -311,7 +311,10 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
   };
   std::vector<Pending> pend;
   fs::create_directories(opt.work_dir);
-  for (const auto& [id, file] : problems) {
+  for (const auto& problem : problems) {
+    // named references, not a structured binding: clang 14 cannot capture one in a lambda
+    const std::string& id = problem.first;
+    const SafeTensorsFile& file = problem.second;
     std::map<std::vector<unsigned char>, std::size_t, BytesLess> written;  // same bytes, same job
     auto job_for = [&](const SafeTensorsFile& f, const std::string& tag, std::string& path) {
       std::vector<unsigned char> bytes = serialize_safetensors(f);
