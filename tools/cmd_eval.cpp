@@ -1,7 +1,9 @@
 // attnoracle eval CASE -o OUT: certified evaluation of one case file.
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/reference/error.hpp"
@@ -21,6 +23,7 @@ struct EvalArgs {
   std::int64_t gradient_slices = 1;
   bool quiet = false;
   bool no_fast_path = false;
+  ProgressFlags progress;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -40,15 +43,24 @@ int run_eval(const EvalArgs& a) {
   oracle::CheckOptions check;
   check.twin_units = a.twin_units;
   check.gradient_twin_slices = a.gradient_slices;
+  // On a terminal a line: the units of each pass done (forward rows, the gradients' passes,
+  // the oracle's twins); erased before anything else is printed.
+  Progress line("eval", !a.quiet && a.progress.wanted());
+  if (line.shown())
+    opt.progress = [&line](const std::string& unit, std::uint64_t done, std::uint64_t total) {
+      line.update(static_cast<std::size_t>(done), static_cast<std::size_t>(total), unit);
+    };
   EvalResult r;
   try {
     r = oracle::certified_evaluate(c, opt, check);
   } catch (const FullyMaskedRow& e) {
     throw InputError(a.input, "mask", e.what());
   } catch (const oracle::InvariantViolation& e) {
+    line.clear();
     print_violations(a.input, e);
     return 1;
   }
+  line.clear();
   const double certified = seconds_since(t1);  // the evaluation, then the oracle's twins
   const auto t2 = std::chrono::steady_clock::now();
   write_golden_file(a.output, c, r);
@@ -95,7 +107,8 @@ Command add_eval(CLI::App& app) {
                   "backward evaluations of the slice")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   sub->add_flag("--no-fast-path", a->no_fast_path, "evaluate every row with MPFR (same bytes, slower)");
-  sub->add_flag("-q,--quiet", a->quiet, "no summary on stderr");
+  sub->add_flag("-q,--quiet", a->quiet, "no summary and no progress on stderr");
+  a->progress.add(sub);
   return {sub, [a] { return run_eval(*a); }};
 }
 

@@ -154,11 +154,23 @@ struct Comparison {
   }
 };
 
+// Byte strings by length, then content. Not std::less: at -O3 GCC 12 reports a false
+// -Wstringop-overread in vector<unsigned char>'s operator<=>.
+struct BytesLess {
+  bool operator()(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b) const {
+    if (a.size() != b.size()) return a.size() < b.size();
+    return a.size() > 0 && std::memcmp(a.data(), b.data(), a.size()) < 0;
+  }
+};
+
 std::string idx(std::initializer_list<std::int64_t> ix) {
+  // Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&
+  // (GCC bug 105329).
   std::string s = "[";
   bool first = true;
   for (auto x : ix) {
-    s += (first ? "" : ",") + std::to_string(x);
+    if (!first) s += ',';
+    s += std::to_string(x);
     first = false;
   }
   return s + "]";
@@ -299,8 +311,11 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
   };
   std::vector<Pending> pend;
   fs::create_directories(opt.work_dir);
-  for (const auto& [id, file] : problems) {
-    std::map<std::vector<unsigned char>, std::size_t> written;  // same bytes, same job
+  for (const auto& problem : problems) {
+    // named references, not a structured binding: clang 14 cannot capture one in a lambda
+    const std::string& id = problem.first;
+    const SafeTensorsFile& file = problem.second;
+    std::map<std::vector<unsigned char>, std::size_t, BytesLess> written;  // same bytes, same job
     auto job_for = [&](const SafeTensorsFile& f, const std::string& tag, std::string& path) {
       std::vector<unsigned char> bytes = serialize_safetensors(f);
       if (auto it = written.find(bytes); it != written.end()) {

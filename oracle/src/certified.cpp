@@ -1,5 +1,6 @@
 // The oracle over a whole case, and the reference with the oracle wired in.
 #include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/detail/progress.hpp"
 #include "attnoracle/reference/parallel.hpp"
 
 namespace attnoracle::oracle {
@@ -136,6 +137,7 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   std::size_t input_bytes = 0;
   for (const RawTensor& t : c.file.tensors) input_bytes += t.data.size();
   const bool one = c.kind == Kind::Mha && input_bytes > (16u << 20);
+  detail::PassProgress twins_done(eval, "oracle rows", units.size());
   parallel_for(units.size(), one ? 1 : eval.threads, [&](std::size_t k) {
     std::int64_t b, h, i;
     unit_position(c, units[k], b, h, i);
@@ -143,9 +145,11 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
     try {
       base = whole.row(b, h, i, check.twin_precision);
     } catch (const FullyMaskedRow&) {
+      twins_done.unit_done();
       return;  // refused: the policy, checked elsewhere
     }
     found[k] = check_twins(c, b, h, i, rows, std::move(base));
+    twins_done.unit_done();
   });
   std::vector<Violation> all;
   for (auto& f : found) all.insert(all.end(), f.begin(), f.end());
@@ -157,9 +161,17 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
     twin.start_precision = eval.start_precision;
     twin.max_precision = eval.max_precision;
     twin.fast_path = eval.fast_path;
+    int evaluations = 0;  // the twin evaluations so far, to name each one's passes
     for (std::int64_t s : sample_units(c.B * c.Hkv, check.gradient_twin_slices)) {
-      auto v = check_gradient_twins(c, res, s / c.Hkv, s % c.Hkv,
-                                    [&twin](const Case& t) { return evaluate(t, twin); });
+      auto v = check_gradient_twins(c, res, s / c.Hkv, s % c.Hkv, [&](const Case& t) {
+        if (eval.progress) {
+          const std::string of = " of oracle twin " + std::to_string(++evaluations);
+          twin.progress = [&eval, of](const std::string& unit, std::uint64_t done, std::uint64_t total) {
+            eval.progress(unit + of, done, total);
+          };
+        }
+        return evaluate(t, twin);
+      });
       all.insert(all.end(), v.begin(), v.end());
     }
   }

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 
+#include "attnoracle/reference/detail/progress.hpp"
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/reference/round.hpp"
@@ -198,12 +199,19 @@ class Backward {
 
   void run() {
     const int t = opt_.threads;
-    parallel_for(static_cast<std::size_t>(c_.B * c_.Hq * c_.Nq), t, [&](std::size_t u) { row_unit(u); });
+    // Each pass over its units, counted for the progress as they finish.
+    auto pass = [&](const char* unit, std::int64_t n, auto&& body) {
+      detail::PassProgress done(opt_, unit, static_cast<std::uint64_t>(n));
+      parallel_for(static_cast<std::size_t>(n), t, [&](std::size_t u) {
+        body(u);
+        done.unit_done();
+      });
+    };
+    pass("gradient rows", c_.B * c_.Hq * c_.Nq, [&](std::size_t u) { row_unit(u); });
     if (c_.want_dk || c_.want_dv)
-      parallel_for(static_cast<std::size_t>(c_.B * c_.Hkv * c_.Nk), t, [&](std::size_t u) { key_unit(u); });
+      pass("gradient keys", c_.B * c_.Hkv * c_.Nk, [&](std::size_t u) { key_unit(u); });
     if (c_.want_dbias)
-      parallel_for(static_cast<std::size_t>(ext_[0] * ext_[1] * ext_[3]), t,
-                   [&](std::size_t u) { bias_unit(u); });
+      pass("dbias columns", ext_[0] * ext_[1] * ext_[3], [&](std::size_t u) { bias_unit(u); });
     if (c_.want_dsinks) {
       const SinkGradientStats s =
           evaluate_dsinks(c_, opt_, ev_, {find("dsinks"), find("dsinks.ref"), find("dsinks.bound")}, p0_, cap_);

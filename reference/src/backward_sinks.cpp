@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attnoracle/reference/detail/progress.hpp"
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "backward.hpp"
@@ -98,6 +99,7 @@ bool dsinks_head(const Case& c, const EvalOptions& opt, const RowEvaluator& ev, 
 SinkGradientStats evaluate_dsinks(const Case& c, const EvalOptions& opt, const RowEvaluator& ev,
                                   const SinkGradientBuffers& out, mpfr_prec_t p0, mpfr_prec_t cap) {
   std::vector<SinkGradientStats> per(static_cast<std::size_t>(c.Hq));
+  detail::PassProgress done(opt, "dsinks heads", static_cast<std::uint64_t>(c.Hq));
   parallel_for(static_cast<std::size_t>(c.Hq), opt.threads, [&](std::size_t u) {
     const auto h = static_cast<std::int64_t>(u);
     std::vector<detail::Pending> pend;
@@ -117,6 +119,7 @@ SinkGradientStats evaluate_dsinks(const Case& c, const EvalOptions& opt, const R
       out.bound->set(h, bound);
       per[u].elements = pend.size();
       per[u].reached = p;
+      done.unit_done();
       return;
     }
   });

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "attnoracle/reference/detail/progress.hpp"
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/parallel.hpp"
@@ -280,8 +281,11 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   {
     Driver d(c, opt);
     // The error of the first failing unit in unit order is reported, whatever the thread count.
-    parallel_for(static_cast<std::size_t>(d.units()), opt.threads,
-                 [&](std::size_t u) { d.run_unit(static_cast<std::int64_t>(u)); });
+    detail::PassProgress done(opt, "rows", static_cast<std::uint64_t>(d.units()));
+    parallel_for(static_cast<std::size_t>(d.units()), opt.threads, [&](std::size_t u) {
+      d.run_unit(static_cast<std::int64_t>(u));
+      done.unit_done();
+    });
     mpfr_free_cache();
     res = d.finish(0);
   }

@@ -1,4 +1,4 @@
-"""The progress line of gen, verify and run: on a terminal (a pseudo-terminal here) it appears,
+"""The progress line of gen, verify, run and eval: on a terminal (a pseudo-terminal here) it appears,
 rewritten with carriage returns; in a pipe, or with CI set, it does not; --progress and
 --no-progress force it either way.
 
@@ -74,6 +74,10 @@ def in_pipe(args, ci=False):
 
 # "verify: 12/514 cases, 0.3 s, about 9.1 s left" (the estimate once a case is done)
 LINE = re.compile(rb"\r(gen|verify|run|check): \d+/\d+ (cases|results|compared), [0-9.]+ s")
+# "eval: 20/36 rows, 0.1 s": the units of each pass of one evaluation
+EVAL_LINE = re.compile(rb"\reval: \d+/\d+ ([a-z]+ )*(rows|keys|columns|heads)( of oracle twin \d+)?, [0-9.]+ s")
+# A case with every pass: rows, then the gradients' rows, keys, dbias columns and dsinks heads.
+EVAL_CASE = "bwd_sinks-000"
 
 
 class Progress(unittest.TestCase):
@@ -136,6 +140,45 @@ class Progress(unittest.TestCase):
         self.assertEqual(err, b"")
         status, err = on_terminal(args, ci=True)
         self.assertEqual(err, b"")
+
+    def test_eval(self):
+        case = os.path.join(SUITE, "cases", EVAL_CASE + ".safetensors")
+        out_tty, out_pipe = os.path.join(self.tmp, "eval-tty.safetensors"), os.path.join(self.tmp, "eval-pipe.safetensors")
+        status, err = on_terminal(["eval", case, "-o", out_tty, "--threads", "2"])
+        self.assertEqual(status, 0, err)
+        self.assertRegex(err, EVAL_LINE)
+        # each pass is drawn at its last unit: B Hq Nq = 36 rows, B Hkv Nk = 10 keys, the bias's
+        # 1 x 4 x 5 columns, Hq = 4 heads; then the oracle's 16 sampled rows and its twins
+        for part in [b"36/36 rows", b"36/36 gradient rows", b"10/10 gradient keys", b"20/20 dbias columns",
+                     b"4/4 dsinks heads", b"16/16 oracle rows"]:
+            self.assertIn(b"\reval: " + part + b", ", err)
+        self.assertRegex(err, rb"\reval: \d+/\d+ gradient rows of oracle twin 1, ")
+        # the line is erased before the summary, which stays
+        summary = err[err.rindex(b"\r") + 1:]
+        self.assertTrue(summary.startswith(out_tty.encode() + b": "), err[-300:])
+        self.assertEqual(summary.count(b"\n"), 1)
+        self.assertTrue(summary.endswith(b"\n"))
+        status, err = in_pipe(["eval", case, "-o", out_pipe, "--threads", "2"])
+        self.assertEqual(status, 0, err)
+        self.assertNotIn(b"\r", err)
+        self.assertIsNone(EVAL_LINE.search(err))
+        self.assertTrue(err.startswith(out_pipe.encode() + b": "), err)
+        # the same bytes with or without the line, and those of the committed vector
+        with open(out_tty, "rb") as a, open(out_pipe, "rb") as b, open(case, "rb") as c:
+            tty_bytes = a.read()
+            self.assertEqual(tty_bytes, b.read())
+            self.assertEqual(tty_bytes, c.read())
+        status, err = on_terminal(["eval", case, "-o", out_pipe], ci=True)
+        self.assertEqual(status, 0, err)
+        self.assertNotIn(b"\r", err)
+        status, err = on_terminal(["eval", case, "-o", out_pipe, "--no-progress"])
+        self.assertEqual(status, 0, err)
+        self.assertNotIn(b"\r", err)
+        status, err = in_pipe(["eval", case, "-o", out_pipe, "--progress"], ci=True)
+        self.assertEqual(status, 0, err)
+        self.assertIn(b"\reval: 36/36 rows, ", err)
+        status, err = on_terminal(["eval", case, "-o", out_pipe, "--quiet"])
+        self.assertEqual((status, err), (0, b""))
 
     def test_both_flags_refused(self):
         status, err = in_pipe(["verify", SUITE, "--progress", "--no-progress"])

@@ -20,6 +20,11 @@ struct RowEnclosures;
 struct RowIntervals;
 struct Enclosure;
 
+// Progress of an evaluation: the units of a pass done (from 1 to total) and what they are
+// ("rows", "gradient rows", "gradient keys", "dbias columns", "dsinks heads").
+using EvalProgress =
+    std::function<void(const std::string& unit, std::uint64_t done, std::uint64_t total)>;
+
 struct EvalOptions {
   int threads = 1;
   mpfr_prec_t start_precision = 0;    // 0: chosen from the output format and the row length
@@ -38,6 +43,9 @@ struct EvalOptions {
   std::function<void(const std::string& tensor, std::int64_t flat, const Enclosure& value,
                      const Enclosure& bound)>
       gradient_check;
+  // Called from the worker threads after each unit of each pass, one call at a time; it only
+  // reports: the golden bytes do not depend on it.
+  EvalProgress progress;
 };
 
 struct EvalStats {
