@@ -1,5 +1,5 @@
 // The invariants of the gradients, on the reference's enclosures of every gradient element:
-// exact zeros where nothing contributes, and the rows of dbias summing to 0 (with sinks: dbias
+// exact zeros where nothing contributes (dq, dk, dv; for kind mha dx_q and dx_kv), and the rows of dbias summing to 0 (with sinks: dbias
 // and dsinks summing to 0 together).
 #include <mutex>
 
@@ -43,6 +43,17 @@ void GradientChecks::element(const std::string& tensor, std::int64_t flat, const
     if (!zero && !seen_[static_cast<std::size_t>(key)])
       fail(key / (c_.Hkv * c_.Nk), key / c_.Nk % c_.Hkv, -1, key % c_.Nk, cc,
            "a key no query may see has a gradient other than exactly 0 (h is the kv head)");
+  } else if (tensor == "dx_q" && !c_.self_attention) {  // kind mha: dx_q sums dq_h over the heads
+    const std::int64_t row = flat / c_.D, b = row / c_.Nq, i = row % c_.Nq;
+    bool any = false;
+    for (std::int64_t h = 0; h < c_.Hq && !any; ++h) any = c_.query_valid(b, i) && c_.row_has_key(b, h, i);
+    if (!zero && !any)
+      fail(b, -1, i, -1, flat % c_.D, "a row that is padding or fully masked in every head has a gradient other than exactly 0");
+  } else if (tensor == "dx_kv") {  // kind mha: dx_kv sums dk_h and dv_h over the heads
+    const std::int64_t key = flat / c_.D, b = key / c_.Nk, j = key % c_.Nk;
+    bool any = false;
+    for (std::int64_t h = 0; h < c_.Hkv && !any; ++h) any = seen_[static_cast<std::size_t>((b * c_.Hkv + h) * c_.Nk + j)];
+    if (!zero && !any) fail(b, -1, -1, j, flat % c_.D, "a key no query of any head may see has a gradient other than exactly 0");
   } else if (tensor == "dbias" || tensor == "dsinks") {
     // A head whose rows have no key (padding, masked, or only the sink: O = 0) has dsinks 0.
     if (tensor == "dsinks" && !zero && !head_has_key_[static_cast<std::size_t>(flat)])

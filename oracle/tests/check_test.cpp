@@ -477,6 +477,31 @@ TEST(Oracle, GradientChecks) {
   EXPECT_EQ(v.front().invariant, Invariant::GradientRowSum);
 }
 
+// Kind mha: dx_q of a row padding in every head and dx_kv of a key no head sees must be 0.
+TEST(Oracle, GradientChecksOfKindMha) {
+  Case c = make({floats("x_q", {1, 4, 3}, ramp(12, 0.4, 0.3)), floats("x_kv", {1, 4, 3}, ramp(12, 0.8, 0.5)),
+                 floats("w_q", {2, 3, 2}, ramp(12, 1.3, 0.2)), floats("w_k", {2, 3, 2}, ramp(12, 0.6, 0.9)),
+                 floats("w_v", {2, 3, 2}, ramp(12, 0.5, 0.4)), floats("w_o", {4, 3}, ramp(12, 0.2, 0.7)),
+                 floats("dout", {1, 4, 3}, ramp(12, 0.53, 0.3)), bools("query_mask", {1, 4}, {1, 1, 0, 1}),
+                 bools("mask", {1, 1, 1, 4}, {1, 1, 1, 0})},
+                {{"attn.kind", "mha"}, {"attn.outputs", "out,dx_q,dx_kv,dw_q,dw_k,dw_v,dw_o"}});
+  EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+  GradientChecks g(c);
+  Enclosure one(64);
+  mpfr_set_ui(one.lo, 1, MPFR_RNDN);
+  mpfr_set_ui(one.hi, 1, MPFR_RNDN);
+  for (const auto& [t, flat] : {std::pair<std::string, std::int64_t>{"dx_q", 2 * 3 + 1}, {"dx_kv", 3 * 3}}) {
+    try {
+      g.element(t, flat, one);
+      ADD_FAILURE() << t << "[" << flat << "] accepted";
+    } catch (const InvariantViolation& x) {
+      EXPECT_EQ(x.violations().front().invariant, Invariant::GradientZero) << x.what();
+    }
+  }
+  EXPECT_NO_THROW(g.element("dx_q", 0, one));   // a row that sees keys
+  EXPECT_NO_THROW(g.element("dx_kv", 0, one));  // a key rows see
+}
+
 // The gradient twins: the reference passes them on every slice, and evaluations that break
 // linearity in dout or let a query reach a key it cannot see are caught.
 Case gradient_case(std::map<std::string, std::string> md, std::vector<RawTensor> extra = {}) {
