@@ -230,6 +230,7 @@ class MhaBackward {
     const std::int64_t Dk = c_.Dk, Dv = c_.Dv;
     stats_.clear();
     stats_.resize(n_rows());
+    keys_.assign(n_rows(), 0);
     o_.reset(n_rows() * static_cast<std::size_t>(Dv), p);
     dq_.reset(n_rows() * static_cast<std::size_t>(Dk), p);
     detail::PassProgress done(opt_, "gradient rows", static_cast<std::uint64_t>(c_.B * c_.Nq));
@@ -273,6 +274,7 @@ class MhaBackward {
     for (std::int64_t j = 0; j < c_.Nk; ++j)
       if (r.heads[hh].allowed[static_cast<std::size_t>(j)]) keys.push_back(j);
     const std::size_t n = keys.size();
+    keys_[row] = static_cast<std::int64_t>(n);
     std::vector<Enclosure> dP, dPabs;
     MpfrVec prods;
     bool all_exact = true;
@@ -345,6 +347,7 @@ class MhaBackward {
     mpfr_sub(e.tmp.hi, S.hi, st.lse.lo, MPFR_RNDU);
     mpfr_exp(e.P.hi, e.tmp.hi, MPFR_RNDU);
     if (mpfr_cmp_ui(e.P.hi, 1) > 0) mpfr_set_ui(e.P.hi, 1, MPFR_RNDN);  // a weight is at most 1
+    if (keys_[row] == 1 && !c_.sinks) mpfr_set_ui(e.P.lo, 1, MPFR_RNDN);  // a row's only key: exactly 1
     exact_sum(e.dP, dO_, row * c_.Dv, v_, key * c_.Dv, c_.Dv, prods);
     exact_sum(e.dPabs, dO_, row * c_.Dv, v_, key * c_.Dv, c_.Dv, prods, true);
     backward_entry(e, st, &T, k);
@@ -602,6 +605,7 @@ class MhaBackward {
   std::vector<std::unique_ptr<GoldenBuffer>> bufs_;
   std::array<std::int64_t, 4> ext_{1, 1, 1, 1};  // the bias's extents over [B, H, Nq, Nk]
   std::vector<RowStat> stats_;                   // per (b, h, i) at the current precision
+  std::vector<std::int64_t> keys_;               // per (b, h, i): its allowed keys
   Grad o_, dq_, dk_, dv_;                        // O_h (bound unused), and the heads' gradients
   std::vector<std::vector<Pending>> pend_;
   std::vector<std::vector<Bound>> bounds_;
