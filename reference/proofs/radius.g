@@ -2,7 +2,7 @@
 # nearest) from nonnegative numbers by at most N = 15 roundings (additions, multiplications,
 # divisions; the only subtraction, div's denominator, is bounded by ball.g), then passed
 # through radius_up(r) = RN(RN(r (1 + kRadiusSlack)) + kRadiusFloor). docs/PROOFS.md lists each
-# formula with its count (13 at most).
+# formula with its count (10 at most).
 # Lemma. Let E >= 0 be the formula's exact value on the same (double) operands and c its
 # computed value. Each rounding of a nonnegative y gives RN(y) >= y (1 - u) when y >= 2^-1021
 # and RN(y) >= y - 2^-1075 below (rounding.g); a divisor's rounding gives RN(y) <= y (1 + u).
@@ -16,11 +16,10 @@
 #       the left side grows with s), and
 #   (b) F (1 - u) >= A (1 + s) + 2^-1075.
 # For (b), A <= radius_underflow_budget, a count argued in docs/PROOFS.md ("Underflow"), not
-# machine-checked: the P V accumulation over n <= 2^50 keys misses at most four terms 2^-1075
-# per key (in the sum: an inexact fma residual in TwoProd and the rounding of e.lo v; in A:
-# the rounding of e.hi |v|; in R: that of e.rad |v|), weighted in its radius by at most
-# 2 + (1 + g)(1 + E) < 4 (g, E the gamma factors of dot2_factors.sollya at n = 2^50): at most
-# 2^52 terms in all; any other formula at most 15 (one per rounding). A term that is then
+# machine-checked: the P V accumulation over n <= 2^50 keys misses at most three terms 2^-1075
+# per key (in the sum: an inexact fma residual in TwoProd and the fma w = e.lo v + a; in R:
+# the rounding of e.rad |v|), weighted in its radius by at most 1 + 2 g < 4 (g = gamma_{n+2}
+# of dot2_factors.sollya at n = 2^50): at most 2^52 terms in all; any other formula at most 15 (one per rounding). A term that is then
 # added to a radius carrying kRadiusFloor or kExpRel, before any division or multiplication
 # (div's numerator, exp's sum), is below 2^-54 of that sum: it counts as one more relative
 # rounding, not as an absolute term. Budget: (2^52 + 2^13) 2^-1075, with room.
@@ -38,7 +37,7 @@
 # code: ball.hpp: return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
 # code: ball.hpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
 # code: ball.hpp: return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
-# code: ball.hpp: return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + pv_factor * absum_[c]) * (1 + 2 * gk))};
+# code: ball.hpp: return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + kU * errsum_[c]) * (1 + 2 * gk))};
 # code: fast_row.cpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
 #@-Eprecision=300
 v = 1 - 0x1p-53;

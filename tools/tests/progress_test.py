@@ -8,9 +8,11 @@ example adapter).
 import json
 import os
 import pty
+import random
 import re
 import select
 import shutil
+import struct
 import subprocess
 import tempfile
 import termios
@@ -65,6 +67,27 @@ def on_terminal(args, ci=False):
     status = p.wait(timeout=600)
     os.close(master)
     return status, err
+
+
+def write_case(path, nk, seed=5):
+    """An sdpa case, B = Hq = Hkv = 1, Nq = 1, Dk = Dv = 1, F32 normal inputs, outputs out."""
+    rng = random.Random(seed)
+    tensors = {"q": [rng.gauss(0, 1)], "k": [rng.gauss(0, 1) for _ in range(nk)],
+               "v": [rng.gauss(0, 1) for _ in range(nk)]}
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        data = struct.pack(f"<{len(tensors[name])}f", *tensors[name])
+        header[name] = {"dtype": "F32", "shape": [1, 1, len(tensors[name]), 1],
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"attn.format": "1", "attn.kind": "sdpa", "attn.causal": "none",
+                              "attn.window": "none", "attn.softcap": "0", "attn.output_dtype": "F32",
+                              "attn.outputs": "out", "attn.masked_rows": "error"}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
 
 
 def in_pipe(args, ci=False):
@@ -179,6 +202,17 @@ class Progress(unittest.TestCase):
         self.assertIn(b"\reval: 36/36 rows, ", err)
         status, err = on_terminal(["eval", case, "-o", out_pipe, "--quiet"])
         self.assertEqual((status, err), (0, b""))
+
+    def test_eval_redraws_during_one_unit(self):
+        """One row of 262144 keys by MPFR takes seconds: the line is redrawn meanwhile, with the
+        same count (no unit has finished) and the time elapsed."""
+        case = os.path.join(self.tmp, "one-long-row.safetensors")
+        write_case(case, nk=262144)
+        out = os.path.join(self.tmp, "long.safetensors")
+        status, err = on_terminal(["eval", case, "-o", out, "--threads", "1", "--no-fast-path"])
+        self.assertEqual(status, 0, err)
+        self.assertRegex(err, rb"\reval: 0/1 rows, [0-9.]+ s")
+        self.assertIn(b"\reval: 1/1 rows, ", err)
 
     def test_both_flags_refused(self):
         status, err = in_pipe(["verify", SUITE, "--progress", "--no-progress"])

@@ -571,8 +571,11 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     const bool mha = p.kind == Kind::Mha;
     std::vector<double> g(sz(mha ? p.B * p.Nq * p.Dout : p.B * p.Hq * p.Nq * p.Dv));
     for (double& x : g) {
-      if (p.dout == "wide_range")
-        x = (rng.below(2) ? -1 : 1) * std::ldexp(1 + rng.uniform(), static_cast<int>(rng.below(16)) - 8);
+      if (p.dout == "wide_range") {  // the draws in sequence (an argument order differs between compilers)
+        const double sign = rng.below(2) ? -1 : 1;
+        const int e = static_cast<int>(rng.below(16)) - 8;
+        x = sign * std::ldexp(1 + rng.uniform(), e);
+      }
       else if (p.dout == "cancel")
         x = 8 + rng.normal() / 16;
       else if (p.dout == "tiny")

@@ -82,16 +82,16 @@ inline Ball dot2(const double* q, const double* k, std::int64_t len) {
 }
 
 // Column sums S_c = sum_j x_j y_jc for balls x_j and doubles y_jc, accumulated like Dot2 on the
-// midpoints' high parts (TwoProd, TwoSum) plus their low parts in plain F64. With
-// A_c = sum_j |x_j.hi y_jc| (|x.lo| <= u |x.hi|): the Dot2 error gamma_n^2 A_c and the low
-// parts' products and their sum, together within (n + 1)^2 u^2 A_c, which 3 gamma_n^2 + 2u^2
-// covers (reference/proofs/dot2_factors.sollya), and the radii's share sum_j x_j.rad |y_jc|;
-// A_c and that sum are themselves rounded (gamma_n relative). Exactly zero balls are left out
-// (they add nothing), and a column whose every y is 0 is an exact 0.
+// midpoints' high parts (TwoProd, TwoSum, error-free) plus, in plain F64, their residuals and the
+// low parts' products. Only that F64 chain rounds: with a running error bound each of its three
+// roundings per key misses at most u times its own computed result, so the error is within
+// u E_c, E_c = sum_j (|a_j| + |w_j| + |lo_j|) (docs/PROOFS.md, section 9), plus the radii's share
+// sum_j x_j.rad |y_jc|; E_c and that sum are themselves rounded (gamma_{n+2} relative). Exactly
+// zero balls are left out (they add nothing), and a column whose every y is 0 is an exact 0.
 class BallSums {
  public:
   explicit BallSums(std::size_t columns = 0)
-      : hi_(columns), lo_(columns), absum_(columns), radsum_(columns), ymax_(columns) {}
+      : hi_(columns), lo_(columns), errsum_(columns), radsum_(columns), ymax_(columns) {}
   std::size_t size() const { return hi_.size(); }
 
   // x y_c added to every column c: the columns are independent lanes (the same operations in
@@ -99,32 +99,32 @@ class BallSums {
   void add(const Ball& x, const double* y) {
     if (x.mid.hi == 0 && x.rad == 0) return;
     ++n_;
-    lanes(hi_.size(), y, x.mid.hi, x.mid.lo, x.rad, hi_.data(), lo_.data(), absum_.data(), radsum_.data(),
+    lanes(hi_.size(), y, x.mid.hi, x.mid.lo, x.rad, hi_.data(), lo_.data(), errsum_.data(), radsum_.data(),
           ymax_.data());
   }
   Ball ball(std::size_t c) const {
     if (n_ == 0 || ymax_[c] == 0) return {};
-    const double nk = static_cast<double>(n_);
+    const double nk = static_cast<double>(n_) + 2;
     const double gk = nk * kU / (1 - nk * kU);
-    const double pv_factor = 3 * gk * gk + 2 * kU * kU;
-    return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + pv_factor * absum_[c]) * (1 + 2 * gk))};
+    return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + kU * errsum_[c]) * (1 + 2 * gk))};
   }
 
  private:
   static void lanes(std::size_t n, const double* __restrict y, double xh, double xl, double xr,
-                    double* __restrict hi, double* __restrict lo, double* __restrict absum,
+                    double* __restrict hi, double* __restrict lo, double* __restrict errsum,
                     double* __restrict radsum, double* __restrict ymax) {
     for (std::size_t c = 0; c < n; ++c) {
       const DD p = two_prod(xh, y[c]);
       const DD t = two_sum(hi[c], p.hi);
       hi[c] = t.hi;
-      lo[c] += t.lo + p.lo + xl * y[c];
-      absum[c] += std::fabs(p.hi);
+      const double a = t.lo + p.lo, w = std::fma(xl, y[c], a), l = lo[c] + w;
+      lo[c] = l;
+      errsum[c] += (std::fabs(a) + std::fabs(w)) + std::fabs(l);
       radsum[c] += xr * std::fabs(y[c]);
       ymax[c] = std::max(ymax[c], std::fabs(y[c]));
     }
   }
-  std::vector<double> hi_, lo_, absum_, radsum_, ymax_;
+  std::vector<double> hi_, lo_, errsum_, radsum_, ymax_;
   std::int64_t n_ = 0;
 };
 
