@@ -22,6 +22,7 @@
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/reference/round.hpp"
+#include "fast/dd.hpp"
 #include "fast/fast_backward.hpp"
 #include "golden_buffer.hpp"
 #include "backward_parts.hpp"
@@ -65,6 +66,45 @@ void dot_abs(Enclosure& e, const double* a, const double* b, std::int64_t n, Mpf
   }
 }
 
+// sum_d a[d] b[d] exactly, as the expansion e (Shewchuk's Grow-Expansion of each product's
+// TwoProd parts, zeros dropped): every TwoProd and TwoSum is error-free, so the parts sum to the
+// exact dot, while no product underflows and nothing overflows (the fast path's input range).
+void expansion_dot(const double* a, const double* b, std::int64_t n, std::vector<double>& e) {
+  e.clear();
+  auto grow = [&e](double x) {
+    if (x == 0) return;
+    std::size_t k = 0;
+    for (std::size_t m = 0; m < e.size(); ++m) {
+      const fast::DD t = fast::two_sum(x, e[m]);
+      x = t.hi;
+      if (t.lo != 0) e[k++] = t.lo;
+    }
+    e.resize(k);
+    if (x != 0) e.push_back(x);
+  };
+  for (std::int64_t d = 0; d < n; ++d) {
+    const fast::DD p = fast::two_prod(a[d], b[d]);
+    grow(p.hi);
+    grow(p.lo);
+  }
+}
+// [lo, hi] holds the expansion's sum: each part is exact at 53 bits, mpfr_sum rounds each way.
+// False where a part is not finite (the expansion is then not exact).
+bool enclose_sum(Enclosure& r, const std::vector<double>& e, MpfrVec& parts) {
+  if (e.empty()) {
+    set_zero(r);
+    return true;
+  }
+  parts.resize(e.size(), 53);
+  for (std::size_t m = 0; m < e.size(); ++m) {
+    if (!std::isfinite(e[m])) return false;
+    mpfr_set_d(parts[m], e[m], MPFR_RNDN);
+  }
+  mpfr_sum(r.lo, parts.ptrs(), e.size(), MPFR_RNDD);
+  mpfr_sum(r.hi, parts.ptrs(), e.size(), MPFR_RNDU);
+  return true;
+}
+
 class Backward {
  public:
   Backward(const Case& c, const EvalOptions& opt)
@@ -74,7 +114,9 @@ class Backward {
         fast_(c, opt),
         G_(c.Hq / c.Hkv),
         stats_(static_cast<std::size_t>(c.B * c.Hq * c.Nq)),
-        once_(new std::once_flag[stats_.size()]) {
+        once_(new std::once_flag[stats_.size()]),
+        lean_(stats_.size()),
+        lean_once_(new std::once_flag[stats_.size()]) {
     auto lg = [](std::int64_t n) {
       return static_cast<mpfr_prec_t>(std::ceil(std::log2(static_cast<double>(n) + 1.0)));
     };
@@ -392,6 +434,83 @@ class Backward {
     return *fresh[slot];
   }
 
+  // Row u's statistics at the starting precision for the key pass, computed once per row from
+  // exact dots instead of a forward pass: with E_j = exp(S_j - m), lse = m + log sum_j E_j and
+  // D = sum_j E_j dP_j / sum_j E_j, which is sum_j P_j dP_j = dout . O; dabs, which only enters
+  // the bounds, from the balls. zero_ds false, as on the balls' statistics. Null where the row
+  // takes no part or has no ball statistics (fast path only: no softcap, no sinks).
+  const RowStat* lean_stat(std::size_t u) {
+    std::call_once(lean_once_[u], [&] {
+      const auto uu = static_cast<std::int64_t>(u);
+      const std::int64_t b = uu / (c_.Hq * c_.Nq), h = uu / c_.Nq % c_.Hq, i = uu % c_.Nq;
+      if (!c_.query_valid(b, i) || !c_.row_has_key(b, h, i)) return;
+      const mpfr_prec_t p = p0_;
+      auto st = std::make_unique<RowStat>();
+      st->lse = Enclosure(p), st->d = Enclosure(p), st->dabs = Enclosure(p);
+      Enclosure x(p), y(p);
+      if (!fast_.row_stat(b, h, i, x, y, st->dabs)) return;
+      const Consts k(c_, p);
+      const bool exact_scale = mpfr_equal_p(k.scale.lo, k.scale.hi);
+      const std::int64_t g = c_.kv_head(h);
+      std::vector<std::int64_t> keys;
+      for (std::int64_t j = 0; j < c_.Nk; ++j)
+        if (c_.allowed(b, h, i, j)) keys.push_back(j);
+      const std::size_t n = keys.size();
+      MpfrVec Slo, Shi, Elo, Ehi, Nlo, Nhi, parts;
+      Slo.resize(n, p), Shi.resize(n, p), Elo.resize(n, p), Ehi.resize(n, p), Nlo.resize(n, p), Nhi.resize(n, p);
+      std::vector<double> e;
+      double m = -INFINITY;
+      for (std::size_t a = 0; a < n; ++a) {  // S_j = scale q . k_j + bias_j
+        expansion_dot(q_row(b, h, i), k_row(b, g, keys[a]), c_.Dk, e);
+        if (!enclose_sum(x, e, parts)) return;
+        if (exact_scale) {
+          mpfr_mul(x.lo, x.lo, k.scale.lo, MPFR_RNDD);
+          mpfr_mul(x.hi, x.hi, k.scale.hi, MPFR_RNDU);
+        } else {
+          detail::mul_interval(x.lo, x.hi, x.lo, x.hi, k.scale.lo, k.scale.hi, y.lo);
+        }
+        const double bias = c_.bias_at(b, h, i, keys[a]);
+        mpfr_add_d(Slo[a], x.lo, bias, MPFR_RNDD);
+        mpfr_add_d(Shi[a], x.hi, bias, MPFR_RNDU);
+        m = std::max(m, mpfr_get_d(Shi[a], MPFR_RNDN));
+      }
+      if (!std::isfinite(m)) return;
+      for (std::size_t a = 0; a < n; ++a) {
+        mpfr_sub_d(x.lo, Slo[a], m, MPFR_RNDD);
+        mpfr_sub_d(x.hi, Shi[a], m, MPFR_RNDU);
+        if (mpfr_equal_p(x.lo, x.hi)) {  // one exp: the exact value lies in [RD, next above RD]
+          const int t = mpfr_exp(Elo[a], x.lo, MPFR_RNDD);
+          mpfr_set(Ehi[a], Elo[a], MPFR_RNDU);
+          if (t != 0) mpfr_nextabove(Ehi[a]);
+        } else {
+          mpfr_exp(Elo[a], x.lo, MPFR_RNDD);
+          mpfr_exp(Ehi[a], x.hi, MPFR_RNDU);
+        }
+        expansion_dot(dout_row(b, h, i), v_row(b, g, keys[a]), c_.Dv, e);
+        if (!enclose_sum(x, e, parts)) return;
+        // E_j dP_j with E_j >= 0: the sign of dP's ends picks E's ends.
+        mpfr_mul(Nlo[a], mpfr_sgn(x.lo) >= 0 ? Elo[a] : Ehi[a], x.lo, MPFR_RNDD);
+        mpfr_mul(Nhi[a], mpfr_sgn(x.hi) >= 0 ? Ehi[a] : Elo[a], x.hi, MPFR_RNDU);
+      }
+      // Z = sum_j E_j in x, N = sum_j E_j dP_j in y.
+      mpfr_sum(x.lo, Elo.ptrs(), n, MPFR_RNDD);
+      mpfr_sum(x.hi, Ehi.ptrs(), n, MPFR_RNDU);
+      mpfr_sum(y.lo, Nlo.ptrs(), n, MPFR_RNDD);
+      mpfr_sum(y.hi, Nhi.ptrs(), n, MPFR_RNDU);
+      if (!(mpfr_sgn(x.lo) > 0) || !mpfr_number_p(x.hi) || !mpfr_number_p(y.lo) || !mpfr_number_p(y.hi)) return;
+      mpfr_log(st->lse.lo, x.lo, MPFR_RNDD);
+      mpfr_add_d(st->lse.lo, st->lse.lo, m, MPFR_RNDD);
+      mpfr_log(st->lse.hi, x.hi, MPFR_RNDU);
+      mpfr_add_d(st->lse.hi, st->lse.hi, m, MPFR_RNDU);
+      // D = N / Z with Z > 0: the sign of N's ends picks Z's ends.
+      mpfr_div(st->d.lo, y.lo, mpfr_sgn(y.lo) >= 0 ? x.hi : x.lo, MPFR_RNDD);
+      mpfr_div(st->d.hi, y.hi, mpfr_sgn(y.hi) >= 0 ? x.lo : x.hi, MPFR_RNDU);
+      st->valid = true;
+      lean_[u] = std::move(st);
+    });
+    return lean_[u].get();
+  }
+
   // Entry (b, h, i, j) from the key's side: S_ij recomputed, P_ij = exp(S_ij - lse_i).
   void key_entry(Entry& e, Enclosure& T, std::int64_t b, std::int64_t h, std::int64_t i,
                  std::int64_t j, const RowStat& st, const Consts& k, MpfrVec& prods) const {
@@ -454,6 +573,16 @@ class Backward {
         }
       if (balls && key_attempt(b, g, j, p0_, [&](std::int64_t h, std::int64_t i) -> const RowStat* {
             return fresh[static_cast<std::size_t>((h - g * G_) * c_.Nq + i)].get();
+          }, true))
+        return;
+      // Then, under the same rule, on the rows' statistics from exact dots (each row's computed
+      // once for all units, in parallel): far narrower than the balls' at a fraction of the
+      // cost of the MPFR forward pass.
+      parallel_for(need.size(), opt_.threads, [&](std::size_t k) { lean_stat(need[k]); });
+      bool lean = true;
+      for (std::size_t r : need) lean = lean && (lean_[r] || !c_.query_valid(b, static_cast<std::int64_t>(r) % c_.Nq));
+      if (lean && key_attempt(b, g, j, p0_, [&](std::int64_t h, std::int64_t i) -> const RowStat* {
+            return lean_[row_id(b, h, i)].get();
           }, true))
         return;
       parallel_for(need.size(), opt_.threads, [&](std::size_t k) { base_stat(need[k]); });
@@ -624,6 +753,8 @@ class Backward {
   std::array<std::int64_t, 4> ext_{1, 1, 1, 1};  // the bias's extents over [B, Hq, Nq, Nk]
   std::vector<RowStat> stats_;                   // per row, at the starting precision (base_stat)
   std::unique_ptr<std::once_flag[]> once_;       // per row: stats_ computed
+  std::vector<std::unique_ptr<RowStat>> lean_;   // per row, from exact dots (lean_stat)
+  std::unique_ptr<std::once_flag[]> lean_once_;  // per row: lean_ computed
   std::atomic<std::uint64_t> elements_{0}, undecided_{0}, fast_units_{0}, fallback_units_{0};
   std::atomic<mpfr_prec_t> reached_{0};
 };

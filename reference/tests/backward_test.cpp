@@ -4,10 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/round.hpp"
@@ -298,6 +300,69 @@ TEST(Backward, ThreadCountDoesNotChangeBytes) {
   for (std::size_t t = 0; t < a.golden.size(); ++t) {
     EXPECT_EQ(a.golden[t].name, b.golden[t].name);
     EXPECT_EQ(a.golden[t].data, b.golden[t].data) << a.golden[t].name;
+  }
+}
+
+// dv within 2^-112 (relative) of an F64 midpoint, past the balls' width. Rows q = 2^-87 and
+// 1.5 2^-87, keys k = 1 and 1 + 2^-23, scale 1: S_i2 - S_i1 = d_i = q_i 2^-23 and
+// P_i1 = 1/2 - d_i/4 + O(d^3). With dout = 2^31 and 2^-22, dv_1 = sum_i P_i1 dout_i lies just
+// below the midpoint 2^30 + 2^-23 of 2^30 and 2^30 + 2^-22 (by about 2^-81), dv_2 just above:
+// dv.ref = 2^30 and 2^30 + 2^-22. Every enclosure reported holds dv at 300 bits, and the bytes
+// are MPFR's alone.
+TEST(Backward, KeyUnitPastTheBallsWidth) {
+  const double q1 = std::ldexp(1.0, -87), q2 = 1.5 * q1, k2 = 1 + std::ldexp(1.0, -23);
+  const double d1 = std::ldexp(1.0, 31), d2 = std::ldexp(1.0, -22);
+  const Case c = case_from_file(
+      "test.safetensors",
+      file({floats("q", DType::F32, {1, 1, 2, 1}, {q1, q2}), floats("k", DType::F32, {1, 1, 2, 1}, {1, k2}),
+            floats("v", DType::F32, {1, 1, 2, 1}, {1, 2}), floats("dout", DType::F32, {1, 1, 2, 1}, {d1, d2})},
+           kAll));
+  mpfr_t dv[2];
+  for (int j = 0; j < 2; ++j) {
+    mpfr_init2(dv[j], 300);
+    mpfr_set_zero(dv[j], 1);
+  }
+  {
+    mpfr_t s, t;
+    mpfr_inits2(300, s, t, static_cast<mpfr_ptr>(nullptr));
+    const double qs[2] = {q1, q2}, ds[2] = {d1, d2};
+    for (int i = 0; i < 2; ++i) {  // P_i1 = 1 / (1 + exp(q_i (k2 - 1))), P_i2 = 1 - P_i1
+      mpfr_set_d(s, qs[i], MPFR_RNDN);
+      mpfr_mul_d(s, s, k2 - 1, MPFR_RNDN);
+      mpfr_exp(s, s, MPFR_RNDN);
+      mpfr_add_ui(s, s, 1, MPFR_RNDN);
+      mpfr_ui_div(s, 1, s, MPFR_RNDN);
+      mpfr_mul_d(t, s, ds[i], MPFR_RNDN);
+      mpfr_add(dv[0], dv[0], t, MPFR_RNDN);
+      mpfr_ui_sub(s, 1, s, MPFR_RNDN);
+      mpfr_mul_d(t, s, ds[i], MPFR_RNDN);
+      mpfr_add(dv[1], dv[1], t, MPFR_RNDN);
+    }
+    mpfr_clears(s, t, static_cast<mpfr_ptr>(nullptr));
+  }
+  int checked = 0, outside = 0;
+  std::mutex mu;
+  EvalOptions opt;
+  opt.gradient_check = [&](const std::string& g, std::int64_t flat, const Enclosure& v, const Enclosure&) {
+    if (g != "dv") return;
+    std::lock_guard<std::mutex> lk(mu);
+    ++checked;
+    if (!v.contains(dv[flat])) ++outside;
+  };
+  const EvalResult r = evaluate(c, opt);
+  EvalOptions slow;
+  slow.fast_path = false;
+  const EvalResult m = evaluate(c, slow);
+  for (auto& x : dv) mpfr_clear(x);
+  EXPECT_GE(r.stats.grad_units_fallback, 1u);  // the balls did not decide a key unit
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(outside, 0);
+  EXPECT_EQ(r.stats.undecided, 0u);
+  EXPECT_EQ(values(r, "dv.ref"), (std::vector<double>{d1 / 2, d1 / 2 + std::ldexp(1.0, -22)}));
+  ASSERT_EQ(r.golden.size(), m.golden.size());
+  for (std::size_t t = 0; t < r.golden.size(); ++t) {
+    EXPECT_EQ(r.golden[t].name, m.golden[t].name);
+    EXPECT_EQ(r.golden[t].data, m.golden[t].data) << r.golden[t].name;
   }
 }
 
