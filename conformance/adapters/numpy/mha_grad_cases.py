@@ -52,7 +52,17 @@ def specs():
     mask[0, 1, 2] = False                                 # head 1, row 2: no key
     t["mask"] = mask
     out["cross_masked_row_zero"] = (t, m(cross, masked_rows="zero"))
+    # D = H Dk, Dv = Dk and the default scale (what torch's multi_head_attention_forward takes)
+    t = _case(rng, 2, 3, 5, 4, 2, 2, 2, 3)
+    t["bias"] = rng.normal(size=(2, 1, 3, 5))
+    out["equal_heads_cross"] = (t, m(cross + ",dbias", causal="bottom_right"))
+    t = _case(rng, 1, 6, 6, 6, 3, 2, 2, 5, self_attn=True)
+    t["query_mask"] = np.array([[True, True, False, True, True, False]])
+    out["equal_heads_self"] = (t, m(selfa, window="3,0"))
     return out
+
+
+TORCH_CASES = ("equal_heads_cross", "equal_heads_self")
 
 
 def write(tmpdir, name, dtype=np.float64):

@@ -27,7 +27,11 @@ except ImportError as e:
     NO_TORCH = f"torch is not importable ({e}); install Debian's python3-torch"
     print(f"test_torch: skipped: {NO_TORCH}", file=sys.stderr)
 
+import mha_grad_cases as mc  # noqa: E402
+import safetensors_np as st  # noqa: E402
+
 ADAPTER = [sys.executable, os.path.join(HERE, "attention.py")]
+NUMPY_ADAPTER = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
 # One run gates F32, F64 and BF16, each input dtype under its own profile.
 PROFILES = "fp32,fp64,torch-cpu-bf16"
 
@@ -119,6 +123,41 @@ class TorchGradientTest(unittest.TestCase):
         self.assertEqual(got[0], ".unsupported")
         self.assertIn("gradients", got[1])
 
+
+
+@unittest.skipIf(NO_TORCH, NO_TORCH)
+class TorchMhaGradientTest(unittest.TestCase):
+    """Kind mha's gradients by autograd (--mode mha) against the NumPy adapter's hand-written
+    backward and finite differences, in float64."""
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="attn_torch_mha_")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def run_adapter(self, cmd, path, tag):
+        import json
+        import subprocess
+        out = os.path.join(self.dir, f"{tag}.out.safetensors")
+        jobs = os.path.join(self.dir, f"{tag}.jsonl")
+        with open(jobs, "w") as f:
+            f.write(json.dumps({"id": tag, "input": path, "output": out}) + "\n")
+        subprocess.run(cmd + [jobs], check=True)
+        self.assertTrue(os.path.exists(out), os.listdir(self.dir))
+        return st.read(out)[0]
+
+    def test_autograd_matches_numpy_and_finite_differences(self):
+        for name in mc.TORCH_CASES:
+            path, tensors, m = mc.write(self.dir, name)
+            got = self.run_adapter(ADAPTER + ["--mode", "mha"], path, "torch_" + name)
+            ref = self.run_adapter(NUMPY_ADAPTER + ["--dtype", "float64"], path, "numpy_" + name)
+            for g in m["attn.outputs"].split(",")[1:]:
+                with self.subTest(case=name, gradient=g):
+                    self.assertEqual(got[g].dtype, np.float64)
+                    np.testing.assert_allclose(got[g], ref[g], rtol=0, atol=1e-12 * max(1, np.abs(ref[g]).max()))
+                    fd = mc.finite_difference(tensors, m, g)
+                    np.testing.assert_allclose(got[g], fd, rtol=0, atol=1e-7 * max(1, np.abs(fd).max()))
+            self.assertEqual("dx_kv" in got, "dx_kv" in m["attn.outputs"])
 
 if __name__ == "__main__":
     unittest.main()
