@@ -112,7 +112,7 @@ class TorchGradientTest(unittest.TestCase):
         np.testing.assert_array_equal(self.got["top_left_window_masked_rows"]["dq"][:, :, 4:], 0)
         np.testing.assert_array_equal(self.got["query_mask_padding"]["dq"][:, :, 1:4], 0)
 
-    def test_mha_gradients_unsupported(self):
+    def test_sdpa_gradients_refused_in_mha(self):
         rng = np.random.default_rng(5)
         t = {"x_q": rng.normal(size=(1, 3, 4)), "x_kv": rng.normal(size=(1, 3, 4)),
              "w_q": rng.normal(size=(2, 4, 2)), "w_k": rng.normal(size=(2, 4, 2)),
@@ -120,8 +120,8 @@ class TorchGradientTest(unittest.TestCase):
         path = os.path.join(self.dir, "mha.safetensors")
         gc.st.save(path, t, {"attn.format": "1", "attn.kind": "mha", "attn.outputs": "out,dq"})
         got = gc.run_adapter(ADAPTER + ["--mode", "mha"], [gc.Case("mha", path, {})], self.dir, "mha")["mha"]
-        self.assertEqual(got[0], ".unsupported")
-        self.assertIn("gradients", got[1])
+        self.assertEqual(got[0], ".error")
+        self.assertIn("dq is not a gradient of kind mha", got[1])
 
 
 
