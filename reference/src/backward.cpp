@@ -24,6 +24,7 @@
 #include "attnoracle/reference/round.hpp"
 #include "fast/fast_backward.hpp"
 #include "golden_buffer.hpp"
+#include "backward_parts.hpp"
 #include "interval.hpp"
 
 namespace attnoracle {
@@ -32,40 +33,9 @@ namespace {
 using detail::GoldenBuffer;
 using detail::MpfrVec;
 using detail::Pending;
+using namespace detail::backward;
 
 constexpr const char* kGradients[] = {"dq", "dk", "dv", "dbias"};
-
-void set_zero(Enclosure& e) {
-  mpfr_set_zero(e.lo, 1);
-  mpfr_set_zero(e.hi, 1);
-}
-void copy_to(Enclosure& r, const Enclosure& x) {
-  mpfr_set(r.lo, x.lo, MPFR_RNDD);
-  mpfr_set(r.hi, x.hi, MPFR_RNDU);
-}
-// [lo, hi] = x * d for a double d: the sign of d picks the ends.
-void mul_d(mpfr_ptr lo, mpfr_ptr hi, mpfr_srcptr xlo, mpfr_srcptr xhi, double d) {
-  mpfr_mul_d(lo, d >= 0 ? xlo : xhi, d, MPFR_RNDD);
-  mpfr_mul_d(hi, d >= 0 ? xhi : xlo, d, MPFR_RNDU);
-}
-// r = a * x with a >= 0 (r distinct from a and x): the sign of x's ends picks a's ends.
-void mul_nonneg(Enclosure& r, const Enclosure& a, const Enclosure& x) {
-  mpfr_mul(r.lo, mpfr_sgn(x.lo) >= 0 ? a.lo : a.hi, x.lo, MPFR_RNDD);
-  mpfr_mul(r.hi, mpfr_sgn(x.hi) >= 0 ? a.hi : a.lo, x.hi, MPFR_RNDU);
-}
-// r = |x| (r distinct from x).
-void abs_of(Enclosure& r, const Enclosure& x) {
-  if (mpfr_sgn(x.lo) >= 0) {
-    copy_to(r, x);
-  } else if (mpfr_sgn(x.hi) <= 0) {
-    mpfr_neg(r.lo, x.hi, MPFR_RNDD);
-    mpfr_neg(r.hi, x.lo, MPFR_RNDU);
-  } else {
-    mpfr_set_zero(r.lo, 1);
-    mpfr_neg(r.hi, x.lo, MPFR_RNDU);
-    if (mpfr_greater_p(x.hi, r.hi)) mpfr_set(r.hi, x.hi, MPFR_RNDU);
-  }
-}
 
 // [lo, hi] holds sum_d a[d] b[d] (doubles): each product is exact in 106 bits and mpfr_sum
 // rounds the sum down, reporting exactness. Returns whether lo is the exact value.
@@ -94,77 +64,6 @@ void dot_abs(Enclosure& e, const double* a, const double* b, std::int64_t n, Mpf
     mpfr_nextabove(e.hi);
   }
 }
-
-// Sums of enclosed terms: the lower ends summed down, the upper ends up.
-struct Terms {
-  MpfrVec lo, hi;
-  std::size_t n = 0;
-  void reset(std::size_t count, mpfr_prec_t p) {
-    lo.resize(count, p);
-    hi.resize(count, p);
-    n = 0;
-  }
-  void sum(Enclosure& r) {
-    if (n == 0) return set_zero(r);
-    mpfr_sum(r.lo, lo.ptrs(), n, MPFR_RNDD);
-    mpfr_sum(r.hi, hi.ptrs(), n, MPFR_RNDU);
-  }
-};
-
-// The scale and the softcap at one precision.
-struct Consts {
-  Enclosure scale, abs_scale, cap;
-  bool softcap;
-  Consts(const Case& c, mpfr_prec_t p) : scale(p), abs_scale(p), cap(p), softcap(c.softcap.has_value()) {
-    if (c.scale) {
-      detail::enclose_text(scale.lo, scale.hi, *c.scale);
-    } else {  // 1/sqrt(Dk), correctly rounded each way
-      mpfr_set_si(cap.lo, c.Dk, MPFR_RNDN);
-      mpfr_rec_sqrt(scale.lo, cap.lo, MPFR_RNDD);
-      mpfr_rec_sqrt(scale.hi, cap.lo, MPFR_RNDU);
-    }
-    abs_of(abs_scale, scale);
-    if (softcap) detail::enclose_text(cap.lo, cap.hi, *c.softcap);
-  }
-};
-
-// sech^2(T/c) = 1 - tanh^2(T/c), the softcap's derivative: sech decreases with |T/c|, so the
-// largest |T| over the smallest c gives the lower end and the smallest |T| over the largest c
-// the upper end.
-void softcap_slope(Enclosure& r, const Enclosure& T, const Consts& k, mpfr_ptr tmp) {
-  mpfr_abs(tmp, T.lo, MPFR_RNDN);
-  if (mpfr_cmpabs(T.hi, tmp) > 0) mpfr_abs(tmp, T.hi, MPFR_RNDN);
-  mpfr_div(tmp, tmp, k.cap.lo, MPFR_RNDU);
-  mpfr_sech(r.lo, tmp, MPFR_RNDD);
-  mpfr_sqr(r.lo, r.lo, MPFR_RNDD);
-  if (mpfr_sgn(T.lo) <= 0 && mpfr_sgn(T.hi) >= 0) {
-    mpfr_set_ui(tmp, 0, MPFR_RNDN);
-  } else {
-    mpfr_abs(tmp, T.lo, MPFR_RNDN);
-    if (mpfr_cmpabs(T.hi, tmp) < 0) mpfr_abs(tmp, T.hi, MPFR_RNDN);
-    mpfr_div(tmp, tmp, k.cap.hi, MPFR_RNDD);
-  }
-  mpfr_sech(r.hi, tmp, MPFR_RNDU);
-  mpfr_sqr(r.hi, r.hi, MPFR_RNDU);
-  if (mpfr_cmp_ui(r.hi, 1) > 0) mpfr_set_ui(r.hi, 1, MPFR_RNDN);
-}
-
-// What the key and bias passes read of a row: lse_i, D_i and sum_c |dout_ic O_ic|, and
-// whether its dS is exactly 0.
-struct RowStat {
-  bool valid = false;    // a row that takes part: not padding, not fully masked
-  bool zero_ds = false;  // dP_ij the same exact number for every allowed j: dS_i = 0 exactly
-  Enclosure lse{MPFR_PREC_MIN}, d{MPFR_PREC_MIN}, dabs{MPFR_PREC_MIN};
-};
-
-// One entry (i, j) of the backward: P, dS, dT and A = P (sum_c |dout_ic v_jc| + sum_c
-// |dout_ic O_ic|), the magnitude of the terms dS is made of (times the softcap's slope in At,
-// the magnitude of dT).
-struct Entry {
-  Enclosure P, dP, dPabs, x, dS, slope, dT, A, At, tmp;
-  explicit Entry(mpfr_prec_t p)
-      : P(p), dP(p), dPabs(p), x(p), dS(p), slope(p), dT(p), A(p), At(p), tmp(p) {}
-};
 
 class Backward {
  public:
@@ -283,28 +182,6 @@ class Backward {
     t.sum(st.d);
     ta.sum(st.dabs);
     return r;
-  }
-
-  // dS, dT and their magnitudes from P, dP and the row's statistics.
-  void backward_entry(Entry& e, const RowStat& st, const Enclosure* T, const Consts& k) const {
-    if (st.zero_ds) {
-      set_zero(e.dS);
-    } else {
-      mpfr_sub(e.x.lo, e.dP.lo, st.d.hi, MPFR_RNDD);
-      mpfr_sub(e.x.hi, e.dP.hi, st.d.lo, MPFR_RNDU);
-      mul_nonneg(e.dS, e.P, e.x);
-    }
-    mpfr_add(e.x.lo, e.dPabs.lo, st.dabs.lo, MPFR_RNDD);
-    mpfr_add(e.x.hi, e.dPabs.hi, st.dabs.hi, MPFR_RNDU);
-    mul_nonneg(e.A, e.P, e.x);
-    if (k.softcap && T) {
-      softcap_slope(e.slope, *T, k, e.tmp.lo);
-      mul_nonneg(e.dT, e.slope, e.dS);
-      mul_nonneg(e.At, e.slope, e.A);
-    } else {
-      copy_to(e.dT, e.dS);
-      copy_to(e.At, e.A);
-    }
   }
 
   // One element's enclosures rounded: the value into G and G.ref, the bound rounded up.
@@ -754,7 +631,7 @@ class Backward {
 }  // namespace
 
 bool is_gradient_golden(const std::string& name) {
-  for (const char* g : {"dq", "dk", "dv", "dbias", "dsinks"}) {
+  for (const char* g : {"dq", "dk", "dv", "dbias", "dsinks", "dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o"}) {
     const std::string s(g);
     if (name == s || name == s + ".ref" || name == s + ".bound") return true;
   }
@@ -762,6 +639,7 @@ bool is_gradient_golden(const std::string& name) {
 }
 
 void evaluate_gradients(const Case& c, const EvalOptions& opt, EvalResult& res) {
+  if (c.kind == Kind::Mha) return evaluate_mha_gradients(c, opt, res);
   Backward bw(c, opt);
   bw.run();
   bw.finish(res);

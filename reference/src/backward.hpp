@@ -19,6 +19,8 @@ bool is_gradient_golden(const std::string& name);
 // Evaluates the gradients the case asks for and appends their golden tensors (each with its
 // .undecided and .alt companions when needed) to res.golden, counting them in res.stats.
 void evaluate_gradients(const Case& c, const EvalOptions& opt, EvalResult& res);
+// The same for kind mha (backward_mha.cpp).
+void evaluate_mha_gradients(const Case& c, const EvalOptions& opt, EvalResult& res);
 
 // The tensors dsinks, dsinks.ref and dsinks.bound being filled.
 struct SinkGradientBuffers {

@@ -168,10 +168,13 @@ class CaseReader {
       while (true) {
         const auto comma = rest.find(',');
         const std::string name(rest.substr(0, comma));
-        if (name != "out" && name != "weights" && name != "lse" && name != "scores" &&
-            name != "dq" && name != "dk" && name != "dv" && name != "dbias" && name != "dsinks")
+        static const std::set<std::string> known = {"out",  "weights", "lse",  "scores", "dq",   "dk",
+                                                    "dv",   "dbias",   "dsinks", "dx_q", "dx_kv", "dw_q",
+                                                    "dw_k", "dw_v",    "dw_o"};
+        if (!known.count(name))
           bad("attn.outputs", *v,
-              "a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks (" + quoted(name) + "?)");
+              "a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, dx_q, dx_kv, dw_q, "
+              "dw_k, dw_v, dw_o (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -185,9 +188,20 @@ class CaseReader {
       c_.want_dv = listed.count("dv") > 0;
       c_.want_dbias = listed.count("dbias") > 0;
       c_.want_dsinks = listed.count("dsinks") > 0;
-      if (c_.wants_gradients() && c_.kind == Kind::Mha)
-        fail("attn.outputs", "value " + quoted(*v) + " asks for gradients, but gradients of kind "
-                             "mha are not supported (only kind sdpa)");
+      c_.want_dx_q = listed.count("dx_q") > 0;
+      c_.want_dx_kv = listed.count("dx_kv") > 0;
+      c_.want_dw_q = listed.count("dw_q") > 0;
+      c_.want_dw_k = listed.count("dw_k") > 0;
+      c_.want_dw_v = listed.count("dw_v") > 0;
+      c_.want_dw_o = listed.count("dw_o") > 0;
+      for (const char* g : {"dq", "dk", "dv"})
+        if (listed.count(g) && c_.kind == Kind::Mha)
+          fail("attn.outputs", "value " + quoted(*v) + " asks for " + g +
+                                   ", a gradient of kind sdpa; kind mha has dx_q, dx_kv, dw_q, dw_k, dw_v and dw_o");
+      for (const char* g : {"dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o"})
+        if (listed.count(g) && c_.kind == Kind::Sdpa)
+          fail("attn.outputs", "value " + quoted(*v) + " asks for " + g +
+                                   ", a gradient of kind mha; kind sdpa has dq, dk and dv");
     }
   }
 
@@ -271,27 +285,32 @@ class CaseReader {
       fail("attn.outputs", "asks for gradients, but gradients of " +
                                std::string(dtype_name(c_.input_dtype)) + " inputs are not supported");
     const RawTensor* t = file.find("dout");
+    if (c_.want_dx_kv && c_.self_attention)
+      fail("attn.outputs", "dx_kv is asked but the case is self-attention (x_kv equals x_q): dx_q holds "
+                           "the whole gradient of x");
     const char* asked = c_.want_dq ? "dq" : c_.want_dk ? "dk" : c_.want_dv ? "dv"
-                      : c_.want_dbias ? "dbias" : "dsinks";
+                      : c_.want_dbias ? "dbias" : c_.want_dsinks ? "dsinks" : c_.want_dx_q ? "dx_q"
+                      : c_.want_dx_kv ? "dx_kv" : c_.want_dw_q ? "dw_q" : c_.want_dw_k ? "dw_k"
+                      : c_.want_dw_v ? "dw_v" : "dw_o";
     if (!t) {
       if (c_.wants_gradients())
         fail("dout", std::string("missing (required when attn.outputs asks for a gradient: ") +
                          asked + ")");
       return;
     }
-    if (c_.kind == Kind::Mha) fail("dout", "gradients of kind mha are not supported (only kind sdpa)");
     if (t->dtype != DType::F64 && t->dtype != DType::F32 && t->dtype != c_.input_dtype)
       fail("dout", "dtype " + std::string(dtype_name(t->dtype)) + " is not F64, F32 or " +
                        std::string(dtype_name(c_.input_dtype)) + " (the input dtype)");
-    expect_shape(*t, c_.out_shape(), "the shape of out [B,Hq,Nq,Dv]");
+    const bool mha = c_.kind == Kind::Mha;
+    expect_shape(*t, c_.out_shape(), mha ? "the shape of out [B,Nq,Dout]" : "the shape of out [B,Hq,Nq,Dv]");
     c_.dout = floats(*t, false, true);
     for (std::size_t e : unchecked_["dout"]) {
-      const auto r = static_cast<std::int64_t>(e) / c_.Dv;  // (b * Hq + h) * Nq + i
-      const std::int64_t b = r / (c_.Hq * c_.Nq), h = r / c_.Nq % c_.Hq, i = r % c_.Nq;
+      const auto r = static_cast<std::int64_t>(e) / (mha ? c_.Dout : c_.Dv);  // (b * Hq + h) * Nq + i, or b * Nq + i
+      const std::int64_t b = r / (mha ? c_.Nq : c_.Hq * c_.Nq), h = mha ? 0 : r / c_.Nq % c_.Hq, i = r % c_.Nq;
       if (c_.query_valid(b, i))
         fail("dout", "element " + std::to_string(e) + " is " + non_finite_name(c_.dout->values[e]) +
                          ", in query " + std::to_string(i) + " of b=" + std::to_string(b) +
-                         ", h=" + std::to_string(h) +
+                         (mha ? std::string() : ", h=" + std::to_string(h)) +
                          ", which is not padding (non-finite values are allowed only on padding "
                          "rows)");
       c_.dout->values[e] = 0;  // a padding row contributes nothing
@@ -497,6 +516,7 @@ class CaseReader {
     c_.Hq = c_.Hkv = h, c_.Dk = w_q.shape[2], c_.Dv = dv, c_.Dout = w_o.shape[1];
     decode({{&x_q, &c_.x_q}, {&x_kv, &c_.x_kv}, {&w_q, &c_.w_q}, {&w_k, &c_.w_k},
             {&w_v, &c_.w_v}, {&w_o, &c_.w_o}}, false);
+    c_.self_attention = c_.x_kv.shape == c_.x_q.shape && c_.x_kv.values == c_.x_q.values;
   }
 
   // FP8 descales [B, Hkv], F32, finite and > 0: the real q[b, h] is the stored value times
@@ -806,6 +826,12 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
   gradient(want_dq, "dq", {B, Hq, Nq, Dk});
   gradient(want_dk, "dk", {B, Hkv, Nk, Dk});
   gradient(want_dv, "dv", {B, Hkv, Nk, Dv});
+  gradient(want_dx_q, "dx_q", {B, Nq, D});
+  gradient(want_dx_kv, "dx_kv", {B, Nk, D});
+  gradient(want_dw_q, "dw_q", {Hq, D, Dk});
+  gradient(want_dw_k, "dw_k", {Hq, D, Dk});
+  gradient(want_dw_v, "dw_v", {Hq, D, Dv});
+  gradient(want_dw_o, "dw_o", {Hq * Dv, Dout});
   gradient(want_dbias, "dbias", bias ? bias->shape : std::vector<std::int64_t>{});
   gradient(want_dsinks, "dsinks", {Hq});
   return g;

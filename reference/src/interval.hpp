@@ -4,6 +4,9 @@
 
 #include <mpfr.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,28 @@ class MpfrVec {
   std::size_t n_ = 0;
   mpfr_prec_t prec_ = 0;
 };
+
+// out = sum_d a[d sa] b[d sb] over n terms, exactly (out initialised by the caller): each
+// product of two doubles is exact in 106 bits, and mpfr_sum is correctly rounded and reports
+// exactness, so the precision doubles until the sum is exact; then only the bits in use are kept
+// (exact), so that later exact products stay small. Returns out's precision.
+inline mpfr_prec_t exact_dot(mpfr_ptr out, const double* a, std::ptrdiff_t sa, const double* b,
+                             std::ptrdiff_t sb, std::int64_t n, MpfrVec& prods) {
+  prods.resize(static_cast<std::size_t>(n), 106);
+  for (std::int64_t d = 0; d < n; ++d) {
+    mpfr_set_d(prods[static_cast<std::size_t>(d)], a[d * sa], MPFR_RNDN);
+    mpfr_mul_d(prods[static_cast<std::size_t>(d)], prods[static_cast<std::size_t>(d)], b[d * sb], MPFR_RNDN);
+  }
+  mpfr_prec_t p = 128;
+  mpfr_set_prec(out, p);
+  while (mpfr_sum(out, prods.ptrs(), static_cast<unsigned long>(n), MPFR_RNDN) != 0) {
+    p *= 2;
+    mpfr_set_prec(out, p);
+  }
+  const mpfr_prec_t used = std::max<mpfr_prec_t>(mpfr_min_prec(out), MPFR_PREC_MIN);
+  mpfr_prec_round(out, used, MPFR_RNDN);  // exact: the value fits in `used` bits
+  return used;
+}
 
 // [rlo, rhi] = [alo, ahi] * [blo, bhi], all signs: the extremes are among the four corner
 // products, each rounded in its direction.

@@ -432,34 +432,20 @@ struct RowEvaluator::Impl {
     }
   }
 
-  // out[b][r][n][e] = sum_d x[b][n][d] * w[r][d][e], exactly: mpfr_sum is correctly rounded and
-  // reports exactness, so the precision doubles until the sum is exact.
+  // out[b][r][n][e] = sum_d x[b][n][d] * w[r][d][e], exactly (exact_dot).
   void project(std::int64_t b, const FloatTensor& x, const FloatTensor& w, std::int64_t N,
                std::int64_t E, std::vector<mpfr_t>& out, mpfr_prec_t& maxprec) {
     const std::int64_t H = c.Hq, D = c.D;
     MpfrVec prods;
-    prods.resize(static_cast<std::size_t>(D), 106);  // a product of two doubles is exact in 106 bits
     maxprec = 53;
     auto idx = static_cast<std::size_t>(b * H * N * E);
     for (std::int64_t r = 0; r < H; ++r)
       for (std::int64_t n = 0; n < N; ++n)
         for (std::int64_t e = 0; e < E; ++e, ++idx) {
-          for (std::int64_t d = 0; d < D; ++d) {
-            mpfr_set_d(prods[d], x.values[static_cast<std::size_t>((b * N + n) * D + d)],
-                       MPFR_RNDN);
-            mpfr_mul_d(prods[d], prods[d], w.values[static_cast<std::size_t>((r * D + d) * E + e)],
-                       MPFR_RNDN);
-          }
-          mpfr_prec_t p = 128;
-          mpfr_init2(out[idx], p);
-          while (mpfr_sum(out[idx], prods.ptrs(), static_cast<unsigned long>(D), MPFR_RNDN) != 0) {
-            p *= 2;
-            mpfr_set_prec(out[idx], p);
-          }
-          // Keep only the bits in use, so that later exact products stay small.
-          const mpfr_prec_t used = std::max<mpfr_prec_t>(mpfr_min_prec(out[idx]), MPFR_PREC_MIN);
-          mpfr_prec_round(out[idx], used, MPFR_RNDN);  // exact: the value fits in `used` bits
-          maxprec = std::max(maxprec, used);
+          mpfr_init2(out[idx], 128);
+          const double* xr = x.values.data() + (b * N + n) * D;
+          const double* wc = w.values.data() + r * D * E + e;
+          maxprec = std::max(maxprec, detail::exact_dot(out[idx], xr, 1, wc, E, D, prods));
         }
   }
 

@@ -391,7 +391,9 @@ TEST(Backward, Refusals) {
   expect_refused({floats("x_q", DType::F32, {1, 1, 1}, {1}), floats("x_kv", DType::F32, {1, 1, 1}, {1}),
                   floats("w_q", DType::F32, {1, 1, 1}, {1}), floats("w_k", DType::F32, {1, 1, 1}, {1}),
                   floats("w_v", DType::F32, {1, 1, 1}, {1}), floats("w_o", DType::F32, {1, 1}, {1})},
-                 {{"attn.outputs", "dq"}, {"attn.kind", "mha"}}, "attn.outputs", "gradients of kind mha are not supported");
+                 {{"attn.outputs", "dq"}, {"attn.kind", "mha"}}, "attn.outputs", "asks for dq, a gradient of kind sdpa");
+  expect_refused(basic({floats("dout", DType::F32, {1, 1, 2, 1}, {1, 2})}), {{"attn.outputs", "out,dw_o"}},
+                 "attn.outputs", "asks for dw_o, a gradient of kind mha");
   expect_refused(basic({floats("dout", DType::F32, {1, 1, 2, 1}, {1, 2})}), {{"attn.outputs", "out,dsinks"}},
                  "attn.outputs", "dsinks is asked but the case has no sinks tensor");
   expect_refused(basic({floats("sinks", DType::F32, {1}, {0.5})}), {{"attn.outputs", "dsinks"}}, "dout",

@@ -78,9 +78,19 @@ struct Case {
   std::int64_t window_left = 0, window_right = 0;
   MaskedRows masked_rows = MaskedRows::Error;
   bool want_weights = false, want_lse = false, want_scores = false;
-  // Gradients asked in attn.outputs (CONTRACT section 7; kind sdpa).
+  // Gradients asked in attn.outputs (CONTRACT section 7): dq, dk, dv of kind sdpa; dx_q, dx_kv,
+  // dw_q, dw_k, dw_v, dw_o of kind mha; dbias and dsinks of either.
   bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false, want_dsinks = false;
-  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias || want_dsinks; }
+  bool want_dx_q = false, want_dx_kv = false, want_dw_q = false, want_dw_k = false, want_dw_v = false,
+       want_dw_o = false;
+  bool wants_mha_gradients() const {
+    return want_dx_q || want_dx_kv || want_dw_q || want_dw_k || want_dw_v || want_dw_o;
+  }
+  bool wants_gradients() const {
+    return want_dq || want_dk || want_dv || want_dbias || want_dsinks || wants_mha_gradients();
+  }
+  // Kind mha with x_kv of x_q's shape and values: dx_q is then the whole gradient of x.
+  bool self_attention = false;
 
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
@@ -96,7 +106,7 @@ struct Case {
   // [B] each: valid query and key counts per batch (padded varlen); absent = Nq, Nk.
   std::optional<std::vector<std::int64_t>> seqlens_q, seqlens_k;
   std::optional<FloatTensor> sinks;  // [Hq], finite: one logit per query head in the denominator
-  // The upstream gradient dL/d(out), [B, Hq, Nq, Dv]; 0 on padding rows that held non-finite values.
+  // The upstream gradient dL/d(out), in out's shape; 0 on padding rows that held non-finite values.
   std::optional<FloatTensor> dout;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
