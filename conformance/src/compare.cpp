@@ -83,26 +83,6 @@ std::uint64_t bits_of(const RawTensor& t, std::size_t k) {
 double sq(double x) { return x * x; }
 double value_of(const RawTensor& t, std::size_t k) { return decode_value(t.dtype, t.data.data() + k * width_of(t.dtype)); }
 
-// The names listed in attn.outputs, in order.
-std::vector<std::string> outputs_asked(const Case& c) {
-  std::vector<std::string> asked;
-  const auto it = c.file.metadata.find("attn.outputs");
-  for (std::size_t from = 0; it != c.file.metadata.end() && from <= it->second.size();) {
-    const std::size_t comma = std::min(it->second.find(',', from), it->second.size());
-    asked.push_back(it->second.substr(from, comma - from));
-    from = comma + 1;
-  }
-  return asked;
-}
-// Kind mha asking for any gradient (CONTRACT section 7).
-bool asks_mha_gradients(const Case& c) {
-  if (c.kind != Kind::Mha) return false;
-  for (const auto& name : outputs_asked(c))
-    for (const char* g : {"dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o", "dbias", "dsinks"})
-      if (name == g) return true;
-  return false;
-}
-
 // A fully masked row that is not padding: the contract refuses it under policy error.
 bool has_refusable_row(const Case& c) {
   for (std::int64_t b = 0; b < c.B; ++b)
@@ -547,18 +527,16 @@ struct Comparer {
   // Kind mha's dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, dbias, dsinks (TOLERANCE.md, "Gradients of
   // kind mha"): per element, and the statistical tier per tensor.
   void mha_gradients() {
-    const std::vector<std::string> asked = outputs_asked(c);
-    auto wants = [&](const char* name) { return std::find(asked.begin(), asked.end(), name) != asked.end(); };
     const MhaGradientErrors ge = mha_gradient_errors(profile, c, limits);
-    const bool self = self_attention(c);
+    const bool self = c.self_attention;
     const double uo = unit_roundoff(c.output_dtype), ug = unit_roundoff(profile.grad_accum);
     // each head's gradients, rounded to `projection` before the chain rule: u_proj on G.bound
     const double up = unit_roundoff(profile.projection);
     const double floor = 2 * min_subnormal(c.output_dtype);
     const double H = static_cast<double>(c.Hq), Dk = static_cast<double>(c.Dk), Dv = static_cast<double>(c.Dv);
-    auto judge = [&](const std::string& name, const std::vector<std::int64_t>& shape, const std::vector<double>& err,
+    auto judge = [&](const std::string& name, bool wanted, const std::vector<std::int64_t>& shape, const std::vector<double>& err,
                      const GradientSpread& sp, std::size_t group_size, double n, double extra, auto skip) {
-      if (!wants(name.c_str()) || err.empty()) return;
+      if (!wanted || err.empty()) return;
       const RawTensor* got = returned(name, shape);
       if (!got) return;
       const RawTensor *gg = gold(name), *gref = gold(name + ".ref"), *gb = gold(name + ".bound");
@@ -587,20 +565,20 @@ struct Comparer {
     // terms: the chain rule's products (H Dk, and H (Dk + Dv) for the keys), or the tokens; the
     // tier's groups: a token of dx_q (a batch in self-attention, whose keys mix the rows), a
     // batch of dx_kv, the whole of dw_*.
-    judge("dx_q", c.x_q.shape, ge.dx_q, ge.dx_q_spread, self ? D * static_cast<std::size_t>(c.Nq) : D,
+    judge("dx_q", c.want_dx_q, c.x_q.shape, ge.dx_q, ge.dx_q_spread, self ? D * static_cast<std::size_t>(c.Nq) : D,
           H * (self ? 2 * Dk + Dv : Dk), up, padding);
-    judge("dx_kv", c.x_kv.shape, ge.dx_kv, ge.dx_kv_spread, D * static_cast<std::size_t>(c.Nk), H * (Dk + Dv), up, none);
+    judge("dx_kv", c.want_dx_kv, c.x_kv.shape, ge.dx_kv, ge.dx_kv_spread, D * static_cast<std::size_t>(c.Nk), H * (Dk + Dv), up, none);
     const double tq = static_cast<double>(c.B * c.Nq), tk = static_cast<double>(c.B * c.Nk);
-    judge("dw_q", c.w_q.shape, ge.dw_q, ge.dw_q_spread, ge.dw_q.size(), tq, up, none);
-    judge("dw_k", c.w_k.shape, ge.dw_k, ge.dw_k_spread, ge.dw_k.size(), tk, up, none);
-    judge("dw_v", c.w_v.shape, ge.dw_v, ge.dw_v_spread, ge.dw_v.size(), tk, up, none);
-    judge("dw_o", c.w_o.shape, ge.dw_o, ge.dw_o_spread, ge.dw_o.size(), tq, 0.0, none);
+    judge("dw_q", c.want_dw_q, c.w_q.shape, ge.dw_q, ge.dw_q_spread, ge.dw_q.size(), tq, up, none);
+    judge("dw_k", c.want_dw_k, c.w_k.shape, ge.dw_k, ge.dw_k_spread, ge.dw_k.size(), tk, up, none);
+    judge("dw_v", c.want_dw_v, c.w_v.shape, ge.dw_v, ge.dw_v_spread, ge.dw_v.size(), tk, up, none);
+    judge("dw_o", c.want_dw_o, c.w_o.shape, ge.dw_o, ge.dw_o_spread, ge.dw_o.size(), tq, 0.0, none);
     if (c.bias) {
       const double per = static_cast<double>(c.B * c.Hq * c.Nq * c.Nk) / static_cast<double>(c.bias->values.size());
       const std::size_t last = c.bias->shape.empty() ? ge.dbias.size() : static_cast<std::size_t>(c.bias->shape.back());
-      judge("dbias", c.bias->shape, ge.dbias, ge.dbias_spread, std::max<std::size_t>(last, 1), per, 0.0, none);
+      judge("dbias", c.want_dbias, c.bias->shape, ge.dbias, ge.dbias_spread, std::max<std::size_t>(last, 1), per, 0.0, none);
     }
-    if (c.sinks) judge("dsinks", {c.Hq}, ge.dsinks, ge.dsinks_spread, 1, tq, 0.0, none);
+    if (c.sinks) judge("dsinks", c.want_dsinks, {c.Hq}, ge.dsinks, ge.dsinks_spread, 1, tq, 0.0, none);
   }
 
   void run() {
@@ -820,7 +798,7 @@ struct Comparer {
         finish(a);
       }
 
-    if (c.wants_gradients() || asks_mha_gradients(c)) gradients();
+    if (c.wants_gradients()) gradients();
 
     if (rep.failed_elements > 0 && rep.worst) {
       char buf[160];

@@ -252,10 +252,6 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   return g;
 }
 
-bool self_attention(const Case& c) {
-  return c.kind == Kind::Mha && c.x_q.shape == c.x_kv.shape && c.x_q.values == c.x_kv.values;
-}
-
 MhaGradientErrors mha_gradient_errors(const Profile& p, const Case& c, const std::vector<RowLimits>& limits) {
   const std::int64_t B = c.B, H = c.Hq, Nq = c.Nq, Nk = c.Nk, D = c.D, Dk = c.Dk, Dv = c.Dv, Do = c.Dout;
   const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
@@ -415,7 +411,7 @@ MhaGradientErrors mha_gradient_errors(const Profile& p, const Case& c, const std
         if (c.sinks) xdsinks[z(h)] += std::exp(c.sink(h) - mx) / Z * eoo;
       }
   const GradientErrors ge = gradient_errors(p, s, mags, lim, O, Ob, vsum);
-  const bool self = self_attention(c);
+  const bool self = c.self_attention;
   MhaGradientErrors g;
   auto sized = [](std::vector<double>& v, GradientSpread& sp, std::size_t n) {
     v.assign(n, 0);

@@ -316,7 +316,7 @@ MhaGrads mha_backward(const Case& c, bool bounds, MhaBug bug = MhaBug::None) {
         }
       }
   MhaGrads g;
-  const bool self = self_attention(c);
+  const bool self = c.self_attention;
   std::vector<T> dxq(c.x_q.values.size()), dxkv(c.x_kv.values.size()), dwq(c.w_q.values.size()), dwk(c.w_k.values.size()),
       dwv(c.w_v.values.size());
   for (std::int64_t b = 0; b < B; ++b)
@@ -367,6 +367,7 @@ Case mha_case(bool self) {
   };
   c.x_q = fill({c.B, c.Nq, c.D}, 1.1f);
   c.x_kv = self ? c.x_q : fill({c.B, c.Nk, c.D}, 0.7f);
+  c.self_attention = self;
   c.w_q = fill({c.Hq, c.D, c.Dk}, 1.9f);
   c.w_k = fill({c.Hq, c.D, c.Dk}, 2.3f);
   c.w_v = fill({c.Hq, c.D, c.Dv}, 0.45f);
@@ -386,7 +387,7 @@ std::map<std::string, double> mha_ratios(const Case& c, const MhaGrads& got) {
   for (const auto& m : row_magnitudes(c)) limits.push_back(row_limits(p, c, m));
   const MhaGradientErrors ge = mha_gradient_errors(p, c, limits);
   const MhaGrads exact = mha_backward<double>(c, false), bound = mha_backward<double>(c, true);
-  const bool self = self_attention(c);
+  const bool self = c.self_attention;
   const double H = static_cast<double>(c.Hq), Dk = static_cast<double>(c.Dk), Dv = static_cast<double>(c.Dv);
   const double uo = unit_roundoff(DType::F32), up = unit_roundoff(p.projection);
   std::map<std::string, double> worst;
