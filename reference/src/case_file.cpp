@@ -691,7 +691,9 @@ constexpr std::string_view kGoldenNames[] = {
     "out",      "out.ref",     "out.ref_lo", "out.bound",  "row.valid", "weights",     "weights.ref",
     "lse",      "lse.ref",     "scores",     "scores.ref", "dq",        "dq.ref",      "dq.bound",
     "dk",       "dk.ref",      "dk.bound",   "dv",         "dv.ref",    "dv.bound",    "dbias",
-    "dbias.ref", "dbias.bound", "dsinks", "dsinks.ref", "dsinks.bound"};
+    "dbias.ref", "dbias.bound", "dsinks", "dsinks.ref", "dsinks.bound", "dx_q", "dx_q.ref", "dx_q.bound",
+    "dx_kv", "dx_kv.ref", "dx_kv.bound", "dw_q", "dw_q.ref", "dw_q.bound", "dw_k", "dw_k.ref", "dw_k.bound",
+    "dw_v", "dw_v.ref", "dw_v.bound", "dw_o", "dw_o.ref", "dw_o.bound"};
 
 }  // namespace
 

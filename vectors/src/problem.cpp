@@ -285,10 +285,18 @@ void put_seqlens(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
   f.put(int_tensor("seqlens_k", p.seqlens_dtype, lk));
 }
 
+std::string mha_outputs(const ProblemSpec& p) {
+  std::string s;
+  for (std::size_t k = 0; k < kMhaGradients.size(); ++k)
+    if (p.want_mha[k]) s += std::string(",") + kMhaGradients[k];
+  return s;
+}
+
 std::string outputs_text(const ProblemSpec& p) {
   return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "") +
          (p.want_scores ? ",scores" : "") + (p.want_dq ? ",dq" : "") + (p.want_dk ? ",dk" : "") +
-         (p.want_dv ? ",dv" : "") + (p.want_dbias ? ",dbias" : "") + (p.want_dsinks ? ",dsinks" : "");
+         (p.want_dv ? ",dv" : "") + mha_outputs(p) + (p.want_dbias ? ",dbias" : "") +
+         (p.want_dsinks ? ",dsinks" : "");
 }
 
 }  // namespace
@@ -413,7 +421,9 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     return "sinks \"" + printable(p.sinks) + "\" is not near, dominant, negligible or a finite number";
   if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
   if (p.wants_gradients()) {
-    if (mha) return "gradients need kind sdpa";
+    if (mha && (p.want_dq || p.want_dk || p.want_dv)) return "dq, dk and dv are gradients of kind sdpa (kind mha: dx_q ... dw_o)";
+    if (!mha && p.wants_mha_gradients()) return "dx_q, dx_kv, dw_q, dw_k, dw_v and dw_o are gradients of kind mha";
+    if (p.self_attention && p.want_mha[1]) return "self attention has no dx_kv (dx_q is the whole gradient of x)";
     if (is_fp8(p.dtype)) return "gradients are not built for FP8 dtypes";
     if (p.poison) return "gradients are not built with poison";
     if (p.want_dbias && p.bias == BiasKind::None) return "dbias needs a bias";
@@ -558,7 +568,8 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   if (p.wants_gradients()) {
     // its own stream: the other inputs keep their values
     Rng rng(mix64(seed, 6));
-    std::vector<double> g(sz(p.B * p.Hq * p.Nq * p.Dv));
+    const bool mha = p.kind == Kind::Mha;
+    std::vector<double> g(sz(mha ? p.B * p.Nq * p.Dout : p.B * p.Hq * p.Nq * p.Dv));
     for (double& x : g) {
       if (p.dout == "wide_range")
         x = (rng.below(2) ? -1 : 1) * std::ldexp(1 + rng.uniform(), static_cast<int>(rng.below(16)) - 8);
@@ -570,7 +581,8 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
         x = rng.normal();
       x = round_into(x, p.dtype);
     }
-    f.put(float_tensor("dout", p.dtype, {p.B, p.Hq, p.Nq, p.Dv}, g));
+    f.put(float_tensor("dout", p.dtype, mha ? std::vector<std::int64_t>{p.B, p.Nq, p.Dout}
+                                            : std::vector<std::int64_t>{p.B, p.Hq, p.Nq, p.Dv}, g));
   }
   if (p.poison) poison_unused(f);
   return f;

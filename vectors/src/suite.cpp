@@ -276,12 +276,17 @@ class SpecReader {
         for (std::size_t a = 0; a < v.size(); ++a)
           names.push_back(string(v[a], path + "[" + std::to_string(a) + "]"));
       } else {
-        fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, not " + brief(v));
+        fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, "
+                   "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, not " + brief(v));
       }
       p.want_weights = p.want_lse = p.want_scores = false;
       p.want_dq = p.want_dk = p.want_dv = p.want_dbias = p.want_dsinks = false;
+      p.want_mha = {};
       for (const auto& n : names) {
-        if (n == "weights")
+        const auto mha = std::find_if(kMhaGradients.begin(), kMhaGradients.end(), [&](const char* g) { return n == g; });
+        if (mha != kMhaGradients.end())
+          p.want_mha[static_cast<std::size_t>(mha - kMhaGradients.begin())] = true;
+        else if (n == "weights")
           p.want_weights = true;
         else if (n == "lse")
           p.want_lse = true;
@@ -298,7 +303,8 @@ class SpecReader {
         else if (n == "dsinks")
           p.want_dsinks = true;
         else if (n != "out")
-          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias, dsinks");
+          fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, "
+                     "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o");
       }
     } else if (key == "self") {
       p.self_attention = boolean(v, path);

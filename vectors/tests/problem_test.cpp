@@ -702,5 +702,28 @@ TEST(VectorsSinks, Dsinks) {
   EXPECT_EQ(c.golden_tensors().back().shape, (std::vector<std::int64_t>{4}));
 }
 
+// Kind mha's gradients: dout in out's shape [B, Nq, Dout]; sdpa's names refused for mha and
+// the reverse; self-attention has no dx_kv.
+TEST(VectorsMhaGradients, DoutAndRefusals) {
+  ProblemSpec p = mha("normal", DType::F32);
+  p.want_mha = {true, true, true, true, true, true};
+  ASSERT_EQ(problem_error(p), std::nullopt);
+  const Case c = make_case(p);
+  ASSERT_TRUE(c.dout);
+  EXPECT_EQ(c.dout->shape, (std::vector<std::int64_t>{p.B, p.Nq, p.Dout}));
+  EXPECT_TRUE(c.want_dx_q && c.want_dx_kv && c.want_dw_o);
+  EXPECT_EQ(c.golden_tensors().back().name, "dw_o.bound");
+  p.want_dq = true;
+  EXPECT_EQ(problem_error(p).value_or(""), "dq, dk and dv are gradients of kind sdpa (kind mha: dx_q ... dw_o)");
+  ProblemSpec s = sdpa("normal", DType::F32);
+  s.want_mha[5] = true;
+  EXPECT_EQ(problem_error(s).value_or(""), "dx_q, dx_kv, dw_q, dw_k, dw_v and dw_o are gradients of kind mha");
+  ProblemSpec self = mha("normal", DType::F32);
+  self.Nk = self.Nq;
+  self.self_attention = true;
+  self.want_mha[1] = true;
+  EXPECT_EQ(problem_error(self).value_or(""), "self attention has no dx_kv (dx_q is the whole gradient of x)");
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

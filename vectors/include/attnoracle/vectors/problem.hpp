@@ -2,6 +2,8 @@
 // the data generator; make_problem turns it and a seed into the inputs of one case file.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -44,6 +46,9 @@ enum class SeqlensKind {
   Keys,     // seqlens_k only
 };
 
+// Kind mha's gradients, as attn.outputs names them.
+inline constexpr std::array<const char*, 6> kMhaGradients = {"dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o"};
+
 struct ProblemSpec {
   Kind kind = Kind::Sdpa;
   DType dtype = DType::F32;
@@ -57,12 +62,19 @@ struct ProblemSpec {
   std::string scale;                                            // metadata text; empty: 1/sqrt(Dk)
   MaskedRows masked_rows = MaskedRows::Error;
   bool want_weights = false, want_lse = false, want_scores = false;
-  // Gradients (kind sdpa, no sinks, no FP8): dout [B, Hq, Nq, Dv] in the input dtype drawn by
+  // Gradients (no FP8): dout [B, Hq, Nq, Dv] in the input dtype drawn by
   // `dout`: "normal" N(0,1); "wide_range" +-(1 + U[0,1)) 2^e, e in [-8, 8); "cancel" 8 + N(0,1)/16 (a common
   // part that dP - D cancels); "tiny" N(0,1) 2^-12 (near-zero gradients).
   bool want_dq = false, want_dk = false, want_dv = false, want_dbias = false, want_dsinks = false;
+  // Kind mha's gradients, in the order of kMhaGradients (dout then [B, Nq, Dout]).
+  std::array<bool, 6> want_mha{};
   std::string dout = "normal";
-  bool wants_gradients() const { return want_dq || want_dk || want_dv || want_dbias || want_dsinks; }
+  bool wants_mha_gradients() const {
+    return std::any_of(want_mha.begin(), want_mha.end(), [](bool w) { return w; });
+  }
+  bool wants_gradients() const {
+    return want_dq || want_dk || want_dv || want_dbias || want_dsinks || wants_mha_gradients();
+  }
   // Sinks [Hq] in sinks_dtype: empty none; "near" U[-2,2) per head (the scores' range),
   // "dominant" 12 + U[0,4) (the sink takes most of each row), "negligible" -40 + U[0,4), or a
   // number (every head).
