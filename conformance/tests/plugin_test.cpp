@@ -505,6 +505,7 @@ TEST_F(PluginTest, LibtorchGradientsPassTheGate) {
     mha.mha = true;
     mha.dtype = DType::F64;
     mha.Hkv = mha.Hq;
+    mha.B = 2;
     if (self) mha.Nk = mha.Nq;
     mha.meta = {{"attn.outputs", self ? "out,dx_q,dw_q,dw_k,dw_v,dw_o" : "out,dx_q,dx_kv,dw_q,dw_k,dw_v,dw_o"}};
     std::mt19937 rng(9);

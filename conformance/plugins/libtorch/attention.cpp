@@ -295,7 +295,8 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
     r = mha(g, x);
     torch::Tensor dout = in.need("dout");
     if (dout.sizes() != r.out.sizes()) throw std::runtime_error("dout is not shaped as out [B, Nq, Dout]");
-    const torch::Tensor pad = query_rows(in, r.out.size(0), r.out.size(1)).logical_not().unsqueeze(-1);
+    // query_rows is [B, 1, Nq]: out [B, Nq, Dout] takes it as [B, Nq, 1]
+    const torch::Tensor pad = query_rows(in, r.out.size(0), r.out.size(1)).squeeze(1).logical_not().unsqueeze(-1);
     dout = dout.to(in_type).masked_fill(pad, 0);
     r.out.backward(dout);
     for (const char* name : {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"})
