@@ -444,6 +444,10 @@ struct Comparer {
                             std::string(convention_name(conv));
               return;
             }
+    if (c.kind == Kind::Mha) {
+      mha_gradients();
+      return;
+    }
     const RawTensor *oref = gold("out.ref"), *obound = gold("out.bound");
     std::vector<double> xr(oref->data.size() / 8), br(obound->data.size() / 8);
     for (std::size_t k = 0; k < xr.size(); ++k) xr[k] = value_of(*oref, k);
@@ -518,6 +522,63 @@ struct Comparer {
     if (c.sinks)
       judge("dsinks", c.want_dsinks, {c.Hq}, ge.dsinks, ge.dsinks_spread, 1,
             [&](std::size_t) { return static_cast<double>(c.B * c.Nq); }, 0.0);
+  }
+
+  // Kind mha's dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, dbias, dsinks (TOLERANCE.md, "Gradients of
+  // kind mha"): per element, and the statistical tier per tensor.
+  void mha_gradients() {
+    const MhaGradientErrors ge = mha_gradient_errors(profile, c, limits);
+    const bool self = c.self_attention;
+    const double uo = unit_roundoff(c.output_dtype), ug = unit_roundoff(profile.grad_accum);
+    // each head's gradients, rounded to `projection` before the chain rule: u_proj on G.bound
+    const double up = unit_roundoff(profile.projection);
+    const double floor = 2 * min_subnormal(c.output_dtype);
+    const double H = static_cast<double>(c.Hq), Dk = static_cast<double>(c.Dk), Dv = static_cast<double>(c.Dv);
+    auto judge = [&](const std::string& name, bool wanted, const std::vector<std::int64_t>& shape, const std::vector<double>& err,
+                     const GradientSpread& sp, std::size_t group_size, double n, double extra, auto skip) {
+      if (!wanted || err.empty()) return;
+      const RawTensor* got = returned(name, shape);
+      if (!got) return;
+      const RawTensor *gg = gold(name), *gref = gold(name + ".ref"), *gb = gold(name + ".bound");
+      const Undecided u = undecided(name);
+      AltCursor u_at{u};
+      Acc a;
+      a.t.tensor = name;
+      const double fl = floor + n * min_normal(profile.grad_accum);
+      for (std::size_t k = 0; k < err.size(); ++k) {
+        if (skip(k)) continue;
+        const double x = value_of(*gref, k), bd = value_of(*gb, k);
+        const double lim = gradient_limit(profile, err[k], n, extra, bd, uo, fl, x);
+        const double var = sq(sp.random[k]) + (n + 2) * sq(ug * bd) + sq(extra * bd) + sq(uo * x);
+        const double scale = std::sqrt(var / 3) + sp.floor[k] + fl;
+        element(a, *got, *gg, k, x, 0, bd, lim, -1, scale, static_cast<std::int64_t>(k / group_size), u_at.find(k));
+      }
+      finish(a);
+    };
+    const auto none = [](std::size_t) { return false; };
+    const auto D = static_cast<std::size_t>(c.D);
+    // dx_q of padding rows is 0 (not compared, as dq's) unless x is the keys too.
+    const auto padding = [&](std::size_t k) {
+      const auto row = static_cast<std::int64_t>(k / D);
+      return !self && !c.query_valid(row / c.Nq, row % c.Nq);
+    };
+    // terms: the chain rule's products (H Dk, and H (Dk + Dv) for the keys), or the tokens; the
+    // tier's groups: a token of dx_q (a batch in self-attention, whose keys mix the rows), a
+    // batch of dx_kv, the whole of dw_*.
+    judge("dx_q", c.want_dx_q, c.x_q.shape, ge.dx_q, ge.dx_q_spread, self ? D * static_cast<std::size_t>(c.Nq) : D,
+          H * (self ? 2 * Dk + Dv : Dk), up, padding);
+    judge("dx_kv", c.want_dx_kv, c.x_kv.shape, ge.dx_kv, ge.dx_kv_spread, D * static_cast<std::size_t>(c.Nk), H * (Dk + Dv), up, none);
+    const double tq = static_cast<double>(c.B * c.Nq), tk = static_cast<double>(c.B * c.Nk);
+    judge("dw_q", c.want_dw_q, c.w_q.shape, ge.dw_q, ge.dw_q_spread, ge.dw_q.size(), tq, up, none);
+    judge("dw_k", c.want_dw_k, c.w_k.shape, ge.dw_k, ge.dw_k_spread, ge.dw_k.size(), tk, up, none);
+    judge("dw_v", c.want_dw_v, c.w_v.shape, ge.dw_v, ge.dw_v_spread, ge.dw_v.size(), tk, up, none);
+    judge("dw_o", c.want_dw_o, c.w_o.shape, ge.dw_o, ge.dw_o_spread, ge.dw_o.size(), tq, 0.0, none);
+    if (c.bias) {
+      const double per = static_cast<double>(c.B * c.Hq * c.Nq * c.Nk) / static_cast<double>(c.bias->values.size());
+      const std::size_t last = c.bias->shape.empty() ? ge.dbias.size() : static_cast<std::size_t>(c.bias->shape.back());
+      judge("dbias", c.want_dbias, c.bias->shape, ge.dbias, ge.dbias_spread, std::max<std::size_t>(last, 1), per, 0.0, none);
+    }
+    if (c.sinks) judge("dsinks", c.want_dsinks, {c.Hq}, ge.dsinks, ge.dsinks_spread, 1, tq, 0.0, none);
   }
 
   void run() {

@@ -252,4 +252,284 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   return g;
 }
 
+MhaGradientErrors mha_gradient_errors(const Profile& p, const Case& c, const std::vector<RowLimits>& limits) {
+  const std::int64_t B = c.B, H = c.Hq, Nq = c.Nq, Nk = c.Nk, D = c.D, Dk = c.Dk, Dv = c.Dv, Do = c.Dout;
+  const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  const double ug = unit_roundoff(p.grad_accum), uq = unit_roundoff(p.qk_accum);
+  // a projection's element: D products summed in qk_accum, rounded to `projection`
+  const double e_p = (static_cast<double>(D) + 1) * uq + unit_roundoff(p.projection);
+  // O_h kept in pv_accum or `projection` before W_o and dw_o
+  const double u_o = std::max(unit_roundoff(p.pv_accum), unit_roundoff(p.projection));
+  const double sscale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(Dk));
+  const double scale = std::fabs(sscale);
+  const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
+  // X W per head [B, H, N, E], on values or on magnitudes
+  auto project = [&](const FloatTensor& x, const FloatTensor& w, std::int64_t N, std::int64_t E, bool abs) {
+    std::vector<double> r(z(B * H * N * E));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t n = 0; n < N; ++n)
+          for (std::int64_t d = 0; d < D; ++d) {
+            const double xv = x.values[z((b * N + n) * D + d)];
+            for (std::int64_t e = 0; e < E; ++e) {
+              const double wv = w.values[z((h * D + d) * E + e)];
+              r[z(((b * H + h) * N + n) * E + e)] += abs ? std::fabs(xv * wv) : xv * wv;
+            }
+          }
+    return r;
+  };
+  // Each head as a case of kind sdpa (Hq = Hkv = H) on the exact projections, dout -> dO_h.
+  Case s;
+  s.path = c.path;
+  s.input_dtype = c.input_dtype;
+  s.output_dtype = c.output_dtype;
+  s.scale = c.scale;
+  s.softcap = c.softcap;
+  s.causal = c.causal;
+  s.window = c.window;
+  s.window_left = c.window_left;
+  s.window_right = c.window_right;
+  s.masked_rows = c.masked_rows;
+  s.B = B, s.Hq = s.Hkv = H, s.Nq = Nq, s.Nk = Nk, s.Dk = Dk, s.Dv = Dv;
+  s.q = {c.x_q.dtype, {B, H, Nq, Dk}, project(c.x_q, c.w_q, Nq, Dk, false)};
+  s.k = {c.x_kv.dtype, {B, H, Nk, Dk}, project(c.x_kv, c.w_k, Nk, Dk, false)};
+  s.v = {c.x_kv.dtype, {B, H, Nk, Dv}, project(c.x_kv, c.w_v, Nk, Dv, false)};
+  s.mask = c.mask;
+  s.bias = c.bias;
+  s.query_mask = c.query_mask;
+  s.seqlens_q = c.seqlens_q;
+  s.seqlens_k = c.seqlens_k;
+  s.sinks = c.sinks;
+  const std::vector<double> qa = project(c.x_q, c.w_q, Nq, Dk, true), ka = project(c.x_kv, c.w_k, Nk, Dk, true);
+  const std::vector<double> va = project(c.x_kv, c.w_v, Nk, Dv, true);
+  // dO_h = dout W_o[h Dv .. h Dv + Dv)^T, Do products in grad_accum: eO = (Do + 1) u_g sum |dout| |W_o|.
+  std::vector<double> dO(z(B * H * Nq * Dv)), eO(dO.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < Nq; ++i) {
+      if (!c.query_valid(b, i)) continue;  // padding rows' dout reaches nothing
+      const double* dr = &c.dout->values[z((b * Nq + i) * Do)];
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t cc = 0; cc < Dv; ++cc) {
+          const double* wo = &c.w_o.values[z((h * Dv + cc) * Do)];
+          double x = 0, a = 0;
+          for (std::int64_t e = 0; e < Do; ++e) {
+            x += dr[e] * wo[e];
+            a += std::fabs(dr[e] * wo[e]);
+          }
+          dO[z(((b * H + h) * Nq + i) * Dv + cc)] = x;
+          eO[z(((b * H + h) * Nq + i) * Dv + cc)] = (static_cast<double>(Do) + 1) * ug * a;
+        }
+    }
+  s.dout = FloatTensor{c.dout->dtype, {B, H, Nq, Dv}, dO};
+  // Per head row: P, O_h and its bound sum_j P |V|, in double; the rows' limits are the token's
+  // (row_limits of kind mha: the heads' maximum, the projections' errors included).
+  const std::vector<RowMagnitudes> mags = row_magnitudes(s);
+  std::vector<RowLimits> lim(z(B * H * Nq));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Nq; ++i) lim[z((b * H + h) * Nq + i)] = limits[z(b * Nq + i)];
+  bool underflows = false;
+  for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
+  const std::vector<double> vsum = underflows ? out_value_sum(s) : std::vector<double>{};
+  std::vector<double> O(z(B * H * Nq * Dv)), Ob(O.size()), eOut(O.size());
+  // first-order terms the per-head analysis does not see: dO's rounding eO and the projections'
+  // e_p on K, Q (in dq, dk) and V (in dP)
+  std::vector<double> xdq(s.q.values.size()), xdk(s.k.values.size()), xdv(s.v.values.size());
+  std::vector<double> xdbias(c.bias ? c.bias->values.size() : 0), xdsinks(c.sinks ? z(H) : 0);
+  std::vector<double> S(z(Nk)), P(S), t(S);
+  std::vector<char> on(S.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Nq; ++i) {
+        if (!c.query_valid(b, i)) continue;
+        const std::size_t row = z((b * H + h) * Nq + i);
+        const double* q = &s.q.values[row * z(Dk)];
+        const double* kb = &s.k.values[z((b * H + h) * Nk * Dk)];
+        const double* vb = &s.v.values[z((b * H + h) * Nk * Dv)];
+        const Case::KeyRange r = c.key_range(b, i);
+        double mx = -INFINITY;
+        for (std::int64_t j = r.first; j <= r.last; ++j) {
+          const auto jj = z(j);
+          on[jj] = c.allowed(b, h, i, j);
+          if (!on[jj]) continue;
+          double dot = 0;
+          for (std::int64_t d = 0; d < Dk; ++d) dot += q[d] * kb[j * Dk + d];
+          double T = sscale * dot;
+          t[jj] = 1;
+          if (cap > 0) {
+            const double th = std::tanh(T / cap);
+            T = cap * th;
+            t[jj] = 1 - th * th;
+          }
+          S[jj] = T + c.bias_at(b, h, i, j);
+          mx = std::max(mx, S[jj]);
+        }
+        if (mx == -INFINITY) continue;  // no allowed key: gradient 0, O_h = 0
+        if (c.sinks) mx = std::max(mx, c.sink(h));
+        double Z = c.sinks ? std::exp(c.sink(h) - mx) : 0;
+        for (std::int64_t j = r.first; j <= r.last; ++j)
+          if (on[z(j)]) Z += P[z(j)] = std::exp(S[z(j)] - mx);
+        double* o = &O[row * z(Dv)];
+        double* ob = &Ob[row * z(Dv)];
+        for (std::int64_t j = r.first; j <= r.last; ++j) {
+          if (!on[z(j)]) continue;
+          P[z(j)] /= Z;
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            o[e] += P[z(j)] * vb[j * Dv + e];
+            ob[e] += P[z(j)] * std::fabs(vb[j * Dv + e]);
+          }
+        }
+        const RowLimits& L = lim[row];
+        const double* d_o = &dO[row * z(Dv)];
+        const double* e_o = &eO[row * z(Dv)];
+        double oabs = 0, eoo = 0;
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          const std::size_t k = row * z(Dv) + z(e);
+          // O_h within its forward limit (before the output's rounding), then kept in u_o
+          eOut[k] = out_compute(L, ob[e], vsum.empty() ? 0 : vsum[k]) + u_o * ob[e];
+          oabs += std::fabs(d_o[e] * o[e]);
+          eoo += e_o[e] * std::fabs(o[e]);
+        }
+        for (std::int64_t j = r.first; j <= r.last; ++j) {
+          const auto jj = z(j);
+          if (!on[jj]) continue;
+          double a = 0, x = eoo;
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            a += std::fabs(d_o[e] * vb[j * Dv + e]);
+            // dP and D from the rounded dO; dP from the rounded V
+            x += e_o[e] * std::fabs(vb[j * Dv + e]) + e_p * std::fabs(d_o[e]) * va[z((b * H + h) * Nk + j) * z(Dv) + z(e)];
+          }
+          const double M = P[jj] * (a + oabs), X = P[jj] * x;
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            const std::size_t kd = z((b * H + h) * Nk + j) * z(Dk) + z(d);
+            xdq[row * z(Dk) + z(d)] += scale * t[jj] * (X * std::fabs(kb[j * Dk + d]) + M * e_p * ka[kd]);
+            xdk[kd] += scale * t[jj] * (X * std::fabs(q[d]) + M * e_p * qa[row * z(Dk) + z(d)]);
+          }
+          for (std::int64_t e = 0; e < Dv; ++e) xdv[z((b * H + h) * Nk + j) * z(Dv) + z(e)] += P[jj] * e_o[e];
+          if (c.bias) xdbias[c.bias_index(b, h, i, j)] += X;
+        }
+        if (c.sinks) xdsinks[z(h)] += std::exp(c.sink(h) - mx) / Z * eoo;
+      }
+  const GradientErrors ge = gradient_errors(p, s, mags, lim, O, Ob, vsum);
+  const bool self = c.self_attention;
+  MhaGradientErrors g;
+  auto sized = [](std::vector<double>& v, GradientSpread& sp, std::size_t n) {
+    v.assign(n, 0);
+    sp.random.assign(n, 0);
+    sp.floor.assign(n, 0);
+  };
+  sized(g.dx_q, g.dx_q_spread, c.x_q.values.size());
+  if (!self) sized(g.dx_kv, g.dx_kv_spread, c.x_kv.values.size());
+  sized(g.dw_q, g.dw_q_spread, c.w_q.values.size());
+  sized(g.dw_k, g.dw_k_spread, c.w_k.values.size());
+  sized(g.dw_v, g.dw_v_spread, c.w_v.values.size());
+  sized(g.dw_o, g.dw_o_spread, c.w_o.values.size());
+  // dx_q, dx_kv: per token, over the heads (independent: in quadrature) and their columns (one
+  // head's columns share the row's common parts: added linearly).
+  auto through = [&](std::vector<double>& err, GradientSpread& sp, std::int64_t N, const std::vector<double>& e1,
+                     const std::vector<double>& x1, const GradientSpread& s1, const FloatTensor& w1, std::int64_t E1,
+                     const std::vector<double>* e2, const std::vector<double>* x2, const GradientSpread* s2,
+                     const FloatTensor* w2, std::int64_t E2) {
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const std::size_t k = z((b * N + n) * D + d);
+          double rsq = 0;
+          for (std::int64_t h = 0; h < H; ++h) {
+            double rh = 0;
+            for (std::int64_t cc = 0; cc < E1; ++cc) {
+              const std::size_t m = z(((b * H + h) * N + n) * E1 + cc);
+              const double w = std::fabs(w1.values[z((h * D + d) * E1 + cc)]);
+              err[k] += (e1[m] + x1[m]) * w;
+              rh += (s1.random[m] + x1[m]) * w;
+              sp.floor[k] += s1.floor[m] * w;
+            }
+            for (std::int64_t cc = 0; e2 && cc < E2; ++cc) {
+              const std::size_t m = z(((b * H + h) * N + n) * E2 + cc);
+              const double w = std::fabs(w2->values[z((h * D + d) * E2 + cc)]);
+              err[k] += ((*e2)[m] + (*x2)[m]) * w;
+              rh += (s2->random[m] + (*x2)[m]) * w;
+              sp.floor[k] += s2->floor[m] * w;
+            }
+            rsq += sq(rh);
+          }
+          sp.random[k] += rsq;
+        }
+  };
+  through(g.dx_q, g.dx_q_spread, Nq, ge.dq, xdq, ge.dq_spread, c.w_q, Dk, nullptr, nullptr, nullptr, nullptr, 0);
+  if (self) {  // x is the keys too: add dx_kv's terms (the same rows, so linearly per head)
+    MhaGradientErrors t2;
+    sized(t2.dx_kv, t2.dx_kv_spread, c.x_kv.values.size());
+    through(t2.dx_kv, t2.dx_kv_spread, Nk, ge.dk, xdk, ge.dk_spread, c.w_k, Dk, &ge.dv, &xdv, &ge.dv_spread, &c.w_v, Dv);
+    for (std::size_t k = 0; k < g.dx_q.size(); ++k) {
+      g.dx_q[k] += t2.dx_kv[k];
+      g.dx_q_spread.random[k] = sq(std::sqrt(g.dx_q_spread.random[k]) + std::sqrt(t2.dx_kv_spread.random[k]));
+      g.dx_q_spread.floor[k] += t2.dx_kv_spread.floor[k];
+    }
+  } else {
+    through(g.dx_kv, g.dx_kv_spread, Nk, ge.dk, xdk, ge.dk_spread, c.w_k, Dk, &ge.dv, &xdv, &ge.dv_spread, &c.w_v, Dv);
+  }
+  // dw_q, dw_k, dw_v: over the tokens of every batch; dq_h's rows are independent (quadrature
+  // over b, i), dk_h's and dv_h's keys share the rows that see them (linear over j, quadrature
+  // over b).
+  auto weights = [&](std::vector<double>& err, GradientSpread& sp, const FloatTensor& x, std::int64_t N, std::int64_t E,
+                     const std::vector<double>& e1, const std::vector<double>& x1, const GradientSpread& s1, bool rows) {
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d)
+        for (std::int64_t cc = 0; cc < E; ++cc) {
+          const std::size_t k = z((h * D + d) * E + cc);
+          double rsq = 0;
+          for (std::int64_t b = 0; b < B; ++b) {
+            double rb = 0;
+            for (std::int64_t n = 0; n < N; ++n) {
+              const std::size_t m = z(((b * H + h) * N + n) * E + cc);
+              const double xa = std::fabs(x.values[z((b * N + n) * D + d)]);
+              err[k] += (e1[m] + x1[m]) * xa;
+              sp.floor[k] += s1.floor[m] * xa;
+              if (rows)
+                rsq += sq((s1.random[m] + x1[m]) * xa);
+              else
+                rb += (s1.random[m] + x1[m]) * xa;
+            }
+            rsq += sq(rb);
+          }
+          sp.random[k] = rsq;
+        }
+  };
+  weights(g.dw_q, g.dw_q_spread, c.x_q, Nq, Dk, ge.dq, xdq, ge.dq_spread, true);
+  weights(g.dw_k, g.dw_k_spread, c.x_kv, Nk, Dk, ge.dk, xdk, ge.dk_spread, false);
+  weights(g.dw_v, g.dw_v_spread, c.x_kv, Nk, Dv, ge.dv, xdv, ge.dv_spread, false);
+  // dw_o[h Dv + c, e] = sum over the rows of O_h[b,i,c] dout[b,i,e]: O_h's forward error on
+  // |dout|, the rows independent.
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < Nq; ++i) {
+      if (!c.query_valid(b, i)) continue;
+      const double* dr = &c.dout->values[z((b * Nq + i) * Do)];
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t cc = 0; cc < Dv; ++cc) {
+          const double eo = eOut[z(((b * H + h) * Nq + i) * Dv + cc)];
+          for (std::int64_t e = 0; e < Do; ++e) {
+            const std::size_t k = z((h * Dv + cc) * Do + e);
+            g.dw_o[k] += eo * std::fabs(dr[e]);
+            g.dw_o_spread.random[k] += sq(eo * dr[e]);
+          }
+        }
+    }
+  g.dbias = ge.dbias;
+  g.dbias_spread = ge.dbias_spread;
+  for (std::size_t k = 0; k < g.dbias.size(); ++k) {
+    g.dbias[k] += xdbias[k];
+    g.dbias_spread.random[k] += xdbias[k];
+  }
+  g.dsinks = ge.dsinks;
+  g.dsinks_spread = ge.dsinks_spread;
+  for (std::size_t k = 0; k < g.dsinks.size(); ++k) {
+    g.dsinks[k] += xdsinks[k];
+    g.dsinks_spread.random[k] += xdsinks[k];
+  }
+  for (GradientSpread* sp : {&g.dx_q_spread, &g.dx_kv_spread, &g.dw_q_spread, &g.dw_k_spread, &g.dw_v_spread, &g.dw_o_spread})
+    for (double& x : sp->random) x = std::sqrt(x);
+  return g;
+}
+
 }  // namespace attnoracle::conformance

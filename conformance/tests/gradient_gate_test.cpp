@@ -239,5 +239,222 @@ TEST(GradientGate, OneKeyRowWorkedByHand) {
   EXPECT_EQ(ok.status, CaseStatus::Pass) << ok.reason;
 }
 
+// Kind mha: a backward written out in T (float: an implementation in F32 arithmetic; double:
+// the exact values to within far less than float's limits), and each element's G.bound as the
+// contract defines it. dx_kv empty in self-attention, where dx_q holds both sums. A query_mask
+// row is padding: its dout reaches nothing.
+struct MhaGrads {
+  std::vector<double> dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o;
+};
+enum class MhaBug { None, DwoTransposed, DxkvNoDv };
+template <class T>
+MhaGrads mha_backward(const Case& c, bool bounds, MhaBug bug = MhaBug::None) {
+  const std::int64_t B = c.B, H = c.Hq, Nq = c.Nq, Nk = c.Nk, D = c.D, Dk = c.Dk, Dv = c.Dv, Do = c.Dout;
+  const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  const auto val = [&](const FloatTensor& t, std::size_t k) {
+    return bounds ? static_cast<T>(std::fabs(t.values[k])) : static_cast<T>(t.values[k]);
+  };
+  const auto mag = [bounds](T x) { return bounds ? std::fabs(x) : x; };
+  const T scale = static_cast<T>(1 / std::sqrt(static_cast<double>(Dk)));
+  // the projections in T (Qs, Ks, Vs), and their magnitudes for the bounds (Q, K, V)
+  std::vector<T> Qs(z(B * H * Nq * Dk)), Ks(z(B * H * Nk * Dk)), Vs(z(B * H * Nk * Dv));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d) {
+        for (std::int64_t n = 0; n < Nq; ++n)
+          for (std::int64_t e = 0; e < Dk; ++e)
+            Qs[z(((b * H + h) * Nq + n) * Dk + e)] += static_cast<T>(c.x_q.values[z((b * Nq + n) * D + d)]) *
+                                                     static_cast<T>(c.w_q.values[z((h * D + d) * Dk + e)]);
+        for (std::int64_t n = 0; n < Nk; ++n) {
+          const T x = static_cast<T>(c.x_kv.values[z((b * Nk + n) * D + d)]);
+          for (std::int64_t e = 0; e < Dk; ++e)
+            Ks[z(((b * H + h) * Nk + n) * Dk + e)] += x * static_cast<T>(c.w_k.values[z((h * D + d) * Dk + e)]);
+          for (std::int64_t e = 0; e < Dv; ++e)
+            Vs[z(((b * H + h) * Nk + n) * Dv + e)] += x * static_cast<T>(c.w_v.values[z((h * D + d) * Dv + e)]);
+        }
+      }
+  std::vector<T> Q(Qs), K(Ks), V(Vs);
+  for (auto* t : {&Q, &K, &V})
+    for (T& x : *t) x = mag(x);
+  std::vector<T> dq(Q.size()), dk(K.size()), dv(V.size()), dwo(c.w_o.values.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Nq; ++i) {
+        if (!c.query_valid(b, i)) continue;
+        const std::size_t row = z((b * H + h) * Nq + i);
+        std::vector<T> P(z(Nk)), O(z(Dv)), dO(z(Dv));
+        T mx = -INFINITY, Z = 0;
+        for (std::int64_t j = 0; j < Nk; ++j) {
+          T s = 0;
+          for (std::int64_t e = 0; e < Dk; ++e) s += Qs[row * z(Dk) + z(e)] * Ks[z(((b * H + h) * Nk + j) * Dk + e)];
+          P[z(j)] = scale * s;
+          mx = std::max(mx, P[z(j)]);
+        }
+        for (auto& x : P) Z += x = std::exp(x - mx);
+        for (auto& x : P) x /= Z;
+        for (std::int64_t j = 0; j < Nk; ++j)
+          for (std::int64_t e = 0; e < Dv; ++e) O[z(e)] += P[z(j)] * Vs[z(((b * H + h) * Nk + j) * Dv + e)];
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          for (std::int64_t f = 0; f < Do; ++f) {
+            dO[z(e)] += static_cast<T>(c.dout->values[z((b * Nq + i) * Do + f)]) * static_cast<T>(c.w_o.values[z((h * Dv + e) * Do + f)]);
+            // dw_o = O^T dout (bug: dout^T O, written in w_o's order)
+            const std::size_t at = bug == MhaBug::DwoTransposed ? z(f * H * Dv + h * Dv + e) : z((h * Dv + e) * Do + f);
+            dwo[at] += (bounds ? std::fabs(O[z(e)]) : O[z(e)]) * val(*c.dout, z((b * Nq + i) * Do + f));
+          }
+        }
+        T Dsum = 0;
+        for (std::int64_t e = 0; e < Dv; ++e) Dsum += mag(dO[z(e)] * O[z(e)]);
+        for (std::int64_t j = 0; j < Nk; ++j) {
+          T dP = 0;
+          for (std::int64_t e = 0; e < Dv; ++e) dP += mag(dO[z(e)] * Vs[z(((b * H + h) * Nk + j) * Dv + e)]);
+          const T dS = bounds ? P[z(j)] * (dP + Dsum) : P[z(j)] * (dP - Dsum);
+          for (std::int64_t e = 0; e < Dk; ++e) {
+            dq[row * z(Dk) + z(e)] += scale * dS * (bounds ? K : Ks)[z(((b * H + h) * Nk + j) * Dk + e)];
+            dk[z(((b * H + h) * Nk + j) * Dk + e)] += scale * dS * (bounds ? Q : Qs)[row * z(Dk) + z(e)];
+          }
+          for (std::int64_t e = 0; e < Dv; ++e) dv[z(((b * H + h) * Nk + j) * Dv + e)] += P[z(j)] * mag(dO[z(e)]);
+        }
+      }
+  MhaGrads g;
+  const bool self = c.self_attention;
+  std::vector<T> dxq(c.x_q.values.size()), dxkv(c.x_kv.values.size()), dwq(c.w_q.values.size()), dwk(c.w_k.values.size()),
+      dwv(c.w_v.values.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d) {
+        for (std::int64_t n = 0; n < Nq; ++n)
+          for (std::int64_t e = 0; e < Dk; ++e) {
+            const T x = dq[z(((b * H + h) * Nq + n) * Dk + e)];
+            dxq[z((b * Nq + n) * D + d)] += x * val(c.w_q, z((h * D + d) * Dk + e));
+            dwq[z((h * D + d) * Dk + e)] += val(c.x_q, z((b * Nq + n) * D + d)) * x;
+          }
+        for (std::int64_t n = 0; n < Nk; ++n) {
+          for (std::int64_t e = 0; e < Dk; ++e) {
+            const T x = dk[z(((b * H + h) * Nk + n) * Dk + e)];
+            dxkv[z((b * Nk + n) * D + d)] += x * val(c.w_k, z((h * D + d) * Dk + e));
+            dwk[z((h * D + d) * Dk + e)] += val(c.x_kv, z((b * Nk + n) * D + d)) * x;
+          }
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            const T x = dv[z(((b * H + h) * Nk + n) * Dv + e)];
+            if (bug != MhaBug::DxkvNoDv) dxkv[z((b * Nk + n) * D + d)] += x * val(c.w_v, z((h * D + d) * Dv + e));
+            dwv[z((h * D + d) * Dv + e)] += val(c.x_kv, z((b * Nk + n) * D + d)) * x;
+          }
+        }
+      }
+  const auto out = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
+  if (self)
+    for (std::size_t k = 0; k < dxq.size(); ++k) dxq[k] += dxkv[k];
+  g.dx_q = out(dxq);
+  if (!self) g.dx_kv = out(dxkv);
+  g.dw_q = out(dwq);
+  g.dw_k = out(dwk);
+  g.dw_v = out(dwv);
+  g.dw_o = out(dwo);
+  return g;
+}
+
+Case mha_case(bool self) {
+  Case c;
+  c.kind = Kind::Mha;
+  c.input_dtype = c.output_dtype = DType::F32;
+  c.B = 2, c.Hq = c.Hkv = 2, c.Nq = 4, c.Nk = self ? 4 : 5, c.D = 3, c.Dk = 2, c.Dv = 3, c.Dout = 4;
+  auto fill = [](std::vector<std::int64_t> shape, float seed) {
+    FloatTensor t{DType::F32, shape, {}};
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    for (std::int64_t e = 0; e < n; ++e) t.values.push_back(static_cast<double>(std::sin(seed * static_cast<float>(e + 1))));
+    return t;
+  };
+  c.x_q = fill({c.B, c.Nq, c.D}, 1.1f);
+  c.x_kv = self ? c.x_q : fill({c.B, c.Nk, c.D}, 0.7f);
+  c.self_attention = self;
+  c.w_q = fill({c.Hq, c.D, c.Dk}, 1.9f);
+  c.w_k = fill({c.Hq, c.D, c.Dk}, 2.3f);
+  c.w_v = fill({c.Hq, c.D, c.Dv}, 0.45f);
+  c.w_o = fill({c.Hq * c.Dv, c.Dout}, 1.37f);
+  c.dout = fill({c.B, c.Nq, c.Dout}, 0.61f);
+  BoolTensor qm{{c.B, c.Nq}, std::vector<unsigned char>(static_cast<std::size_t>(c.B * c.Nq), 1)};
+  qm.values[1] = 0;  // b = 0, i = 1: padding
+  c.query_mask = qm;
+  for (std::int64_t e = 0; e < c.Dout; ++e) c.dout->values[static_cast<std::size_t>(c.Dout + e)] = 1e6;
+  return c;
+}
+
+// The worst ratio |got - exact| / limit of each tensor, with the limits compare_case takes.
+std::map<std::string, double> mha_ratios(const Case& c, const MhaGrads& got) {
+  const Profile p = builtin_profile("fp32");
+  std::vector<RowLimits> limits;
+  for (const auto& m : row_magnitudes(c)) limits.push_back(row_limits(p, c, m));
+  const MhaGradientErrors ge = mha_gradient_errors(p, c, limits);
+  const MhaGrads exact = mha_backward<double>(c, false), bound = mha_backward<double>(c, true);
+  const bool self = c.self_attention;
+  const double H = static_cast<double>(c.Hq), Dk = static_cast<double>(c.Dk), Dv = static_cast<double>(c.Dv);
+  const double uo = unit_roundoff(DType::F32), up = unit_roundoff(p.projection);
+  std::map<std::string, double> worst;
+  auto judge = [&](const char* name, const std::vector<double>& y, const std::vector<double>& x,
+                   const std::vector<double>& bd, const std::vector<double>& err, double n, double extra) {
+    ASSERT_EQ(y.size(), err.size()) << name;
+    const double fl = 2 * min_subnormal(DType::F32) + n * min_normal(p.grad_accum);
+    double& w = worst[name];
+    for (std::size_t k = 0; k < y.size(); ++k) {
+      const double y32 = static_cast<double>(static_cast<float>(y[k]));  // the output's rounding
+      w = std::max(w, std::fabs(y32 - x[k]) / gradient_limit(p, err[k], n, extra, bd[k], uo, fl, x[k]));
+    }
+  };
+  judge("dx_q", got.dx_q, exact.dx_q, bound.dx_q, ge.dx_q, H * (self ? 2 * Dk + Dv : Dk), up);
+  if (!self) judge("dx_kv", got.dx_kv, exact.dx_kv, bound.dx_kv, ge.dx_kv, H * (Dk + Dv), up);
+  judge("dw_q", got.dw_q, exact.dw_q, bound.dw_q, ge.dw_q, static_cast<double>(c.B * c.Nq), up);
+  judge("dw_k", got.dw_k, exact.dw_k, bound.dw_k, ge.dw_k, static_cast<double>(c.B * c.Nk), up);
+  judge("dw_v", got.dw_v, exact.dw_v, bound.dw_v, ge.dw_v, static_cast<double>(c.B * c.Nk), up);
+  judge("dw_o", got.dw_o, exact.dw_o, bound.dw_o, ge.dw_o, static_cast<double>(c.B * c.Nq), 0);
+  return worst;
+}
+
+// A backward in F32 arithmetic is within the limits of every mha gradient (cross and self-
+// attention, a padding row with dout 1e6); the same with dw_o transposed, or dx_kv without its dv
+// term, is beyond them in that tensor only.
+TEST(MhaGradientLimits, F32BackwardWithinPlantedMistakesBeyond) {
+  for (const bool self : {false, true}) {
+    const Case c = mha_case(self);
+    for (const auto& [name, r] : mha_ratios(c, mha_backward<float>(c, false))) {
+      EXPECT_LE(r, 1) << name << (self ? " (self)" : "");
+      EXPECT_GT(r, 0) << name;  // F32 differs from the exact value somewhere
+    }
+    const auto t = mha_ratios(c, mha_backward<float>(c, false, MhaBug::DwoTransposed));
+    EXPECT_GT(t.at("dw_o"), 1);
+    EXPECT_LE(t.at("dw_q"), 1);
+    const auto n = mha_ratios(c, mha_backward<float>(c, false, MhaBug::DxkvNoDv));
+    EXPECT_GT(n.at(self ? "dx_q" : "dx_kv"), 1);
+    EXPECT_LE(n.at("dw_v"), 1);
+  }
+}
+
+// The limits are those of each head's backward carried through the projections: doubling w_o
+// doubles dO_h, and with it every error but dw_o's (O_h does not depend on w_o); no error of a
+// padding row's dout reaches dw_o.
+TEST(MhaGradientLimits, ScaleWithWoAndIgnorePaddingRows) {
+  const Profile p = builtin_profile("fp32");
+  Case c = mha_case(false);
+  auto errors = [&](const Case& cc) {
+    std::vector<RowLimits> limits;
+    for (const auto& m : row_magnitudes(cc)) limits.push_back(row_limits(p, cc, m));
+    return mha_gradient_errors(p, cc, limits);
+  };
+  const MhaGradientErrors a = errors(c);
+  Case twice = c;
+  for (double& w : twice.w_o.values) w *= 2;
+  const MhaGradientErrors b = errors(twice);
+  for (std::size_t k = 0; k < a.dw_q.size(); ++k) EXPECT_NEAR(b.dw_q[k], 2 * a.dw_q[k], 1e-9 * a.dw_q[k]) << k;
+  for (std::size_t k = 0; k < a.dx_kv.size(); ++k) EXPECT_NEAR(b.dx_kv[k], 2 * a.dx_kv[k], 1e-9 * a.dx_kv[k]) << k;
+  for (std::size_t k = 0; k < a.dw_o.size(); ++k) EXPECT_DOUBLE_EQ(b.dw_o[k], a.dw_o[k]) << k;
+  Case e = c;
+  for (std::int64_t f = 0; f < c.Dout; ++f) e.dout->values[static_cast<std::size_t>(c.Dout + f)] = 1e12;
+  const MhaGradientErrors g = errors(e);
+  EXPECT_EQ(g.dw_o, a.dw_o);
+  EXPECT_EQ(g.dw_k, a.dw_k);
+  // dx_q of the padding row carries nothing
+  for (std::int64_t d = 0; d < c.D; ++d) EXPECT_EQ(a.dx_q[static_cast<std::size_t>(c.D + d)], 0);
+}
+
 }  // namespace
 }  // namespace attnoracle::conformance

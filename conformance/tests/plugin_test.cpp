@@ -488,21 +488,73 @@ TEST_F(PluginTest, LibtorchMatchesTheReference) {
 #endif
 }
 
-// Autograd's dq, dk, dv and dbias pass the gate, each compared element by element.
+// Autograd's dq, dk, dv and dbias pass the gate, each compared element by element; kind mha's
+// gradients satisfy the identities of a multilinear map.
 TEST_F(PluginTest, LibtorchGradientsPassTheGate) {
 #ifndef TORCH_PLUGIN
   GTEST_SKIP() << "libtorch not built";
 #else
   expect_gradients_pass(TORCH_PLUGIN);
-  // Gradients of kind mha are declined, naming the kind.
-  Problem mha;
-  mha.id = "mha_gradients";
-  mha.mha = true;
-  mha.meta = {{"attn.outputs", "out,dq"}};
-  const AdapterRun r = host(TORCH_PLUGIN, jobs_for({write_case(mha.id, make_case(mha, 5))}));
+  // Kind mha's gradients by autograd, in F64, against identities of L = sum(dout * out): out is
+  // linear in w_o and in w_v, and homogeneous of degree 1 in each of (x_q, w_q) and (x_kv, w_k),
+  // (x_kv, w_v) taken together, so <dw_o, w_o> = <dw_v, w_v> = L, <dx_q, x_q> = <dw_q, w_q> and
+  // <dx_kv, x_kv> = <dw_k, w_k> + <dw_v, w_v>; in self-attention dx_q holds both sums.
+  for (const bool self : {false, true}) {
+    Problem mha;
+    mha.id = self ? "mha_self_gradients" : "mha_gradients";
+    mha.mha = true;
+    mha.dtype = DType::F64;
+    mha.Hkv = mha.Hq;
+    mha.B = 2;
+    if (self) mha.Nk = mha.Nq;
+    mha.meta = {{"attn.outputs", self ? "out,dx_q,dw_q,dw_k,dw_v,dw_o" : "out,dx_q,dx_kv,dw_q,dw_k,dw_v,dw_o"}};
+    std::mt19937 rng(9);
+    const Shape dshape{mha.B, mha.Nq, mha.Dv + 1};
+    mha.extra.push_back(floats("dout", DType::F64, dshape, random_values(rng, DType::F64, count(dshape))));
+    SafeTensorsFile f = make_case(mha, 5);
+    if (self) {
+      RawTensor x = *f.find("x_q");
+      x.name = "x_kv";
+      f.put(x);
+    }
+    const AdapterRun r = host(TORCH_PLUGIN, jobs_for({write_case(mha.id, f)}));
+    ASSERT_EQ(r.results.size(), 1u);
+    ASSERT_EQ(r.results[0].outcome, Outcome::Output) << r.results[0].reason;
+    const SafeTensorsFile& o = r.results[0].output;
+    EXPECT_EQ(o.find("dx_kv") != nullptr, !self);
+    auto dot = [&](const RawTensor& a, const RawTensor& b) {
+      EXPECT_EQ(a.shape, b.shape) << a.name << " " << b.name;
+      double s = 0;
+      for (std::int64_t e = 0; e < count(a.shape); ++e) s += element(a, e) * element(b, e);
+      return s;
+    };
+    auto got = [&](const char* name) -> const RawTensor& {
+      const RawTensor* t = o.find(name);
+      EXPECT_NE(t, nullptr) << name;
+      return t ? *t : *o.find("out");
+    };
+    const double L = dot(*f.find("dout"), got("out"));
+    const double wq = dot(got("dw_q"), *f.find("w_q")), wk = dot(got("dw_k"), *f.find("w_k"));
+    const double wv = dot(got("dw_v"), *f.find("w_v"));
+    const double tol = 1e-12 * (1 + std::fabs(L) + std::fabs(wq) + std::fabs(wk) + std::fabs(wv));
+    EXPECT_NEAR(dot(got("dw_o"), *f.find("w_o")), L, tol) << mha.id;
+    EXPECT_NEAR(wv, L, tol) << mha.id;
+    if (self) {
+      EXPECT_NEAR(dot(got("dx_q"), *f.find("x_q")), wq + wk + wv, tol) << mha.id;
+    } else {
+      EXPECT_NEAR(dot(got("dx_q"), *f.find("x_q")), wq, tol) << mha.id;
+      EXPECT_NEAR(dot(got("dx_kv"), *f.find("x_kv")), wk + wv, tol) << mha.id;
+    }
+  }
+  // sdpa's names asked of kind mha are refused, naming the kind.
+  Problem bad;
+  bad.id = "mha_dq";
+  bad.mha = true;
+  bad.meta = {{"attn.outputs", "out,dq"}};
+  const AdapterRun r = host(TORCH_PLUGIN, jobs_for({write_case(bad.id, make_case(bad, 5))}));
   ASSERT_EQ(r.results.size(), 1u);
-  EXPECT_EQ(r.results[0].outcome, Outcome::Unsupported) << r.results[0].reason;
-  EXPECT_NE(r.results[0].reason.find("gradients of kind mha"), std::string::npos)
+  EXPECT_EQ(r.results[0].outcome, Outcome::Refused) << r.results[0].reason;
+  EXPECT_NE(r.results[0].reason.find("dq is not a gradient of kind mha"), std::string::npos)
       << r.results[0].reason;
 #endif
 }

@@ -60,8 +60,12 @@ BUGS = {
     "bwd_dsinks_sign": "dsinks = + sum P_sink D instead of - sum P_sink D",
     "bwd_sinks_ignored": "the backward recomputes P without the sink (each row's weights summing to "
                          "1), so dq, dk, dv, dbias are those of a case without sinks",
+    "mha_bwd_dwo_transposed": "kind mha: dw_o computed as dout^T O (a [Dout, H*Dv] array) and "
+                              "reshaped to w_o's shape",
+    "mha_bwd_dxkv_no_dv": "kind mha: dx_kv (and in self-attention dx_q) misses the term of dv",
 }
-GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
+MHA_GRADIENTS = ("dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o")
+GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.outputs"}
@@ -325,6 +329,58 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
     return result
 
 
+def self_attention(x_q, x_kv):
+    """Kind mha: x_q and x_kv of one shape and equal values (then dx_q is the gradient of x)."""
+    return x_q.shape == x_kv.shape and np.array_equal(x_q, x_kv)
+
+
+def mha_gradients(x, dout, meta, bug, names, mask=None, bias=None, query_mask=None, in_dtype=None,
+                  seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
+    """dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, dbias, dsinks (those in `names`) of kind mha, in
+    float64: Q_h = X_q W_q[h], K_h, V_h likewise (exact in float64 for small cases), O_h the
+    forward of head h, dO_h = dout W_o[h Dv:(h+1) Dv]^T, then head h's backward (`gradients`
+    with dout -> dO_h) and the chain rule through the projections: dx_q = sum_h dq_h W_q[h]^T,
+    dw_q[h] = X_q^T dq_h, dx_kv = sum_h dk_h W_k[h]^T + dv_h W_v[h]^T, dw_k[h] = X_kv^T dk_h,
+    dw_v[h] = X_kv^T dv_h, dw_o = concat_h(O_h)^T dout over the rows that are not padding and
+    not fully masked. In self-attention dx_q holds both sums."""
+    x_q, x_kv, w_q, w_k, w_v, w_o = (x[n] for n in ("x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"))
+    B, Nq, _ = x_q.shape
+    H, _, Dv = w_v.shape
+    proj = lambda a, wt: np.einsum("bnd,hde->bhne", a, wt)
+    q, k, v = proj(x_q, w_q), proj(x_kv, w_k), proj(x_kv, w_v)
+    rows = query_rows(B, Nq, query_mask, seqlens_q)
+    if bug == "bwd_padding_rows":       # BUG: every row counted as a query
+        rows = np.ones_like(rows)
+    dout = np.where(rows[:, :, None], dout, 0)
+    w_oh = w_o.reshape(H, Dv, -1)                        # row h Dv + c of w_o is [h, c]
+    d_o = np.einsum("bie,hce->bhic", dout, w_oh)         # dO_h
+    head = [n for n in ("dbias", "dsinks") if n in names]
+    g = gradients(q, k, v, d_o, meta, bug, ["dq", "dk", "dv"] + head, mask=mask, bias=bias,
+                  query_mask=query_mask, in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
+                  out_dtype=out_dtype, sinks=sinks)
+    result = {n: g[n] for n in head}
+    dq, dk, dv = g["dq"], g["dk"], g["dv"]
+    if "dx_q" in names or "dx_kv" in names:
+        dx_q = np.einsum("bhic,hdc->bid", dq, w_q)
+        dx_kv = np.einsum("bhjc,hdc->bjd", dk, w_k)
+        if bug != "mha_bwd_dxkv_no_dv":     # BUG mha_bwd_dxkv_no_dv: the dv term left out
+            dx_kv = dx_kv + np.einsum("bhjc,hdc->bjd", dv, w_v)
+        result["dx_q"] = dx_q + dx_kv if self_attention(x_q, x_kv) else dx_q
+        result["dx_kv"] = dx_kv
+    result["dw_q"] = np.einsum("bid,bhic->hdc", x_q, dq)
+    result["dw_k"] = np.einsum("bjd,bhjc->hdc", x_kv, dk)
+    result["dw_v"] = np.einsum("bjd,bhjc->hdc", x_kv, dv)
+    if "dw_o" in names:
+        o = numpy_attention(q, k, v, meta, None, mask=mask, bias=bias, query_mask=query_mask,
+                            in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks)[0]
+        o = np.where(rows[:, None, :, None], o, 0)       # padding rows add nothing
+        if bug == "mha_bwd_dwo_transposed":  # BUG: dout^T O, [Dout, H Dv], put in w_o's shape
+            result["dw_o"] = np.einsum("bhic,bie->ehc", o, dout).reshape(w_o.shape)
+        else:
+            result["dw_o"] = np.einsum("bhic,bie->hce", o, dout).reshape(w_o.shape)
+    return {n: result[n] for n in names}
+
+
 def truncate(a, dtype):
     """float64 `a` rounded toward zero to the precision and range of `dtype` (bug truncate_output)."""
     precision, emin, top = {"F64": (53, -1022, 1024), "F32": (24, -126, 128), "F16": (11, -14, 16),
@@ -375,9 +431,12 @@ def run_case(path, compute, bug=None):
         extra["descales"] = descales
     grads = [name for name in outputs if name in GRADIENTS]
     if grads:
-        why = "kind mha" if kind != "sdpa" else f"{in_dtype} inputs" if in_dtype in FP8 else None
-        if why:
-            raise Unsupported(f"attn.outputs {','.join(grads)}: gradients of {why} are not supported")
+        if in_dtype in FP8:
+            raise Unsupported(f"attn.outputs {','.join(grads)}: gradients of {in_dtype} inputs are not supported")
+        other = [name for name in grads if name not in GRADIENTS[:5] and kind == "sdpa" or
+                 name in ("dq", "dk", "dv") and kind == "mha"]
+        if other:
+            raise Refused(f"{path}: attn.outputs: {other[0]} is not a gradient of kind {kind}")
         if "dout" not in tensors:
             raise Refused(f"{path}: dout: missing (attn.outputs asks for {','.join(grads)})")
         if "dbias" in grads and "bias" not in tensors:
@@ -396,10 +455,12 @@ def run_case(path, compute, bug=None):
 
     result = {"out": out, "weights": w, "lse": lse, "scores": scores}
     if grads:                           # from the stored inputs, exact in float64
-        f64 = {name: tensors[name].astype(np.float64) for name in ("q", "k", "v", "dout", "bias", "sinks")
-               if name in tensors}
+        f64 = {name: tensors[name].astype(np.float64) for name in tensors if dtypes[name] in FLOATS}
         extra64 = dict(extra, bias=f64.get("bias"), sinks=f64.get("sinks"), out_dtype=out_dtype)
-        result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
+        if kind == "sdpa":
+            result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
+        else:
+            result.update(mha_gradients(f64, f64["dout"], meta, bug, grads, **extra64))
     result = {name: result[name] for name in outputs}
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
         result = {name: truncate(a, out_dtype) for name, a in result.items()}

@@ -466,6 +466,9 @@ class AdapterTest(unittest.TestCase):
                 elif bug.startswith("bwd_"):         # gradients: GradientTest, against eval
                     self.assertIn(bug, BWD_BUGS)
                     continue
+                elif bug.startswith("mha_bwd_"):     # gradients of kind mha: MhaGradientTest
+                    self.assertTrue(hasattr(MhaGradientTest, "test_bug_" + bug), f"--bug {bug} has no test")
+                    continue
                 else:                                # a test of its own below: test_bug_<name>
                     self.assertTrue(hasattr(self, "test_bug_" + bug), f"--bug {bug} has no test")
                     continue
@@ -760,11 +763,7 @@ class GradientTest(unittest.TestCase):
         t = {"q": rng.normal(size=(1, 2, 3, 4)), "k": rng.normal(size=(1, 2, 3, 4)),
              "v": rng.normal(size=(1, 2, 3, 4)), "dout": rng.normal(size=(1, 2, 3, 4))}
         cases = [(t, meta(outputs="out,dk", output_dtype="F32"), {x: "F8_E4M3" for x in t if x != "dout"},
-                  "F8_E4M3"),
-                 ({"x_q": rng.normal(size=(1, 3, 4)), "x_kv": rng.normal(size=(1, 3, 4)),
-                   "w_q": rng.normal(size=(1, 4, 4)), "w_k": rng.normal(size=(1, 4, 4)),
-                   "w_v": rng.normal(size=(1, 4, 4)), "w_o": rng.normal(size=(4, 4))},
-                  meta(kind="mha", outputs="out,dq"), None, "kind mha")]
+                  "F8_E4M3")]
         for i, (tensors, m, dtypes, why) in enumerate(cases):
             path = os.path.join(self.dir, f"unsupported{i}.safetensors")
             if dtypes:                      # FP8 bytes: the nearest E4M3 of small normals
@@ -803,6 +802,78 @@ class GradientTest(unittest.TestCase):
         with open(fp8, "wb") as f:
             f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
         return fp8
+
+
+# -- gradients of kind mha, against finite differences of the forward ---------------------
+
+import mha_grad_cases as mc  # noqa: E402
+
+
+class MhaGradientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="attn_np_mha_")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def run_case(self, name, *flags):
+        path, tensors, m = mc.write(self.dir, name)
+        out = os.path.join(self.dir, f"{name}{'_'.join(flags)}.out.safetensors")
+        jobs = os.path.join(self.dir, f"{name}.jsonl")
+        with open(jobs, "w") as f:
+            f.write(json.dumps({"id": name, "input": path, "output": out}) + "\n")
+        subprocess.run([sys.executable, ADAPTER, "--dtype", "float64", *flags, jobs], check=True)
+        self.assertTrue(os.path.exists(out), [f for f in os.listdir(self.dir) if f.startswith(name)])
+        return st.read(out)[0], tensors, m
+
+    def test_gradients_match_finite_differences(self):
+        for name in mc.specs():
+            got, tensors, m = self.run_case(name)
+            for g in m["attn.outputs"].split(",")[1:]:
+                with self.subTest(case=name, gradient=g):
+                    fd = mc.finite_difference(tensors, m, g)
+                    self.assertEqual(got[g].shape, fd.shape)
+                    # central differences with h = 1e-6 on O(1) values: error about 1e-9
+                    np.testing.assert_allclose(got[g], fd, rtol=0, atol=1e-7 * max(1, np.abs(fd).max()))
+
+    def test_padding_rows_and_self_attention(self):
+        got, tensors, _ = self.run_case("self_query_mask_softcap")
+        self.assertNotIn("dx_kv", got)
+        # padding rows 1 and 4 (dout 1e6 on row 1) are still keys: dx_q there is the key part only
+        self.assertLess(np.abs(got["dx_q"]).max(), 100)
+        self.assertTrue(np.any(got["dx_q"][0, 1] != 0))
+        got, _, _ = self.run_case("cross_masked_row_zero")
+        self.assertTrue(np.all(np.isfinite(got["dx_q"])))
+
+    def test_bug_mha_bwd_dwo_transposed(self):
+        right, _, _ = self.run_case("cross_bias_causal")
+        wrong, _, _ = self.run_case("cross_bias_causal", "--bug", "mha_bwd_dwo_transposed")
+        self.assertEqual(wrong["dw_o"].shape, right["dw_o"].shape)
+        self.assertGreater(np.abs(wrong["dw_o"] - right["dw_o"]).max(), 0.1)
+        np.testing.assert_array_equal(wrong["dx_kv"], right["dx_kv"])
+
+    def test_bug_mha_bwd_dxkv_no_dv(self):
+        for name, g in (("cross_bias_causal", "dx_kv"), ("self_sinks", "dx_q")):
+            right, _, _ = self.run_case(name)
+            wrong, _, _ = self.run_case(name, "--bug", "mha_bwd_dxkv_no_dv")
+            self.assertGreater(np.abs(wrong[g] - right[g]).max(), 0.1, name)
+            np.testing.assert_array_equal(wrong["dw_o"], right["dw_o"])
+
+    def test_sdpa_gradient_names_refused_in_mha(self):
+        path, _, m = mc.write(self.dir, "cross_bias_causal")
+        tensors, meta_, _ = st.read(path)
+        meta_["attn.outputs"] = "out,dq"
+        path = os.path.join(self.dir, "mha_dq.safetensors")
+        st.save(path, tensors, meta_)
+        out = os.path.join(self.dir, "mha_dq.out")
+        jobs = os.path.join(self.dir, "mha_dq.jsonl")
+        with open(jobs, "w") as f:
+            f.write(json.dumps({"id": "d", "input": path, "output": out}) + "\n")
+        subprocess.run([sys.executable, ADAPTER, jobs], check=True)
+        with open(out + ".error", encoding="utf-8") as f:
+            self.assertIn("dq is not a gradient of kind mha", f.read())
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 --mode ops (default): kind sdpa written with plain tensor ops in the input dtype (matmul,
 masked_fill, softmax, matmul), as PyTorch users write it. --mode mha: kind mha through
-torch.nn.functional.multi_head_attention_forward. The case files, the job loop and the .error /
+torch.nn.functional.multi_head_attention_forward; its gradients (dx_q, dx_kv, dw_q, dw_k, dw_v,
+dw_o, dbias) by autograd through it. The case files, the job loop and the .error /
 .unsupported files are those of the NumPy adapter (../numpy/attention.py), loaded by path.
 """
 import argparse
@@ -185,8 +186,13 @@ def mha_case(path, compute=None, bug=None):
     if "scores" in meta.get("attn.outputs", "out").split(","):
         raise nx.Unsupported("attn.outputs scores: multi_head_attention_forward returns no scores")
     grads = [g for g in meta.get("attn.outputs", "out").split(",") if g in nx.GRADIENTS]
-    if grads:
-        raise nx.Unsupported(f"attn.outputs {','.join(grads)}: gradients of kind mha are not supported")
+    wrong = [g for g in grads if g not in nx.MHA_GRADIENTS + ("dbias",)]
+    if wrong:
+        raise nx.Refused(f"{path}: attn.outputs: {wrong[0]} is not a gradient of kind mha")
+    if grads and "dout" not in x:
+        raise nx.Refused(f"{path}: dout: missing (attn.outputs asks for {','.join(grads)})")
+    if "dbias" in grads and "bias" not in x:
+        raise nx.Refused(f"{path}: attn.outputs: dbias asked for, but the case has no bias")
     in_dtype = dtypes["x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
     dt = torch_dtype(in_dtype)
@@ -209,22 +215,44 @@ def mha_case(path, compute=None, bug=None):
         raise nx.Unsupported("fully masked rows under attn.masked_rows=zero: the softmax of a row of "
                              "-inf is NaN, and out_proj mixes it into every feature of the row")
     allowed = allowed | ~live[..., None]          # padding rows with no key: anything (not compared)
-    additive = torch.zeros(B, H, Nq, Nk, dtype=dt) if bias is None else tensor(bias, dt).expand(B, H, Nq, Nk)
-    attn_mask = additive.masked_fill(~allowed, -math.inf).reshape(B * H, Nq, Nk)
+    # The inputs as leaves; in self-attention one tensor x serves as query, key and value, so that
+    # autograd adds both paths into dx_q.
+    leaves = {n: tensor(x[n], dt) for n in ("x_q", "w_q", "w_k", "w_v", "w_o")}
+    self_attn = nx.self_attention(x["x_q"], x["x_kv"])
+    leaves["x_kv"] = leaves["x_q"] if self_attn else tensor(x["x_kv"], dt)
+    if bias is not None:
+        leaves["bias"] = tensor(bias, dt)
+    with torch.enable_grad():
+        if grads:
+            for t in leaves.values():
+                t.requires_grad_(True)
+        additive = torch.zeros(B, H, Nq, Nk, dtype=dt) if bias is None else \
+            leaves["bias"].reshape(bias.shape).expand(B, H, Nq, Nk)
+        attn_mask = additive.masked_fill(~allowed, -math.inf).reshape(B * H, Nq, Nk)
 
-    def per_head(w):                              # [H, D, d] -> [H * d, D], row r * d + e
-        return tensor(w, dt).permute(0, 2, 1).reshape(-1, D)
+        def per_head(w):                          # [H, D, d] -> [H * d, D], row r * d + e
+            return w.permute(0, 2, 1).reshape(-1, D)
 
-    want_weights = "weights" in meta.get("attn.outputs", "out").split(",")
-    out, weights = F.multi_head_attention_forward(
-        tensor(x["x_q"], dt).transpose(0, 1), tensor(x["x_kv"], dt).transpose(0, 1),
-        tensor(x["x_kv"], dt).transpose(0, 1), D, H, None, None, None, None, False, 0.0,
-        tensor(x["w_o"], dt).t(), None, training=False, need_weights=want_weights, attn_mask=attn_mask,
-        use_separate_proj_weight=True, q_proj_weight=per_head(x["w_q"]), k_proj_weight=per_head(x["w_k"]),
-        v_proj_weight=per_head(x["w_v"]), average_attn_weights=False)
-    result = {"out": out.transpose(0, 1)}         # [Nq, B, Dout] -> [B, Nq, Dout]
+        want_weights = "weights" in meta.get("attn.outputs", "out").split(",")
+        kv = leaves["x_kv"].transpose(0, 1)
+        out, weights = F.multi_head_attention_forward(
+            leaves["x_q"].transpose(0, 1), kv, kv, D, H, None, None, None, None, False, 0.0,
+            leaves["w_o"].t(), None, training=False, need_weights=want_weights, attn_mask=attn_mask,
+            use_separate_proj_weight=True, q_proj_weight=per_head(leaves["w_q"]),
+            k_proj_weight=per_head(leaves["w_k"]), v_proj_weight=per_head(leaves["w_v"]),
+            average_attn_weights=False)
+        out = out.transpose(0, 1)                 # [Nq, B, Dout] -> [B, Nq, Dout]
+        if grads:                                 # dout 0 on padding rows: their rows reach nothing
+            dout = np.where(~padding.numpy()[:, :, None], x["dout"], 0)
+            out.backward(tensor(dout, dt))
+    result = {"out": out.detach()}
     if want_weights:
-        result["weights"] = weights               # [B, H, Nq, Nk]
+        result["weights"] = weights.detach()      # [B, H, Nq, Nk]
+    for g in grads:
+        t = leaves["x_q" if g == "dx_q" else g[1:]]
+        result[g] = t.grad.reshape(bias.shape) if g == "dbias" else t.grad
+    if self_attn and "dx_kv" in grads:            # the case reader refuses it; no second tensor here
+        raise nx.Refused(f"{path}: attn.outputs: dx_kv in self-attention (dx_q holds the gradient of x)")
     numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}.get(out_dtype)
     result = {name: t.double().numpy() for name, t in result.items()}
     if numpy_type is not None:                    # BF16 is rounded by the writer

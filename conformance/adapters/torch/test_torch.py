@@ -27,7 +27,11 @@ except ImportError as e:
     NO_TORCH = f"torch is not importable ({e}); install Debian's python3-torch"
     print(f"test_torch: skipped: {NO_TORCH}", file=sys.stderr)
 
+import mha_grad_cases as mc  # noqa: E402
+import safetensors_np as st  # noqa: E402
+
 ADAPTER = [sys.executable, os.path.join(HERE, "attention.py")]
+NUMPY_ADAPTER = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
 # One run gates F32, F64 and BF16, each input dtype under its own profile.
 PROFILES = "fp32,fp64,torch-cpu-bf16"
 
@@ -108,7 +112,7 @@ class TorchGradientTest(unittest.TestCase):
         np.testing.assert_array_equal(self.got["top_left_window_masked_rows"]["dq"][:, :, 4:], 0)
         np.testing.assert_array_equal(self.got["query_mask_padding"]["dq"][:, :, 1:4], 0)
 
-    def test_mha_gradients_unsupported(self):
+    def test_sdpa_gradients_refused_in_mha(self):
         rng = np.random.default_rng(5)
         t = {"x_q": rng.normal(size=(1, 3, 4)), "x_kv": rng.normal(size=(1, 3, 4)),
              "w_q": rng.normal(size=(2, 4, 2)), "w_k": rng.normal(size=(2, 4, 2)),
@@ -116,9 +120,44 @@ class TorchGradientTest(unittest.TestCase):
         path = os.path.join(self.dir, "mha.safetensors")
         gc.st.save(path, t, {"attn.format": "1", "attn.kind": "mha", "attn.outputs": "out,dq"})
         got = gc.run_adapter(ADAPTER + ["--mode", "mha"], [gc.Case("mha", path, {})], self.dir, "mha")["mha"]
-        self.assertEqual(got[0], ".unsupported")
-        self.assertIn("gradients", got[1])
+        self.assertEqual(got[0], ".error")
+        self.assertIn("dq is not a gradient of kind mha", got[1])
 
+
+
+@unittest.skipIf(NO_TORCH, NO_TORCH)
+class TorchMhaGradientTest(unittest.TestCase):
+    """Kind mha's gradients by autograd (--mode mha) against the NumPy adapter's hand-written
+    backward and finite differences, in float64."""
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="attn_torch_mha_")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def run_adapter(self, cmd, path, tag):
+        import json
+        import subprocess
+        out = os.path.join(self.dir, f"{tag}.out.safetensors")
+        jobs = os.path.join(self.dir, f"{tag}.jsonl")
+        with open(jobs, "w") as f:
+            f.write(json.dumps({"id": tag, "input": path, "output": out}) + "\n")
+        subprocess.run(cmd + [jobs], check=True)
+        self.assertTrue(os.path.exists(out), os.listdir(self.dir))
+        return st.read(out)[0]
+
+    def test_autograd_matches_numpy_and_finite_differences(self):
+        for name in mc.TORCH_CASES:
+            path, tensors, m = mc.write(self.dir, name)
+            got = self.run_adapter(ADAPTER + ["--mode", "mha"], path, "torch_" + name)
+            ref = self.run_adapter(NUMPY_ADAPTER + ["--dtype", "float64"], path, "numpy_" + name)
+            for g in m["attn.outputs"].split(",")[1:]:
+                with self.subTest(case=name, gradient=g):
+                    self.assertEqual(got[g].dtype, np.float64)
+                    np.testing.assert_allclose(got[g], ref[g], rtol=0, atol=1e-12 * max(1, np.abs(ref[g]).max()))
+                    fd = mc.finite_difference(tensors, m, g)
+                    np.testing.assert_allclose(got[g], fd, rtol=0, atol=1e-7 * max(1, np.abs(fd).max()))
+            self.assertEqual("dx_kv" in got, "dx_kv" in m["attn.outputs"])
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,7 +1,7 @@
 // Attention with libtorch (CPU) tensor ops, as an AttnOracle plugin (attnoracle/plugin.h).
 // Everything is computed in the input dtype with the ops a PyTorch user would write: matmul,
 // scalar multiply, tanh (softcap), masked_fill with -inf, softmax, logsumexp; gradients (dq, dk,
-// dv, dbias) by autograd through those ops. Conventions are in README.md beside this file.
+// dv, dbias; of kind mha dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, dbias) by autograd through those ops. Conventions are in README.md beside this file.
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -181,16 +181,18 @@ Result sdpa(torch::Tensor q, torch::Tensor k, torch::Tensor v, const Inputs& in)
 }
 
 // Kind mha: per head projections, attention, heads concatenated (head 0 first), then W_o.
-Result mha(const Inputs& in) {
-  const torch::Tensor x_q = in.need("x_q"), x_kv = in.need("x_kv");
+// The tensors come from `in` unless given (the autograd leaves of the backward).
+Result mha(const Inputs& in, std::map<std::string, torch::Tensor> x = {}) {
+  for (const char* name : {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"})
+    if (!x.count(name)) x[name] = in.need(name);
   // [B, 1, N, D] @ [H, D, E] -> [B, H, N, E]
-  const auto project = [](const torch::Tensor& x, const torch::Tensor& w) {
-    return torch::matmul(x.unsqueeze(1), w);
+  const auto project = [](const torch::Tensor& a, const torch::Tensor& w) {
+    return torch::matmul(a.unsqueeze(1), w);
   };
-  Result r = sdpa(project(x_q, in.need("w_q")), project(x_kv, in.need("w_k")),
-                  project(x_kv, in.need("w_v")), in);
+  Result r = sdpa(project(x["x_q"], x["w_q"]), project(x["x_kv"], x["w_k"]),
+                  project(x["x_kv"], x["w_v"]), in);
   const int64_t B = r.out.size(0), H = r.out.size(1), Nq = r.out.size(2), Dv = r.out.size(3);
-  r.out = torch::matmul(r.out.transpose(1, 2).reshape({B, Nq, H * Dv}), in.need("w_o"));
+  r.out = torch::matmul(r.out.transpose(1, 2).reshape({B, Nq, H * Dv}), x["w_o"]);
   return r;
 }
 
@@ -235,7 +237,13 @@ std::vector<std::string> output_names(const std::string& outputs) {
 }
 
 bool is_gradient(const std::string& name) {
-  return name == "dq" || name == "dk" || name == "dv" || name == "dbias";
+  return name == "dq" || name == "dk" || name == "dv" || name == "dbias" || name == "dx_q" ||
+         name == "dx_kv" || name == "dw_q" || name == "dw_k" || name == "dw_v" || name == "dw_o";
+}
+// The gradients of each kind (dbias for both).
+bool gradient_of(const std::string& name, const std::string& kind) {
+  if (name == "dbias") return true;
+  return (name[1] == 'x' || name[1] == 'w') == (kind == "mha");
 }
 
 int run(const attnoracle_case& c, const attnoracle_sink& sink) {
@@ -254,8 +262,9 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
                                 : "sinks: this plugin has no sink logits");
   const std::string kind = in.meta_or("attn.kind", "sdpa");
   if (kind != "sdpa" && kind != "mha") throw Unsupported("attn.kind " + kind);
-  if (gradients && kind != "sdpa")
-    throw Unsupported("gradients of kind " + kind + ": this plugin differentiates kind sdpa only");
+  for (const auto& name : names)
+    if (is_gradient(name) && !gradient_of(name, kind))
+      throw Refused("attn.outputs: " + name + " is not a gradient of kind " + kind);
   const torch::Tensor first = in.need(kind == "sdpa" ? "q" : "x_q");
   const auto in_type = first.scalar_type();
   const auto out_type = torch_dtype(in.meta_or("attn.output_dtype", dtype_name(in_type)));
@@ -271,6 +280,28 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
   if (!gradients) {
     torch::NoGradGuard no_grad;
     r = kind == "sdpa" ? sdpa(in.need("q"), in.need("k"), in.need("v"), in) : mha(in);
+  } else if (kind == "mha") {
+    // Autograd through the same forward: x_q, x_kv, the weights (and bias) as leaves. In
+    // self-attention (x_q and x_kv equal) one leaf x is both, so x's grad holds both paths.
+    const auto leaf = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+    Inputs g = in;
+    std::map<std::string, torch::Tensor> x;
+    for (const char* name : {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"}) x[name] = leaf(in.need(name));
+    const bool self = in.need("x_q").sizes() == in.need("x_kv").sizes() &&
+                      torch::equal(in.need("x_q"), in.need("x_kv"));
+    if (self) x["x_kv"] = x["x_q"];
+    torch::Tensor bias;
+    if (auto b = in.get("bias")) g.tensors["bias"] = bias = leaf(b->to(in_type));
+    r = mha(g, x);
+    torch::Tensor dout = in.need("dout");
+    if (dout.sizes() != r.out.sizes()) throw std::runtime_error("dout is not shaped as out [B, Nq, Dout]");
+    // query_rows is [B, 1, Nq]: out [B, Nq, Dout] takes it as [B, Nq, 1]
+    const torch::Tensor pad = query_rows(in, r.out.size(0), r.out.size(1)).squeeze(1).logical_not().unsqueeze(-1);
+    dout = dout.to(in_type).masked_fill(pad, 0);
+    r.out.backward(dout);
+    for (const char* name : {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"})
+      if (!(self && std::string(name) == "x_kv")) grads[std::string("d") + name] = x[name].grad();
+    if (bias.defined()) grads["dbias"] = bias.grad();
   } else {
     // Autograd through the same forward: q, k, v (and bias) as leaves, out.backward(dout).
     // repeat_interleave's backward sums a kv head's query heads (GQA), the broadcast add of the
@@ -303,7 +334,8 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
     else if (name == "lse")
       emit(sink, "lse", r.lse, *out_type);
     else if (!grads.count(name))
-      throw std::runtime_error(name + " asked for, but the case has no bias");
+      throw std::runtime_error(name + (name == "dx_kv" ? " asked for in self-attention (dx_q holds it)"
+                                                       : " asked for, but the case has no bias"));
     else
       emit(sink, name.c_str(), grads.at(name), *out_type);
   }

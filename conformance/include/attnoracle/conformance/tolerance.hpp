@@ -94,6 +94,18 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
                                const std::vector<RowLimits>& limits, const std::vector<double>& out_ref,
                                const std::vector<double>& out_bound, const std::vector<double>& vsum,
                                const std::vector<double>& out_spread = {});
+// Kind mha (TOLERANCE.md, "Gradients of kind mha"): per element of dx_q, dx_kv, dw_q, dw_k, dw_v,
+// dw_o (the shapes of those inputs; dx_kv empty in self-attention, c.self_attention) and of dbias, dsinks, the part
+// of the error before the safety factor and the accumulation of the element's own sum: each
+// head's backward (gradient_errors on the head's projections, with dout -> dO_h), dO_h's and the
+// projections' roundings, carried through |w_q|, |w_k|, |w_v|, |x_q|, |x_kv| and, for dw_o, O_h's
+// forward error through |dout|. limits: the case's rows [B, Nq] (row_limits of kind mha).
+struct MhaGradientErrors {
+  std::vector<double> dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, dbias, dsinks;
+  GradientSpread dx_q_spread, dx_kv_spread, dw_q_spread, dw_k_spread, dw_v_spread, dw_o_spread,
+      dbias_spread, dsinks_spread;
+};
+MhaGradientErrors mha_gradient_errors(const Profile& p, const Case& c, const std::vector<RowLimits>& limits);
 // The limit of a gradient element: err from gradient_errors, `terms` the number of products the
 // element sums (the accumulation's gamma on its G.bound), `extra` a further relative term on the
 // bound (GQA partial sums rounded to the output dtype), x its exact value.
