@@ -60,7 +60,9 @@ REFUSALS = [
     ("dbias_without_bias", dict(arrays(), dout=DOUT), {"outputs": "dbias"}, {"attn.outputs": "dbias"}),
     ("dsinks_without_sinks", dict(arrays(), dout=DOUT), {"outputs": "dsinks"}, {"attn.outputs": "dsinks"}),
     ("gradient_of_fp8", dict(fp8_arrays(), dout=DOUT), dict(E4M3, **GRAD), dict(E4M3_META, **GRAD_META)),
-    ("dout_of_mha", dict(MHA, dout=np.ones((1, 2, 4), F32)), {}, {"attn.kind": "mha"}),
+    ("dq_of_mha", dict(MHA, dout=np.ones((1, 2, 4), F32)), {"outputs": "dq"}, {"attn.kind": "mha", "attn.outputs": "dq"}),
+    ("dout_of_mha_shape", dict(MHA, dout=np.ones((1, 2, 3), F32)), {"outputs": "dx_q"},
+     {"attn.kind": "mha", "attn.outputs": "dx_q"}),
 ]
 
 

@@ -516,22 +516,7 @@ class Backward {
                  std::int64_t j, const RowStat& st, const Consts& k, MpfrVec& prods) const {
     const std::int64_t g = c_.kv_head(h);
     dot(T, q_row(b, h, i), k_row(b, g, j), c_.Dk, prods);
-    detail::mul_interval(T.lo, T.hi, T.lo, T.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
-    Enclosure& S = e.x;
-    if (k.softcap) {
-      detail::softcap_bound(S.lo, T.lo, k.cap.lo, k.cap.hi, MPFR_RNDD, e.tmp.lo);
-      detail::softcap_bound(S.hi, T.hi, k.cap.lo, k.cap.hi, MPFR_RNDU, e.tmp.lo);
-    } else {
-      copy_to(S, T);
-    }
-    const double bias = c_.bias_at(b, h, i, j);
-    mpfr_add_d(S.lo, S.lo, bias, MPFR_RNDD);
-    mpfr_add_d(S.hi, S.hi, bias, MPFR_RNDU);
-    mpfr_sub(e.tmp.lo, S.lo, st.lse.hi, MPFR_RNDD);
-    mpfr_exp(e.P.lo, e.tmp.lo, MPFR_RNDD);
-    mpfr_sub(e.tmp.hi, S.hi, st.lse.lo, MPFR_RNDU);
-    mpfr_exp(e.P.hi, e.tmp.hi, MPFR_RNDU);
-    if (mpfr_cmp_ui(e.P.hi, 1) > 0) mpfr_set_ui(e.P.hi, 1, MPFR_RNDN);  // a weight is at most 1
+    weight_from_dot(e, T, st, k, c_.bias_at(b, h, i, j));
     dot(e.dP, dout_row(b, h, i), v_row(b, g, j), c_.Dv, prods);
     dot_abs(e.dPabs, dout_row(b, h, i), v_row(b, g, j), c_.Dv, prods);
     backward_entry(e, st, &T, k);

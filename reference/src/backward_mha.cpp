@@ -332,21 +332,7 @@ class MhaBackward {
                  const RowStat& st, const Consts& k, MpfrVec& prods) const {
     const std::size_t row = row_id(b, h, i), key = key_id(b, h, j);
     exact_sum(T, q_, row * c_.Dk, k_, key * c_.Dk, c_.Dk, prods);
-    detail::mul_interval(T.lo, T.hi, T.lo, T.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
-    Enclosure& S = e.x;
-    if (k.softcap) {
-      detail::softcap_bound(S.lo, T.lo, k.cap.lo, k.cap.hi, MPFR_RNDD, e.tmp.lo);
-      detail::softcap_bound(S.hi, T.hi, k.cap.lo, k.cap.hi, MPFR_RNDU, e.tmp.lo);
-    } else {
-      copy_to(S, T);
-    }
-    const double bias = c_.bias_at(b, h, i, j);
-    mpfr_add_d(S.lo, S.lo, bias, MPFR_RNDD), mpfr_add_d(S.hi, S.hi, bias, MPFR_RNDU);
-    mpfr_sub(e.tmp.lo, S.lo, st.lse.hi, MPFR_RNDD);
-    mpfr_exp(e.P.lo, e.tmp.lo, MPFR_RNDD);
-    mpfr_sub(e.tmp.hi, S.hi, st.lse.lo, MPFR_RNDU);
-    mpfr_exp(e.P.hi, e.tmp.hi, MPFR_RNDU);
-    if (mpfr_cmp_ui(e.P.hi, 1) > 0) mpfr_set_ui(e.P.hi, 1, MPFR_RNDN);  // a weight is at most 1
+    weight_from_dot(e, T, st, k, c_.bias_at(b, h, i, j));
     if (keys_[row] == 1 && !c_.sinks) mpfr_set_ui(e.P.lo, 1, MPFR_RNDN);  // a row's only key: exactly 1
     exact_sum(e.dP, dO_, row * c_.Dv, v_, key * c_.Dv, c_.Dv, prods);
     exact_sum(e.dPabs, dO_, row * c_.Dv, v_, key * c_.Dv, c_.Dv, prods, true);

@@ -139,4 +139,24 @@ inline void backward_entry(Entry& e, const RowStat& st, const Enclosure* T, cons
 }
 
 
+// From T holding q_i . k_j: T = scale q_i . k_j, S_ij = softcap(T) + bias (in e.x), and
+// P_ij = exp(S_ij - lse_i), at most 1 (a weight).
+inline void weight_from_dot(Entry& e, Enclosure& T, const RowStat& st, const Consts& k, double bias) {
+  detail::mul_interval(T.lo, T.hi, T.lo, T.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
+  Enclosure& S = e.x;
+  if (k.softcap) {
+    detail::softcap_bound(S.lo, T.lo, k.cap.lo, k.cap.hi, MPFR_RNDD, e.tmp.lo);
+    detail::softcap_bound(S.hi, T.hi, k.cap.lo, k.cap.hi, MPFR_RNDU, e.tmp.lo);
+  } else {
+    copy_to(S, T);
+  }
+  mpfr_add_d(S.lo, S.lo, bias, MPFR_RNDD);
+  mpfr_add_d(S.hi, S.hi, bias, MPFR_RNDU);
+  mpfr_sub(e.tmp.lo, S.lo, st.lse.hi, MPFR_RNDD);
+  mpfr_exp(e.P.lo, e.tmp.lo, MPFR_RNDD);
+  mpfr_sub(e.tmp.hi, S.hi, st.lse.lo, MPFR_RNDU);
+  mpfr_exp(e.P.hi, e.tmp.hi, MPFR_RNDU);
+  if (mpfr_cmp_ui(e.P.hi, 1) > 0) mpfr_set_ui(e.P.hi, 1, MPFR_RNDN);
+}
+
 }  // namespace attnoracle::detail::backward

@@ -866,7 +866,8 @@ TEST(CaseOutputs, Scores) {
   EXPECT_EQ(c.golden_tensors().back().shape, (Shape{2, 4, 3, 5}));
   EXPECT_TRUE(is_golden_tensor_name("scores.undecided"));
   expect_refused(with_meta(sdpa(), "attn.outputs", "out,score"), "attn.outputs",
-                 "is not a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks (\"score\"?)");
+                 "is not a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, dx_q, dx_kv, dw_q, "
+                 "dw_k, dw_v, dw_o (\"score\"?)");
 }
 
 }  // namespace
