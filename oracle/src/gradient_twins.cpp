@@ -1,5 +1,6 @@
 // The gradients' metamorphic relations: twin evaluations of one batch entry and kv head of a
-// case, compared with the case's golden gradients bit for bit.
+// case (kind mha: of the whole case, for linearity only), compared with the case's golden
+// gradients bit for bit.
 //
 // The slice: batch b and the G query heads of kv head g, as a case of its own (B = 1, Hkv = 1).
 // Batches and kv heads do not interact (each row's softmax reads its own batch and kv head, and
@@ -119,14 +120,68 @@ struct Gradient {
   bool wanted;
 };
 
+// Whether twin element k, of the evaluation with dout doubled, breaks linearity against the
+// case's element w (x, y: the two values). Each golden element is the one correct rounding of
+// its exact value x, and 2x has x's significand, so round(2x) = 2 round(x) bit for bit; it fails
+// only where 2 round(x) overflows, or where |round(x)| is at most the smallest normal (x may then
+// be subnormal: round(x) lies on the subnormals' grid of spacing u, and 2x is rounded on a grid
+// of spacing u as well, not 2u): those elements, and undecided ones, are skipped.
+bool breaks_linearity(const Golden& base, std::int64_t w, const Golden& twin, std::int64_t k, double& x, double& y) {
+  const FloatFormat f = float_format(base.t->dtype);
+  const double min_normal = std::ldexp(1.0, static_cast<int>(f.emin) + f.precision - 2);
+  const double max_finite = std::ldexp(1.0 - std::ldexp(1.0, -f.precision), static_cast<int>(f.emax));
+  if (w < 0 || !base.decided(w) || !twin.decided(k)) return false;
+  x = base.at(w), y = twin.at(k);
+  if (!(std::fabs(x) > min_normal) || !(std::fabs(x) <= max_finite / 2)) return false;
+  return y != 2 * x;
+}
+
+// Kind mha: the heads share W_o and the weights' gradients add up every batch, so the twin is
+// the whole case with dout doubled, and each of its gradients must be twice the case's.
+std::vector<Violation> mha_linearity(const Case& c, const EvalResult& res, const TwinEvaluator& evaluate_twin) {
+  std::vector<Violation> out;
+  Case t = detail::options_only(c);
+  t.B = c.B, t.Hq = c.Hq, t.Hkv = c.Hkv, t.Nq = c.Nq, t.Nk = c.Nk, t.Dk = c.Dk, t.Dv = c.Dv, t.D = c.D, t.Dout = c.Dout;
+  t.x_q = c.x_q, t.x_kv = c.x_kv, t.w_q = c.w_q, t.w_k = c.w_k, t.w_v = c.w_v, t.w_o = c.w_o;
+  t.mask = c.mask, t.bias = c.bias, t.query_mask = c.query_mask, t.sinks = c.sinks;
+  t.seqlens_q = c.seqlens_q, t.seqlens_k = c.seqlens_k, t.self_attention = c.self_attention;
+  t.want_dx_q = c.want_dx_q, t.want_dx_kv = c.want_dx_kv, t.want_dw_q = c.want_dw_q, t.want_dw_k = c.want_dw_k;
+  t.want_dw_v = c.want_dw_v, t.want_dw_o = c.want_dw_o, t.want_dbias = c.want_dbias, t.want_dsinks = c.want_dsinks;
+  FloatTensor twice = *c.dout;
+  for (double& x : twice.values) x *= 2;
+  t.dout = std::move(twice);
+  const EvalResult r1 = evaluate_twin(t);
+  const Gradient grads[] = {{"dx_q", c.want_dx_q}, {"dx_kv", c.want_dx_kv}, {"dw_q", c.want_dw_q},
+                            {"dw_k", c.want_dw_k},  {"dw_v", c.want_dw_v},   {"dw_o", c.want_dw_o},
+                            {"dbias", c.want_dbias}, {"dsinks", c.want_dsinks}};
+  for (const Gradient& gr : grads) {
+    if (!gr.wanted) continue;
+    for (const std::string& name : {std::string(gr.name), std::string(gr.name) + ".ref"}) {
+      const Golden base(res, name), twin(r1, name);
+      if (!base.t || !twin.t) {
+        out.push_back(Violation{Invariant::GradientLinearity, -1, -1, -1, -1, -1, name + ": missing from an evaluation"});
+        continue;
+      }
+      for (std::int64_t k = 0; k < twin.t->numel(); ++k) {
+        double x = 0, y = 0;
+        if (breaks_linearity(base, k, twin, k, x, y))
+          out.push_back(Violation{Invariant::GradientLinearity, -1, -1, k, -1, -1,
+                                  name + " (i: its flat index): twice dout gives " + hex(y) + ", not twice " + hex(x)});
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Violation> check_gradient_twins(const Case& c, const EvalResult& res, std::int64_t b,
                                             std::int64_t g, const TwinEvaluator& evaluate_twin) {
   std::vector<Violation> out;
-  if (c.kind != Kind::Sdpa || !c.wants_gradients() || !c.dout) return out;
+  if (!c.wants_gradients() || !c.dout) return out;
   for (double x : c.dout->values)
     if (std::fabs(x) > DBL_MAX / 2) return out;  // 2 dout would not be a double: no twin
+  if (c.kind == Kind::Mha) return b == 0 && g == 0 ? mha_linearity(c, res, evaluate_twin) : out;
   const Slice s = slice(c, b, g);
   const Case& t = s.t;
   const std::int64_t G = s.G;
@@ -158,12 +213,7 @@ std::vector<Violation> check_gradient_twins(const Case& c, const EvalResult& res
     return v;
   };
 
-  // Linearity: the twin with dout doubled. Each golden element is the one correct rounding of
-  // its exact value x, and 2x has x's significand, so round(2x) = 2 round(x) bit for bit; it
-  // fails only where 2 round(x) overflows, or where |round(x)| is at most the smallest normal
-  // (x may then be subnormal: round(x) lies on the subnormals' grid of spacing u, and 2x is
-  // rounded on a grid of spacing u as well, not 2u): those elements, and undecided ones, are
-  // skipped.
+  // Linearity: the twin with dout doubled (breaks_linearity).
   // Golden values rather than enclosures: the relation is then one of the exact values, not of
   // how the reference reached them (its working precisions need not scale with dout).
   Slice twice = s;
@@ -177,15 +227,10 @@ std::vector<Violation> check_gradient_twins(const Case& c, const EvalResult& res
         out.push_back(at(gr.name, 0, Invariant::GradientLinearity, name + ": missing from an evaluation"));
         continue;
       }
-      const FloatFormat f = float_format(base.t->dtype);
-      const double min_normal = std::ldexp(1.0, static_cast<int>(f.emin) + f.precision - 2);
-      const double max_finite = std::ldexp(1.0 - std::ldexp(1.0, -f.precision), static_cast<int>(f.emax));
       for (std::int64_t k = 0; k < twin.t->numel(); ++k) {
         const std::int64_t w = whole_index(gr.name, k);
-        if (w < 0 || !base.decided(w) || !twin.decided(k)) continue;
-        const double x = base.at(w), y = twin.at(k);
-        if (!(std::fabs(x) > min_normal) || !(std::fabs(x) <= max_finite / 2)) continue;
-        if (y != 2 * x)
+        double x = 0, y = 0;
+        if (breaks_linearity(base, w, twin, k, x, y))
           out.push_back(at(gr.name, k, Invariant::GradientLinearity,
                            name + (std::string(gr.name) == "dbias" ? " (i: its flat index)" : "") +
                                ": twice dout gives " + hex(y) + ", not twice " + hex(x),

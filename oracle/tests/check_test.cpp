@@ -591,6 +591,37 @@ TEST(Oracle, GradientLinearityCatchesANonlinearEvaluation) {
       << v[0].message();
 }
 
+// Kind mha: one twin, the whole case with dout doubled; the reference passes it, and one
+// element off by a unit in the twin, or dout clipped, is caught.
+TEST(Oracle, MhaGradientLinearity) {
+  const Case c = make({floats("x_q", {1, 4, 3}, ramp(12, 0.4, 0.3)), floats("x_kv", {1, 4, 3}, ramp(12, 0.8, 0.5)),
+                       floats("w_q", {2, 3, 2}, ramp(12, 1.3, 0.2)), floats("w_k", {2, 3, 2}, ramp(12, 0.6, 0.9)),
+                       floats("w_v", {2, 3, 2}, ramp(12, 0.5, 0.4)), floats("w_o", {4, 3}, ramp(12, 0.2, 0.7)),
+                       floats("dout", {1, 4, 3}, ramp(12, 0.53, 0.3))},
+                      {{"attn.kind", "mha"}, {"attn.causal", "top_left"}, {"attn.outputs", "out,dx_q,dx_kv,dw_q,dw_k,dw_v,dw_o"}});
+  const EvalResult res = evaluate(c, {});
+  int calls = 0;
+  EXPECT_TRUE(check_gradient_twins(c, res, 0, 0, reference_twins(&calls)).empty());
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(check_gradient_twins(c, res, 0, 1, reference_twins(&calls)).empty());
+  EXPECT_EQ(calls, 1) << "one twin per case";
+  auto v = check_gradient_twins(c, res, 0, 0, [](const Case& t) {
+    EvalResult r = evaluate(t, {});
+    nudge(r, "dw_o.ref", 5);
+    return r;
+  });
+  ASSERT_EQ(v.size(), 1u) << list(v);
+  EXPECT_EQ(v[0].message().rfind("gradient_linearity: b=-1 h=-1 i=5: dw_o.ref (i: its flat index): twice dout", 0), 0u)
+      << v[0].message();
+  v = check_gradient_twins(c, res, 0, 0, [](const Case& t) {
+    Case m = t;
+    for (double& x : m.dout->values) x = std::clamp(x, -1.0, 1.0);
+    return evaluate(m, {});
+  });
+  EXPECT_TRUE(names(v, Invariant::GradientLinearity)) << list(v);
+  EXPECT_NO_THROW(certified_evaluate(c, {}, {}));
+}
+
 TEST(Oracle, GradientCausalDependenceCatchesALeak) {
   const Case c = gradient_case({{"attn.causal", "top_left"}, {"attn.output_dtype", "F32"}});
   const EvalResult res = evaluate(c, {});
