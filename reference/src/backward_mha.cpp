@@ -63,6 +63,15 @@ void mul_exact(mpfr_ptr lo, mpfr_ptr hi, mpfr_srcptr xlo, mpfr_srcptr xhi, mpfr_
   mpfr_mul(hi, pos ? xhi : xlo, y, MPFR_RNDU);
 }
 
+// [lo, hi] = [xlo, xhi] |y| for x >= 0 and an exact y: for y < 0 the products x y are rounded
+// the other way, so that their negations bound x |y|.
+void mul_abs_exact(mpfr_ptr lo, mpfr_ptr hi, mpfr_srcptr xlo, mpfr_srcptr xhi, mpfr_srcptr y) {
+  const bool neg = mpfr_sgn(y) < 0;
+  mpfr_mul(lo, xlo, y, neg ? MPFR_RNDU : MPFR_RNDD);
+  mpfr_mul(hi, xhi, y, neg ? MPFR_RNDD : MPFR_RNDU);
+  if (neg) mpfr_neg(lo, lo, MPFR_RNDN), mpfr_neg(hi, hi, MPFR_RNDN);  // exact
+}
+
 // e encloses sum_c a[ia + c] b[ib + c] (|a b| with `abs`) over n terms: each product is exact at
 // the sum of the precisions, and mpfr_sum rounds down, reporting exactness. Returns whether
 // the enclosure is the exact value.
@@ -262,11 +271,7 @@ class MhaBackward {
       mpfr_srcptr g = dO_[row * Dv + cc];
       mul_exact(t.lo[t.n], t.hi[t.n], o.lo, o.hi, g);
       abs_of(oabs, o);
-      mpfr_mul(ta.lo[ta.n], oabs.lo, g, MPFR_RNDD), mpfr_mul(ta.hi[ta.n], oabs.hi, g, MPFR_RNDU);
-      if (mpfr_sgn(g) < 0) {  // times |g|: the negated ends, swapped
-        mpfr_neg(ta.lo[ta.n], ta.lo[ta.n], MPFR_RNDN), mpfr_neg(ta.hi[ta.n], ta.hi[ta.n], MPFR_RNDN);
-        mpfr_swap(ta.lo[ta.n], ta.hi[ta.n]);
-      }
+      mul_abs_exact(ta.lo[ta.n], ta.hi[ta.n], oabs.lo, oabs.hi, g);
     }
     t.sum(st.d), ta.sum(st.dabs);
 
@@ -304,7 +309,7 @@ class MhaBackward {
     }
     const bool centred = !k.softcap && !c_.sinks && n > 0;
     Terms tq, tb;
-    Enclosure diff(p), ak(p);
+    Enclosure diff(p);
     for (std::int64_t cc = 0; cc < Dk; ++cc) {
       tq.reset(n, p), tb.reset(n, p);
       for (std::size_t a = 0; a < n; ++a, ++tq.n, ++tb.n) {
@@ -316,8 +321,7 @@ class MhaBackward {
         } else {
           mul_exact(tq.lo[a], tq.hi[a], dT[a].lo, dT[a].hi, kj);
         }
-        mpfr_abs(ak.lo, kj, MPFR_RNDD), mpfr_abs(ak.hi, kj, MPFR_RNDU);
-        mpfr_mul(tb.lo[a], At[a].lo, ak.lo, MPFR_RNDD), mpfr_mul(tb.hi[a], At[a].hi, ak.hi, MPFR_RNDU);
+        mul_abs_exact(tb.lo[a], tb.hi[a], At[a].lo, At[a].hi, kj);
       }
       Enclosure& v = dq_.v[row * Dk + cc];
       Enclosure& bd = dq_.bd[row * Dk + cc];
@@ -351,7 +355,7 @@ class MhaBackward {
       const std::int64_t b = uu / (H_ * c_.Nk), h = uu / c_.Nk % H_, j = uu % c_.Nk;
       const Consts k(c_, p);
       Entry e(p);
-      Enclosure T(p), aq(p);
+      Enclosure T(p);
       MpfrVec prods;
       std::vector<std::int64_t> rows;
       std::vector<Enclosure> P, dT, At;
@@ -370,8 +374,7 @@ class MhaBackward {
         for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
           mpfr_srcptr x = q_[row_id(b, h, rows[a]) * Dk + cc];
           mul_exact(t.lo[a], t.hi[a], dT[a].lo, dT[a].hi, x);
-          mpfr_abs(aq.lo, x, MPFR_RNDD), mpfr_abs(aq.hi, x, MPFR_RNDU);
-          mpfr_mul(tb.lo[a], At[a].lo, aq.lo, MPFR_RNDD), mpfr_mul(tb.hi[a], At[a].hi, aq.hi, MPFR_RNDU);
+          mul_abs_exact(tb.lo[a], tb.hi[a], At[a].lo, At[a].hi, x);
         }
         Enclosure& v = dk_.v[u * Dk + cc];
         Enclosure& bd = dk_.bd[u * Dk + cc];
@@ -384,11 +387,7 @@ class MhaBackward {
         for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
           mpfr_srcptr x = dO_[row_id(b, h, rows[a]) * Dv + cc];
           mul_exact(t.lo[a], t.hi[a], P[a].lo, P[a].hi, x);
-          mpfr_mul(tb.lo[a], P[a].lo, x, MPFR_RNDD), mpfr_mul(tb.hi[a], P[a].hi, x, MPFR_RNDU);
-          if (mpfr_sgn(x) < 0) {  // times |x|
-            mpfr_neg(tb.lo[a], tb.lo[a], MPFR_RNDN), mpfr_neg(tb.hi[a], tb.hi[a], MPFR_RNDN);
-            mpfr_swap(tb.lo[a], tb.hi[a]);
-          }
+          mul_abs_exact(tb.lo[a], tb.hi[a], P[a].lo, P[a].hi, x);
         }
         t.sum(dv_.v[u * Dv + cc]), tb.sum(dv_.bd[u * Dv + cc]);
       }
