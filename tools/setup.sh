@@ -9,7 +9,7 @@ gate_only=false
 
 packages=(
   g++ cmake make pkg-config
-  libmpfr-dev libgmp-dev libboost-dev nlohmann-json3-dev libcli11-dev nettle-dev
+  libmpfr-dev libgmp-dev libboost-dev nlohmann-json3-dev libcli11-dev nettle-dev libhwy-dev
 )
 if ! $gate_only; then
   packages+=(

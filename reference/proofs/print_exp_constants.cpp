@@ -7,7 +7,7 @@
 #include "fast/exp_dd.cpp"
 
 int main() {
-  const auto& k = attnoracle::fast::constants();
+  const auto& k = attnoracle::fast::exp_constants();
   std::printf("ln2 %a %a\n", k.ln2.hi, k.ln2.lo);
   for (unsigned i = 0; i < k.inv_fact.size(); ++i)
     std::printf("coef %u %a %a\n", i, k.inv_fact[i].hi, k.inv_fact[i].lo);

@@ -12,6 +12,7 @@
 #include "dd.hpp"
 #include "error_bounds.hpp"
 #include "exp_dd.hpp"
+#include "simd.hpp"
 
 namespace attnoracle::fast {
 
@@ -55,21 +56,31 @@ inline Ball div(const Ball& a, const Ball& b) {
   return {m, radius_up((a.rad + q * b.rad) / den + kDivDD * mag(m))};
 }
 // exp(am + d) = exp(am) e^d and |e^d - 1| <= r (1 + r) for |d| <= r <= 1.
-inline Ball exp(const Ball& a) {
-  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(kExpMin + 2 kExpMaxRad) <= kTinyExp
-  const DD m = exp_dd(a.mid);
+// exp_ball(a, exp_dd(a.mid)) is exp(a), for a.mid.hi >= kExpMin.
+inline Ball exp_ball(const Ball& a, DD m) {
   const double e = mag(m) * (1 + kExpMid);  // exp(am) <= |m| / (1 - kExpRel)
   return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
+}
+inline Ball exp(const Ball& a) {
+  if (a.mid.hi < kExpMin) return {DD{}, kTinyExp};  // exp(a) < exp(kExpMin + 2 kExpMaxRad) <= kTinyExp
+  return exp_ball(a, exp_dd(a.mid));
 }
 // Whether exp's ball rule and exp_dd's range hold for a (else the caller goes to MPFR).
 inline bool exp_applies(const Ball& a) { return a.rad <= kExpMaxRad && a.mid.hi <= kExpMax; }
 
 // sum_d q[d] k[d] by Dot2: s + c encloses the dot within gamma_n^2 sum |q_d k_d| (Ogita, Rump,
 // Oishi), used with factor 2; sum |q_d k_d| is itself rounded, by at most gamma_n relative.
-inline Ball dot2(const double* q, const double* k, std::int64_t len) {
+inline double dot2_factor(std::int64_t len) {
   const double n = static_cast<double>(len);
   const double gam = n * kU / (1 - n * kU);
-  const double dot_factor = 2 * gam * gam * (1 + 2 * gam);
+  return 2 * gam * gam * (1 + 2 * gam);
+}
+// The ball of Dot2's running sum sh, compensation sl and rounded sum |q_d k_d| sabs.
+inline Ball dot2_ball(double sh, double sl, double sabs, double dot_factor) {
+  return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
+}
+inline Ball dot2(const double* q, const double* k, std::int64_t len) {
+  const double dot_factor = dot2_factor(len);
   double sh = 0, sl = 0, sabs = 0;
   for (std::int64_t d = 0; d < len; ++d) {
     const DD p = two_prod(q[d], k[d]);
@@ -78,7 +89,7 @@ inline Ball dot2(const double* q, const double* k, std::int64_t len) {
     sl += t.lo + p.lo;
     sabs += std::fabs(p.hi);
   }
-  return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
+  return dot2_ball(sh, sl, sabs, dot_factor);
 }
 
 // Column sums S_c = sum_j x_j y_jc for balls x_j and doubles y_jc, accumulated like Dot2 on the
@@ -95,13 +106,15 @@ class BallSums {
   std::size_t size() const { return hi_.size(); }
 
   // x y_c added to every column c: the columns are independent lanes (the same operations in
-  // the same order in each), so the loop vectorizes without changing a bit.
-  void add(const Ball& x, const double* y) {
+  // the same order in each), run in SIMD lanes without changing a bit (simd.cpp).
+  void add(const Ball& x, const double* y, bool absolute = false) {
     if (x.mid.hi == 0 && x.rad == 0) return;
     ++n_;
-    lanes(hi_.size(), y, x.mid.hi, x.mid.lo, x.rad, hi_.data(), lo_.data(), errsum_.data(), radsum_.data(),
-          ymax_.data());
+    ball_sum_lanes(hi_.size(), y, absolute, x.mid.hi, x.mid.lo, x.rad, hi_.data(), lo_.data(), errsum_.data(),
+                   radsum_.data(), ymax_.data());
   }
+  // x |y_c| added to every column c.
+  void add_abs(const Ball& x, const double* y) { add(x, y, true); }
   Ball ball(std::size_t c) const {
     if (n_ == 0 || ymax_[c] == 0) return {};
     const double nk = static_cast<double>(n_) + 2;
@@ -110,20 +123,6 @@ class BallSums {
   }
 
  private:
-  static void lanes(std::size_t n, const double* __restrict y, double xh, double xl, double xr,
-                    double* __restrict hi, double* __restrict lo, double* __restrict errsum,
-                    double* __restrict radsum, double* __restrict ymax) {
-    for (std::size_t c = 0; c < n; ++c) {
-      const DD p = two_prod(xh, y[c]);
-      const DD t = two_sum(hi[c], p.hi);
-      hi[c] = t.hi;
-      const double a = t.lo + p.lo, w = std::fma(xl, y[c], a), l = lo[c] + w;
-      lo[c] = l;
-      errsum[c] += (std::fabs(a) + std::fabs(w)) + std::fabs(l);
-      radsum[c] += xr * std::fabs(y[c]);
-      ymax[c] = std::max(ymax[c], std::fabs(y[c]));
-    }
-  }
   std::vector<double> hi_, lo_, errsum_, radsum_, ymax_;
   std::int64_t n_ = 0;
 };

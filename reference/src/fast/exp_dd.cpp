@@ -17,7 +17,6 @@
 
 #include <mpfr.h>
 
-#include <array>
 
 namespace attnoracle::fast {
 namespace {
@@ -34,9 +33,7 @@ DD dd_of(mpfr_srcptr c) {
   return d;
 }
 
-struct Constants {
-  DD ln2;
-  std::array<DD, 10> inv_fact;  // 1 / i!
+struct Constants : ExpConstants {
   Constants() {
     mpfr_t c;
     mpfr_init2(c, 256);
@@ -52,15 +49,15 @@ struct Constants {
   }
 };
 
-const Constants& constants() {
+}  // namespace
+
+const ExpConstants& exp_constants() {
   static const Constants k;  // thread-safe initialisation
   return k;
 }
 
-}  // namespace
-
 DD exp_dd(DD x) {
-  const Constants& K = constants();
+  const ExpConstants& K = exp_constants();
   const double k = std::nearbyint(x.hi * 1.4426950408889634);  // x / ln2 to nearest
   const DD r = add(x, mul(K.ln2, -k));                          // x - k ln2
   const DD t = scale2(r, -10);                                  // exact

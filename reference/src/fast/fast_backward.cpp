@@ -59,8 +59,11 @@ struct FastBackward::Impl {
       return;
     }
     s = prepare(c);
-    if (s.applies && c.sinks) s = Setup{false, "sinks", {}};
-    if (s.applies && !all_in_range(c.dout->values)) s = Setup{false, "dout outside [2^-480, 2^480]", {}};
+    const char* refused = !s.applies                       ? nullptr
+                          : c.sinks                        ? "sinks"
+                          : !all_in_range(c.dout->values) ? "dout outside [2^-480, 2^480]"
+                                                           : nullptr;
+    if (refused) s = Setup{false, refused, {}, {}, 0, {}, {}, {}, {}};
     abs_scale = abs(s.scale);
     if (s.applies) stats.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
   }

@@ -2,6 +2,8 @@
 // published bound (error_bounds.hpp); each radius formula says in a comment why it holds.
 #include "fast_row.hpp"
 
+#include "simd.hpp"
+
 #include <mpfr.h>
 
 #include <algorithm>
@@ -155,6 +157,26 @@ Setup prepare(const Case& c) {
     return s;
   }
   s.applies = true;
+  s.key_blocks = (c.Nk + static_cast<std::int64_t>(kKeyBlock) - 1) / static_cast<std::int64_t>(kKeyBlock);
+  const auto kb = static_cast<std::int64_t>(kKeyBlock);
+  s.kt.assign(static_cast<std::size_t>(c.B * c.Hkv * s.key_blocks * c.Dk * kb), 0.0);
+  for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg)
+    for (std::int64_t j = 0; j < c.Nk; ++j)
+      for (std::int64_t e = 0; e < c.Dk; ++e)
+        s.kt[static_cast<std::size_t>(((bg * s.key_blocks + j / kb) * c.Dk + e) * kb + j % kb)] =
+            c.k.values[static_cast<std::size_t>((bg * c.Nk + j) * c.Dk + e)];
+  const auto nv = static_cast<std::size_t>(c.B * c.Hkv * c.Dv), dv = static_cast<std::size_t>(c.Dv);
+  s.vmin.assign(nv, INFINITY);
+  s.vmax.assign(nv, -INFINITY);
+  s.absmin.assign(nv, INFINITY);
+  s.absmax.assign(nv, 0);
+  std::vector<double> av(dv);
+  for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg) {
+    const std::size_t o = static_cast<std::size_t>(bg) * dv;
+    for (std::int64_t j = 0; j < c.Nk; ++j)
+      value_ranges(dv, c.v.values.data() + (static_cast<std::size_t>(bg * c.Nk + j)) * dv, av.data(),
+                   s.vmin.data() + o, s.vmax.data() + o, s.absmin.data() + o, s.absmax.data() + o);
+  }
   return s;
 }
 
@@ -162,7 +184,6 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   FastRow r;
   const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
   const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + i) * Dk;
-  const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
   const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
   r.allowed.assign(static_cast<std::size_t>(Nk), 0);
   r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
@@ -176,10 +197,19 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     }
   if (keys.empty()) return r;  // a fully masked (or sink-only) row: the MPFR path
 
+  // Dot2 of every key in the blocks from the first allowed key's to the last's, in SIMD lanes.
+  const auto kb = static_cast<std::int64_t>(kKeyBlock);
+  const std::int64_t first = keys.front() / kb, blocks = keys.back() / kb - first + 1;
+  std::vector<double> sh(static_cast<std::size_t>(blocks * kb)), sl(sh.size()), sabs(sh.size());
+  dot2_blocks(q, s.kt.data() + ((b * c.Hkv + g) * s.key_blocks + first) * Dk * kb, Dk, blocks, sh.data(),
+              sl.data(), sabs.data());
+  const double dot_factor = dot2_factor(Dk);
+
   std::vector<Ball> S(keys.size());
   double m = -INFINITY;
   for (std::size_t a = 0; a < keys.size(); ++a) {
-    const Ball dot = dot2(q, K + keys[a] * Dk, Dk);
+    const auto o = static_cast<std::size_t>(keys[a] - first * kb);
+    const Ball dot = dot2_ball(sh[o], sl[o], sabs[o], dot_factor);
     r.dots[static_cast<std::size_t>(keys[a])] = dot;
     Ball sc = mul(s.scale, dot);
     const double bias = c.bias_at(b, h, i, keys[a]);
@@ -192,18 +222,26 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   if (c.sinks) m = std::max(m, c.sink(h));
   r.m = m;
   // e_j = exp(S_j - m) with m any number (the identity is exact); then Z, the weights.
-  std::vector<Ball> e(keys.size());
+  // exp_dd of every argument in SIMD lanes (a tiny one, below kExpMin, takes exp(0) unused).
+  std::vector<Ball> x(keys.size()), e(keys.size());
+  std::vector<double> xh(keys.size()), xl(keys.size()), eh(keys.size()), el(keys.size());
+  for (std::size_t a = 0; a < keys.size(); ++a) {
+    x[a] = add(S[a], -m);
+    if (!exp_applies(x[a])) return r;  // outside exp's ball rule: MPFR
+    const bool tiny = x[a].mid.hi < kExpMin;
+    xh[a] = tiny ? 0 : x[a].mid.hi;
+    xl[a] = tiny ? 0 : x[a].mid.lo;
+  }
+  exp_dd_many(xh.data(), xl.data(), keys.size(), eh.data(), el.data());
   Ball z{};
   for (std::size_t a = 0; a < keys.size(); ++a) {
-    const Ball x = add(S[a], -m);
-    if (!exp_applies(x)) return r;  // outside exp's ball rule: MPFR
-    e[a] = exp(x);
+    e[a] = x[a].mid.hi < kExpMin ? exp(x[a]) : exp_ball(x[a], DD{eh[a], el[a]});
     z = add(z, e[a]);
   }
   if (c.sinks) {  // the sink: one more term of Z, exp(sink - m), with no value vector
-    const Ball x = add(Ball{DD{c.sink(h), 0}, 0}, -m);
-    if (!exp_applies(x)) return r;
-    z = add(z, exp(x));
+    const Ball xs = add(Ball{DD{c.sink(h), 0}, 0}, -m);
+    if (!exp_applies(xs)) return r;
+    z = add(z, exp(xs));
   }
   if (!(z.mid.hi > kDivMargin * z.rad)) return r;
   r.z = z;
@@ -212,18 +250,31 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (BallSums), over Z.
   r.out.resize(static_cast<std::size_t>(Dv));
   r.bound.resize(static_cast<std::size_t>(Dv));
-  r.vmin.assign(static_cast<std::size_t>(Dv), INFINITY);
-  r.vmax.assign(static_cast<std::size_t>(Dv), -INFINITY);
-  r.absmin.assign(static_cast<std::size_t>(Dv), INFINITY);
-  r.absmax.assign(static_cast<std::size_t>(Dv), 0);
   const auto nd = static_cast<std::size_t>(Dv);
   BallSums num(nd), mag_sum(nd);
-  std::vector<double> av(nd);
-  for (std::size_t a = 0; a < keys.size(); ++a) {
-    const double* v = V + keys[a] * Dv;
-    value_ranges(nd, v, av.data(), r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
-    num.add(e[a], v);
-    mag_sum.add(e[a], av.data());
+  if (keys.size() == static_cast<std::size_t>(Nk)) {  // every key: the ranges of prepare()
+    const auto o = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b * c.Hkv + g) * nd);
+    const auto nn = static_cast<std::ptrdiff_t>(nd);
+    r.vmin.assign(s.vmin.begin() + o, s.vmin.begin() + o + nn);
+    r.vmax.assign(s.vmax.begin() + o, s.vmax.begin() + o + nn);
+    r.absmin.assign(s.absmin.begin() + o, s.absmin.begin() + o + nn);
+    r.absmax.assign(s.absmax.begin() + o, s.absmax.begin() + o + nn);
+    for (std::size_t a = 0; a < keys.size(); ++a) {
+      num.add(e[a], V + keys[a] * Dv);
+      mag_sum.add_abs(e[a], V + keys[a] * Dv);
+    }
+  } else {
+    r.vmin.assign(nd, INFINITY);
+    r.vmax.assign(nd, -INFINITY);
+    r.absmin.assign(nd, INFINITY);
+    r.absmax.assign(nd, 0);
+    std::vector<double> av(nd);
+    for (std::size_t a = 0; a < keys.size(); ++a) {
+      const double* v = V + keys[a] * Dv;
+      value_ranges(nd, v, av.data(), r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
+      num.add(e[a], v);
+      mag_sum.add(e[a], av.data());
+    }
   }
   if (c.sinks)  // the weights sum to less than 1: the output is a combination of 0 and the values
     for (std::size_t ci = 0; ci < nd; ++ci) {

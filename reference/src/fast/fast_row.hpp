@@ -25,6 +25,12 @@ struct Setup {
   bool applies = false;
   std::string why_not;  // when it does not apply
   Ball scale;
+  // The keys of every (batch, kv head), transposed in blocks (simd.hpp): key_blocks blocks each.
+  std::vector<double> kt;
+  std::int64_t key_blocks = 0;
+  // Over all keys of each (batch, kv head), per value column: the range of the values and of
+  // their magnitudes ([B * Hkv * Dv] each), for rows that allow every key.
+  std::vector<double> vmin, vmax, absmin, absmax;
 };
 // Applies to kind sdpa without softcap, with every input (sinks too) of magnitude 0 or within
 // [kMinInput, kMaxInput], on a processor with fma.

@@ -1,0 +1,223 @@
+// The fast path's two hot loops in SIMD lanes (Highway, dispatched at run time): Dot2 over
+// blocks of keys and exp_dd over many arguments. Each lane performs exactly the operations of
+// the scalar code (dd.hpp, ball.hpp's dot2, exp_dd.cpp) in the same order, so every result is
+// bit-identical to it on every target; a target without a fused multiply-add runs the scalar
+// loops instead. Compiled with -ffp-contract=off.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "fast/simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "fast/dd.hpp"
+#include "fast/exp_dd.hpp"
+#include "fast/simd.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attnoracle::fast {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_NATIVE_FMA
+using D = hn::ScalableTag<double>;
+using V = hn::Vec<D>;
+
+struct VDD {
+  V hi, lo;
+};
+// The error-free transformations and double-double operations of dd.hpp, lane by lane.
+HWY_INLINE VDD two_sum(V a, V b) {
+  const V s = hn::Add(a, b);
+  const V bb = hn::Sub(s, a);
+  return {s, hn::Add(hn::Sub(a, hn::Sub(s, bb)), hn::Sub(b, bb))};
+}
+HWY_INLINE VDD fast_two_sum(V a, V b) {
+  const V s = hn::Add(a, b);
+  return {s, hn::Sub(b, hn::Sub(s, a))};
+}
+HWY_INLINE VDD two_prod(V a, V b) {
+  const V p = hn::Mul(a, b);
+  return {p, hn::MulAdd(a, b, hn::Neg(p))};  // fma(a, b, -p)
+}
+HWY_INLINE VDD add(VDD x, VDD y) {
+  const VDD s = two_sum(x.hi, y.hi);
+  const VDD t = two_sum(x.lo, y.lo);
+  const VDD v = fast_two_sum(s.hi, hn::Add(s.lo, t.hi));
+  return fast_two_sum(v.hi, hn::Add(t.lo, v.lo));
+}
+HWY_INLINE VDD mul(VDD x, V y) {
+  const VDD c = two_prod(x.hi, y);
+  return fast_two_sum(c.hi, hn::MulAdd(x.lo, y, c.lo));
+}
+HWY_INLINE VDD mul(VDD x, VDD y) {
+  const VDD c = two_prod(x.hi, y.hi);
+  const V tl0 = hn::Mul(x.lo, y.lo);
+  const V tl1 = hn::MulAdd(x.hi, y.lo, tl0);
+  const V cl2 = hn::MulAdd(x.lo, y.hi, tl1);
+  return fast_two_sum(c.hi, hn::Add(c.lo, cl2));
+}
+#endif
+
+void Dot2Blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                double* sl, double* sabs) {
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t n = hn::Lanes(d);
+  if (kKeyBlock % n == 0) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const double* k = kt + b * len * kKeyBlock;
+      for (std::size_t l = 0; l < kKeyBlock; l += n) {
+        V h = hn::Zero(d), lo = hn::Zero(d), a = hn::Zero(d);
+        for (std::int64_t e = 0; e < len; ++e) {
+          const VDD p = two_prod(hn::Set(d, q[e]), hn::LoadU(d, k + e * kKeyBlock + l));
+          const VDD t = two_sum(h, p.hi);
+          h = t.hi;
+          lo = hn::Add(lo, hn::Add(t.lo, p.lo));  // sl += t.lo + p.lo
+          a = hn::Add(a, hn::Abs(p.hi));
+        }
+        const std::size_t o = static_cast<std::size_t>(b) * kKeyBlock + l;
+        hn::StoreU(h, d, sh + o);
+        hn::StoreU(lo, d, sl + o);
+        hn::StoreU(a, d, sabs + o);
+      }
+    }
+    return;
+  }
+#endif
+  dot2_blocks_scalar(q, kt, len, blocks, sh, sl, sabs);
+}
+
+void ExpDDMany(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
+#if HWY_NATIVE_FMA
+  const D d;
+  const hn::RebindToSigned<D> di;
+  const std::size_t n = hn::Lanes(d);
+  const ExpConstants& K = exp_constants();
+  std::size_t i = 0;
+  for (; i + n <= count; i += n) {
+    const VDD x{hn::LoadU(d, xh + i), hn::LoadU(d, xl + i)};
+    const V k = hn::Round(hn::Mul(x.hi, hn::Set(d, 1.4426950408889634)));  // nearbyint
+    const VDD r = add(x, mul(VDD{hn::Set(d, K.ln2.hi), hn::Set(d, K.ln2.lo)}, hn::Neg(k)));
+    const V t_scale = hn::Set(d, std::ldexp(1.0, -10));  // scale2(r, -10): exact
+    const VDD t{hn::Mul(r.hi, t_scale), hn::Mul(r.lo, t_scale)};
+    VDD p{hn::Set(d, K.inv_fact[9].hi), hn::Set(d, K.inv_fact[9].lo)};
+    for (int j = 8; j >= 0; --j) {
+      const DD c = K.inv_fact[static_cast<unsigned>(j)];
+      p = add(mul(p, t), VDD{hn::Set(d, c.hi), hn::Set(d, c.lo)});
+    }
+    for (int s = 0; s < 10; ++s) p = mul(p, p);
+    // 2^k as a double (k in [-895, 12]: normal), so p 2^k is ldexp(p, k) correctly rounded.
+    const auto bits = hn::ShiftLeft<52>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 1023)));
+    const V two_k = hn::BitCast(d, bits);
+    hn::StoreU(hn::Mul(p.hi, two_k), d, rh + i);
+    hn::StoreU(hn::Mul(p.lo, two_k), d, rl + i);
+  }
+  for (; i < count; ++i) {
+    const DD e = exp_dd(DD{xh[i], xl[i]});
+    rh[i] = e.hi;
+    rl[i] = e.lo;
+  }
+#else
+  for (std::size_t i = 0; i < count; ++i) {
+    const DD e = exp_dd(DD{xh[i], xl[i]});
+    rh[i] = e.hi;
+    rl[i] = e.lo;
+  }
+#endif
+}
+
+void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute, double xh, double xl, double xr,
+                  double* HWY_RESTRICT hi, double* HWY_RESTRICT lo, double* HWY_RESTRICT errsum,
+                  double* HWY_RESTRICT radsum, double* HWY_RESTRICT ymax) {
+  std::size_t c = 0;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t n = hn::Lanes(d);
+  const V vxh = hn::Set(d, xh), vxl = hn::Set(d, xl), vxr = hn::Set(d, xr);
+  for (; c + n <= count; c += n) {
+    const V y0 = hn::LoadU(d, y + c), ay = hn::Abs(y0), yc = absolute ? ay : y0;
+    const VDD p = two_prod(vxh, yc);
+    const VDD t = two_sum(hn::LoadU(d, hi + c), p.hi);
+    hn::StoreU(t.hi, d, hi + c);
+    const V a = hn::Add(t.lo, p.lo), w = hn::MulAdd(vxl, yc, a), l = hn::Add(hn::LoadU(d, lo + c), w);
+    hn::StoreU(l, d, lo + c);
+    const V err = hn::Add(hn::Add(hn::Abs(a), hn::Abs(w)), hn::Abs(l));
+    hn::StoreU(hn::Add(hn::LoadU(d, errsum + c), err), d, errsum + c);
+    hn::StoreU(hn::Add(hn::LoadU(d, radsum + c), hn::Mul(vxr, ay)), d, radsum + c);
+    hn::StoreU(hn::Max(hn::LoadU(d, ymax + c), ay), d, ymax + c);
+  }
+#endif
+  ball_sum_lanes_scalar(c, count, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
+}
+
+const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attnoracle::fast
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attnoracle::fast {
+
+HWY_EXPORT(Dot2Blocks);
+HWY_EXPORT(ExpDDMany);
+HWY_EXPORT(TargetHere);
+HWY_EXPORT(BallSumLanes);
+
+void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                        double* sl, double* sabs) {
+  for (std::int64_t b = 0; b < blocks; ++b)
+    for (std::size_t l = 0; l < kKeyBlock; ++l) {
+      const double* k = kt + b * len * kKeyBlock + l;
+      double h = 0, lo = 0, a = 0;
+      for (std::int64_t e = 0; e < len; ++e) {  // ball.hpp's dot2, key l of block b
+        const DD p = two_prod(q[e], k[e * kKeyBlock]);
+        const DD t = fast::two_sum(h, p.hi);
+        h = t.hi;
+        lo += t.lo + p.lo;
+        a += std::fabs(p.hi);
+      }
+      const std::size_t o = static_cast<std::size_t>(b) * kKeyBlock + l;
+      sh[o] = h;
+      sl[o] = lo;
+      sabs[o] = a;
+    }
+}
+
+void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y, bool absolute, double xh,
+                           double xl, double xr, double* hi, double* lo, double* errsum, double* radsum,
+                           double* ymax) {
+  for (std::size_t c = from; c < count; ++c) {  // ball.hpp's BallSums, column c
+    const double yc = absolute ? std::fabs(y[c]) : y[c];
+    const DD p = two_prod(xh, yc);
+    const DD t = fast::two_sum(hi[c], p.hi);
+    hi[c] = t.hi;
+    const double a = t.lo + p.lo, w = std::fma(xl, yc, a), l = lo[c] + w;
+    lo[c] = l;
+    errsum[c] += (std::fabs(a) + std::fabs(w)) + std::fabs(l);
+    radsum[c] += xr * std::fabs(yc);
+    ymax[c] = std::max(ymax[c], std::fabs(yc));
+  }
+}
+
+void ball_sum_lanes(std::size_t count, const double* y, bool absolute, double xh, double xl, double xr,
+                    double* hi, double* lo, double* errsum, double* radsum, double* ymax) {
+  HWY_DYNAMIC_DISPATCH(BallSumLanes)(count, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
+}
+
+void dot2_blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                 double* sl, double* sabs) {
+  HWY_DYNAMIC_DISPATCH(Dot2Blocks)(q, kt, len, blocks, sh, sl, sabs);
+}
+
+void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
+  HWY_DYNAMIC_DISPATCH(ExpDDMany)(xh, xl, count, rh, rl);
+}
+
+const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetHere)(); }
+
+}  // namespace attnoracle::fast
+#endif

@@ -1,0 +1,38 @@
+// The fast path's hot loops in SIMD lanes, chosen at run time for the processor (simd.cpp);
+// every result is bit-identical to the scalar code's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attnoracle::fast {
+
+// Keys per block of a transposed key matrix: kt[(block * len + e) * kKeyBlock + l] holds
+// element e of key block * kKeyBlock + l (0 past the last key).
+inline constexpr std::size_t kKeyBlock = 8;
+
+// Dot2 of q[0, len) with every key of `blocks` consecutive blocks of kt: sh, sl and sabs
+// [blocks * kKeyBlock] receive, per key, the running sum, its compensation and sum |q_e k_e|
+// rounded, exactly as ball.hpp's dot2 forms them before its final two_sum.
+void dot2_blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                 double* sl, double* sabs);
+// The same in plain scalar code (the reference the SIMD lanes are tested against).
+void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                        double* sl, double* sabs);
+
+// exp_dd of count double-double arguments (xh[i], xl[i]), each in exp_dd's range.
+void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl);
+
+// One step of ball.hpp's BallSums: x y_c (x |y_c| if absolute) added to columns [0, count) of
+// its running sums.
+void ball_sum_lanes(std::size_t count, const double* y, bool absolute, double xh, double xl, double xr,
+                    double* hi, double* lo, double* errsum, double* radsum, double* ymax);
+// The same in scalar code, on columns [from, count).
+void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y, bool absolute, double xh,
+                           double xl, double xr, double* hi, double* lo, double* errsum, double* radsum,
+                           double* ymax);
+
+// The instruction set the dispatch chose (for example "AVX3", "AVX2", "EMU128").
+const char* simd_target();
+
+}  // namespace attnoracle::fast

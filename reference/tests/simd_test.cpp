@@ -1,0 +1,136 @@
+// The fast path's SIMD loops (fast/simd.cpp) against the scalar code they replace: every
+// instruction set Highway compiled and this processor runs must give the same bits, so that the
+// golden bytes do not depend on the machine.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fast/ball.hpp"
+#include "fast/exp_dd.hpp"
+#include "fast/simd.hpp"
+
+namespace attnoracle::testing {
+namespace {
+
+using fast::kKeyBlock;
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Runs f once under each instruction set this processor supports (then restores the default).
+template <class F>
+void for_each_target(F f) {
+  for (const std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(t);
+    SCOPED_TRACE(hwy::TargetName(t));
+    f(std::string(fast::simd_target()));
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// A double of magnitude 2^e, e drawn in [lo, hi], with a random significand and sign.
+rc::Gen<double> scaled(int lo, int hi) {
+  return rc::gen::map(rc::gen::tuple(rc::gen::inRange(lo, hi + 1), rc::gen::inRange<std::int64_t>(0, 1LL << 52),
+                                     rc::gen::arbitrary<bool>()),
+                      [](const std::tuple<int, std::int64_t, bool>& t) {
+                        const double m = 1 + static_cast<double>(std::get<1>(t)) * 0x1p-52;
+                        return (std::get<2>(t) ? -1 : 1) * std::ldexp(m, std::get<0>(t));
+                      });
+}
+
+TEST(Simd, EveryTargetIsTested) {
+  std::vector<std::string> names;
+  for_each_target([&](const std::string& name) { names.push_back(name); });
+  ASSERT_FALSE(names.empty());
+  std::string all;
+  for (const auto& n : names) all += n + " ";
+  std::printf("instruction sets tested: %s\n", all.c_str());
+}
+
+RC_GTEST_PROP(Simd, Dot2BlocksMatchesScalarDot2, ()) {
+  const auto len = *rc::gen::inRange<std::int64_t>(1, 140);
+  const auto blocks = *rc::gen::inRange<std::int64_t>(1, 4);
+  const int spread = *rc::gen::element(2, 60, 400);  // magnitudes 2^-spread .. 2^spread
+  const auto q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(len), scaled(-spread, spread));
+  const auto kt = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(len * blocks) * kKeyBlock,
+                                                           scaled(-spread, spread));
+  const std::size_t n = static_cast<std::size_t>(blocks) * kKeyBlock;
+  std::vector<double> h0(n), l0(n), a0(n);
+  fast::dot2_blocks_scalar(q.data(), kt.data(), len, blocks, h0.data(), l0.data(), a0.data());
+  // The block code is ball.hpp's dot2 on each key.
+  for (std::size_t o = 0; o < n; ++o) {
+    std::vector<double> k(static_cast<std::size_t>(len));
+    const std::size_t b = o / kKeyBlock, l = o % kKeyBlock;
+    for (std::int64_t e = 0; e < len; ++e) k[static_cast<std::size_t>(e)] = kt[(b * static_cast<std::size_t>(len) + static_cast<std::size_t>(e)) * kKeyBlock + l];
+    const fast::Ball want = fast::dot2(q.data(), k.data(), len);
+    const fast::Ball got = fast::dot2_ball(h0[o], l0[o], a0[o], fast::dot2_factor(len));
+    RC_ASSERT(same_bits(want.mid.hi, got.mid.hi) && same_bits(want.mid.lo, got.mid.lo) && same_bits(want.rad, got.rad));
+  }
+  for_each_target([&](const std::string& target) {
+    std::vector<double> h(n), l(n), a(n);
+    fast::dot2_blocks(q.data(), kt.data(), len, blocks, h.data(), l.data(), a.data());
+    for (std::size_t o = 0; o < n; ++o) {
+      if (!(same_bits(h[o], h0[o]) && same_bits(l[o], l0[o]) && same_bits(a[o], a0[o])))
+        RC_FAIL("dot2_blocks differs under " + target + " at key " + std::to_string(o));
+    }
+  });
+}
+
+RC_GTEST_PROP(Simd, ExpDDManyMatchesExpDD, ()) {
+  const auto count = *rc::gen::inRange<std::size_t>(1, 40);
+  std::vector<double> xh(count), xl(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    // Arguments across [kExpMin, kExpMax], with a low part below half an ulp of the high part.
+    xh[i] = fast::kExpMin + (fast::kExpMax - fast::kExpMin) * (*rc::gen::inRange(0, 1 << 30)) * 0x1p-30;
+    if (*rc::gen::element(0, 1, 2) == 0) xh[i] = std::nearbyint(xh[i] * 4) / 4;  // near k ln2 cuts too
+    xl[i] = std::ldexp(*rc::gen::inRange(-(1 << 20), 1 << 20) * 0x1p-20, std::ilogb(xh[i] == 0 ? 1 : xh[i]) - 54);
+  }
+  for_each_target([&](const std::string& target) {
+    std::vector<double> rh(count), rl(count);
+    fast::exp_dd_many(xh.data(), xl.data(), count, rh.data(), rl.data());
+    for (std::size_t i = 0; i < count; ++i) {
+      const fast::DD want = fast::exp_dd(fast::DD{xh[i], xl[i]});
+      if (!(same_bits(rh[i], want.hi) && same_bits(rl[i], want.lo)))
+        RC_FAIL("exp_dd_many differs under " + target + " at x = " + std::to_string(xh[i]));
+    }
+  });
+}
+
+RC_GTEST_PROP(Simd, BallSumLanesMatchScalar, ()) {
+  const auto cols = *rc::gen::inRange<std::size_t>(1, 70);
+  const auto keys = *rc::gen::inRange(1, 12);
+  const bool absolute = *rc::gen::arbitrary<bool>();
+  std::vector<std::vector<double>> y(static_cast<std::size_t>(keys));
+  std::vector<fast::Ball> x(static_cast<std::size_t>(keys));
+  for (int j = 0; j < keys; ++j) {
+    y[static_cast<std::size_t>(j)] = *rc::gen::container<std::vector<double>>(cols, scaled(-30, 30));
+    const double h = std::fabs(*scaled(-40, 0));
+    x[static_cast<std::size_t>(j)] = {fast::DD{h, h * *rc::gen::inRange(-1000, 1000) * 0x1p-63}, h * 0x1p-70};
+  }
+  std::vector<double> s0(cols * 5, 0.0);
+  for (int j = 0; j < keys; ++j) {
+    const auto& b = x[static_cast<std::size_t>(j)];
+    fast::ball_sum_lanes_scalar(0, cols, y[static_cast<std::size_t>(j)].data(), absolute, b.mid.hi, b.mid.lo, b.rad,
+                                s0.data(), s0.data() + cols, s0.data() + 2 * cols, s0.data() + 3 * cols,
+                                s0.data() + 4 * cols);
+  }
+  for_each_target([&](const std::string& target) {
+    std::vector<double> s(cols * 5, 0.0);
+    for (int j = 0; j < keys; ++j) {
+      const auto& b = x[static_cast<std::size_t>(j)];
+      fast::ball_sum_lanes(cols, y[static_cast<std::size_t>(j)].data(), absolute, b.mid.hi, b.mid.lo, b.rad,
+                           s.data(), s.data() + cols, s.data() + 2 * cols, s.data() + 3 * cols, s.data() + 4 * cols);
+    }
+    for (std::size_t i = 0; i < s.size(); ++i)
+      if (!same_bits(s[i], s0[i])) RC_FAIL("ball_sum_lanes differs under " + target + " at " + std::to_string(i));
+  });
+}
+
+}  // namespace
+}  // namespace attnoracle::testing
