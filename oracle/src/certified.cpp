@@ -101,8 +101,9 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
     auto v = check_row(c, b, h, i, r);
     if (!v.empty()) throw InvariantViolation(std::move(v));
   };
-  opt.row_check_fast = [&c](std::int64_t b, std::int64_t h, std::int64_t i, const RowIntervals& r) {
-    auto v = check_row_fast(c, b, h, i, r);
+  const KeyGroups groups = c.kind == Kind::Sdpa ? key_groups(c) : KeyGroups{};
+  opt.row_check_fast = [&c, &groups](std::int64_t b, std::int64_t h, std::int64_t i, const RowIntervals& r) {
+    auto v = check_row_fast(c, b, h, i, r, &groups);
     if (!v.empty()) throw InvariantViolation(std::move(v));
   };
   std::unique_ptr<GradientChecks> grads;

@@ -28,10 +28,58 @@ int compare(double x, double y) {
   if (y < x) return 1;
   return std::isnan(x) - std::isnan(y);
 }
+
+// For each position a of keys, the position of the first earlier key with an equal (key
+// vector, bias), or -1. The keys sorted by (key vector, bias) in lexicographic order, ties by
+// index: each run of equal ones starts at its first key.
+std::vector<std::int64_t> first_equal(const Case& c, const double* K, const std::vector<std::int64_t>& keys,
+                                      const std::vector<double>& bias) {
+  // -1, 0, 1 as (key vector, bias) of positions a and z compare (zeros of either sign equal)
+  auto order = [&](std::int64_t a, std::int64_t z) {
+    const double* ka = K + keys[static_cast<std::size_t>(a)] * c.Dk;
+    const double* kz = K + keys[static_cast<std::size_t>(z)] * c.Dk;
+    for (std::int64_t d = 0; d < c.Dk; ++d)
+      if (const int o = compare(ka[d], kz[d])) return o;
+    return compare(bias[static_cast<std::size_t>(a)], bias[static_cast<std::size_t>(z)]);
+  };
+  std::vector<std::int64_t> sorted(keys.size());
+  for (std::size_t a = 0; a < keys.size(); ++a) sorted[a] = static_cast<std::int64_t>(a);
+  // the first components side by side, so that most comparisons read no key row
+  std::vector<double> lead(keys.size(), 0.0);
+  if (c.Dk > 0)
+    for (std::size_t a = 0; a < keys.size(); ++a) lead[a] = K[keys[a] * c.Dk];
+  std::sort(sorted.begin(), sorted.end(), [&](std::int64_t a, std::int64_t z) {
+    int o = compare(lead[static_cast<std::size_t>(a)], lead[static_cast<std::size_t>(z)]);
+    if (o == 0) o = order(a, z);
+    return o != 0 ? o < 0 : a < z;
+  });
+  std::vector<std::int64_t> first(keys.size(), -1);
+  for (std::size_t k = 1, run = 0; k < sorted.size(); ++k) {
+    if (order(sorted[run], sorted[k]) != 0) {
+      run = k;
+      continue;
+    }
+    first[static_cast<std::size_t>(sorted[k])] = sorted[run];
+  }
+  return first;
+}
 }  // namespace
 
+KeyGroups key_groups(const Case& c) {
+  KeyGroups g;
+  if (c.bias) return g;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(c.Nk));
+  for (std::int64_t j = 0; j < c.Nk; ++j) all[static_cast<std::size_t>(j)] = j;
+  const std::vector<double> zero(all.size(), 0.0);
+  for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg) {
+    const auto f = first_equal(c, c.k.values.data() + bg * c.Nk * c.Dk, all, zero);
+    g.first.insert(g.first.end(), f.begin(), f.end());
+  }
+  return g;
+}
+
 std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
-                                      const RowIntervals& r) {
+                                      const RowIntervals& r, const KeyGroups* groups) {
   std::vector<Violation> out;
   auto add = [&](Invariant inv, std::int64_t j, std::int64_t col, std::string d) {
     out.push_back(Violation{inv, b, h, i, j, col, std::move(d)});
@@ -88,37 +136,16 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
           "output " + show(r.out_lo[col], r.out_hi[col]) + " lies outside the allowed values' range " +
               show(mn[col], mx[col]));
   }
-  // equal scores: identical key vectors and bias. The allowed keys sorted by (key vector, bias)
-  // in lexicographic order, ties by index: each run of equal ones starts at its first key.
+  // equal scores: identical key vectors and bias
   const double* K = c.k.values.data() + (b * c.Hkv + gk) * c.Nk * c.Dk;
-  std::vector<double> bias(keys.size());
-  for (std::size_t a = 0; a < keys.size(); ++a) bias[a] = c.bias_at(b, h, i, keys[a]);
-  // -1, 0, 1 as (key vector, bias) of positions a and z compare (zeros of either sign equal)
-  auto order = [&](std::int64_t a, std::int64_t z) {
-    const double* ka = K + keys[static_cast<std::size_t>(a)] * c.Dk;
-    const double* kz = K + keys[static_cast<std::size_t>(z)] * c.Dk;
-    for (std::int64_t d = 0; d < c.Dk; ++d)
-      if (const int o = compare(ka[d], kz[d])) return o;
-    return compare(bias[static_cast<std::size_t>(a)], bias[static_cast<std::size_t>(z)]);
-  };
-  std::vector<std::int64_t> sorted(keys.size());
-  for (std::size_t a = 0; a < keys.size(); ++a) sorted[a] = static_cast<std::int64_t>(a);
-  // the first components side by side, so that most comparisons read no key row
-  std::vector<double> lead(keys.size(), 0.0);
-  if (c.Dk > 0)
-    for (std::size_t a = 0; a < keys.size(); ++a) lead[a] = K[keys[a] * c.Dk];
-  std::sort(sorted.begin(), sorted.end(), [&](std::int64_t a, std::int64_t z) {
-    int o = compare(lead[static_cast<std::size_t>(a)], lead[static_cast<std::size_t>(z)]);
-    if (o == 0) o = order(a, z);
-    return o != 0 ? o < 0 : a < z;
-  });
-  std::vector<std::int64_t> first(keys.size(), -1);  // the first earlier equal key's position
-  for (std::size_t k = 1, run = 0; k < sorted.size(); ++k) {
-    if (order(sorted[run], sorted[k]) != 0) {
-      run = k;
-      continue;
-    }
-    first[static_cast<std::size_t>(sorted[k])] = sorted[run];
+  std::vector<std::int64_t> first;
+  if (groups && !groups->first.empty() && !c.bias && keys.size() == static_cast<std::size_t>(c.Nk)) {
+    const auto o = static_cast<std::ptrdiff_t>((b * c.Hkv + gk) * c.Nk);  // positions are keys here
+    first.assign(groups->first.begin() + o, groups->first.begin() + o + c.Nk);
+  } else {
+    std::vector<double> bias(keys.size());
+    for (std::size_t a = 0; a < keys.size(); ++a) bias[a] = c.bias_at(b, h, i, keys[a]);
+    first = first_equal(c, K, keys, bias);
   }
   for (std::size_t pz = 0; pz < keys.size(); ++pz) {
     if (first[pz] < 0) continue;

@@ -725,7 +725,6 @@ TEST(OracleFast, IntervalChecksCatchBrokenRows) {
   good.allowed = {1, 0, 1, 1, 1, 1};
   good.w_lo = {0.2, 0, 0.2, 0.2, 0.2, 0.2};
   good.w_hi = {0.2, 0, 0.2, 0.2, 0.2, 0.2};
-  good.dot_lo = good.dot_hi = std::vector<double>(6, 0.0);
   good.out_lo = {1.5, 1.5};
   good.out_hi = {1.5, 1.5};
   EXPECT_TRUE(check_row_fast(c, 0, 0, 0, good).empty()) << list(check_row_fast(c, 0, 0, 0, good));
@@ -755,12 +754,20 @@ TEST(OracleFast, EqualScoresPairEachKeyWithTheFirstEqualOne) {
   r.allowed = std::vector<char>(6, 1);
   r.w_lo = r.w_hi = {0.2, 0.1, 0.1, 0.1, 0.2, 0.3};
   r.w_lo[0] = r.w_lo[2] = r.w_lo[4] = 0.1;  // sums of 0.8 to 1.1: no RowSum violation
-  r.dot_lo = r.dot_hi = std::vector<double>(6, 0.0);
   r.out_lo = r.out_hi = {1.5, 1.5};
   std::vector<std::string> pairs;
   for (const auto& v : check_row_fast(c, 0, 0, 0, r))
     if (v.invariant == Invariant::EqualScores) pairs.push_back(v.detail.substr(0, v.detail.find(" (")));
   EXPECT_EQ(pairs, (std::vector<std::string>{"keys 1 and 5"})) << list(check_row_fast(c, 0, 0, 0, r));
+  // The groups computed once per head (a row allowing every key, no bias) pair them alike.
+  const KeyGroups g = key_groups(c);
+  ASSERT_EQ(g.first.size(), static_cast<std::size_t>(c.B * c.Hkv * c.Nk));
+  EXPECT_EQ(std::vector<std::int64_t>(g.first.begin(), g.first.begin() + 6),
+            (std::vector<std::int64_t>{-1, -1, -1, 1, -1, 1}));  // head (0, 0)
+  std::vector<std::string> grouped;
+  for (const auto& v : check_row_fast(c, 0, 0, 0, r, &g))
+    if (v.invariant == Invariant::EqualScores) grouped.push_back(v.detail.substr(0, v.detail.find(" (")));
+  EXPECT_EQ(grouped, pairs);
 }
 
 }  // namespace

@@ -135,17 +135,13 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
 RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
   RowIntervals r;
   r.allowed = fr.allowed;
-  for (auto* v : {&r.dot_lo, &r.dot_hi, &r.w_lo, &r.w_hi, &r.s_lo, &r.s_hi}) v->reserve(fr.weights.size());
+  r.w_lo.reserve(fr.weights.size());
+  r.w_hi.reserve(fr.weights.size());
   r.out_lo.reserve(fr.out.size());
   r.out_hi.reserve(fr.out.size());
   for (std::size_t j = 0; j < fr.weights.size(); ++j) {
-    r.dot_lo.push_back(round_down_dd(lower(fr.dots[j])));
-    r.dot_hi.push_back(round_up_dd(upper(fr.dots[j])));
     r.w_lo.push_back(round_down_dd(lower(fr.weights[j])));
     r.w_hi.push_back(round_up_dd(upper(fr.weights[j])));
-    const bool s = fr.allowed[j] != 0;
-    r.s_lo.push_back(s ? round_down_dd(lower(fr.scores[j])) : -INFINITY);
-    r.s_hi.push_back(s ? round_up_dd(upper(fr.scores[j])) : -INFINITY);
   }
   for (std::size_t e = 0; e < fr.out.size(); ++e) {
     r.out_lo.push_back(round_down_dd(lower(fr.out[e])));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace attnoracle::fast {
 namespace {
@@ -301,13 +302,26 @@ void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo, double clamp_hi) {
   }
 }
 
+namespace {
+// The next double above a finite x (nextafter(x, +inf) without the library call): the bit
+// pattern of a positive double grows with it, of a negative one shrinks.
+double next_up(double x) {
+  if (x == 0) return std::numeric_limits<double>::denorm_min();
+  std::uint64_t bits;
+  std::memcpy(&bits, &x, 8);
+  bits = x > 0 ? bits + 1 : bits - 1;
+  std::memcpy(&x, &bits, 8);
+  return x;
+}
+}  // namespace
+
 double round_up_dd(DD x) {
   const DD s = two_sum(x.hi, x.lo);
-  return s.lo > 0 ? std::nextafter(s.hi, INFINITY) : s.hi;
+  return s.lo > 0 ? next_up(s.hi) : s.hi;
 }
 double round_down_dd(DD x) {
   const DD s = two_sum(x.hi, x.lo);
-  return s.lo < 0 ? std::nextafter(s.hi, -INFINITY) : s.hi;
+  return s.lo < 0 ? -next_up(-s.hi) : s.hi;
 }
 
 }  // namespace attnoracle::fast

@@ -72,9 +72,18 @@ RowSourceFactory tiered_rows(mpfr_prec_t p = 128);
 std::vector<Violation> check_row(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                  const RowEnclosures& r);
 
-// The same checks on a fast-path row's F64 intervals (kind sdpa).
+// For a case without bias, per (batch, kv head) and key, the first key with an equal key vector
+// ([B * Hkv * Nk]; -1 where none comes earlier): what the equal-scores check needs of a row
+// that allows every key, computed once.
+struct KeyGroups {
+  std::vector<std::int64_t> first;
+};
+KeyGroups key_groups(const Case& c);
+
+// The same checks on a fast-path row's F64 intervals (kind sdpa). groups, when given, is
+// key_groups(c).
 std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
-                                      const RowIntervals& r);
+                                      const RowIntervals& r, const KeyGroups* groups = nullptr);
 
 // The metamorphic relations on one row unit: its evaluation is compared with evaluations of
 // twin cases (shifted bias, perturbed future keys, permuted keys, one head changed).

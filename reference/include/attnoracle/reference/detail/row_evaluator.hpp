@@ -11,12 +11,11 @@
 
 namespace attnoracle {
 
-// One sdpa row as the fast path encloses it, in F64 intervals rounded outward.
+// One sdpa row as the fast path encloses it, in F64 intervals rounded outward: what the
+// oracle's row checks read.
 struct RowIntervals {
   std::vector<char> allowed;           // [Nk]
-  std::vector<double> dot_lo, dot_hi;  // [Nk] q_i . k_j
   std::vector<double> w_lo, w_hi;      // [Nk] weights (exactly 0 where not allowed)
-  std::vector<double> s_lo, s_hi;      // [Nk] scores S (-inf where not allowed)
   std::vector<double> out_lo, out_hi;  // [Dv] before the intersection with the values' range
   double lse_lo = 0, lse_hi = 0;
 };
