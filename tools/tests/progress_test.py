@@ -121,9 +121,14 @@ class Progress(unittest.TestCase):
         self.assertRegex(err, LINE)
         n = str(core_cases()).encode()
         self.assertIn(b"verify: " + n + b"/" + n + b" cases", err)
-        self.assertIn(b" left", err)  # an estimate was given before the end
         # the line is erased before the summary, which stays
         self.assertTrue(err.rstrip().endswith(n + b" checked, 0 problems"), err[-200:])
+        # a run of seconds (the plain one can end before the first redraw, 100 ms in) gives an
+        # estimate before the end
+        status, err = on_terminal(["verify", SUITE, "--recompute", "--jobs", "2"])
+        self.assertEqual(status, 0, err)
+        self.assertIn(b" left", err)
+        self.assertTrue(err.rstrip().endswith(n + b" checked and recomputed, 0 problems"), err[-200:])
         status, err = in_pipe(["verify", SUITE])
         self.assertEqual(status, 0)
         self.assertNotIn(b"\r", err)
