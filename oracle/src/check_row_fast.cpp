@@ -67,6 +67,13 @@ std::vector<std::int64_t> first_equal(const Case& c, const double* K, const std:
 
 KeyGroups key_groups(const Case& c) {
   KeyGroups g;
+  const auto nv = static_cast<std::size_t>(c.Dv);
+  g.vmin.assign(static_cast<std::size_t>(c.B * c.Hkv) * nv, INFINITY);
+  g.vmax.assign(g.vmin.size(), -INFINITY);
+  for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg)
+    for (std::int64_t j = 0; j < c.Nk; ++j)
+      widen_range(nv, c.v.values.data() + (bg * c.Nk + j) * c.Dv, g.vmin.data() + bg * c.Dv,
+                  g.vmax.data() + bg * c.Dv);
   if (c.bias) return g;
   std::vector<std::int64_t> all(static_cast<std::size_t>(c.Nk));
   for (std::int64_t j = 0; j < c.Nk; ++j) all[static_cast<std::size_t>(j)] = j;
@@ -124,8 +131,15 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
   const std::int64_t gk = c.kv_head(h);
   const double* V = c.v.values.data() + (b * c.Hkv + gk) * c.Nk * c.Dv;
   const auto nv = static_cast<std::size_t>(c.Dv);
+  const bool full = keys.size() == static_cast<std::size_t>(c.Nk);  // every key allowed
   std::vector<double> mn(nv, INFINITY), mx(nv, -INFINITY);
-  for (auto j : keys) widen_range(nv, V + j * c.Dv, mn.data(), mx.data());
+  if (full && groups && !groups->vmin.empty()) {
+    const auto o = static_cast<std::ptrdiff_t>((b * c.Hkv + gk) * c.Dv);
+    std::copy_n(groups->vmin.begin() + o, nv, mn.begin());
+    std::copy_n(groups->vmax.begin() + o, nv, mx.begin());
+  } else {
+    for (auto j : keys) widen_range(nv, V + j * c.Dv, mn.data(), mx.data());
+  }
   for (std::size_t col = 0; col < nv; ++col) {
     if (c.sinks) {  // with a sink the output combines 0 and the allowed values
       mn[col] = std::min(mn[col], 0.0);
@@ -139,7 +153,7 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
   // equal scores: identical key vectors and bias
   const double* K = c.k.values.data() + (b * c.Hkv + gk) * c.Nk * c.Dk;
   std::vector<std::int64_t> first;
-  if (groups && !groups->first.empty() && !c.bias && keys.size() == static_cast<std::size_t>(c.Nk)) {
+  if (full && groups && !groups->first.empty() && !c.bias) {
     const auto o = static_cast<std::ptrdiff_t>((b * c.Hkv + gk) * c.Nk);  // positions are keys here
     first.assign(groups->first.begin() + o, groups->first.begin() + o + c.Nk);
   } else {

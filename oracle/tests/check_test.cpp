@@ -705,6 +705,40 @@ TEST(Oracle, InvariantNamesAreDistinct) {
   EXPECT_EQ(seen.size(), 14u);
 }
 
+// A row allowing every key reads its values' range from the groups (once per kv head): the
+// same range as the row's own reading, and the same verdicts at its ends and past them.
+TEST(OracleFast, ConvexHullOfAFullRowFromTheGroups) {
+  const Case c = sdpa();
+  const KeyGroups g = key_groups(c);
+  ASSERT_EQ(g.vmin.size(), static_cast<std::size_t>(c.B * c.Hkv * c.Dv));
+  for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg)
+    for (std::int64_t col = 0; col < c.Dv; ++col) {
+      double mn = INFINITY, mx = -INFINITY;
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        const double x = c.v.values[static_cast<std::size_t>((bg * c.Nk + j) * c.Dv + col)];
+        mn = std::min(mn, x), mx = std::max(mx, x);
+      }
+      EXPECT_EQ(g.vmin[static_cast<std::size_t>(bg * c.Dv + col)], mn);
+      EXPECT_EQ(g.vmax[static_cast<std::size_t>(bg * c.Dv + col)], mx);
+    }
+  RowIntervals r;
+  r.allowed = std::vector<char>(static_cast<std::size_t>(c.Nk), 1);
+  r.w_lo = r.w_hi = std::vector<double>(static_cast<std::size_t>(c.Nk), 1.0 / static_cast<double>(c.Nk));
+  r.w_lo[0] = 0, r.w_hi[0] = 1;  // sums enclosing 1 whatever Nk
+  r.out_lo = r.out_hi = std::vector<double>(g.vmax.begin(), g.vmax.begin() + c.Dv);  // at the top
+  auto hull = [&](const RowIntervals& x, const KeyGroups* groups) {
+    int n = 0;
+    for (const auto& v : check_row_fast(c, 0, 0, 0, x, groups)) n += v.invariant == Invariant::ConvexHull;
+    return n;
+  };
+  EXPECT_EQ(hull(r, &g), 0);
+  EXPECT_EQ(hull(r, nullptr), 0);
+  r.out_lo[1] = r.out_hi[1] = std::nextafter(g.vmax[1], INFINITY);
+  r.out_lo[0] = r.out_hi[0] = std::nextafter(g.vmin[0], -INFINITY);
+  EXPECT_EQ(hull(r, &g), 2);
+  EXPECT_EQ(hull(r, nullptr), 2);
+}
+
 }  // namespace
 }  // namespace attnoracle::testing
 

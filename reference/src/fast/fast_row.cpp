@@ -31,13 +31,11 @@ double round_double(double r, int p, int emin, int emax) {
   return std::fabs(y) >= std::ldexp(1.0, emax + 1) ? std::copysign(INFINITY, r) : y;
 }
 
-// The value row v's magnitudes into av and its range into the column ranges (independent
-// lanes: the loop vectorizes).
-void value_ranges(std::size_t nd, const double* __restrict v, double* __restrict av, double* __restrict vmin,
+// The value row v's range into the column ranges (independent lanes: the loop vectorizes).
+void value_ranges(std::size_t nd, const double* __restrict v, double* __restrict vmin,
                   double* __restrict vmax, double* __restrict absmin, double* __restrict absmax) {
   for (std::size_t ci = 0; ci < nd; ++ci) {
     const double x = v[ci], ax = std::fabs(x);
-    av[ci] = ax;
     vmin[ci] = std::min(vmin[ci], x);
     vmax[ci] = std::max(vmax[ci], x);
     absmin[ci] = std::min(absmin[ci], ax);
@@ -171,11 +169,10 @@ Setup prepare(const Case& c) {
   s.vmax.assign(nv, -INFINITY);
   s.absmin.assign(nv, INFINITY);
   s.absmax.assign(nv, 0);
-  std::vector<double> av(dv);
   for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg) {
     const std::size_t o = static_cast<std::size_t>(bg) * dv;
     for (std::int64_t j = 0; j < c.Nk; ++j)
-      value_ranges(dv, c.v.values.data() + (static_cast<std::size_t>(bg * c.Nk + j)) * dv, av.data(),
+      value_ranges(dv, c.v.values.data() + (static_cast<std::size_t>(bg * c.Nk + j)) * dv,
                    s.vmin.data() + o, s.vmax.data() + o, s.absmin.data() + o, s.absmax.data() + o);
   }
   return s;
@@ -246,7 +243,9 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   }
   if (!(z.mid.hi > kDivMargin * z.rad)) return r;
   r.z = z;
-  for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = div(e[a], z);
+  // e_j / Z as e_j times the ball of 1/Z: one division per row, not per key.
+  const Ball inv_z = div(Ball{DD{1, 0}, 0}, z);
+  for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = mul(e[a], inv_z);
 
   // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (BallSums), over Z.
   r.out.resize(static_cast<std::size_t>(Dv));
@@ -260,23 +259,15 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     r.vmax.assign(s.vmax.begin() + o, s.vmax.begin() + o + nn);
     r.absmin.assign(s.absmin.begin() + o, s.absmin.begin() + o + nn);
     r.absmax.assign(s.absmax.begin() + o, s.absmax.begin() + o + nn);
-    for (std::size_t a = 0; a < keys.size(); ++a) {
-      num.add(e[a], V + keys[a] * Dv);
-      mag_sum.add_abs(e[a], V + keys[a] * Dv);
-    }
   } else {
     r.vmin.assign(nd, INFINITY);
     r.vmax.assign(nd, -INFINITY);
     r.absmin.assign(nd, INFINITY);
     r.absmax.assign(nd, 0);
-    std::vector<double> av(nd);
-    for (std::size_t a = 0; a < keys.size(); ++a) {
-      const double* v = V + keys[a] * Dv;
-      value_ranges(nd, v, av.data(), r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
-      num.add(e[a], v);
-      mag_sum.add(e[a], av.data());
-    }
+    for (std::size_t a = 0; a < keys.size(); ++a)
+      value_ranges(nd, V + keys[a] * Dv, r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
   }
+  BallSums::add_rows(num, mag_sum, e.data(), keys.size(), V, keys.data(), nd);
   if (c.sinks)  // the weights sum to less than 1: the output is a combination of 0 and the values
     for (std::size_t ci = 0; ci < nd; ++ci) {
       r.vmin[ci] = std::min(r.vmin[ci], 0.0);

@@ -153,6 +153,56 @@ void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute
   ball_sum_lanes_scalar(c, count, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
 }
 
+#if HWY_NATIVE_FMA
+// One BallSums step of a column vector: x y added to (hi, lo, err) and rad, ymax.
+HWY_INLINE void ball_step(V xh, V xl, V yc, V& hi, V& lo, V& err) {
+  const VDD p = two_prod(xh, yc);
+  const VDD t = two_sum(hi, p.hi);
+  hi = t.hi;
+  const V a = hn::Add(t.lo, p.lo), w = hn::MulAdd(xl, yc, a), l = hn::Add(lo, w);
+  lo = l;
+  err = hn::Add(err, hn::Add(hn::Add(hn::Abs(a), hn::Abs(w)), hn::Abs(l)));
+}
+#endif
+
+void BallSumsRows(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const std::int64_t* HWY_RESTRICT rows,
+                  std::size_t stride, const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl,
+                  const double* HWY_RESTRICT xr, const SumColumns& s) {
+  std::size_t c = 0;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  constexpr std::size_t kRowBlock = 64;  // rows per pass: their values stay in the first-level cache
+  const std::size_t vec_end = cols / L * L;
+  for (std::size_t a0 = 0; a0 < n; a0 += kRowBlock) {
+    const std::size_t a1 = std::min(n, a0 + kRowBlock);
+    for (std::size_t col = 0; col < vec_end; col += L) {
+      V nh = hn::LoadU(d, s.num_hi + col), nl = hn::LoadU(d, s.num_lo + col), ne = hn::LoadU(d, s.num_err + col);
+      V mh = hn::LoadU(d, s.mag_hi + col), ml = hn::LoadU(d, s.mag_lo + col), me = hn::LoadU(d, s.mag_err + col);
+      V rad = hn::LoadU(d, s.radsum + col), ymax = hn::LoadU(d, s.ymax + col);
+      for (std::size_t a = a0; a < a1; ++a) {
+        const V y0 = hn::LoadU(d, y + static_cast<std::size_t>(rows[a]) * stride + col), ay = hn::Abs(y0);
+        const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
+        ball_step(vh, vl, y0, nh, nl, ne);
+        ball_step(vh, vl, ay, mh, ml, me);
+        rad = hn::Add(rad, hn::Mul(hn::Set(d, xr[a]), ay));
+        ymax = hn::Max(ymax, ay);
+      }
+      hn::StoreU(nh, d, s.num_hi + col);
+      hn::StoreU(nl, d, s.num_lo + col);
+      hn::StoreU(ne, d, s.num_err + col);
+      hn::StoreU(mh, d, s.mag_hi + col);
+      hn::StoreU(ml, d, s.mag_lo + col);
+      hn::StoreU(me, d, s.mag_err + col);
+      hn::StoreU(rad, d, s.radsum + col);
+      hn::StoreU(ymax, d, s.ymax + col);
+    }
+  }
+  c = vec_end;
+#endif
+  ball_sums_rows_scalar(c, cols, n, y, rows, stride, xh, xl, xr, s);
+}
+
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -166,6 +216,7 @@ HWY_EXPORT(Dot2Blocks);
 HWY_EXPORT(ExpDDMany);
 HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
+HWY_EXPORT(BallSumsRows);
 
 void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
                         double* sl, double* sabs) {
@@ -201,6 +252,36 @@ void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y,
     radsum[c] += xr * std::fabs(yc);
     ymax[c] = std::max(ymax[c], std::fabs(yc));
   }
+}
+
+void ball_sums_rows_scalar(std::size_t from, std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows,
+                           std::size_t stride, const double* xh, const double* xl, const double* xr,
+                           const SumColumns& s) {
+  for (std::size_t a = 0; a < n; ++a) {
+    const double* ya = y + static_cast<std::size_t>(rows[a]) * stride;
+    for (std::size_t c = from; c < cols; ++c) {  // ball.hpp's BallSums: the signed sums, then the magnitudes'
+      const double y0 = ya[c], ay = std::fabs(y0);
+      for (const bool absolute : {false, true}) {
+        const double yc = absolute ? ay : y0;
+        double& hi = absolute ? s.mag_hi[c] : s.num_hi[c];
+        double& lo = absolute ? s.mag_lo[c] : s.num_lo[c];
+        double& err = absolute ? s.mag_err[c] : s.num_err[c];
+        const DD p = two_prod(xh[a], yc);
+        const DD t = fast::two_sum(hi, p.hi);
+        hi = t.hi;
+        const double e = t.lo + p.lo, w = std::fma(xl[a], yc, e), l = lo + w;
+        lo = l;
+        err += (std::fabs(e) + std::fabs(w)) + std::fabs(l);
+      }
+      s.radsum[c] += xr[a] * ay;
+      s.ymax[c] = std::max(s.ymax[c], ay);
+    }
+  }
+}
+
+void ball_sums_rows(std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows, std::size_t stride,
+                    const double* xh, const double* xl, const double* xr, const SumColumns& s) {
+  HWY_DYNAMIC_DISPATCH(BallSumsRows)(cols, n, y, rows, stride, xh, xl, xr, s);
 }
 
 void ball_sum_lanes(std::size_t count, const double* y, bool absolute, double xh, double xl, double xr,

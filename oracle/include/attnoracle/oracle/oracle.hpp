@@ -72,11 +72,13 @@ RowSourceFactory tiered_rows(mpfr_prec_t p = 128);
 std::vector<Violation> check_row(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                  const RowEnclosures& r);
 
-// For a case without bias, per (batch, kv head) and key, the first key with an equal key vector
-// ([B * Hkv * Nk]; -1 where none comes earlier): what the equal-scores check needs of a row
-// that allows every key, computed once.
+// What the checks of a row that allows every key need, computed once per (batch, kv head):
+// for a case without bias, per key the first key with an equal key vector ([B * Hkv * Nk]; -1
+// where none comes earlier; empty with a bias), and the values' range per column
+// ([B * Hkv * Dv]).
 struct KeyGroups {
   std::vector<std::int64_t> first;
+  std::vector<double> vmin, vmax;
 };
 KeyGroups key_groups(const Case& c);
 
