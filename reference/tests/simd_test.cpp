@@ -83,7 +83,7 @@ RC_GTEST_PROP(Simd, Dot2BlocksMatchesScalarDot2, ()) {
 }
 
 RC_GTEST_PROP(Simd, ExpDDManyMatchesExpDD, ()) {
-  const auto count = *rc::gen::inRange<std::size_t>(1, 40);
+  const auto count = *rc::gen::inRange<std::size_t>(1, 80);
   std::vector<double> xh(count), xl(count);
   for (std::size_t i = 0; i < count; ++i) {
     // Arguments across [kExpMin, kExpMax], with a low part below half an ulp of the high part.

@@ -90,43 +90,56 @@ void Dot2Blocks(const double* q, const double* kt, std::int64_t len, std::int64_
   dot2_blocks_scalar(q, kt, len, blocks, sh, sl, sabs);
 }
 
-void ExpDDMany(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
 #if HWY_NATIVE_FMA
+// exp_dd of kInterleave vectors of arguments at xh, xl: each lane runs exp_dd.cpp's steps; the
+// vectors' chains are independent, so their latencies overlap.
+constexpr std::size_t kInterleave = 4;
+template <std::size_t K>
+HWY_INLINE void exp_vectors(const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl, double* HWY_RESTRICT rh,
+                            double* HWY_RESTRICT rl) {
   const D d;
   const hn::RebindToSigned<D> di;
   const std::size_t n = hn::Lanes(d);
-  const ExpConstants& K = exp_constants();
-  std::size_t i = 0;
-  for (; i + n <= count; i += n) {
-    const VDD x{hn::LoadU(d, xh + i), hn::LoadU(d, xl + i)};
-    const V k = hn::Round(hn::Mul(x.hi, hn::Set(d, 1.4426950408889634)));  // nearbyint
-    const VDD r = add(x, mul(VDD{hn::Set(d, K.ln2.hi), hn::Set(d, K.ln2.lo)}, hn::Neg(k)));
+  const ExpConstants& C = exp_constants();
+  VDD p[K], t[K];
+  V k[K];
+  for (std::size_t v = 0; v < K; ++v) {
+    const VDD x{hn::LoadU(d, xh + v * n), hn::LoadU(d, xl + v * n)};
+    k[v] = hn::Round(hn::Mul(x.hi, hn::Set(d, 1.4426950408889634)));  // nearbyint
+    const VDD r = add(x, mul(VDD{hn::Set(d, C.ln2.hi), hn::Set(d, C.ln2.lo)}, hn::Neg(k[v])));
     const V t_scale = hn::Set(d, std::ldexp(1.0, -10));  // scale2(r, -10): exact
-    const VDD t{hn::Mul(r.hi, t_scale), hn::Mul(r.lo, t_scale)};
-    VDD p{hn::Set(d, K.inv_fact[9].hi), hn::Set(d, K.inv_fact[9].lo)};
-    for (int j = 8; j >= 0; --j) {
-      const DD c = K.inv_fact[static_cast<unsigned>(j)];
-      p = add(mul(p, t), VDD{hn::Set(d, c.hi), hn::Set(d, c.lo)});
-    }
-    for (int s = 0; s < 10; ++s) p = mul(p, p);
-    // 2^k as a double (k in [-895, 12]: normal), so p 2^k is ldexp(p, k) correctly rounded.
-    const auto bits = hn::ShiftLeft<52>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 1023)));
-    const V two_k = hn::BitCast(d, bits);
-    hn::StoreU(hn::Mul(p.hi, two_k), d, rh + i);
-    hn::StoreU(hn::Mul(p.lo, two_k), d, rl + i);
+    t[v] = VDD{hn::Mul(r.hi, t_scale), hn::Mul(r.lo, t_scale)};
+    p[v] = VDD{hn::Set(d, C.inv_fact[9].hi), hn::Set(d, C.inv_fact[9].lo)};
   }
+  for (int j = 8; j >= 0; --j) {
+    const DD c = C.inv_fact[static_cast<unsigned>(j)];
+    const VDD cv{hn::Set(d, c.hi), hn::Set(d, c.lo)};
+    for (std::size_t v = 0; v < K; ++v) p[v] = add(mul(p[v], t[v]), cv);
+  }
+  for (int s = 0; s < 10; ++s)
+    for (std::size_t v = 0; v < K; ++v) p[v] = mul(p[v], p[v]);
+  for (std::size_t v = 0; v < K; ++v) {
+    // 2^k as a double (k in [-895, 12]: normal), so p 2^k is ldexp(p, k) correctly rounded.
+    const auto bits = hn::ShiftLeft<52>(hn::Add(hn::ConvertTo(di, k[v]), hn::Set(di, 1023)));
+    const V two_k = hn::BitCast(d, bits);
+    hn::StoreU(hn::Mul(p[v].hi, two_k), d, rh + v * n);
+    hn::StoreU(hn::Mul(p[v].lo, two_k), d, rl + v * n);
+  }
+}
+#endif
+
+void ExpDDMany(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
+  std::size_t i = 0;
+#if HWY_NATIVE_FMA
+  const std::size_t n = hn::Lanes(D());
+  for (; i + kInterleave * n <= count; i += kInterleave * n) exp_vectors<kInterleave>(xh + i, xl + i, rh + i, rl + i);
+  for (; i + n <= count; i += n) exp_vectors<1>(xh + i, xl + i, rh + i, rl + i);
+#endif
   for (; i < count; ++i) {
     const DD e = exp_dd(DD{xh[i], xl[i]});
     rh[i] = e.hi;
     rl[i] = e.lo;
   }
-#else
-  for (std::size_t i = 0; i < count; ++i) {
-    const DD e = exp_dd(DD{xh[i], xl[i]});
-    rh[i] = e.hi;
-    rl[i] = e.lo;
-  }
-#endif
 }
 
 void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute, double xh, double xl, double xr,
