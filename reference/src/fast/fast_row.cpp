@@ -105,7 +105,9 @@ Ball ball_of(mpfr_srcptr lo, mpfr_srcptr hi) {
       mpfr_abs(u, u, MPFR_RNDU);
       rad = std::max(rad, mpfr_get_d(u, MPFR_RNDU));
     }
-  b.rad = radius_up(rad);
+  // rad is 0 only when both ends equal mid exactly (a nonzero |x - mid| rounds up to nonzero):
+  // an exact ball, whose zero radius keeps products of radii out of the subnormal range.
+  b.rad = rad == 0 ? 0 : radius_up(rad);
   mpfr_clears(t, u, static_cast<mpfr_ptr>(nullptr));
   return b;
 }
