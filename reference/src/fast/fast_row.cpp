@@ -59,19 +59,6 @@ bool all_in_range(const std::vector<double>& v) {
   return bad == 0;
 }
 
-DD lower(const Ball& b) {
-  if (b.rad == 0) return b.mid;  // an exact ball (a masked key's weight)
-  // mid - rad, computed in double-double, then moved down by that subtraction's own error
-  // (kAddFP of a result at most |mid| + rad in size, within kEndRel: widen.g).
-  const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
-  return fast::add(b.mid, -s);
-}
-DD upper(const Ball& b) {
-  if (b.rad == 0) return b.mid;
-  const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
-  return fast::add(b.mid, s);
-}
-
 double round_dd(DD x, DType t) {
   const DD s = two_sum(x.hi, x.lo);
   if (t == DType::F64) return s.hi;  // one addition rounds the exact sum correctly
@@ -293,28 +280,6 @@ void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo, double clamp_hi) {
     lo = l;
     hi = u;
   }
-}
-
-namespace {
-// The next double above a finite x (nextafter(x, +inf) without the library call): the bit
-// pattern of a positive double grows with it, of a negative one shrinks.
-double next_up(double x) {
-  if (x == 0) return std::numeric_limits<double>::denorm_min();
-  std::uint64_t bits;
-  std::memcpy(&bits, &x, 8);
-  bits = x > 0 ? bits + 1 : bits - 1;
-  std::memcpy(&x, &bits, 8);
-  return x;
-}
-}  // namespace
-
-double round_up_dd(DD x) {
-  const DD s = two_sum(x.hi, x.lo);
-  return s.lo > 0 ? next_up(s.hi) : s.hi;
-}
-double round_down_dd(DD x) {
-  const DD s = two_sum(x.hi, x.lo);
-  return s.lo < 0 ? -next_up(-s.hi) : s.hi;
 }
 
 }  // namespace attnoracle::fast

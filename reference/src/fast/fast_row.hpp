@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,9 +18,20 @@
 
 namespace attnoracle::fast {
 
-// Lower and upper ends of a ball as double-doubles no further in than the exact ends.
-DD lower(const Ball& b);
-DD upper(const Ball& b);
+// Lower and upper ends of a ball as double-doubles no further in than the exact ends (inline:
+// the oracle's intervals take them for every key of every row).
+inline DD lower(const Ball& b) {
+  if (b.rad == 0) return b.mid;  // an exact ball (a masked key's weight)
+  // mid - rad, computed in double-double, then moved down by that subtraction's own error
+  // (kAddFP of a result at most |mid| + rad in size, within kEndRel: widen.g).
+  const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
+  return fast::add(b.mid, -s);
+}
+inline DD upper(const Ball& b) {
+  if (b.rad == 0) return b.mid;
+  const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
+  return fast::add(b.mid, s);
+}
 
 // What a case needs for the fast path, checked once.
 struct Setup {
@@ -62,9 +75,26 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
 // an empty intersection, a broken evaluation, keeps the ball's own ends).
 void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo = -INFINITY, double clamp_hi = INFINITY);
 
+// The next double above a finite x (nextafter(x, +inf) without the library call): the bit
+// pattern of a positive double grows with it, of a negative one shrinks.
+inline double next_up(double x) {
+  if (x == 0) return std::numeric_limits<double>::denorm_min();
+  std::uint64_t bits;
+  std::memcpy(&bits, &x, 8);
+  bits = x > 0 ? bits + 1 : bits - 1;
+  std::memcpy(&x, &bits, 8);
+  return x;
+}
+
 // The smallest F64 number >= x, and the largest <= x.
-double round_up_dd(DD x);
-double round_down_dd(DD x);
+inline double round_up_dd(DD x) {
+  const DD s = two_sum(x.hi, x.lo);
+  return s.lo > 0 ? next_up(s.hi) : s.hi;
+}
+inline double round_down_dd(DD x) {
+  const DD s = two_sum(x.hi, x.lo);
+  return s.lo < 0 ? -next_up(-s.hi) : s.hi;
+}
 
 // Rounding a double-double to nearest-even in an output format: F64 directly (one IEEE
 // addition of the two parts is the correctly rounded sum), the narrower formats through
