@@ -9,17 +9,22 @@ inputs and outputs, seeded normal data, `out` only) it times, alternating the co
 round (A B C D A B C D ...) so that machine noise spreads over all of them:
 
   - attnoracle eval --threads 1 and --threads 2 (the certified reference),
+  - attnoracle_floor --threads 1 and 2 (bench/floor.cpp: plain float64 attention in the same
+    SIMD kernels' shape, uncertified, the timing floor), where that binary was built,
   - bench/numpy_ref.py (the usual uncertified float64 NumPy reference),
   - bench/mpmath_ref.py (mpmath at 30 digits), only where its estimated time, extrapolated from
     the previous size (or a 32 x 32 calibration), fits in --mpmath-budget seconds,
 
-at N = 64, 256, 1024 with D = 64 (--sizes, -d), and with --large `attnoracle eval` alone at
-N = 4096, 8192 with D = 128 (--large-sizes, --large-d). Each command: wall time (median of the
-runs, measured around the process), peak resident memory (GNU time's %M), and for eval the rows
-decided by the fast path, by MPFR and those that fell back (parsed from eval's summary line on
-stderr). Then the rows falling back to MPFR on random data for each output dtype of
---fallback-dtypes (one eval each, several heads for resolution), and the issue-6 targets checked
-on what was measured. Markdown on stdout and in --output, with the command line that reproduces it.
+at N = 64, 256, 1024 with D = 64 (--sizes, -d), and with --large `attnoracle eval` and the floor
+at N = 4096, 8192 with D = 128 (--large-sizes, --large-d), then eval, the floor and NumPy at
+B = 1, H = 32, N = 4096, D = 128, BF16 inputs and outputs (--large-heads, --large-heads-n). Each command:
+wall time (median of the runs, measured around the process), peak resident memory (GNU time's
+%M), for eval the rows decided by the fast path, by MPFR and those that fell back (parsed from
+eval's summary line on stderr), for eval and the floor their evaluation time (from their
+summary lines), and the certified over the floor's times. Then the rows falling back to MPFR on
+random data for each output dtype of --fallback-dtypes (one eval each, several heads for
+resolution), and the targets checked on what was measured. Markdown on stdout and in --output,
+with the command line that reproduces it.
 """
 import argparse
 import datetime
@@ -108,6 +113,26 @@ def describe_rows(info):
     return f"all {rows} by MPFR (no fast path); {info.get('raised', '?')} raised"
 
 
+def parse_floor_summary(text):
+    """The floor's stdout line "CASE: R rows, evaluation X s, whole Y s on T threads, checksum S"
+    and, with --compare, "... max relative error E, max error / out.bound F": a dict of what
+    was found (rows, evaluation, whole, checksum, rel, vs_bound) and the raw line."""
+    info = {}
+    for line in text.splitlines():
+        m = re.search(r"(\d+) rows, evaluation ([\d.eE+-]+) s, whole ([\d.eE+-]+) s on \d+ threads?, checksum (\S+)",
+                      line)
+        if m:
+            info.update(line=line[m.start():], rows=int(m.group(1)), evaluation=float(m.group(2)),
+                        whole=float(m.group(3)), checksum=m.group(4))
+        m = re.search(r"max relative error (\S+?),? ", line + " ")
+        if m:
+            info["rel"] = float(m.group(1))
+        m = re.search(r"max error / out\.bound (\S+)", line)
+        if m:
+            info["vs_bound"] = float(m.group(1))
+    return info
+
+
 # ---------------------------------------------------------------------------------------------
 # running one command
 
@@ -115,16 +140,17 @@ class Failure(Exception):
     pass
 
 
-def run_once(argv, timeout, scratch):
-    """Runs argv under GNU time: (wall seconds, peak RSS bytes, stderr text).
-    Raises Failure on a non-zero exit or a timeout (the whole process group is killed)."""
+def run_once(argv, timeout, scratch, stdout=False):
+    """Runs argv under GNU time: (wall seconds, peak RSS bytes, stderr text; with stdout, the
+    stdout text after it). Raises Failure on a non-zero exit or a timeout (the whole process
+    group is killed)."""
     timefile = os.path.join(scratch, "time.txt")
     full = [TIME, "-f", "%e %M", "-o", timefile] + argv
     t0 = time.perf_counter()
-    proc = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(full, stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -136,7 +162,7 @@ def run_once(argv, timeout, scratch):
     with open(timefile) as f:
         last = f.read().strip().splitlines()[-1]
     _, kib = last.split()
-    return wall, int(kib) * 1024, err
+    return wall, int(kib) * 1024, (err + (out or "") if stdout else err)
 
 
 class Command:
@@ -192,6 +218,8 @@ def environment(args):
                 if line.startswith("CMAKE_BUILD_TYPE:"):
                     build_type = line.split("=", 1)[1].strip()
     lines.append(f"- attnoracle: `{args.attnoracle}` (CMake build type {build_type})")
+    lines.append(f"- floor: `{args.floor_path}` (plain float64, uncertified)" if args.floor_path
+                 else "- floor: not built (no attnoracle_floor beside the attnoracle binary)")
     import numpy
     blas_env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
                 if k in os.environ}
@@ -251,6 +279,18 @@ def write_results(case_path, out_path, names):
     return offset
 
 
+def shown_path(path):
+    """A path for the report: relative to the repository when inside it."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
+def info_median(c, key):
+    """The median of `key` over a command's parsed summary lines, or None."""
+    vals = [i[key] for i in (c.infos if c else []) if key in i]
+    return statistics.median(vals) if vals else None
+
+
 def fmt(x, digits=3):
     if x is None:
         return "–"
@@ -267,11 +307,18 @@ def main(argv=None):
                    help="the attnoracle binary (default $ATTNORACLE, else build/attnoracle)")
     p.add_argument("--sizes", default="64,256,1024", help="N of the comparison cases (default 64,256,1024)")
     p.add_argument("-d", type=int, default=64, help="D of the comparison cases (default 64)")
-    p.add_argument("--large", action="store_true", help="also eval alone at --large-sizes with --large-d")
+    p.add_argument("--floor",
+                   help="the floor binary (default BUILD/bench/attnoracle_floor beside --attnoracle's BUILD)")
+    p.add_argument("--large", action="store_true",
+                   help="also eval and the floor at --large-sizes with --large-d, and the 32-head case")
     p.add_argument("--large-sizes", default="4096,8192", help="default 4096,8192")
     p.add_argument("--large-d", type=int, default=128, help="default 128")
     p.add_argument("-k", "--reps", type=int, default=3, help="runs per command (the median is reported; default 3)")
     p.add_argument("--large-reps", type=int, help="runs per command at the large sizes (default --reps)")
+    p.add_argument("--large-heads", type=int, default=32,
+                   help="heads of --large's many-head case (B = 1, N = --large-heads-n, D = --large-d, BF16 "
+                        "inputs and outputs; eval, the floor and NumPy); 0 to skip (default 32)")
+    p.add_argument("--large-heads-n", type=int, default=4096, help="N of the many-head case (default 4096)")
     p.add_argument("--threads", default="1,2", help="eval thread counts (default 1,2)")
     p.add_argument("--mpmath-budget", type=float, default=300,
                    help="seconds one mpmath run may take (estimated beforehand); beyond, skipped (default 300)")
@@ -302,6 +349,8 @@ def main(argv=None):
         p.error(f"{TIME} is missing (Debian package time)")
     if args.reps < 1:
         p.error("--reps must be at least 1")
+    if args.large_heads < 0 or args.large_heads_n < 1:
+        p.error("--large-heads must be at least 0 and --large-heads-n at least 1")
     threads = parse_list(args.threads)
     sizes = sorted(parse_list(args.sizes))
     large = sorted(parse_list(args.large_sizes)) if args.large else []
@@ -312,6 +361,14 @@ def main(argv=None):
             have_mpmath = True
         else:
             print("compare: mpmath is not installed (Debian python3-mpmath): mpmath skipped", file=sys.stderr)
+    default_floor = os.path.join(os.path.dirname(os.path.abspath(args.attnoracle)), "bench", "attnoracle_floor")
+    floor = args.floor or default_floor
+    if not os.access(floor, os.X_OK):
+        if args.floor:
+            p.error(f"{floor}: no attnoracle_floor binary")
+        print(f"compare: {floor} is missing: the floor is not measured", file=sys.stderr)
+        floor = None
+    args.floor_path = floor
     eval_help = subprocess.run([args.attnoracle, "eval", "--help"], capture_output=True, text=True).stdout
     has_no_fast = "--no-fast-path" in eval_help
 
@@ -339,6 +396,10 @@ def main(argv=None):
     t_start = time.perf_counter()
 
     notes = []
+    if not floor:
+        notes.append(f"the floor (`{shown_path(default_floor)}`) is missing: build it with "
+                     "`cmake --build BUILD --target attnoracle_floor` (ATTNORACLE_BENCHMARKS on), "
+                     "or pass --floor; its figures and target are not measured")
     if args.mpfr_only and not has_no_fast:
         notes.append("--mpfr-only ignored: this attnoracle eval has no --no-fast-path")
     mp_cost = None  # seconds per unit of work Nq * Nk * (Dk + Dv), from the last mpmath run
@@ -349,16 +410,21 @@ def main(argv=None):
     def eval_cmd(t, extra=()):
         return lambda case, out: [args.attnoracle, "eval", case, "-o", out, "--threads", str(t), *extra]
 
-    def measure_size(n, d, with_refs, reps, decode=False):
+    def measure_size(n, d, with_refs, reps, decode=False, heads=None):
         """Builds the case, runs the commands alternately, returns (case bytes, [Command]).
         decode: the decode shape instead (B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048,
-        D = 128, BF16 inputs and outputs), with NumPy but no mpmath."""
+        D = 128, BF16 inputs and outputs), with NumPy but no mpmath. heads: that many heads,
+        BF16 inputs and outputs, no mpmath either. The floor runs at every size."""
         nonlocal mp_cost
-        tag = "decode" if decode else f"{n}x{n} D={d}"
+        tag = "decode" if decode else f"{n}x{n} D={d}" + (f" H={heads}" if heads else "")
         if decode:
             case = os.path.join(workdir, "decode.safetensors")
             case_bytes = make_case.make_case(case, 8, 128, heads=32, kv_heads=8, nk=2048, seed=args.seed,
                                              input_dtype="BF16", output_dtype="BF16")
+        elif heads:
+            case = os.path.join(workdir, f"sdpa-H{heads}-{n}x{n}-D{d}-bf16.safetensors")
+            case_bytes = make_case.make_case(case, n, d, heads=heads, seed=args.seed, input_dtype="BF16",
+                                             output_dtype="BF16")
         else:
             case = os.path.join(workdir, f"sdpa-{n}x{n}-D{d}.safetensors")
             case_bytes = make_case.make_case(case, n, d, seed=args.seed)
@@ -368,9 +434,12 @@ def main(argv=None):
             t = max(threads)
             cmds.append(Command(f"attnoracle eval --no-fast-path, {t} thread{'s' if t > 1 else ''}",
                                 "eval-mpfr", eval_cmd(t, ["--no-fast-path"]), t))
+        if floor:
+            cmds += [Command(f"floor (fp64, uncertified), {t} thread{'s' if t > 1 else ''}", "floor",
+                             lambda c, o, t=t: [floor, c, "--threads", str(t)], t) for t in threads]
         if with_refs:
             cmds.append(Command("numpy_ref.py (float64)", "numpy", lambda c, o: [py, numpy_ref, c, "-o", o]))
-            if have_mpmath and not decode:
+            if have_mpmath and not decode and not heads:
                 mp = Command("mpmath_ref.py (30 digits)", "mpmath", lambda c, o: [py, mpmath_ref, c, "-o", o])
                 if mp_cost is None:  # calibrate on a 32 x 32 case
                     cal = os.path.join(workdir, f"calibration-32x32-D{d}.safetensors")
@@ -404,18 +473,18 @@ def main(argv=None):
                 if c.kind == "mpmath":
                     timeout = min(args.timeout, max(60.0, 3 * c.estimate))
                 try:
-                    wall, peak, err = run_once(c.argv_for(case, out), timeout, workdir)
+                    wall, peak, err = run_once(c.argv_for(case, out), timeout, workdir, stdout=c.kind == "floor")
                 except Failure as e:
                     c.failed = str(e)
                     log(f"{tag} {c.label}: FAILED {e}")
                     continue
                 c.walls.append(wall)
                 c.peaks.append(peak)
-                if c.kind.startswith("eval"):
-                    info = parse_eval_summary(err)
+                if c.kind.startswith("eval") or c.kind == "floor":
+                    info = parse_eval_summary(err) if c.kind != "floor" else parse_floor_summary(err)
                     c.infos.append(info)
                 log(f"{tag} {c.label} run {r + 1}: {wall:.3f} s, {peak / MIB:.1f} MiB"
-                    + (f"; {info['line']}" if c.kind.startswith("eval") else ""))
+                    + (f"; {info.get('line', '')}" if c.kind.startswith("eval") or c.kind == "floor" else ""))
                 if c.last_output and c.last_output != out and os.path.exists(c.last_output):
                     os.remove(c.last_output)
                 c.last_output = out
@@ -484,6 +553,30 @@ def main(argv=None):
                 log(f"check ({label}) run {r + 1}: {wall:.3f} s, {result_bytes / wall / 1e6:.0f} MB/s")
         return [(label, result_bytes, cmd) for label, result_bytes, cmd, _ in measured]
 
+    def floor_agreement(case, golden, cmds, agree):
+        """One untimed floor run with --compare on eval's golden output: agree[label] = the
+        floor's max error over out.bound (and relative), for every floor command."""
+        if not floor or not golden or not os.path.exists(golden):
+            return
+        try:
+            _, _, text = run_once([floor, case, "--threads", str(max(threads)), "--compare", golden], args.timeout,
+                                  workdir, stdout=True)
+        except Failure as e:
+            log(f"floor --compare: FAILED {e}")
+            return
+        info = parse_floor_summary(text)
+        for c in cmds:
+            if c.kind == "floor":
+                agree[c.label] = info
+
+    def golden_cell(value):
+        """The `out = golden` cell: (equal, total) of eval's agreement, or the floor's errors."""
+        if isinstance(value, dict):
+            if "vs_bound" in value:
+                return f"max err / out.bound {value['vs_bound']:.2g}"
+            return f"max rel. err {value['rel']:.2g}" if "rel" in value else "?"
+        return f"{value[0]}/{value[1]}"
+
     results = []   # (n, d, case_bytes, cmds, agreement dict)
     try:
         for n in sizes:
@@ -494,6 +587,7 @@ def main(argv=None):
                 for c in cmds:
                     if c.kind in ("numpy", "mpmath", "eval-mpfr") and c.last_output:
                         agree[c.label] = agreement(golden, c.last_output)
+            floor_agreement(case, golden, cmds, agree)
             results.append((n, args.d, case_bytes, cmds, agree))
             for c in cmds:
                 if c.last_output and os.path.exists(c.last_output):
@@ -505,6 +599,7 @@ def main(argv=None):
             golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
             agree = {c.label: agreement(golden, c.last_output) for c in cmds
                      if golden and c.kind == "numpy" and c.last_output}
+            floor_agreement(case, golden, cmds, agree)
             decode = (case_bytes, cmds, agree)
             for c in cmds:
                 if c.last_output and os.path.exists(c.last_output):
@@ -512,7 +607,23 @@ def main(argv=None):
             os.remove(case)
         for n in large:
             case, case_bytes, cmds = measure_size(n, args.large_d, False, args.large_reps or args.reps)
-            results.append((n, args.large_d, case_bytes, cmds, {}))
+            agree = {}
+            floor_agreement(case, next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None),
+                            cmds, agree)
+            results.append((n, args.large_d, case_bytes, cmds, agree))
+            for c in cmds:
+                if c.last_output and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+            os.remove(case)
+        heads = None  # (case bytes, cmds, agreement): B = 1, H = 32, N = 4096, D = 128, BF16
+        if args.large and args.large_heads > 0:
+            case, case_bytes, cmds = measure_size(args.large_heads_n, args.large_d, True, args.large_reps or args.reps,
+                                                  heads=args.large_heads)
+            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
+            agree = {c.label: agreement(golden, c.last_output) for c in cmds
+                     if golden and c.kind == "numpy" and c.last_output}
+            floor_agreement(case, golden, cmds, agree)
+            heads = (case_bytes, cmds, agree)
             for c in cmds:
                 if c.last_output and os.path.exists(c.last_output):
                     os.remove(c.last_output)
@@ -576,6 +687,7 @@ def main(argv=None):
                                          and c.walls), None)
         npy, mpm = get("numpy"), get("mpmath")
         e1 = get("eval", min(threads)) if threads else None
+        f1 = get("floor", min(threads)) if threads else None
         by_size[(n, d)] = (case_bytes, cmds)
         size = f"{n}x{n}, D={d} ({case_bytes / MIB:.2f} MiB case)"
         for c in cmds:
@@ -587,32 +699,32 @@ def main(argv=None):
             vs_np = fmt(med / npy.median()) + "x" if npy else "–"
             vs_mp = fmt(mpm.median() / med) + "x" if (mpm and c.kind.startswith("eval")) else "–"
             speed = "–"
-            if c.kind == "eval" and e1 and c.threads != e1.threads:
-                speed = f"{e1.median() / med:.2f}x"
-            rows = describe_rows(c.infos[-1]) if c.infos else "–"
-            if c.label in agree:
-                eq, tot = agree[c.label]
-                same = f"{eq}/{tot}"
-            else:
-                same = "–"
+            one = {"eval": e1, "floor": f1}.get(c.kind)
+            if one and c.threads != one.threads:
+                speed = f"{one.median() / med:.2f}x"
+            rows = describe_rows(c.infos[-1]) if c.infos and c.kind.startswith("eval") else "–"
+            same = golden_cell(agree[c.label]) if c.label in agree else "–"
             runs = str(len(c.walls)) + (f" ({c.note})" if c.note else "") + (f" ({c.failed})" if c.failed else "")
             md.append(f"| {size} | {c.label} | {runs} | {fmt(med, 4)} | {c.peak() / MIB:.1f} | {vs_np} | {vs_mp} "
                       f"| {speed} | {rows} | {same} |")
     md.append("")
     md.append("`vs NumPy`: this command's median wall time over numpy_ref.py's. `mpmath / this`: mpmath_ref.py's "
-              "median over this command's. `2 vs 1 thread`: eval's 1-thread median over this one's. "
+              "median over this command's. `2 vs 1 thread`: eval's (the floor's) 1-thread median over "
+              "this one's. "
               "`rows by MPFR`: from eval's summary line (fast path: the rows that fell back). "
-              "`out = golden`: elements of the command's `out` equal to the golden `out` of eval (with the fast path).")
+              "`out = golden`: elements of the command's `out` equal to the golden `out` of eval (with the fast path); "
+              "for the floor, which writes no file, its largest error against eval's `out.ref` over `out.bound` "
+              "(one more run with --compare, not timed).")
 
-    if decode:
-        case_bytes, cmds, agree = decode
+    def shape_table(title, shape):
+        case_bytes, cmds, agree = shape
         npy = next((c for c in cmds if c.kind == "numpy" and c.walls), None)
         md.append("")
-        md.append(f"## Decode shape: B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048, D = 128, BF16 inputs "
-                  f"and outputs ({case_bytes / MIB:.2f} MiB case)")
+        md.append(f"## {title} ({case_bytes / MIB:.2f} MiB case)")
         md.append("")
         md.append("eval's parts are the medians of what its summary line gives (evaluation, the oracle's twin "
-                  "checks); `whole / evaluation` is the median wall time over the median evaluation time.")
+                  "checks), the floor's its evaluation; `whole / evaluation` is the median wall time over the "
+                  "median evaluation time.")
         md.append("")
         md.append("| command | runs | median wall s | peak MiB | vs NumPy | evaluation s | oracle s "
                   "| whole / evaluation | out = golden |")
@@ -625,10 +737,53 @@ def main(argv=None):
             part = lambda key: statistics.median([i[key] for i in c.infos if key in i]) if any(  # noqa: E731
                 key in i for i in c.infos) else None
             ev, orc = part("evaluation"), part("oracle")
-            eq = f"{agree[c.label][0]}/{agree[c.label][1]}" if c.label in agree else "–"
+            eq = golden_cell(agree[c.label]) if c.label in agree else "–"
             md.append(f"| {c.label} | {len(c.walls)} | {fmt(med, 4)} | {c.peak() / MIB:.1f} "
                       f"| {fmt(med / npy.median()) + 'x' if npy else '–'} | {fmt(ev, 4) if ev else '–'} "
                       f"| {fmt(orc, 4) if orc is not None else '–'} | {fmt(med / ev) + 'x' if ev else '–'} | {eq} |")
+
+    if decode:
+        shape_table("Decode shape: B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048, D = 128, BF16 inputs and outputs",
+                    decode)
+    if heads:
+        shape_table(f"Many heads (--large): B = 1, H = {args.large_heads}, Nq = Nk = {args.large_heads_n}, "
+                    f"D = {args.large_d}, BF16 inputs and outputs", heads)
+
+    # ---- the floor ----
+    def cmd_of(cmds, kind, t):
+        return next((c for c in cmds if c.kind == kind and c.threads == t and c.walls), None)
+
+    if floor:
+        sets = [(f"{n}x{n}, D={d}", cmds) for n, d, _, cmds, _ in results]
+        if decode:
+            sets.append(("decode shape", decode[1]))
+        if heads:
+            sets.append((f"H = {args.large_heads}, {args.large_heads_n}x{args.large_heads_n}, D={args.large_d}, "
+                         "BF16", heads[1]))
+        md.append("")
+        md.append("## The floor: uncertified fp64 SIMD evaluation by the same kernels")
+        md.append("")
+        md.append(f"`{shown_path(floor)}` (bench/floor.cpp): plain float64 attention with the fast path's layout "
+                  "and SIMD lanes (keys in blocks of 8, MulAdd dots, exp, P V with the columns in lanes), nothing "
+                  "certified. Whole: median wall time around the process; evaluation: the median of the evaluation "
+                  "time each prints (eval: the evaluation part of its summary line, without reading, the oracle's "
+                  "twins and writing, in milliseconds; the floor: after reading, the key transposition "
+                  "included).")
+        md.append("")
+        md.append("| size | threads | floor whole s | floor evaluation s | eval whole s | eval evaluation s "
+                  "| certified / floor, evaluation | certified / floor, whole |")
+        md.append("|---|---|---|---|---|---|---|---|")
+        for label, cmds in sets:
+            for t in threads:
+                f, e = cmd_of(cmds, "floor", t), cmd_of(cmds, "eval", t)
+                if not f and not e:
+                    continue
+                fw, fe = (f.median(), info_median(f, "evaluation")) if f else (None, None)
+                ew, ee = (e.median(), info_median(e, "evaluation")) if e else (None, None)
+                r_ev = fmt(ee / fe) + "x" if ee and fe else "–"
+                r_wh = fmt(ew / fw) + "x" if ew and fw else "–"
+                md.append(f"| {label} | {t} | {fmt(fw, 4)} | {fmt(fe, 3)} | {fmt(ew, 4)} | {fmt(ee, 3)} "
+                          f"| {r_ev} | {r_wh} |")
 
     if fallback:
         md.append("")
@@ -807,6 +962,21 @@ def main(argv=None):
                   "; ".join(f"{label} {rate:.0f} MB/s ({verdict(rate >= 1000)})" for label, rate in rates))
     else:
         md.append("- `check` at least 1 GB/s of results on one core: not measured (--check-n 0)")
+    # ---- the floor's target ----
+    md.append("")
+    md.append("## Target against the floor, on this run")
+    md.append("")
+    parts = []
+    for t in threads:
+        e, f = eval_at(1024, 64, t), cmd_of(by_size.get((1024, 64), (None, []))[1], "floor", t)
+        ev, fv = info_median(e, "evaluation"), info_median(f, "evaluation")
+        if ev and fv:
+            r = ev / fv
+            parts.append(f"{t} thread{'s' if t > 1 else ''}: {ev:.3f} s vs the floor's {fv:.4f} s, {r:.1f}x "
+                         f"({verdict(r <= 3)})")
+    md.append("- Certified evaluation at most 3x the uncertified fp64 evaluation by the same kernels "
+              "(1024x1024, D = 64, F32; the evaluation times of eval's and the floor's summary lines): "
+              + ("; ".join(parts) if parts else "not measured (needs 1024 in --sizes and the floor)"))
     if notes:
         md.append("")
         md.append("Notes: " + "; ".join(notes) + ".")
