@@ -1,4 +1,4 @@
-# The radius formulas of ball.hpp and fast_row.cpp: every radius is computed in binary64 (rounding to
+# The radius formulas of ball.hpp and fast_row.hpp: every radius is computed in binary64 (rounding to
 # nearest) from nonnegative numbers by at most N = 15 roundings (additions, multiplications,
 # divisions; the only subtraction, div's denominator, is bounded by ball.g), then passed
 # through radius_up(r) = RN(RN(r (1 + kRadiusSlack)) + kRadiusFloor). docs/PROOFS.md lists each
@@ -38,7 +38,7 @@
 # code: ball.hpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
 # code: ball.hpp: return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
 # code: ball.hpp: return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + kU * errsum_[c]) * (1 + 2 * gk))};
-# code: fast_row.cpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
+# code: fast_row.hpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
 #@-Eprecision=300
 v = 1 - 0x1p-53;
 v17 = v * v * v * v * v * v * v * v * v * v * v * v * v * v * v * v * v;

@@ -1,4 +1,4 @@
-# The final widening of a ball into an interval (fast_row.cpp lower() / upper()):
+# The final widening of a ball into an interval (fast_row.hpp lower() / upper()):
 #   s = radius_up(rad + kEndRel * (mag(mid) + rad)); lower = add(mid, -s), upper = add(mid, s),
 # add being DWPlusFP, relative error at most kAddFP (published, see docs/PROOFS.md).
 # Claim: lower <= mid - rad and upper >= mid + rad (so [lower, upper] holds the exact value).
@@ -11,9 +11,9 @@
 # (rad = 0 returns mid itself; M + rad = 0 is that case.)
 # The goals are proven with the header's kAddFP (they fail for kAddFP = 2^-102).
 # covers: kEndRel * (1 - kAddFP) >= 2 * kAddFP
-# code: fast_row.cpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
-# code: fast_row.cpp: return fast::add(b.mid, -s);
-# code: fast_row.cpp: return fast::add(b.mid, s);
+# code: fast_row.hpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
+# code: fast_row.hpp: return fast::add(b.mid, -s);
+# code: fast_row.hpp: return fast::add(b.mid, s);
 #@-Eprecision=200
 M = 1 - rho;
 mid = M * mu;
