@@ -32,10 +32,12 @@
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
+#include "fast/simd.hpp"  // the transposed keys' layout (kKeyBlock, transpose_keys)
+
 #ifndef ATTNORACLE_FLOOR_CONSTANTS
 #define ATTNORACLE_FLOOR_CONSTANTS  // once, not per target
 namespace attnfloor {
-inline constexpr std::size_t kKeyBlock = 8;  // keys per block of the transposed keys
+using attnoracle::fast::kKeyBlock;
 }
 #endif
 
@@ -195,25 +197,11 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
   std::exit(2);
 }
 
-// Keys of every (b, kv head) transposed into blocks: kt[((bg * blocks + block) * Dk + e) * 8 + l].
-std::vector<double> transpose_keys(const Case& c, std::int64_t blocks, int threads) {
-  const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  std::vector<double> kt(static_cast<std::size_t>(c.B * c.Hkv * blocks * c.Dk * kb), 0.0);
-  parallel_for(static_cast<std::size_t>(c.B * c.Hkv), threads, [&](std::size_t u) {
-    const auto bg = static_cast<std::int64_t>(u);
-    for (std::int64_t j = 0; j < c.Nk; ++j)
-      for (std::int64_t e = 0; e < c.Dk; ++e)
-        kt[static_cast<std::size_t>(((bg * blocks + j / kb) * c.Dk + e) * kb + j % kb)] =
-            c.k.values[static_cast<std::size_t>((bg * c.Nk + j) * c.Dk + e)];
-  });
-  return kt;
-}
-
 std::vector<double> evaluate(const Case& c, int threads) {
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  const std::int64_t blocks = (c.Nk + kb - 1) / kb, Dk = c.Dk;
+  const std::int64_t blocks = attnoracle::fast::key_blocks(c.Nk), Dk = c.Dk;
   const auto Dv = static_cast<std::size_t>(c.Dv);
-  const std::vector<double> kt = transpose_keys(c, blocks, threads);
+  const std::vector<double> kt = attnoracle::fast::transpose_keys(c.k.values.data(), c.B * c.Hkv, c.Nk, Dk);
   double scale = 1.0 / std::sqrt(static_cast<double>(Dk));
   if (c.scale) scale = std::strtod(c.scale->c_str(), nullptr);
   // Every key of every row: no mask, bias, causal option, window or key lengths.

@@ -145,14 +145,8 @@ Setup prepare(const Case& c) {
     return s;
   }
   s.applies = true;
-  s.key_blocks = (c.Nk + static_cast<std::int64_t>(kKeyBlock) - 1) / static_cast<std::int64_t>(kKeyBlock);
-  const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  s.kt.assign(static_cast<std::size_t>(c.B * c.Hkv * s.key_blocks * c.Dk * kb), 0.0);
-  for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg)
-    for (std::int64_t j = 0; j < c.Nk; ++j)
-      for (std::int64_t e = 0; e < c.Dk; ++e)
-        s.kt[static_cast<std::size_t>(((bg * s.key_blocks + j / kb) * c.Dk + e) * kb + j % kb)] =
-            c.k.values[static_cast<std::size_t>((bg * c.Nk + j) * c.Dk + e)];
+  s.key_blocks = key_blocks(c.Nk);
+  s.kt = transpose_keys(c.k.values.data(), c.B * c.Hkv, c.Nk, c.Dk);
   const auto nv = static_cast<std::size_t>(c.B * c.Hkv * c.Dv), dv = static_cast<std::size_t>(c.Dv);
   s.vmin.assign(nv, INFINITY);
   s.vmax.assign(nv, -INFINITY);

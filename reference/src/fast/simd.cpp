@@ -142,32 +142,8 @@ void ExpDDMany(const double* xh, const double* xl, std::size_t count, double* rh
   }
 }
 
-void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute, double xh, double xl, double xr,
-                  double* HWY_RESTRICT hi, double* HWY_RESTRICT lo, double* HWY_RESTRICT errsum,
-                  double* HWY_RESTRICT radsum, double* HWY_RESTRICT ymax) {
-  std::size_t c = 0;
 #if HWY_NATIVE_FMA
-  const D d;
-  const std::size_t n = hn::Lanes(d);
-  const V vxh = hn::Set(d, xh), vxl = hn::Set(d, xl), vxr = hn::Set(d, xr);
-  for (; c + n <= count; c += n) {
-    const V y0 = hn::LoadU(d, y + c), ay = hn::Abs(y0), yc = absolute ? ay : y0;
-    const VDD p = two_prod(vxh, yc);
-    const VDD t = two_sum(hn::LoadU(d, hi + c), p.hi);
-    hn::StoreU(t.hi, d, hi + c);
-    const V a = hn::Add(t.lo, p.lo), w = hn::MulAdd(vxl, yc, a), l = hn::Add(hn::LoadU(d, lo + c), w);
-    hn::StoreU(l, d, lo + c);
-    const V err = hn::Add(hn::Add(hn::Abs(a), hn::Abs(w)), hn::Abs(l));
-    hn::StoreU(hn::Add(hn::LoadU(d, errsum + c), err), d, errsum + c);
-    hn::StoreU(hn::Add(hn::LoadU(d, radsum + c), hn::Mul(vxr, ay)), d, radsum + c);
-    hn::StoreU(hn::Max(hn::LoadU(d, ymax + c), ay), d, ymax + c);
-  }
-#endif
-  ball_sum_lanes_scalar(c, count, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
-}
-
-#if HWY_NATIVE_FMA
-// One BallSums step of a column vector: x y added to (hi, lo, err) and rad, ymax.
+// One BallSums step of a column vector (ball_sum_step's operations): x y added to (hi, lo, err).
 HWY_INLINE void ball_step(V xh, V xl, V yc, V& hi, V& lo, V& err) {
   const VDD p = two_prod(xh, yc);
   const VDD t = two_sum(hi, p.hi);
@@ -177,6 +153,28 @@ HWY_INLINE void ball_step(V xh, V xl, V yc, V& hi, V& lo, V& err) {
   err = hn::Add(err, hn::Add(hn::Add(hn::Abs(a), hn::Abs(w)), hn::Abs(l)));
 }
 #endif
+
+void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute, double xh, double xl, double xr,
+                  double* HWY_RESTRICT hi, double* HWY_RESTRICT lo, double* HWY_RESTRICT errsum,
+                  double* HWY_RESTRICT radsum, double* HWY_RESTRICT ymax) {
+  std::size_t c = 0;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t n = hn::Lanes(d);
+  const V vxh = hn::Set(d, xh), vxl = hn::Set(d, xl), vxr = hn::Set(d, xr);
+  for (; c + n <= count; c += n) {
+    const V y0 = hn::LoadU(d, y + c), ay = hn::Abs(y0);
+    V h = hn::LoadU(d, hi + c), l = hn::LoadU(d, lo + c), e = hn::LoadU(d, errsum + c);
+    ball_step(vxh, vxl, absolute ? ay : y0, h, l, e);
+    hn::StoreU(h, d, hi + c);
+    hn::StoreU(l, d, lo + c);
+    hn::StoreU(e, d, errsum + c);
+    hn::StoreU(hn::Add(hn::LoadU(d, radsum + c), hn::Mul(vxr, ay)), d, radsum + c);
+    hn::StoreU(hn::Max(hn::LoadU(d, ymax + c), ay), d, ymax + c);
+  }
+#endif
+  ball_sum_lanes_scalar(c, count, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
+}
 
 void BallSumsRows(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const std::int64_t* HWY_RESTRICT rows,
                   std::size_t stride, const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl,
@@ -231,6 +229,18 @@ HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
 HWY_EXPORT(BallSumsRows);
 
+std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
+  const auto kb = static_cast<std::int64_t>(kKeyBlock);
+  const std::int64_t blocks = key_blocks(n);
+  std::vector<double> kt(static_cast<std::size_t>(groups * blocks * len * kb), 0.0);
+  for (std::int64_t g = 0; g < groups; ++g)
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t e = 0; e < len; ++e)
+        kt[static_cast<std::size_t>(((g * blocks + j / kb) * len + e) * kb + j % kb)] =
+            k[static_cast<std::size_t>((g * n + j) * len + e)];
+  return kt;
+}
+
 void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
                         double* sl, double* sabs) {
   for (std::int64_t b = 0; b < blocks; ++b)
@@ -251,17 +261,24 @@ void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std
     }
 }
 
+namespace {
+// One step of ball.hpp's BallSums on one column: x y added to (hi, lo, err).
+inline void ball_sum_step(double xh, double xl, double yc, double& hi, double& lo, double& err) {
+  const DD p = two_prod(xh, yc);
+  const DD t = fast::two_sum(hi, p.hi);
+  hi = t.hi;
+  const double a = t.lo + p.lo, w = std::fma(xl, yc, a), l = lo + w;
+  lo = l;
+  err += (std::fabs(a) + std::fabs(w)) + std::fabs(l);
+}
+}  // namespace
+
 void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y, bool absolute, double xh,
                            double xl, double xr, double* hi, double* lo, double* errsum, double* radsum,
                            double* ymax) {
   for (std::size_t c = from; c < count; ++c) {  // ball.hpp's BallSums, column c
     const double yc = absolute ? std::fabs(y[c]) : y[c];
-    const DD p = two_prod(xh, yc);
-    const DD t = fast::two_sum(hi[c], p.hi);
-    hi[c] = t.hi;
-    const double a = t.lo + p.lo, w = std::fma(xl, yc, a), l = lo[c] + w;
-    lo[c] = l;
-    errsum[c] += (std::fabs(a) + std::fabs(w)) + std::fabs(l);
+    ball_sum_step(xh, xl, yc, hi[c], lo[c], errsum[c]);
     radsum[c] += xr * std::fabs(yc);
     ymax[c] = std::max(ymax[c], std::fabs(yc));
   }
@@ -274,18 +291,8 @@ void ball_sums_rows_scalar(std::size_t from, std::size_t cols, std::size_t n, co
     const double* ya = y + static_cast<std::size_t>(rows[a]) * stride;
     for (std::size_t c = from; c < cols; ++c) {  // ball.hpp's BallSums: the signed sums, then the magnitudes'
       const double y0 = ya[c], ay = std::fabs(y0);
-      for (const bool absolute : {false, true}) {
-        const double yc = absolute ? ay : y0;
-        double& hi = absolute ? s.mag_hi[c] : s.num_hi[c];
-        double& lo = absolute ? s.mag_lo[c] : s.num_lo[c];
-        double& err = absolute ? s.mag_err[c] : s.num_err[c];
-        const DD p = two_prod(xh[a], yc);
-        const DD t = fast::two_sum(hi, p.hi);
-        hi = t.hi;
-        const double e = t.lo + p.lo, w = std::fma(xl[a], yc, e), l = lo + w;
-        lo = l;
-        err += (std::fabs(e) + std::fabs(w)) + std::fabs(l);
-      }
+      ball_sum_step(xh[a], xl[a], y0, s.num_hi[c], s.num_lo[c], s.num_err[c]);
+      ball_sum_step(xh[a], xl[a], ay, s.mag_hi[c], s.mag_lo[c], s.mag_err[c]);
       s.radsum[c] += xr[a] * ay;
       s.ymax[c] = std::max(s.ymax[c], ay);
     }

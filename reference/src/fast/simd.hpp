@@ -4,12 +4,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace attnoracle::fast {
 
 // Keys per block of a transposed key matrix: kt[(block * len + e) * kKeyBlock + l] holds
 // element e of key block * kKeyBlock + l (0 past the last key).
 inline constexpr std::size_t kKeyBlock = 8;
+
+// Blocks of a row of n keys, and the keys k[groups, n, len] (row-major) transposed into them,
+// `groups` runs of key_blocks(n) blocks each.
+inline std::int64_t key_blocks(std::int64_t n) {
+  return (n + static_cast<std::int64_t>(kKeyBlock) - 1) / static_cast<std::int64_t>(kKeyBlock);
+}
+std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len);
 
 // Dot2 of q[0, len) with every key of `blocks` consecutive blocks of kt: sh, sl and sabs
 // [blocks * kKeyBlock] receive, per key, the running sum, its compensation and sum |q_e k_e|
