@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/parallel.hpp"
@@ -296,44 +298,22 @@ void compare(const Case& c, const std::vector<double>& out, const std::string& p
   std::printf("\n");
 }
 
-int usage(const char* why) {
-  std::fprintf(stderr, "attnoracle_floor: error: %s\nusage: attnoracle_floor CASE [--threads N] [--compare GOLDEN]\n",
-               why);
-  return 2;
-}
-
 int run(int argc, char** argv) {
   const auto t0 = Clock::now();
   std::string path, golden;
   const unsigned hc = std::thread::hardware_concurrency();
   int threads = hc == 0 ? 1 : static_cast<int>(hc);  // attnoracle eval's default
-  for (int a = 1; a < argc; ++a) {
-    const std::string arg = argv[a];
-    if (arg == "-h" || arg == "--help") {
-      std::printf("usage: attnoracle_floor CASE [--threads N] [--compare GOLDEN]\n"
-                  "Plain float64 SIMD attention (uncertified, for timing); see bench/README.md.\n");
-      return 0;
-    }
-    if (arg == "--threads" || arg == "--compare") {
-      if (a + 1 >= argc) return usage((arg + " needs a value").c_str());
-      const std::string val = argv[++a];
-      if (arg == "--compare") {
-        golden = val;
-        continue;
-      }
-      char* end = nullptr;
-      const long t = std::strtol(val.c_str(), &end, 10);
-      if (val.empty() || *end != '\0' || t < 1 || t > 1024) return usage("--threads: an integer from 1 to 1024");
-      threads = static_cast<int>(t);
-    } else if (!arg.empty() && arg[0] == '-') {
-      return usage(("unknown option " + arg).c_str());
-    } else if (path.empty()) {
-      path = arg;
-    } else {
-      return usage("one case file only");
-    }
+  CLI::App app{"Plain float64 SIMD attention (uncertified, for timing); see bench/README.md.", "attnoracle_floor"};
+  app.add_option("CASE", path, "case file (safetensors)")->required();
+  app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  app.add_option("--compare", golden, "an attnoracle eval output: the error against its out.ref");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fail(std::string("usage: ") + e.what() + " (see attnoracle_floor --help)");
   }
-  if (path.empty()) return usage("no case file");
 
   std::optional<Case> c;
   try {

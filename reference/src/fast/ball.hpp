@@ -122,6 +122,7 @@ class BallSums {
                        const std::int64_t* rows, std::size_t stride) {
     std::vector<double> xh, xl, xr;
     std::vector<std::int64_t> kept;
+    xh.reserve(n), xl.reserve(n), xr.reserve(n), kept.reserve(n);
     for (std::size_t a = 0; a < n; ++a)
       if (!(x[a].mid.hi == 0 && x[a].rad == 0)) {
         xh.push_back(x[a].mid.hi);
