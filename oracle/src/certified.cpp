@@ -133,11 +133,17 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   };
   const TieredRowEvaluator whole(c, RowParts::Compared);  // the units' own rows, on the case itself
   std::vector<std::vector<Violation>> found(units.size());
-  // Kind sdpa twins hold one unit's inputs; mha twins copy the case: there, above 16 MB of
-  // inputs, one thread keeps the peak memory down.
-  std::size_t input_bytes = 0;
-  for (const RawTensor& t : c.file.tensors) input_bytes += t.data.size();
-  const bool one = c.kind == Kind::Mha && input_bytes > (16u << 20);
+  // Each thread holds one twin at a time: for kind sdpa, the keys and values of up to two kv
+  // heads in F64 (a unit's slice); for mha, a copy of the case. Above 16 MB per twin, one thread
+  // keeps the peak memory near that of the evaluation itself.
+  std::size_t twin_bytes = 0;
+  if (c.kind == Kind::Mha) {
+    for (const FloatTensor* t : {&c.x_q, &c.x_kv, &c.w_q, &c.w_k, &c.w_v, &c.w_o})
+      twin_bytes += t->values.size() * sizeof(double);
+  } else {
+    twin_bytes = 2 * static_cast<std::size_t>(c.Nk * (c.Dk + c.Dv)) * sizeof(double);
+  }
+  const bool one = twin_bytes > (16u << 20);
   detail::PassProgress twins_done(eval, "oracle rows", units.size());
   parallel_for(units.size(), one ? 1 : eval.threads, [&](std::size_t k) {
     std::int64_t b, h, i;

@@ -1,5 +1,6 @@
 // Rows evaluated again, on the same tiers as eval: the fast path first, MPFR for what it cannot
-// decide.
+// decide. Without a transposed copy of the keys: the oracle's twins evaluate one row of each
+// case, where that copy would cost as much memory as the keys and as much time as the row.
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "fast/decide.hpp"
 #include "fast/fast_row.hpp"
@@ -11,7 +12,7 @@ struct TieredRowEvaluator::Impl {
   const fast::Setup fast;
   const RowEvaluator mpfr;
   const RowParts parts;
-  Impl(const Case& cs, RowParts p) : c(cs), fast(fast::prepare(cs)), mpfr(cs), parts(p) {}
+  Impl(const Case& cs, RowParts p) : c(cs), fast(fast::prepare(cs, false)), mpfr(cs), parts(p) {}
 };
 
 TieredRowEvaluator::TieredRowEvaluator(const Case& c, RowParts parts) : impl_(new Impl(c, parts)) {}

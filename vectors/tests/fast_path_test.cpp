@@ -138,6 +138,7 @@ TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
         const Case c = case_from_file("p", f);
         ++problems;
         const fast::Setup setup = fast::prepare(c);
+        const fast::Setup rowwise = fast::prepare(c, false);  // each row transposes its own keys
         if (setup.applies) {
           const RowEvaluator ev(c);
           for (std::int64_t b = 0; b < c.B; ++b)
@@ -145,7 +146,19 @@ TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
               for (std::int64_t i = 0; i < c.Nq; ++i) {
                 ++rows_total;
                 const fast::FastRow fr = fast::fast_row(c, setup, b, h, i);
+                const fast::FastRow fw = fast::fast_row(c, rowwise, b, h, i);
+                ASSERT_EQ(fr.ok, fw.ok) << "problem " << problems;
                 if (!fr.ok) continue;
+                // the same balls, bit for bit, with or without the transposed copy of the keys
+                auto same = [](const fast::Ball& x, const fast::Ball& y) {
+                  return std::memcmp(&x.mid.hi, &y.mid.hi, 8) == 0 && std::memcmp(&x.mid.lo, &y.mid.lo, 8) == 0 &&
+                         std::memcmp(&x.rad, &y.rad, 8) == 0;
+                };
+                for (std::size_t j = 0; j < fr.dots.size(); ++j)
+                  ASSERT_TRUE(same(fr.dots[j], fw.dots[j])) << "dot " << j << ", problem " << problems;
+                for (std::size_t e = 0; e < fr.out.size(); ++e)
+                  ASSERT_TRUE(same(fr.out[e], fw.out[e]) && same(fr.bound[e], fw.bound[e]))
+                      << "out " << e << ", problem " << problems;
                 ++rows_fast;
                 const RowEnclosures pr = ev.row(b, h, i, 256);
                 const HeadDetail& d = pr.heads[0];

@@ -99,7 +99,7 @@ Ball ball_of(mpfr_srcptr lo, mpfr_srcptr hi) {
   return b;
 }
 
-Setup prepare(const Case& c) {
+Setup prepare(const Case& c, bool transposed) {
   Setup s;
   if (c.kind != Kind::Sdpa) {
     s.why_not = "kind mha";
@@ -146,7 +146,7 @@ Setup prepare(const Case& c) {
   }
   s.applies = true;
   s.key_blocks = key_blocks(c.Nk);
-  s.kt = transpose_keys(c.k.values.data(), c.B * c.Hkv, c.Nk, c.Dk);
+  if (transposed) s.kt = transpose_keys(c.k.values.data(), c.B * c.Hkv, c.Nk, c.Dk);
   const auto nv = static_cast<std::size_t>(c.B * c.Hkv * c.Dv), dv = static_cast<std::size_t>(c.Dv);
   s.vmin.assign(nv, INFINITY);
   s.vmax.assign(nv, -INFINITY);
@@ -182,8 +182,21 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
   const std::int64_t first = keys.front() / kb, blocks = keys.back() / kb - first + 1;
   std::vector<double> sh(static_cast<std::size_t>(blocks * kb)), sl(sh.size()), sabs(sh.size());
-  dot2_blocks(q, s.kt.data() + ((b * c.Hkv + g) * s.key_blocks + first) * Dk * kb, Dk, blocks, sh.data(),
-              sl.data(), sabs.data());
+  if (!s.kt.empty()) {
+    dot2_blocks(q, s.kt.data() + ((b * c.Hkv + g) * s.key_blocks + first) * Dk * kb, Dk, blocks, sh.data(),
+                sl.data(), sabs.data());
+  } else {  // each block transposed in turn, as transpose_keys lays it out (0 past the last key)
+    const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
+    std::vector<double> kt(static_cast<std::size_t>(Dk * kb));
+    for (std::int64_t bl = 0; bl < blocks; ++bl) {
+      for (std::int64_t l = 0; l < kb; ++l) {
+        const std::int64_t j = (first + bl) * kb + l;
+        for (std::int64_t e = 0; e < Dk; ++e) kt[static_cast<std::size_t>(e * kb + l)] = j < Nk ? K[j * Dk + e] : 0.0;
+      }
+      const auto o = static_cast<std::size_t>(bl * kb);
+      dot2_blocks(q, kt.data(), Dk, 1, sh.data() + o, sl.data() + o, sabs.data() + o);
+    }
+  }
   const double dot_factor = dot2_factor(Dk);
 
   std::vector<Ball> S(keys.size());

@@ -38,7 +38,8 @@ struct Setup {
   bool applies = false;
   std::string why_not;  // when it does not apply
   Ball scale;
-  // The keys of every (batch, kv head), transposed in blocks (simd.hpp): key_blocks blocks each.
+  // The keys of every (batch, kv head), transposed in blocks (simd.hpp): key_blocks blocks each;
+  // empty when prepare() was asked not to (each row then transposes its blocks in turn).
   std::vector<double> kt;
   std::int64_t key_blocks = 0;
   // Over all keys of each (batch, kv head), per value column: the range of the values and of
@@ -46,8 +47,9 @@ struct Setup {
   std::vector<double> vmin, vmax, absmin, absmax;
 };
 // Applies to kind sdpa without softcap, with every input (sinks too) of magnitude 0 or within
-// [kMinInput, kMaxInput], on a processor with fma.
-Setup prepare(const Case& c);
+// [kMinInput, kMaxInput], on a processor with fma. `transposed`: whether to keep a transposed
+// copy of every key (faster per row; an evaluator of a few rows does without its memory).
+Setup prepare(const Case& c, bool transposed = true);
 
 struct FastRow {
   bool ok = false;                 // false: the row goes to the MPFR path
