@@ -111,7 +111,12 @@ FloatFormat float_format(DType t) {
 std::uint16_t f16_bits_exact(double x) {
   return static_cast<std::uint16_t>(encode_small(x, 10, 5, "F16"));
 }
+// A BF16 number is an F32 number whose lower half is 0 (decoding's rule backwards); anything
+// else (NaN, a value BF16 cannot hold) takes the general rule.
 std::uint16_t bf16_bits_exact(double x) {
+  const auto f = static_cast<float>(x);
+  const auto bits = std::bit_cast<std::uint32_t>(f);
+  if (static_cast<double>(f) == x && (bits & 0xffffu) == 0) return static_cast<std::uint16_t>(bits >> 16);
   return static_cast<std::uint16_t>(encode_small(x, 7, 8, "BF16"));
 }
 double f16_from_bits(std::uint16_t b) { return decode_small(b, 10, 5); }

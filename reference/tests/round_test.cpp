@@ -104,6 +104,9 @@ TEST(Encode, F16AndBF16BitPatterns) {
   EXPECT_EQ(bf16_bits_exact(0x1p-133), 0x0001);
   EXPECT_EQ(bf16_bits_exact(-INFINITY), 0xff80);
   EXPECT_THROW(f16_bits_exact(0x1.001p0), std::logic_error);  // not representable: never rounds
+  EXPECT_THROW(bf16_bits_exact(0x1.01p0), std::logic_error);    // an F32 number, not a BF16 one
+  EXPECT_THROW(bf16_bits_exact(1 + 0x1p-30), std::logic_error);  // not even an F32 number
+  EXPECT_THROW(bf16_bits_exact(0x1p-134), std::logic_error);     // below BF16's smallest
   for (unsigned b = 0; b < 0x10000; ++b) {  // decode and encode are inverse on every non-NaN
     const auto bits = static_cast<std::uint16_t>(b);
     const double h = f16_from_bits(bits);
