@@ -16,7 +16,7 @@
 #       the left side grows with s), and
 #   (b) F (1 - u) >= A (1 + s) + 2^-1075.
 # For (b), A <= radius_underflow_budget, a count argued in docs/PROOFS.md ("Underflow"), not
-# machine-checked: the P V accumulation over n <= 2^50 keys misses at most three terms 2^-1075
+# machine-checked: a sum over n <= 2^50 keys (BallSums; P V has two) misses at most three terms 2^-1075
 # per key (in the sum: an inexact fma residual in TwoProd and the fma w = e.lo v + a; in R:
 # the rounding of e.rad |v|), weighted in its radius by at most 1 + 2 g < 4 (g = gamma_{n+2}
 # of dot2_factors.sollya at n = 2^50): at most 2^52 terms in all; any other formula at most 15 (one per rounding). A term that is then
@@ -38,6 +38,7 @@
 # code: ball.hpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
 # code: ball.hpp: return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
 # code: ball.hpp: return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + kU * errsum_[c]) * (1 + 2 * gk))};
+# code: fast_row.cpp: const double rad = radius_up(factor * sum_abs + zero_count * zero_rad * r.absmax[ci]);
 # code: fast_row.hpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
 #@-Eprecision=300
 v = 1 - 0x1p-53;

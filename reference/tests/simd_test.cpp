@@ -6,6 +6,7 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -132,43 +133,56 @@ RC_GTEST_PROP(Simd, BallSumLanesMatchScalar, ()) {
   });
 }
 
-// The fused pass over rows (signed and magnitudes' sums together, the columns' sums in
-// registers) against ball_sum_lanes_scalar run key by key on two separate sets of sums.
-RC_GTEST_PROP(Simd, BallSumsRowsMatchKeyByKeySums, ()) {
+// The P V column sums in lanes against the scalar code, and the scalar code against the blocks
+// it stands for: each block of kSumBlock rows summed from zero (Dot2's steps), its TwoSum added
+// to the column's double-double total.
+RC_GTEST_PROP(Simd, PVSumsMatchScalarBlocks, ()) {
   const auto cols = *rc::gen::inRange<std::size_t>(1, 70);
-  const auto n = *rc::gen::inRange<std::size_t>(0, 150);  // past one block of rows (64)
+  const auto n = *rc::gen::inRange<std::size_t>(0, 200);  // past three blocks of rows (64)
   const auto nrows = *rc::gen::inRange<std::size_t>(1, 40);
   const auto y = *rc::gen::container<std::vector<double>>(nrows * cols, scaled(-30, 30));
   std::vector<std::int64_t> rows(n);
-  std::vector<double> xh(n), xl(n), xr(n);
+  std::vector<double> xh(n), xl(n);
   for (std::size_t a = 0; a < n; ++a) {
     rows[a] = *rc::gen::inRange<std::int64_t>(0, static_cast<std::int64_t>(nrows));
     xh[a] = std::fabs(*scaled(-40, 0));
     xl[a] = xh[a] * *rc::gen::inRange(-1000, 1000) * 0x1p-63;
-    xr[a] = xh[a] * 0x1p-70;
   }
-  std::vector<double> num(cols * 5, 0.0), mag(cols * 5, 0.0);
-  for (std::size_t a = 0; a < n; ++a)
+  // The blocks written out: column by column, with dd.hpp's operations.
+  std::vector<double> want(cols * 4, 0.0);
+  for (std::size_t c = 0; c < cols; ++c)
     for (int absolute = 0; absolute < 2; ++absolute) {
-      double* t = absolute ? mag.data() : num.data();
-      fast::ball_sum_lanes_scalar(0, cols, y.data() + static_cast<std::size_t>(rows[a]) * cols, absolute != 0, xh[a],
-                                  xl[a], xr[a], t, t + cols, t + 2 * cols, t + 3 * cols, t + 4 * cols);
+      fast::DD total{};
+      for (std::size_t a0 = 0; a0 < n; a0 += fast::kSumBlock) {
+        double hi = 0, lo = 0;
+        for (std::size_t a = a0; a < std::min(n, a0 + fast::kSumBlock); ++a) {
+          const double v = y[static_cast<std::size_t>(rows[a]) * cols + c], yc = absolute ? std::fabs(v) : v;
+          const fast::DD p = fast::two_prod(xh[a], yc);
+          const fast::DD t = fast::two_sum(hi, p.hi);
+          hi = t.hi;
+          lo = lo + std::fma(xl[a], yc, t.lo + p.lo);
+        }
+        total = fast::add(total, fast::two_sum(hi, lo));
+      }
+      want[(2 * absolute) * cols + c] = total.hi;
+      want[(2 * absolute + 1) * cols + c] = total.lo;
     }
-  for_each_target([&](const std::string& target) {
-    std::vector<double> s(cols * 8, 0.0);
-    auto col = [&](int k) { return s.data() + static_cast<std::size_t>(k) * cols; };
-    fast::ball_sums_rows(cols, n, y.data(), rows.data(), cols, xh.data(), xl.data(), xr.data(),
-                         fast::SumColumns{col(0), col(1), col(2), col(3), col(4), col(5), col(6), col(7)});
-    // num's hi, lo, errsum, then mag's, then radsum and ymax (the same in both)
-    const double* want[8] = {num.data(), num.data() + cols, num.data() + 2 * cols, mag.data(),
-                             mag.data() + cols, mag.data() + 2 * cols, num.data() + 3 * cols, num.data() + 4 * cols};
-    for (int k = 0; k < 8; ++k)
+  auto check = [&](const std::vector<double>& s, const std::string& what) {
+    for (int k = 0; k < 4; ++k)
       for (std::size_t c = 0; c < cols; ++c)
-        if (!same_bits(col(k)[c], want[k][c]))
-          RC_FAIL("ball_sums_rows differs under " + target + " in sum " + std::to_string(k) + ", column " +
-                  std::to_string(c));
-    for (std::size_t c = 0; c < cols; ++c)
-      RC_ASSERT(same_bits(mag[3 * cols + c], num[3 * cols + c]) && same_bits(mag[4 * cols + c], num[4 * cols + c]));
+        if (!same_bits(s[static_cast<std::size_t>(k) * cols + c], want[static_cast<std::size_t>(k) * cols + c]))
+          RC_FAIL(what + " differs in sum " + std::to_string(k) + ", column " + std::to_string(c));
+  };
+  auto columns = [&](std::vector<double>& s) {
+    return fast::PVColumns{s.data(), s.data() + cols, s.data() + 2 * cols, s.data() + 3 * cols};
+  };
+  std::vector<double> s0(cols * 4, 0.0);
+  fast::pv_sums_scalar(0, cols, n, y.data(), rows.data(), cols, xh.data(), xl.data(), columns(s0));
+  check(s0, "pv_sums_scalar");
+  for_each_target([&](const std::string& target) {
+    std::vector<double> s(cols * 4, 0.0);
+    fast::pv_sums(cols, n, y.data(), rows.data(), cols, xh.data(), xl.data(), columns(s));
+    check(s, "pv_sums under " + target);
   });
 }
 

@@ -115,29 +115,6 @@ class BallSums {
   }
   // x |y_c| added to every column c.
   void add_abs(const Ball& x, const double* y) { add(x, y, true); }
-  // num.add(x[a], y_a) and mag.add_abs(x[a], y_a) for a in [0, n), y_a = y + rows[a] stride:
-  // the same sums, in one pass over the rows with the columns' sums held in registers. Both
-  // hold the same rows before (radsum and ymax depend on the rows only, not on abs).
-  static void add_rows(BallSums& num, BallSums& mag, const Ball* x, std::size_t n, const double* y,
-                       const std::int64_t* rows, std::size_t stride) {
-    std::vector<double> xh, xl, xr;
-    std::vector<std::int64_t> kept;
-    xh.reserve(n), xl.reserve(n), xr.reserve(n), kept.reserve(n);
-    for (std::size_t a = 0; a < n; ++a)
-      if (!(x[a].mid.hi == 0 && x[a].rad == 0)) {
-        xh.push_back(x[a].mid.hi);
-        xl.push_back(x[a].mid.lo);
-        xr.push_back(x[a].rad);
-        kept.push_back(rows[a]);
-      }
-    num.n_ += static_cast<std::int64_t>(kept.size());
-    mag.n_ += static_cast<std::int64_t>(kept.size());
-    ball_sums_rows(num.size(), kept.size(), y, kept.data(), stride, xh.data(), xl.data(), xr.data(),
-                   SumColumns{num.hi_.data(), num.lo_.data(), num.errsum_.data(), mag.hi_.data(), mag.lo_.data(),
-                              mag.errsum_.data(), num.radsum_.data(), num.ymax_.data()});
-    mag.radsum_ = num.radsum_;
-    mag.ymax_ = num.ymax_;
-  }
   Ball ball(std::size_t c) const {
     if (n_ == 0 || ymax_[c] == 0) return {};
     const double nk = static_cast<double>(n_) + 2;

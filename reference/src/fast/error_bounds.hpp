@@ -27,6 +27,15 @@ inline constexpr double kRadiusFloor = 0x1p-1020;
 // Dot2 (Ogita, Rump, Oishi 2005, Theorem 5.3): s + c encloses x.y within gamma_n^2 sum |x_i y_i|
 // (before the final rounding, which is not done here); the code uses 2 gamma_n^2.
 
+// P V over n keys (fast_row.cpp), in blocks of kSumBlock = 64 keys summed from zero like Dot2,
+// each block's result added to a double-double total (kAddDD each). One block of b <= 64 keys
+// misses by at most gamma_{b+1} (gamma_{b-1} (1 + u) + 2u) A_block (docs/PROOFS.md, section 9),
+// A = sum |x_j y_j|; with nb <= kMaxSumBlocks blocks the total misses by at most
+// (kBlockSum + nb kAddDD (1 + kSumMag)) A, and A <= |total of the magnitudes.hi| (1 + kSumMag).
+inline constexpr double kBlockSum = 0x1p-93;
+inline constexpr double kSumMag = 0x1p-50;
+inline constexpr double kMaxSumBlocks = 0x1p40;
+
 // Inputs the fast path accepts (else the row goes to MPFR): nonzero magnitudes within
 // [kMinInput, kMaxInput], so that products neither underflow (TwoProd stays exact above 2^-969)
 // nor overflow, and exp's argument range, below which a weight is enclosed by [0, kTinyExp].

@@ -243,11 +243,10 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   const Ball inv_z = div(Ball{DD{1, 0}, 0}, z);
   for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = mul(e[a], inv_z);
 
-  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (BallSums), over Z.
+  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (pv_sums), over Z.
   r.out.resize(static_cast<std::size_t>(Dv));
   r.bound.resize(static_cast<std::size_t>(Dv));
   const auto nd = static_cast<std::size_t>(Dv);
-  BallSums num(nd), mag_sum(nd);
   if (keys.size() == static_cast<std::size_t>(Nk)) {  // every key: the ranges of prepare()
     const auto o = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b * c.Hkv + g) * nd);
     const auto nn = static_cast<std::ptrdiff_t>(nd);
@@ -263,7 +262,33 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     for (std::size_t a = 0; a < keys.size(); ++a)
       value_ranges(nd, V + keys[a] * Dv, r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
   }
-  BallSums::add_rows(num, mag_sum, e.data(), keys.size(), V, keys.data(), nd);
+  // The weights' midpoints enter the sums; their radii enter the radius as rho A (rad_j <=
+  // rho x_j), and a weight of midpoint 0 (exp below kExpMin) as its radius times max |v_c|.
+  std::vector<double> wh, wl;
+  std::vector<std::int64_t> rows;
+  wh.reserve(keys.size()), wl.reserve(keys.size()), rows.reserve(keys.size());
+  double rho = 0, zero_rad = 0, zero_count = 0;
+  for (std::size_t a = 0; a < keys.size(); ++a) {
+    if (e[a].mid.hi == 0) {
+      zero_rad = std::max(zero_rad, e[a].rad);
+      zero_count += 1;
+      continue;
+    }
+    wh.push_back(e[a].mid.hi);
+    wl.push_back(e[a].mid.lo);
+    rows.push_back(keys[a]);
+    rho = std::max(rho, e[a].rad / e[a].mid.hi);  // e_j > 0
+  }
+  const auto sum_blocks = static_cast<double>((rows.size() + kSumBlock - 1) / kSumBlock);
+  if (sum_blocks > kMaxSumBlocks) return r;
+  std::vector<double> sums(4 * nd, 0.0);
+  double* num_hi = sums.data();
+  double* num_lo = num_hi + nd;
+  double* mag_hi = num_lo + nd;
+  double* mag_lo = mag_hi + nd;
+  pv_sums(nd, rows.size(), V, rows.data(), nd, wh.data(), wl.data(), PVColumns{num_hi, num_lo, mag_hi, mag_lo});
+  // |N_c - total| <= (rho + kBlockSum + nb kAddDD (1 + kSumMag)) A + zero_count zero_rad max |v_c|.
+  const double factor = rho + (kBlockSum + sum_blocks * kAddDD * (1 + kSumMag));
   if (c.sinks)  // the weights sum to less than 1: the output is a combination of 0 and the values
     for (std::size_t ci = 0; ci < nd; ++ci) {
       r.vmin[ci] = std::min(r.vmin[ci], 0.0);
@@ -271,8 +296,15 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
       r.absmin[ci] = 0;
     }
   for (std::size_t ci = 0; ci < nd; ++ci) {
-    r.out[ci] = div(num.ball(ci), z);
-    r.bound[ci] = div(mag_sum.ball(ci), z);
+    Ball num, mag_sum;  // a column whose every allowed value is 0: both sums are exactly 0
+    if (r.absmax[ci] != 0) {
+      const double sum_abs = std::fabs(mag_hi[ci]) * (1 + kSumMag);
+      const double rad = radius_up(factor * sum_abs + zero_count * zero_rad * r.absmax[ci]);
+      num = {DD{num_hi[ci], num_lo[ci]}, rad};
+      mag_sum = {DD{mag_hi[ci], mag_lo[ci]}, rad};
+    }
+    r.out[ci] = div(num, z);
+    r.bound[ci] = div(mag_sum, z);
   }
   r.ok = true;
   return r;

@@ -1,6 +1,7 @@
-// The fast path's two hot loops in SIMD lanes (Highway, dispatched at run time): Dot2 over
-// blocks of keys and exp_dd over many arguments. Each lane performs exactly the operations of
-// the scalar code (dd.hpp, ball.hpp's dot2, exp_dd.cpp) in the same order, so every result is
+// The fast path's hot loops in SIMD lanes (Highway, dispatched at run time): Dot2 over blocks
+// of keys, exp_dd over many arguments, the P V column sums and BallSums' steps. Each lane
+// performs exactly the operations of the scalar code (dd.hpp, ball.hpp's dot2, exp_dd.cpp, the
+// scalar functions below) in the same order, so every result is
 // bit-identical to it on every target; a target without a fused multiply-add runs the scalar
 // loops instead. Compiled with -ffp-contract=off.
 #undef HWY_TARGET_INCLUDE
@@ -176,42 +177,47 @@ void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute
   ball_sum_lanes_scalar(c, count, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
 }
 
-void BallSumsRows(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const std::int64_t* HWY_RESTRICT rows,
-                  std::size_t stride, const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl,
-                  const double* HWY_RESTRICT xr, const SumColumns& s) {
+#if HWY_NATIVE_FMA
+// One step of a block's column sums (pv_step's operations): x y added to (hi, lo).
+HWY_INLINE void pv_step(V xh, V xl, V yc, V& hi, V& lo) {
+  const VDD p = two_prod(xh, yc);
+  const VDD t = two_sum(hi, p.hi);
+  hi = t.hi;
+  lo = hn::Add(lo, hn::MulAdd(xl, yc, hn::Add(t.lo, p.lo)));
+}
+// A block's sums (hi, lo) added to the totals at th, tl (pv_total's operations).
+HWY_INLINE void pv_total(V hi, V lo, double* HWY_RESTRICT th, double* HWY_RESTRICT tl) {
+  const D d;
+  const VDD t = add(VDD{hn::LoadU(d, th), hn::LoadU(d, tl)}, two_sum(hi, lo));
+  hn::StoreU(t.hi, d, th);
+  hn::StoreU(t.lo, d, tl);
+}
+#endif
+
+void PVSums(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const std::int64_t* HWY_RESTRICT rows,
+            std::size_t stride, const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl, const PVColumns& s) {
   std::size_t c = 0;
 #if HWY_NATIVE_FMA
   const D d;
   const std::size_t L = hn::Lanes(d);
-  constexpr std::size_t kRowBlock = 64;  // rows per pass: their values stay in the first-level cache
   const std::size_t vec_end = cols / L * L;
-  for (std::size_t a0 = 0; a0 < n; a0 += kRowBlock) {
-    const std::size_t a1 = std::min(n, a0 + kRowBlock);
+  for (std::size_t a0 = 0; a0 < n; a0 += kSumBlock) {
+    const std::size_t a1 = std::min(n, a0 + kSumBlock);
     for (std::size_t col = 0; col < vec_end; col += L) {
-      V nh = hn::LoadU(d, s.num_hi + col), nl = hn::LoadU(d, s.num_lo + col), ne = hn::LoadU(d, s.num_err + col);
-      V mh = hn::LoadU(d, s.mag_hi + col), ml = hn::LoadU(d, s.mag_lo + col), me = hn::LoadU(d, s.mag_err + col);
-      V rad = hn::LoadU(d, s.radsum + col), ymax = hn::LoadU(d, s.ymax + col);
+      V nh = hn::Zero(d), nl = hn::Zero(d), mh = hn::Zero(d), ml = hn::Zero(d);
       for (std::size_t a = a0; a < a1; ++a) {
-        const V y0 = hn::LoadU(d, y + static_cast<std::size_t>(rows[a]) * stride + col), ay = hn::Abs(y0);
+        const V y0 = hn::LoadU(d, y + static_cast<std::size_t>(rows[a]) * stride + col);
         const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
-        ball_step(vh, vl, y0, nh, nl, ne);
-        ball_step(vh, vl, ay, mh, ml, me);
-        rad = hn::Add(rad, hn::Mul(hn::Set(d, xr[a]), ay));
-        ymax = hn::Max(ymax, ay);
+        pv_step(vh, vl, y0, nh, nl);
+        pv_step(vh, vl, hn::Abs(y0), mh, ml);
       }
-      hn::StoreU(nh, d, s.num_hi + col);
-      hn::StoreU(nl, d, s.num_lo + col);
-      hn::StoreU(ne, d, s.num_err + col);
-      hn::StoreU(mh, d, s.mag_hi + col);
-      hn::StoreU(ml, d, s.mag_lo + col);
-      hn::StoreU(me, d, s.mag_err + col);
-      hn::StoreU(rad, d, s.radsum + col);
-      hn::StoreU(ymax, d, s.ymax + col);
+      pv_total(nh, nl, s.num_hi + col, s.num_lo + col);
+      pv_total(mh, ml, s.mag_hi + col, s.mag_lo + col);
     }
   }
   c = vec_end;
 #endif
-  ball_sums_rows_scalar(c, cols, n, y, rows, stride, xh, xl, xr, s);
+  pv_sums_scalar(c, cols, n, y, rows, stride, xh, xl, s);
 }
 
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
@@ -227,7 +233,7 @@ HWY_EXPORT(Dot2Blocks);
 HWY_EXPORT(ExpDDMany);
 HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
-HWY_EXPORT(BallSumsRows);
+HWY_EXPORT(PVSums);
 
 std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
@@ -284,24 +290,42 @@ void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y,
   }
 }
 
-void ball_sums_rows_scalar(std::size_t from, std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows,
-                           std::size_t stride, const double* xh, const double* xl, const double* xr,
-                           const SumColumns& s) {
-  for (std::size_t a = 0; a < n; ++a) {
-    const double* ya = y + static_cast<std::size_t>(rows[a]) * stride;
-    for (std::size_t c = from; c < cols; ++c) {  // ball.hpp's BallSums: the signed sums, then the magnitudes'
-      const double y0 = ya[c], ay = std::fabs(y0);
-      ball_sum_step(xh[a], xl[a], y0, s.num_hi[c], s.num_lo[c], s.num_err[c]);
-      ball_sum_step(xh[a], xl[a], ay, s.mag_hi[c], s.mag_lo[c], s.mag_err[c]);
-      s.radsum[c] += xr[a] * ay;
-      s.ymax[c] = std::max(s.ymax[c], ay);
+namespace {
+// One step of a block's column sums: x y added to (hi, lo), like Dot2.
+inline void pv_step(double xh, double xl, double yc, double& hi, double& lo) {
+  const DD p = two_prod(xh, yc);
+  const DD t = fast::two_sum(hi, p.hi);
+  hi = t.hi;
+  lo += std::fma(xl, yc, t.lo + p.lo);
+}
+// A block's sums (hi, lo) added to the total (th, tl).
+inline void pv_total(double hi, double lo, double& th, double& tl) {
+  const DD t = fast::add(DD{th, tl}, two_sum(hi, lo));
+  th = t.hi;
+  tl = t.lo;
+}
+}  // namespace
+
+void pv_sums_scalar(std::size_t from, std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows,
+                    std::size_t stride, const double* xh, const double* xl, const PVColumns& s) {
+  for (std::size_t a0 = 0; a0 < n; a0 += kSumBlock) {
+    const std::size_t a1 = std::min(n, a0 + kSumBlock);
+    for (std::size_t c = from; c < cols; ++c) {
+      double nh = 0, nl = 0, mh = 0, ml = 0;
+      for (std::size_t a = a0; a < a1; ++a) {
+        const double y0 = y[static_cast<std::size_t>(rows[a]) * stride + c];
+        pv_step(xh[a], xl[a], y0, nh, nl);
+        pv_step(xh[a], xl[a], std::fabs(y0), mh, ml);
+      }
+      pv_total(nh, nl, s.num_hi[c], s.num_lo[c]);
+      pv_total(mh, ml, s.mag_hi[c], s.mag_lo[c]);
     }
   }
 }
 
-void ball_sums_rows(std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows, std::size_t stride,
-                    const double* xh, const double* xl, const double* xr, const SumColumns& s) {
-  HWY_DYNAMIC_DISPATCH(BallSumsRows)(cols, n, y, rows, stride, xh, xl, xr, s);
+void pv_sums(std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows, std::size_t stride,
+             const double* xh, const double* xl, const PVColumns& s) {
+  HWY_DYNAMIC_DISPATCH(PVSums)(cols, n, y, rows, stride, xh, xl, s);
 }
 
 void ball_sum_lanes(std::size_t count, const double* y, bool absolute, double xh, double xl, double xr,

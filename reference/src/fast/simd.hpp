@@ -40,20 +40,24 @@ void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y,
                            double xl, double xr, double* hi, double* lo, double* errsum, double* radsum,
                            double* ymax);
 
-// The running sums of two BallSums over the same columns: the signed sums x y_c and the
-// magnitudes' x |y_c|, which share radsum and ymax (the same in both).
-struct SumColumns {
-  double *num_hi, *num_lo, *num_err, *mag_hi, *mag_lo, *mag_err, *radsum, *ymax;
+// Keys per block of fast_row's P V column sums: each block is summed from zero, then added to
+// the column's total (kBlockSum in error_bounds.hpp is the error bound of one block of 64).
+inline constexpr std::size_t kSumBlock = 64;
+
+// fast_row's P V column sums: the totals (double-doubles, hi and lo) of the signed sums x y_c
+// and of the magnitudes' x |y_c|.
+struct PVColumns {
+  double *num_hi, *num_lo, *mag_hi, *mag_lo;
 };
-// For a in [0, n), in order: ball (xh[a], xl[a]) of radius xr[a] times row y + rows[a] stride
-// added to the signed sums of s's columns [0, cols), and times that row's magnitudes to the
-// magnitudes' sums, each column with exactly ball_sum_lanes's operations.
-void ball_sums_rows(std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows, std::size_t stride,
-                    const double* xh, const double* xl, const double* xr, const SumColumns& s);
+// For a in [0, n), weight (xh[a], xl[a]) times row y + rows[a] stride, added to columns
+// [0, cols) of s: per block of kSumBlock weights, each column's sums start from zero and run
+// like Dot2 (TwoProd and TwoSum on the high parts, the residuals and xl y in a binary64 chain);
+// the block's TwoSum(hi, lo) is then added to the column's total by double-double addition.
+void pv_sums(std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows, std::size_t stride,
+             const double* xh, const double* xl, const PVColumns& s);
 // The same in scalar code, on columns [from, cols).
-void ball_sums_rows_scalar(std::size_t from, std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows,
-                           std::size_t stride, const double* xh, const double* xl, const double* xr,
-                           const SumColumns& s);
+void pv_sums_scalar(std::size_t from, std::size_t cols, std::size_t n, const double* y, const std::int64_t* rows,
+                    std::size_t stride, const double* xh, const double* xl, const PVColumns& s);
 
 // The instruction set the dispatch chose (for example "AVX3", "AVX2", "EMU128").
 const char* simd_target();
