@@ -68,7 +68,35 @@ void Dot2Blocks(const double* q, const double* kt, std::int64_t len, std::int64_
   const D d;
   const std::size_t n = hn::Lanes(d);
   if (kKeyBlock % n == 0) {
-    for (std::int64_t b = 0; b < blocks; ++b) {
+    std::int64_t b = 0;
+    for (; b + 2 <= blocks; b += 2) {  // two blocks at once: two independent chains per lane
+      const double* k0 = kt + b * len * kKeyBlock;
+      const double* k1 = k0 + len * kKeyBlock;
+      for (std::size_t l = 0; l < kKeyBlock; l += n) {
+        V h0 = hn::Zero(d), lo0 = hn::Zero(d), a0 = hn::Zero(d);
+        V h1 = hn::Zero(d), lo1 = hn::Zero(d), a1 = hn::Zero(d);
+        for (std::int64_t e = 0; e < len; ++e) {
+          const V qe = hn::Set(d, q[e]);
+          const VDD p0 = two_prod(qe, hn::LoadU(d, k0 + e * kKeyBlock + l));
+          const VDD p1 = two_prod(qe, hn::LoadU(d, k1 + e * kKeyBlock + l));
+          const VDD t0 = two_sum(h0, p0.hi), t1 = two_sum(h1, p1.hi);
+          h0 = t0.hi;
+          h1 = t1.hi;
+          lo0 = hn::Add(lo0, hn::Add(t0.lo, p0.lo));
+          lo1 = hn::Add(lo1, hn::Add(t1.lo, p1.lo));
+          a0 = hn::Add(a0, hn::Abs(p0.hi));
+          a1 = hn::Add(a1, hn::Abs(p1.hi));
+        }
+        const std::size_t o = static_cast<std::size_t>(b) * kKeyBlock + l;
+        hn::StoreU(h0, d, sh + o);
+        hn::StoreU(lo0, d, sl + o);
+        hn::StoreU(a0, d, sabs + o);
+        hn::StoreU(h1, d, sh + o + kKeyBlock);
+        hn::StoreU(lo1, d, sl + o + kKeyBlock);
+        hn::StoreU(a1, d, sabs + o + kKeyBlock);
+      }
+    }
+    for (; b < blocks; ++b) {
       const double* k = kt + b * len * kKeyBlock;
       for (std::size_t l = 0; l < kKeyBlock; l += n) {
         V h = hn::Zero(d), lo = hn::Zero(d), a = hn::Zero(d);
@@ -203,7 +231,25 @@ void PVSums(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const
   const std::size_t vec_end = cols / L * L;
   for (std::size_t a0 = 0; a0 < n; a0 += kSumBlock) {
     const std::size_t a1 = std::min(n, a0 + kSumBlock);
-    for (std::size_t col = 0; col < vec_end; col += L) {
+    std::size_t col = 0;
+    for (; col + 2 * L <= vec_end; col += 2 * L) {  // two column vectors a pass: a cache line of y
+      V nh = hn::Zero(d), nl = hn::Zero(d), mh = hn::Zero(d), ml = hn::Zero(d);
+      V nh2 = hn::Zero(d), nl2 = hn::Zero(d), mh2 = hn::Zero(d), ml2 = hn::Zero(d);
+      for (std::size_t a = a0; a < a1; ++a) {
+        const double* ya = y + static_cast<std::size_t>(rows[a]) * stride + col;
+        const V y0 = hn::LoadU(d, ya), y1 = hn::LoadU(d, ya + L);
+        const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
+        pv_step(vh, vl, y0, nh, nl);
+        pv_step(vh, vl, hn::Abs(y0), mh, ml);
+        pv_step(vh, vl, y1, nh2, nl2);
+        pv_step(vh, vl, hn::Abs(y1), mh2, ml2);
+      }
+      pv_total(nh, nl, s.num_hi + col, s.num_lo + col);
+      pv_total(mh, ml, s.mag_hi + col, s.mag_lo + col);
+      pv_total(nh2, nl2, s.num_hi + col + L, s.num_lo + col + L);
+      pv_total(mh2, ml2, s.mag_hi + col + L, s.mag_lo + col + L);
+    }
+    for (; col < vec_end; col += L) {
       V nh = hn::Zero(d), nl = hn::Zero(d), mh = hn::Zero(d), ml = hn::Zero(d);
       for (std::size_t a = a0; a < a1; ++a) {
         const V y0 = hn::LoadU(d, y + static_cast<std::size_t>(rows[a]) * stride + col);
