@@ -62,57 +62,46 @@ HWY_INLINE VDD mul(VDD x, VDD y) {
 }
 #endif
 
+#if HWY_NATIVE_FMA
+// Dot2 of q with lanes [l, l + n) of K consecutive blocks from block b: K independent chains
+// per lane, so that their latencies overlap.
+template <std::size_t K>
+HWY_INLINE void dot2_chains(const double* HWY_RESTRICT q, const double* HWY_RESTRICT kt, std::int64_t len,
+                            std::int64_t b, std::size_t l, double* HWY_RESTRICT sh, double* HWY_RESTRICT sl,
+                            double* HWY_RESTRICT sabs) {
+  const D d;
+  V h[K], lo[K], a[K];
+  for (std::size_t v = 0; v < K; ++v) h[v] = lo[v] = a[v] = hn::Zero(d);
+  const double* k = kt + b * len * kKeyBlock + l;
+  for (std::int64_t e = 0; e < len; ++e) {
+    const V qe = hn::Set(d, q[e]);
+    for (std::size_t v = 0; v < K; ++v) {
+      const VDD p = two_prod(qe, hn::LoadU(d, k + (static_cast<std::int64_t>(v) * len + e) * kKeyBlock));
+      const VDD t = two_sum(h[v], p.hi);
+      h[v] = t.hi;
+      lo[v] = hn::Add(lo[v], hn::Add(t.lo, p.lo));  // sl += t.lo + p.lo
+      a[v] = hn::Add(a[v], hn::Abs(p.hi));
+    }
+  }
+  for (std::size_t v = 0; v < K; ++v) {
+    const std::size_t o = (static_cast<std::size_t>(b) + v) * kKeyBlock + l;
+    hn::StoreU(h[v], d, sh + o);
+    hn::StoreU(lo[v], d, sl + o);
+    hn::StoreU(a[v], d, sabs + o);
+  }
+}
+#endif
+
 void Dot2Blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
                 double* sl, double* sabs) {
 #if HWY_NATIVE_FMA
-  const D d;
-  const std::size_t n = hn::Lanes(d);
+  const std::size_t n = hn::Lanes(D());
   if (kKeyBlock % n == 0) {
     std::int64_t b = 0;
-    for (; b + 2 <= blocks; b += 2) {  // two blocks at once: two independent chains per lane
-      const double* k0 = kt + b * len * kKeyBlock;
-      const double* k1 = k0 + len * kKeyBlock;
-      for (std::size_t l = 0; l < kKeyBlock; l += n) {
-        V h0 = hn::Zero(d), lo0 = hn::Zero(d), a0 = hn::Zero(d);
-        V h1 = hn::Zero(d), lo1 = hn::Zero(d), a1 = hn::Zero(d);
-        for (std::int64_t e = 0; e < len; ++e) {
-          const V qe = hn::Set(d, q[e]);
-          const VDD p0 = two_prod(qe, hn::LoadU(d, k0 + e * kKeyBlock + l));
-          const VDD p1 = two_prod(qe, hn::LoadU(d, k1 + e * kKeyBlock + l));
-          const VDD t0 = two_sum(h0, p0.hi), t1 = two_sum(h1, p1.hi);
-          h0 = t0.hi;
-          h1 = t1.hi;
-          lo0 = hn::Add(lo0, hn::Add(t0.lo, p0.lo));
-          lo1 = hn::Add(lo1, hn::Add(t1.lo, p1.lo));
-          a0 = hn::Add(a0, hn::Abs(p0.hi));
-          a1 = hn::Add(a1, hn::Abs(p1.hi));
-        }
-        const std::size_t o = static_cast<std::size_t>(b) * kKeyBlock + l;
-        hn::StoreU(h0, d, sh + o);
-        hn::StoreU(lo0, d, sl + o);
-        hn::StoreU(a0, d, sabs + o);
-        hn::StoreU(h1, d, sh + o + kKeyBlock);
-        hn::StoreU(lo1, d, sl + o + kKeyBlock);
-        hn::StoreU(a1, d, sabs + o + kKeyBlock);
-      }
-    }
-    for (; b < blocks; ++b) {
-      const double* k = kt + b * len * kKeyBlock;
-      for (std::size_t l = 0; l < kKeyBlock; l += n) {
-        V h = hn::Zero(d), lo = hn::Zero(d), a = hn::Zero(d);
-        for (std::int64_t e = 0; e < len; ++e) {
-          const VDD p = two_prod(hn::Set(d, q[e]), hn::LoadU(d, k + e * kKeyBlock + l));
-          const VDD t = two_sum(h, p.hi);
-          h = t.hi;
-          lo = hn::Add(lo, hn::Add(t.lo, p.lo));  // sl += t.lo + p.lo
-          a = hn::Add(a, hn::Abs(p.hi));
-        }
-        const std::size_t o = static_cast<std::size_t>(b) * kKeyBlock + l;
-        hn::StoreU(h, d, sh + o);
-        hn::StoreU(lo, d, sl + o);
-        hn::StoreU(a, d, sabs + o);
-      }
-    }
+    for (; b + 2 <= blocks; b += 2)
+      for (std::size_t l = 0; l < kKeyBlock; l += n) dot2_chains<2>(q, kt, len, b, l, sh, sl, sabs);
+    for (; b < blocks; ++b)
+      for (std::size_t l = 0; l < kKeyBlock; l += n) dot2_chains<1>(q, kt, len, b, l, sh, sl, sabs);
     return;
   }
 #endif
@@ -222,44 +211,45 @@ HWY_INLINE void pv_total(V hi, V lo, double* HWY_RESTRICT th, double* HWY_RESTRI
 }
 #endif
 
+#if HWY_NATIVE_FMA
+// Rows [a0, a1) into K consecutive column vectors from col: the signed and the magnitudes'
+// sums of each, from zero, then added to the totals.
+template <std::size_t K>
+HWY_INLINE void pv_block(std::size_t a0, std::size_t a1, std::size_t col, const double* HWY_RESTRICT y,
+                         const std::int64_t* HWY_RESTRICT rows, std::size_t stride, const double* HWY_RESTRICT xh,
+                         const double* HWY_RESTRICT xl, const PVColumns& s) {
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  V nh[K], nl[K], mh[K], ml[K];
+  for (std::size_t v = 0; v < K; ++v) nh[v] = nl[v] = mh[v] = ml[v] = hn::Zero(d);
+  for (std::size_t a = a0; a < a1; ++a) {
+    const double* ya = y + static_cast<std::size_t>(rows[a]) * stride + col;
+    const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
+    for (std::size_t v = 0; v < K; ++v) {
+      const V y0 = hn::LoadU(d, ya + v * L);
+      pv_step(vh, vl, y0, nh[v], nl[v]);
+      pv_step(vh, vl, hn::Abs(y0), mh[v], ml[v]);
+    }
+  }
+  for (std::size_t v = 0; v < K; ++v) {
+    const std::size_t c = col + v * L;
+    pv_total(nh[v], nl[v], s.num_hi + c, s.num_lo + c);
+    pv_total(mh[v], ml[v], s.mag_hi + c, s.mag_lo + c);
+  }
+}
+#endif
+
 void PVSums(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const std::int64_t* HWY_RESTRICT rows,
             std::size_t stride, const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl, const PVColumns& s) {
   std::size_t c = 0;
 #if HWY_NATIVE_FMA
-  const D d;
-  const std::size_t L = hn::Lanes(d);
+  const std::size_t L = hn::Lanes(D());
   const std::size_t vec_end = cols / L * L;
   for (std::size_t a0 = 0; a0 < n; a0 += kSumBlock) {
     const std::size_t a1 = std::min(n, a0 + kSumBlock);
     std::size_t col = 0;
-    for (; col + 2 * L <= vec_end; col += 2 * L) {  // two column vectors a pass: a cache line of y
-      V nh = hn::Zero(d), nl = hn::Zero(d), mh = hn::Zero(d), ml = hn::Zero(d);
-      V nh2 = hn::Zero(d), nl2 = hn::Zero(d), mh2 = hn::Zero(d), ml2 = hn::Zero(d);
-      for (std::size_t a = a0; a < a1; ++a) {
-        const double* ya = y + static_cast<std::size_t>(rows[a]) * stride + col;
-        const V y0 = hn::LoadU(d, ya), y1 = hn::LoadU(d, ya + L);
-        const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
-        pv_step(vh, vl, y0, nh, nl);
-        pv_step(vh, vl, hn::Abs(y0), mh, ml);
-        pv_step(vh, vl, y1, nh2, nl2);
-        pv_step(vh, vl, hn::Abs(y1), mh2, ml2);
-      }
-      pv_total(nh, nl, s.num_hi + col, s.num_lo + col);
-      pv_total(mh, ml, s.mag_hi + col, s.mag_lo + col);
-      pv_total(nh2, nl2, s.num_hi + col + L, s.num_lo + col + L);
-      pv_total(mh2, ml2, s.mag_hi + col + L, s.mag_lo + col + L);
-    }
-    for (; col < vec_end; col += L) {
-      V nh = hn::Zero(d), nl = hn::Zero(d), mh = hn::Zero(d), ml = hn::Zero(d);
-      for (std::size_t a = a0; a < a1; ++a) {
-        const V y0 = hn::LoadU(d, y + static_cast<std::size_t>(rows[a]) * stride + col);
-        const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
-        pv_step(vh, vl, y0, nh, nl);
-        pv_step(vh, vl, hn::Abs(y0), mh, ml);
-      }
-      pv_total(nh, nl, s.num_hi + col, s.num_lo + col);
-      pv_total(mh, ml, s.mag_hi + col, s.mag_lo + col);
-    }
+    for (; col + 2 * L <= vec_end; col += 2 * L) pv_block<2>(a0, a1, col, y, rows, stride, xh, xl, s);  // a cache line of y
+    for (; col < vec_end; col += L) pv_block<1>(a0, a1, col, y, rows, stride, xh, xl, s);
   }
   c = vec_end;
 #endif
