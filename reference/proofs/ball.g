@@ -25,7 +25,7 @@
 # code: ball.hpp: const double q = mag(m) * (1 + kDivQuotient);
 # code: ball.hpp: const double den = std::fabs(b.mid.hi) * (1 - kMagRel) - b.rad;
 # code: ball.hpp: const double e = mag(m) * (1 + kExpMid);
-# code: fast_row.cpp: if (!(z.mid.hi > kDivMargin * z.rad)) return r;
+# code: fast_row.cpp: if (!(z.mid.hi > kDivMargin * z.rad)) return false;
 #@-Eno-auto-dichotomy
 @rnd = float<ieee_64, ne>;
 h = rnd(h_);

@@ -38,7 +38,7 @@
 # code: ball.hpp: return {m, radius_up(e * (a.rad * (1 + a.rad) + kExpRel))};
 # code: ball.hpp: return {two_sum(sh, sl), radius_up(dot_factor * sabs)};
 # code: ball.hpp: return {two_sum(hi_[c], lo_[c]), radius_up((radsum_[c] + kU * errsum_[c]) * (1 + 2 * gk))};
-# code: fast_row.cpp: const double rad = radius_up(factor * sum_abs + zero_count * zero_rad * r.absmax[ci]);
+# code: fast_row.cpp: const double rad = radius_up(factor * sum_abs + w.zero_count * w.zero_rad * r.absmax[ci]);
 # code: fast_row.hpp: const double s = radius_up(b.rad + kEndRel * (mag(b.mid) + b.rad));
 #@-Eprecision=300
 v = 1 - 0x1p-53;

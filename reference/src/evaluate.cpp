@@ -66,6 +66,10 @@ mpfr_prec_t start_precision(const Case& c) {
   return p;
 }
 
+// Rows per tile of the fast path: each chunk of a head's keys and values is read once per tile
+// (fast_rows), which keeps rows of many thousand keys from streaming them from memory per row.
+constexpr std::int64_t kRowTile = 4;
+
 // The counters of EvalStats, shared by the workers.
 struct Counters {
   std::atomic<std::uint64_t> elements{0}, undecided{0}, raised{0}, fast{0}, fallback{0};
@@ -87,7 +91,12 @@ class Driver {
         fast_(opt.fast_path ? fast::prepare(c) : fast::Setup{}) {}
 
   std::int64_t units() const { return mha_ ? c_.B * c_.Nq : c_.B * c_.Hq * c_.Nq; }
-  void run_unit(std::int64_t u);
+  // Tiles of consecutive rows of one head (one row unit each for kind mha), in unit order.
+  std::int64_t tiles() const { return mha_ ? units() : c_.B * c_.Hq * tiles_per_head(); }
+  // The tile's rows one after the other; done(row) after each. Returns nothing: the rows'
+  // results go to the buffers.
+  template <class Done>
+  void run_tile(std::int64_t t, Done&& done);
   EvalResult finish(double seconds);
 
  private:
@@ -97,7 +106,10 @@ class Driver {
   std::int64_t row_base(std::int64_t b, std::int64_t h, std::int64_t i) const {
     return (b * c_.Hq + h) * c_.Nq + i;
   }
+  std::int64_t tiles_per_head() const { return (c_.Nq + kRowTile - 1) / kRowTile; }
+  void run_unit(std::int64_t u);
   bool try_fast(std::int64_t b, std::int64_t h, std::int64_t i);
+  bool commit_fast(const fast::FastRow& fr, std::int64_t b, std::int64_t h, std::int64_t i);
   void evaluate_mpfr(std::int64_t b, std::int64_t h, std::int64_t i);
   bool round_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, std::int64_t i,
                  mpfr_prec_t p, std::vector<Pending>& pend, std::vector<double>& bounds) const;
@@ -116,6 +128,32 @@ class Driver {
   Counters n_;
 };
 
+template <class Done>
+void Driver::run_tile(std::int64_t t, Done&& done) {
+  if (mha_) {  // a tile is a unit
+    run_unit(t);
+    done();
+    return;
+  }
+  const std::int64_t bh = t / tiles_per_head(), i0 = (t % tiles_per_head()) * kRowTile;
+  const std::int64_t n = std::min(kRowTile, c_.Nq - i0), b = bh / c_.Hq, h = bh % c_.Hq;
+  if (!fast_.applies) {
+    for (std::int64_t k = 0; k < n; ++k) {
+      run_unit(bh * c_.Nq + i0 + k);
+      done();
+    }
+    return;
+  }
+  std::vector<fast::FastRow> frs = fast::fast_rows(c_, fast_, b, h, i0, n);
+  for (std::int64_t k = 0; k < n; ++k) {
+    fast::FastRow& fr = frs[static_cast<std::size_t>(k)];
+    if (fr.ok && commit_fast(fr, b, h, i0 + k)) n_.fast.fetch_add(1);
+    else evaluate_mpfr(b, h, i0 + k);
+    fr = fast::FastRow{};  // its memory back before the next row's
+    done();
+  }
+}
+
 void Driver::run_unit(std::int64_t u) {
   const std::int64_t Nq = c_.Nq, H = c_.Hq;
   const std::int64_t b = mha_ ? u / Nq : u / (H * Nq);
@@ -131,7 +169,11 @@ void Driver::run_unit(std::int64_t u) {
 // The fast path: the row in double-double balls, committed only when every element is decided.
 bool Driver::try_fast(std::int64_t b, std::int64_t h, std::int64_t i) {
   const fast::FastRow fr = fast::fast_row(c_, fast_, b, h, i);
-  if (!fr.ok) return false;
+  return fr.ok && commit_fast(fr, b, h, i);
+}
+
+// A row of the fast path written to the buffers, when every element is decided.
+bool Driver::commit_fast(const fast::FastRow& fr, std::int64_t b, std::int64_t h, std::int64_t i) {
   const Enclosure lse = fast::lse_enclosure(fr);
   fast::DecidedRow d;
   if (!fast::decide_row(c_, fr, lse, d)) return false;
@@ -282,9 +324,8 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
     Driver d(c, opt);
     // The error of the first failing unit in unit order is reported, whatever the thread count.
     detail::PassProgress done(opt, "rows", static_cast<std::uint64_t>(d.units()));
-    parallel_for(static_cast<std::size_t>(d.units()), opt.threads, [&](std::size_t u) {
-      d.run_unit(static_cast<std::int64_t>(u));
-      done.unit_done();
+    parallel_for(static_cast<std::size_t>(d.tiles()), opt.threads, [&](std::size_t t) {
+      d.run_tile(static_cast<std::int64_t>(t), [&] { done.unit_done(); });
     });
     mpfr_free_cache();
     res = d.finish(0);

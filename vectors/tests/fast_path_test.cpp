@@ -142,23 +142,36 @@ TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
         if (setup.applies) {
           const RowEvaluator ev(c);
           for (std::int64_t b = 0; b < c.B; ++b)
-            for (std::int64_t h = 0; h < c.Hq; ++h)
+            for (std::int64_t h = 0; h < c.Hq; ++h) {
+              // the head's rows as one tile and as tiles from row 1, with and without the
+              // transposed keys: each row as fast_row evaluates it alone
+              const std::vector<fast::FastRow> tile = fast::fast_rows(c, setup, b, h, 0, c.Nq);
+              const std::vector<fast::FastRow> tile_w = fast::fast_rows(c, rowwise, b, h, 1, c.Nq - 1);
+              ASSERT_EQ(tile.size(), static_cast<std::size_t>(c.Nq));
               for (std::int64_t i = 0; i < c.Nq; ++i) {
                 ++rows_total;
                 const fast::FastRow fr = fast::fast_row(c, setup, b, h, i);
                 const fast::FastRow fw = fast::fast_row(c, rowwise, b, h, i);
-                ASSERT_EQ(fr.ok, fw.ok) << "problem " << problems;
-                if (!fr.ok) continue;
-                // the same balls, bit for bit, with or without the transposed copy of the keys
+                std::vector<const fast::FastRow*> others{&fw, &tile[static_cast<std::size_t>(i)]};
+                if (i > 0) others.push_back(&tile_w[static_cast<std::size_t>(i - 1)]);
+                // the same balls, bit for bit
                 auto same = [](const fast::Ball& x, const fast::Ball& y) {
                   return std::memcmp(&x.mid.hi, &y.mid.hi, 8) == 0 && std::memcmp(&x.mid.lo, &y.mid.lo, 8) == 0 &&
                          std::memcmp(&x.rad, &y.rad, 8) == 0;
                 };
-                for (std::size_t j = 0; j < fr.dots.size(); ++j)
-                  ASSERT_TRUE(same(fr.dots[j], fw.dots[j])) << "dot " << j << ", problem " << problems;
-                for (std::size_t e = 0; e < fr.out.size(); ++e)
-                  ASSERT_TRUE(same(fr.out[e], fw.out[e]) && same(fr.bound[e], fw.bound[e]))
-                      << "out " << e << ", problem " << problems;
+                for (const fast::FastRow* o : others) {
+                  ASSERT_EQ(fr.ok, o->ok) << "row " << i << ", problem " << problems;
+                  if (!fr.ok) continue;
+                  ASSERT_TRUE(same(fr.z, o->z)) << "Z, row " << i << ", problem " << problems;
+                  for (std::size_t j = 0; j < fr.dots.size(); ++j)
+                    ASSERT_TRUE(same(fr.dots[j], o->dots[j]) && same(fr.scores[j], o->scores[j]) &&
+                                same(fr.weights[j], o->weights[j]))
+                        << "key " << j << ", row " << i << ", problem " << problems;
+                  for (std::size_t e = 0; e < fr.out.size(); ++e)
+                    ASSERT_TRUE(same(fr.out[e], o->out[e]) && same(fr.bound[e], o->bound[e]))
+                        << "out " << e << ", row " << i << ", problem " << problems;
+                }
+                if (!fr.ok) continue;
                 ++rows_fast;
                 const RowEnclosures pr = ev.row(b, h, i, 256);
                 const HeadDetail& d = pr.heads[0];
@@ -178,6 +191,7 @@ TEST(FastPath, EnclosesThePreciseValuesAndGivesTheSameBytes) {
                 const Enclosure lse = fast::lse_enclosure(fr);
                 expect_inside(pr.lse[0], lse.lo, lse.hi, "lse", problems);
               }
+            }
         }
         EvalOptions on, off;
         off.fast_path = false;

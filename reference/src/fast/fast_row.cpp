@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace attnoracle::fast {
 namespace {
@@ -161,58 +162,47 @@ Setup prepare(const Case& c, bool transposed) {
   return s;
 }
 
-FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i) {
-  FastRow r;
-  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
-  const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + i) * Dk;
-  const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
-  r.allowed.assign(static_cast<std::size_t>(Nk), 0);
-  r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
-  r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
-  r.scores.assign(static_cast<std::size_t>(Nk), Ball{});
+namespace {
+
+// Keys per chunk of the tiled passes: every row of a tile runs over one chunk of the keys (or
+// of the values) while it is in cache, 128 KB of either at D = 128.
+constexpr std::int64_t kDotChunkBlocks = 16;        // key blocks of kKeyBlock keys
+constexpr std::size_t kSumChunk = 2 * kSumBlock;    // weights (a multiple of kSumBlock)
+
+// One row of a tile between the passes.
+struct RowState {
+  std::int64_t i = 0;
   std::vector<std::int64_t> keys;
-  for (std::int64_t j = 0; j < Nk; ++j)
-    if (c.allowed(b, h, i, j)) {
-      keys.push_back(j);
-      r.allowed[static_cast<std::size_t>(j)] = 1;
-    }
-  if (keys.empty()) return r;  // a fully masked (or sink-only) row: the MPFR path
+  std::int64_t first = 0, blocks = 0;      // the key blocks its Dot2 covers
+  std::vector<double> sh, sl, sabs;        // per key of those blocks
+  std::vector<double> wh, wl;              // the weights of nonzero midpoint, and their keys
+  std::vector<std::int64_t> rows;
+  double rho = 0, zero_rad = 0, zero_count = 0;
+  std::vector<double> sums;                // the P V totals (PVColumns, 4 x Dv)
+  bool live = false;                       // still on the fast path
+};
 
-  // Dot2 of every key in the blocks from the first allowed key's to the last's, in SIMD lanes.
+// Everything from the dots to the weights, and the lists the P V sums take; false: MPFR.
+bool row_weights(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, RowState& w, FastRow& r) {
+  const std::int64_t Nk = c.Nk, Dv = c.Dv, g = c.kv_head(h), i = w.i;
+  const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
+  const std::vector<std::int64_t>& keys = w.keys;  // freed at the end
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  const std::int64_t first = keys.front() / kb, blocks = keys.back() / kb - first + 1;
-  std::vector<double> sh(static_cast<std::size_t>(blocks * kb)), sl(sh.size()), sabs(sh.size());
-  if (!s.kt.empty()) {
-    dot2_blocks(q, s.kt.data() + ((b * c.Hkv + g) * s.key_blocks + first) * Dk * kb, Dk, blocks, sh.data(),
-                sl.data(), sabs.data());
-  } else {  // each block transposed in turn, as transpose_keys lays it out (0 past the last key)
-    const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
-    std::vector<double> kt(static_cast<std::size_t>(Dk * kb));
-    for (std::int64_t bl = 0; bl < blocks; ++bl) {
-      for (std::int64_t l = 0; l < kb; ++l) {
-        const std::int64_t j = (first + bl) * kb + l;
-        for (std::int64_t e = 0; e < Dk; ++e) kt[static_cast<std::size_t>(e * kb + l)] = j < Nk ? K[j * Dk + e] : 0.0;
-      }
-      const auto o = static_cast<std::size_t>(bl * kb);
-      dot2_blocks(q, kt.data(), Dk, 1, sh.data() + o, sl.data() + o, sabs.data() + o);
-    }
-  }
-  const double dot_factor = dot2_factor(Dk);
+  const double dot_factor = dot2_factor(c.Dk);
 
-  std::vector<Ball> S(keys.size());
   double m = -INFINITY;
   for (std::size_t a = 0; a < keys.size(); ++a) {
-    const auto o = static_cast<std::size_t>(keys[a] - first * kb);
-    const Ball dot = dot2_ball(sh[o], sl[o], sabs[o], dot_factor);
+    const auto o = static_cast<std::size_t>(keys[a] - w.first * kb);
+    const Ball dot = dot2_ball(w.sh[o], w.sl[o], w.sabs[o], dot_factor);
     r.dots[static_cast<std::size_t>(keys[a])] = dot;
     Ball sc = mul(s.scale, dot);
     const double bias = c.bias_at(b, h, i, keys[a]);
     if (bias != 0) sc = add(sc, bias);
-    if (!std::isfinite(sc.mid.hi) || !std::isfinite(sc.rad)) return r;  // overflow: MPFR
-    S[a] = sc;
+    if (!std::isfinite(sc.mid.hi) || !std::isfinite(sc.rad)) return false;  // overflow: MPFR
     r.scores[static_cast<std::size_t>(keys[a])] = sc;
     m = std::max(m, sc.mid.hi);
   }
+  w.sh = {}, w.sl = {}, w.sabs = {};
   if (c.sinks) m = std::max(m, c.sink(h));
   r.m = m;
   // e_j = exp(S_j - m) with m any number (the identity is exact); then Z, the weights.
@@ -220,8 +210,8 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   std::vector<Ball> x(keys.size()), e(keys.size());
   std::vector<double> xh(keys.size()), xl(keys.size()), eh(keys.size()), el(keys.size());
   for (std::size_t a = 0; a < keys.size(); ++a) {
-    x[a] = add(S[a], -m);
-    if (!exp_applies(x[a])) return r;  // outside exp's ball rule: MPFR
+    x[a] = add(r.scores[static_cast<std::size_t>(keys[a])], -m);
+    if (!exp_applies(x[a])) return false;  // outside exp's ball rule: MPFR
     const bool tiny = x[a].mid.hi < kExpMin;
     xh[a] = tiny ? 0 : x[a].mid.hi;
     xl[a] = tiny ? 0 : x[a].mid.lo;
@@ -234,18 +224,15 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   }
   if (c.sinks) {  // the sink: one more term of Z, exp(sink - m), with no value vector
     const Ball xs = add(Ball{DD{c.sink(h), 0}, 0}, -m);
-    if (!exp_applies(xs)) return r;
+    if (!exp_applies(xs)) return false;
     z = add(z, exp(xs));
   }
-  if (!(z.mid.hi > kDivMargin * z.rad)) return r;
+  if (!(z.mid.hi > kDivMargin * z.rad)) return false;
   r.z = z;
   // e_j / Z as e_j times the ball of 1/Z: one division per row, not per key.
   const Ball inv_z = div(Ball{DD{1, 0}, 0}, z);
   for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = mul(e[a], inv_z);
 
-  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (pv_sums), over Z.
-  r.out.resize(static_cast<std::size_t>(Dv));
-  r.bound.resize(static_cast<std::size_t>(Dv));
   const auto nd = static_cast<std::size_t>(Dv);
   if (keys.size() == static_cast<std::size_t>(Nk)) {  // every key: the ranges of prepare()
     const auto o = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b * c.Hkv + g) * nd);
@@ -264,50 +251,147 @@ FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   }
   // The weights' midpoints enter the sums; their radii enter the radius as rho A (rad_j <=
   // rho x_j), and a weight of midpoint 0 (exp below kExpMin) as its radius times max |v_c|.
-  std::vector<double> wh, wl;
-  std::vector<std::int64_t> rows;
-  wh.reserve(keys.size()), wl.reserve(keys.size()), rows.reserve(keys.size());
-  double rho = 0, zero_rad = 0, zero_count = 0;
+  w.wh.reserve(keys.size()), w.wl.reserve(keys.size()), w.rows.reserve(keys.size());
   for (std::size_t a = 0; a < keys.size(); ++a) {
     if (e[a].mid.hi == 0) {
-      zero_rad = std::max(zero_rad, e[a].rad);
-      zero_count += 1;
+      w.zero_rad = std::max(w.zero_rad, e[a].rad);
+      w.zero_count += 1;
       continue;
     }
-    wh.push_back(e[a].mid.hi);
-    wl.push_back(e[a].mid.lo);
-    rows.push_back(keys[a]);
-    rho = std::max(rho, e[a].rad / e[a].mid.hi);  // e_j > 0
+    w.wh.push_back(e[a].mid.hi);
+    w.wl.push_back(e[a].mid.lo);
+    w.rows.push_back(keys[a]);
+    w.rho = std::max(w.rho, e[a].rad / e[a].mid.hi);  // e_j > 0
   }
-  const auto sum_blocks = static_cast<double>((rows.size() + kSumBlock - 1) / kSumBlock);
-  if (sum_blocks > kMaxSumBlocks) return r;
-  std::vector<double> sums(4 * nd, 0.0);
-  double* num_hi = sums.data();
-  double* num_lo = num_hi + nd;
-  double* mag_hi = num_lo + nd;
-  double* mag_lo = mag_hi + nd;
-  pv_sums(nd, rows.size(), V, rows.data(), nd, wh.data(), wl.data(), PVColumns{num_hi, num_lo, mag_hi, mag_lo});
+  w.keys = {};
+  const auto sum_blocks = static_cast<double>((w.rows.size() + kSumBlock - 1) / kSumBlock);
+  if (sum_blocks > kMaxSumBlocks) return false;
+  w.sums.assign(4 * nd, 0.0);
+  return true;
+}
+
+// The output and its bound from the P V totals.
+void row_out(const Case& c, const RowState& w, FastRow& r) {
+  const auto nd = static_cast<std::size_t>(c.Dv);
+  const double* num_hi = w.sums.data();
+  const double* num_lo = num_hi + nd;
+  const double* mag_hi = num_lo + nd;
+  const double* mag_lo = mag_hi + nd;
+  const auto sum_blocks = static_cast<double>((w.rows.size() + kSumBlock - 1) / kSumBlock);
   // |N_c - total| <= (rho + kBlockSum + nb kAddDD (1 + kSumMag)) A + zero_count zero_rad max |v_c|.
-  const double factor = rho + (kBlockSum + sum_blocks * kAddDD * (1 + kSumMag));
+  const double factor = w.rho + (kBlockSum + sum_blocks * kAddDD * (1 + kSumMag));
   if (c.sinks)  // the weights sum to less than 1: the output is a combination of 0 and the values
     for (std::size_t ci = 0; ci < nd; ++ci) {
       r.vmin[ci] = std::min(r.vmin[ci], 0.0);
       r.vmax[ci] = std::max(r.vmax[ci], 0.0);
       r.absmin[ci] = 0;
     }
+  r.out.resize(nd);
+  r.bound.resize(nd);
   for (std::size_t ci = 0; ci < nd; ++ci) {
     Ball num, mag_sum;  // a column whose every allowed value is 0: both sums are exactly 0
     if (r.absmax[ci] != 0) {
       const double sum_abs = std::fabs(mag_hi[ci]) * (1 + kSumMag);
-      const double rad = radius_up(factor * sum_abs + zero_count * zero_rad * r.absmax[ci]);
+      const double rad = radius_up(factor * sum_abs + w.zero_count * w.zero_rad * r.absmax[ci]);
       num = {DD{num_hi[ci], num_lo[ci]}, rad};
       mag_sum = {DD{mag_hi[ci], mag_lo[ci]}, rad};
     }
-    r.out[ci] = div(num, z);
-    r.bound[ci] = div(mag_sum, z);
+    r.out[ci] = div(num, r.z);
+    r.bound[ci] = div(mag_sum, r.z);
   }
   r.ok = true;
-  return r;
+}
+
+}  // namespace
+
+std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i0,
+                               std::int64_t count) {
+  std::vector<FastRow> out(static_cast<std::size_t>(count));
+  std::vector<RowState> ws(static_cast<std::size_t>(count));
+  const std::int64_t Nk = c.Nk, Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
+  const auto kb = static_cast<std::int64_t>(kKeyBlock);
+  std::int64_t lo_block = std::numeric_limits<std::int64_t>::max(), hi_block = 0;  // the tile's blocks
+  for (std::size_t t = 0; t < ws.size(); ++t) {
+    RowState& w = ws[t];
+    FastRow& r = out[t];
+    w.i = i0 + static_cast<std::int64_t>(t);
+    r.allowed.assign(static_cast<std::size_t>(Nk), 0);
+    r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
+    r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
+    r.scores.assign(static_cast<std::size_t>(Nk), Ball{});
+    for (std::int64_t j = 0; j < Nk; ++j)
+      if (c.allowed(b, h, w.i, j)) {
+        w.keys.push_back(j);
+        r.allowed[static_cast<std::size_t>(j)] = 1;
+      }
+    if (w.keys.empty()) continue;  // a fully masked (or sink-only) row: the MPFR path
+    w.live = true;
+    // Dot2 of every key in the blocks from the first allowed key's to the last's.
+    w.first = w.keys.front() / kb;
+    w.blocks = w.keys.back() / kb - w.first + 1;
+    const auto n = static_cast<std::size_t>(w.blocks * kb);
+    w.sh.resize(n), w.sl.resize(n), w.sabs.resize(n);
+    lo_block = std::min(lo_block, w.first);
+    hi_block = std::max(hi_block, w.first + w.blocks);
+  }
+
+  // Dot2 in SIMD lanes, a chunk of key blocks at a time for every row of the tile. Without
+  // prepare()'s transposed keys, each chunk is transposed in turn, as transpose_keys lays it
+  // out (0 past the last key).
+  std::vector<double> kt;
+  for (std::int64_t c0 = lo_block; c0 < hi_block; c0 += kDotChunkBlocks) {
+    const std::int64_t c1 = std::min(hi_block, c0 + kDotChunkBlocks);
+    const double* chunk;
+    if (!s.kt.empty()) {
+      chunk = s.kt.data() + ((b * c.Hkv + g) * s.key_blocks + c0) * Dk * kb;
+    } else {
+      const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
+      kt.assign(static_cast<std::size_t>((c1 - c0) * Dk * kb), 0.0);
+      for (std::int64_t bl = c0; bl < c1; ++bl)
+        for (std::int64_t l = 0; l < kb; ++l) {
+          const std::int64_t j = bl * kb + l;
+          if (j >= Nk) break;
+          for (std::int64_t e = 0; e < Dk; ++e)
+            kt[static_cast<std::size_t>(((bl - c0) * Dk + e) * kb + l)] = K[j * Dk + e];
+        }
+      chunk = kt.data();
+    }
+    for (RowState& w : ws) {
+      if (!w.live) continue;
+      const std::int64_t a = std::max(c0, w.first), z = std::min(c1, w.first + w.blocks);
+      if (a >= z) continue;
+      const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + w.i) * Dk;
+      const auto o = static_cast<std::size_t>((a - w.first) * kb);
+      dot2_blocks(q, chunk + (a - c0) * Dk * kb, Dk, z - a, w.sh.data() + o, w.sl.data() + o, w.sabs.data() + o);
+    }
+  }
+
+  std::size_t most = 0;  // the longest list of weights
+  for (std::size_t t = 0; t < ws.size(); ++t) {
+    RowState& w = ws[t];
+    if (w.live) w.live = row_weights(c, s, b, h, w, out[t]);
+    if (w.live) most = std::max(most, w.rows.size());
+  }
+
+  // Output and bound: N_c = sum_j e_j v_jc and B_c = sum_j e_j |v_jc| (pv_sums), over Z; a
+  // chunk of whole blocks at a time for every row (the same blocks, so the same bits, as one call).
+  const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
+  const auto nd = static_cast<std::size_t>(Dv);
+  for (std::size_t a0 = 0; a0 < most; a0 += kSumChunk)
+    for (RowState& w : ws) {
+      if (!w.live || a0 >= w.rows.size()) continue;
+      const std::size_t len = std::min(kSumChunk, w.rows.size() - a0);
+      double* sums = w.sums.data();
+      pv_sums(nd, len, V, w.rows.data() + a0, nd, w.wh.data() + a0, w.wl.data() + a0,
+              PVColumns{sums, sums + nd, sums + 2 * nd, sums + 3 * nd});
+    }
+  for (std::size_t t = 0; t < ws.size(); ++t)
+    if (ws[t].live) row_out(c, ws[t], out[t]);
+  return out;
+}
+
+FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i) {
+  return std::move(fast_rows(c, s, b, h, i, 1).front());
 }
 
 void ends(const Ball& b, DD& lo, DD& hi, double clamp_lo, double clamp_hi) {

@@ -72,6 +72,11 @@ bool all_in_range(const std::vector<double>& v);
 Ball ball_of(mpfr_srcptr lo, mpfr_srcptr hi);
 
 FastRow fast_row(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i);
+// Rows i0 .. i0 + count - 1 of head h, each exactly as fast_row evaluates it: the Dot2 and the
+// P V passes run over the keys and values a chunk at a time for every row of the tile, so that
+// each chunk is read from memory once per tile rather than once per row.
+std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, std::int64_t i0,
+                               std::int64_t count);
 
 // The ends of a ball, intersected with [clamp_lo, clamp_hi] (which must hold the exact value;
 // an empty intersection, a broken evaluation, keeps the ball's own ends).
