@@ -122,57 +122,58 @@ double SoftmaxNumerators(double* HWY_RESTRICT s, std::size_t count) {
   return z;
 }
 
-// out[0, cols) = sum over a of w[a] V[key a] / z; key a is keys[a], or a when keys is null.
+// out[0, cols) += sum over a of w[a] V[key a]; key a is keys[a], or a when keys is null.
 template <bool kIndexed>
 HWY_INLINE void PVImpl(const double* HWY_RESTRICT w, const std::int64_t* HWY_RESTRICT keys, std::size_t nkeys,
-                       const double* HWY_RESTRICT values, std::size_t cols, double z, double* HWY_RESTRICT out) {
+                       const double* HWY_RESTRICT values, std::size_t cols, double* HWY_RESTRICT out) {
   const D d;
   const std::size_t n = hn::Lanes(d);
-  constexpr std::size_t kChunk = 128;  // keys per pass: their rows stay in cache
   const std::size_t vec_end = cols / n * n;
-  std::fill(out, out + cols, 0.0);
   auto row = [&](std::size_t a) {
     return values + (kIndexed ? static_cast<std::size_t>(keys[a]) : a) * cols;
   };
-  for (std::size_t a0 = 0; a0 < nkeys; a0 += kChunk) {
-    const std::size_t a1 = std::min(nkeys, a0 + kChunk);
-    std::size_t c = 0;
-    for (; c + 4 * n <= vec_end; c += 4 * n) {  // four vectors of columns in registers
-      V s0 = hn::LoadU(d, out + c), s1 = hn::LoadU(d, out + c + n), s2 = hn::LoadU(d, out + c + 2 * n),
-        s3 = hn::LoadU(d, out + c + 3 * n);
-      for (std::size_t a = a0; a < a1; ++a) {
-        const double* y = row(a) + c;
-        const V wa = hn::Set(d, w[a]);
-        s0 = hn::MulAdd(wa, hn::LoadU(d, y), s0);
-        s1 = hn::MulAdd(wa, hn::LoadU(d, y + n), s1);
-        s2 = hn::MulAdd(wa, hn::LoadU(d, y + 2 * n), s2);
-        s3 = hn::MulAdd(wa, hn::LoadU(d, y + 3 * n), s3);
-      }
-      hn::StoreU(s0, d, out + c);
-      hn::StoreU(s1, d, out + c + n);
-      hn::StoreU(s2, d, out + c + 2 * n);
-      hn::StoreU(s3, d, out + c + 3 * n);
-    }
-    for (; c < vec_end; c += n) {
-      V s0 = hn::LoadU(d, out + c);
-      for (std::size_t a = a0; a < a1; ++a) s0 = hn::MulAdd(hn::Set(d, w[a]), hn::LoadU(d, row(a) + c), s0);
-      hn::StoreU(s0, d, out + c);
-    }
-    for (; c < cols; ++c)
-      for (std::size_t a = a0; a < a1; ++a) out[c] += w[a] * row(a)[c];
-  }
-  const V vz = hn::Set(d, z);
   std::size_t c = 0;
-  for (; c < vec_end; c += n) hn::StoreU(hn::Div(hn::LoadU(d, out + c), vz), d, out + c);
-  for (; c < cols; ++c) out[c] /= z;
+  for (; c + 4 * n <= vec_end; c += 4 * n) {  // four vectors of columns in registers
+    V s0 = hn::LoadU(d, out + c), s1 = hn::LoadU(d, out + c + n), s2 = hn::LoadU(d, out + c + 2 * n),
+      s3 = hn::LoadU(d, out + c + 3 * n);
+    for (std::size_t a = 0; a < nkeys; ++a) {
+      const double* y = row(a) + c;
+      const V wa = hn::Set(d, w[a]);
+      s0 = hn::MulAdd(wa, hn::LoadU(d, y), s0);
+      s1 = hn::MulAdd(wa, hn::LoadU(d, y + n), s1);
+      s2 = hn::MulAdd(wa, hn::LoadU(d, y + 2 * n), s2);
+      s3 = hn::MulAdd(wa, hn::LoadU(d, y + 3 * n), s3);
+    }
+    hn::StoreU(s0, d, out + c);
+    hn::StoreU(s1, d, out + c + n);
+    hn::StoreU(s2, d, out + c + 2 * n);
+    hn::StoreU(s3, d, out + c + 3 * n);
+  }
+  for (; c < vec_end; c += n) {
+    V s0 = hn::LoadU(d, out + c);
+    for (std::size_t a = 0; a < nkeys; ++a) s0 = hn::MulAdd(hn::Set(d, w[a]), hn::LoadU(d, row(a) + c), s0);
+    hn::StoreU(s0, d, out + c);
+  }
+  for (; c < cols; ++c)
+    for (std::size_t a = 0; a < nkeys; ++a) out[c] += w[a] * row(a)[c];
 }
 
 void PV(const double* w, const std::int64_t* keys, std::size_t nkeys, const double* values, std::size_t cols,
-        double z, double* out) {
+        double* out) {
   if (keys)
-    PVImpl<true>(w, keys, nkeys, values, cols, z, out);
+    PVImpl<true>(w, keys, nkeys, values, cols, out);
   else
-    PVImpl<false>(w, keys, nkeys, values, cols, z, out);
+    PVImpl<false>(w, keys, nkeys, values, cols, out);
+}
+
+// out[0, cols) /= z.
+void Divide(double* HWY_RESTRICT out, std::size_t cols, double z) {
+  const D d;
+  const std::size_t n = hn::Lanes(d);
+  const V vz = hn::Set(d, z);
+  std::size_t c = 0;
+  for (; c + n <= cols; c += n) hn::StoreU(hn::Div(hn::LoadU(d, out + c), vz), d, out + c);
+  for (; c < cols; ++c) out[c] /= z;
 }
 
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
@@ -187,6 +188,7 @@ namespace attnfloor {
 HWY_EXPORT(DotBlocks);
 HWY_EXPORT(SoftmaxNumerators);
 HWY_EXPORT(PV);
+HWY_EXPORT(Divide);
 HWY_EXPORT(TargetHere);
 
 using namespace attnoracle;
@@ -210,56 +212,88 @@ std::vector<double> evaluate(const Case& c, int threads) {
   const bool dense = !c.mask && !c.bias && c.causal == Causal::None && !c.window && !c.seqlens_k;
   const std::int64_t rows = c.B * c.Hq * c.Nq;
   std::vector<double> out(static_cast<std::size_t>(rows) * Dv, 0.0);
-  constexpr std::int64_t kRowsPerTask = 8;
+  // Tiles of rows, as the certified path's: the dots and P V run over a chunk of the keys and
+  // values (128 of them) for every row of the tile while the chunk is in cache.
+  constexpr std::int64_t kRowsPerTask = 4, kChunkBlocks = 16;
+  constexpr std::size_t kChunk = 128;
   const auto tasks = static_cast<std::size_t>((rows + kRowsPerTask - 1) / kRowsPerTask);
   parallel_for(tasks, threads, [&](std::size_t t) {
-    std::vector<double> s(static_cast<std::size_t>(blocks * kb)), w;
-    std::vector<std::int64_t> keys;
+    struct Row {
+      std::int64_t b = 0, h = 0, i = 0, bg = 0, b0 = 0, nb = 0;
+      bool live = false;
+      std::vector<double> s, w;
+      std::vector<std::int64_t> keys;
+      double z = 0;
+    };
     const std::int64_t r0 = static_cast<std::int64_t>(t) * kRowsPerTask, r1 = std::min(rows, r0 + kRowsPerTask);
+    std::vector<Row> tile(static_cast<std::size_t>(r1 - r0));
+    std::int64_t lo = blocks, hi = 0;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const std::int64_t i = r % c.Nq, h = (r / c.Nq) % c.Hq, b = r / (c.Nq * c.Hq);
-      const std::int64_t bg = b * c.Hkv + c.kv_head(h);
-      const double* q = c.q.values.data() + r * Dk;
-      const double* values = c.v.values.data() + static_cast<std::size_t>(bg * c.Nk) * Dv;
-      double* o = out.data() + static_cast<std::size_t>(r) * Dv;
+      Row& w = tile[static_cast<std::size_t>(r - r0)];
+      w.i = r % c.Nq, w.h = (r / c.Nq) % c.Hq, w.b = r / (c.Nq * c.Hq);
+      w.bg = w.b * c.Hkv + c.kv_head(w.h);
       std::int64_t first = 0, last = c.Nk - 1;
       if (!dense) {
-        const Case::KeyRange kr = c.key_range(b, i);
-        first = kr.first;
-        last = kr.last;
-        keys.clear();
-        for (std::int64_t j = first; j <= last; ++j)
-          if (c.allowed(b, h, i, j)) keys.push_back(j);
-        if (keys.empty()) continue;  // fully masked: zeros
-        first = keys.front();
-        last = keys.back();
+        const Case::KeyRange kr = c.key_range(w.b, w.i);
+        for (std::int64_t j = kr.first; j <= kr.last; ++j)
+          if (c.allowed(w.b, w.h, w.i, j)) w.keys.push_back(j);
+        if (w.keys.empty()) continue;  // fully masked: zeros
+        first = w.keys.front();
+        last = w.keys.back();
       }
-      const std::int64_t b0 = first / kb, nb = last / kb - b0 + 1;
-      HWY_DYNAMIC_DISPATCH(DotBlocks)(q, kt.data() + static_cast<std::size_t>((bg * blocks + b0) * Dk * kb), Dk, nb,
-                                      scale, s.data());
-      const auto count = static_cast<std::size_t>(nb * kb), base = static_cast<std::size_t>(b0 * kb);
+      w.live = true;
+      w.b0 = first / kb, w.nb = last / kb - w.b0 + 1;
+      w.s.resize(static_cast<std::size_t>(w.nb * kb));
+      lo = std::min(lo, w.b0);
+      hi = std::max(hi, w.b0 + w.nb);
+    }
+    for (std::int64_t c0 = lo; c0 < hi; c0 += kChunkBlocks)
+      for (std::int64_t r = r0; r < r1; ++r) {
+        Row& w = tile[static_cast<std::size_t>(r - r0)];
+        const std::int64_t a = std::max(c0, w.b0), e = std::min(c0 + kChunkBlocks, w.b0 + w.nb);
+        if (!w.live || a >= e) continue;
+        HWY_DYNAMIC_DISPATCH(DotBlocks)(c.q.values.data() + r * Dk,
+                                        kt.data() + static_cast<std::size_t>((w.bg * blocks + a) * Dk * kb), Dk,
+                                        e - a, scale, w.s.data() + (a - w.b0) * kb);
+      }
+    std::size_t most = 0;
+    for (Row& w : tile) {
+      if (!w.live) continue;
+      const std::size_t count = w.s.size(), base = static_cast<std::size_t>(w.b0 * kb);
       if (dense) {
-        for (std::size_t a = static_cast<std::size_t>(c.Nk) - base; a < count; ++a) s[a] = -HUGE_VAL;
+        for (std::size_t a = static_cast<std::size_t>(c.Nk) - base; a < count; ++a) w.s[a] = -HUGE_VAL;
       } else {
         std::size_t a = 0;  // masked keys -inf, bias added to the others
         for (std::size_t o2 = 0; o2 < count; ++o2) {
           const auto j = static_cast<std::int64_t>(base + o2);
-          if (a < keys.size() && keys[a] == j) {
-            if (c.bias) s[o2] += c.bias_at(b, h, i, j);
+          if (a < w.keys.size() && w.keys[a] == j) {
+            if (c.bias) w.s[o2] += c.bias_at(w.b, w.h, w.i, j);
             ++a;
           } else {
-            s[o2] = -HUGE_VAL;
+            w.s[o2] = -HUGE_VAL;
           }
         }
       }
-      const double z = HWY_DYNAMIC_DISPATCH(SoftmaxNumerators)(s.data(), count);
-      if (dense) {
-        HWY_DYNAMIC_DISPATCH(PV)(s.data(), nullptr, static_cast<std::size_t>(c.Nk), values, Dv, z, o);
-      } else {
-        w.resize(keys.size());
-        for (std::size_t a = 0; a < keys.size(); ++a) w[a] = s[static_cast<std::size_t>(keys[a]) - base];
-        HWY_DYNAMIC_DISPATCH(PV)(w.data(), keys.data(), keys.size(), values, Dv, z, o);
+      w.z = HWY_DYNAMIC_DISPATCH(SoftmaxNumerators)(w.s.data(), count);
+      if (!dense) {
+        w.w.resize(w.keys.size());
+        for (std::size_t a = 0; a < w.keys.size(); ++a) w.w[a] = w.s[static_cast<std::size_t>(w.keys[a]) - base];
       }
+      most = std::max(most, dense ? static_cast<std::size_t>(c.Nk) : w.keys.size());
+    }
+    for (std::size_t a0 = 0; a0 < most; a0 += kChunk)
+      for (std::int64_t r = r0; r < r1; ++r) {
+        Row& w = tile[static_cast<std::size_t>(r - r0)];
+        const std::size_t n = dense ? static_cast<std::size_t>(c.Nk) : w.keys.size();
+        if (!w.live || a0 >= n) continue;
+        // dense rows index the chunk's values from its first key, the others by key
+        const double* values = c.v.values.data() + static_cast<std::size_t>(w.bg * c.Nk) * Dv + (dense ? a0 * Dv : 0);
+        HWY_DYNAMIC_DISPATCH(PV)((dense ? w.s.data() : w.w.data()) + a0, dense ? nullptr : w.keys.data() + a0,
+                                 std::min(kChunk, n - a0), values, Dv, out.data() + static_cast<std::size_t>(r) * Dv);
+      }
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const Row& w = tile[static_cast<std::size_t>(r - r0)];
+      if (w.live) HWY_DYNAMIC_DISPATCH(Divide)(out.data() + static_cast<std::size_t>(r) * Dv, Dv, w.z);
     }
   });
   return out;
