@@ -39,7 +39,9 @@
 #ifndef ATTNORACLE_FLOOR_CONSTANTS
 #define ATTNORACLE_FLOOR_CONSTANTS  // once, not per target
 namespace attnfloor {
+using attnoracle::fast::kDotChunkBlocks;
 using attnoracle::fast::kKeyBlock;
+using attnoracle::fast::kSumChunk;
 }
 #endif
 
@@ -212,10 +214,10 @@ std::vector<double> evaluate(const Case& c, int threads) {
   const bool dense = !c.mask && !c.bias && c.causal == Causal::None && !c.window && !c.seqlens_k;
   const std::int64_t rows = c.B * c.Hq * c.Nq;
   std::vector<double> out(static_cast<std::size_t>(rows) * Dv, 0.0);
-  // Tiles of rows, as the certified path's: the dots and P V run over a chunk of the keys and
-  // values (128 of them) for every row of the tile while the chunk is in cache.
-  constexpr std::int64_t kRowsPerTask = 4, kChunkBlocks = 16;
-  constexpr std::size_t kChunk = 128;
+  // Tiles of 4 rows, as the certified path's: the dots and P V run over a chunk of the keys and
+  // values (its chunks, simd.hpp) for every row of the tile while the chunk is in cache.
+  constexpr std::int64_t kRowsPerTask = 4, kChunkBlocks = kDotChunkBlocks;
+  constexpr std::size_t kChunk = kSumChunk;
   const auto tasks = static_cast<std::size_t>((rows + kRowsPerTask - 1) / kRowsPerTask);
   parallel_for(tasks, threads, [&](std::size_t t) {
     struct Row {

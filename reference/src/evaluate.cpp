@@ -107,8 +107,6 @@ class Driver {
     return (b * c_.Hq + h) * c_.Nq + i;
   }
   std::int64_t tiles_per_head() const { return (c_.Nq + kRowTile - 1) / kRowTile; }
-  void run_unit(std::int64_t u);
-  bool try_fast(std::int64_t b, std::int64_t h, std::int64_t i);
   bool commit_fast(const fast::FastRow& fr, std::int64_t b, std::int64_t h, std::int64_t i);
   void evaluate_mpfr(std::int64_t b, std::int64_t h, std::int64_t i);
   bool round_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, std::int64_t i,
@@ -130,8 +128,8 @@ class Driver {
 
 template <class Done>
 void Driver::run_tile(std::int64_t t, Done&& done) {
-  if (mha_) {  // a tile is a unit
-    run_unit(t);
+  if (mha_) {  // a tile is a unit: row i of batch b, MPFR (no fast path for mha)
+    evaluate_mpfr(t / c_.Nq, 0, t % c_.Nq);
     done();
     return;
   }
@@ -139,7 +137,7 @@ void Driver::run_tile(std::int64_t t, Done&& done) {
   const std::int64_t n = std::min(kRowTile, c_.Nq - i0), b = bh / c_.Hq, h = bh % c_.Hq;
   if (!fast_.applies) {
     for (std::int64_t k = 0; k < n; ++k) {
-      run_unit(bh * c_.Nq + i0 + k);
+      evaluate_mpfr(b, h, i0 + k);
       done();
     }
     return;
@@ -152,24 +150,6 @@ void Driver::run_tile(std::int64_t t, Done&& done) {
     fr = fast::FastRow{};  // its memory back before the next row's
     done();
   }
-}
-
-void Driver::run_unit(std::int64_t u) {
-  const std::int64_t Nq = c_.Nq, H = c_.Hq;
-  const std::int64_t b = mha_ ? u / Nq : u / (H * Nq);
-  const std::int64_t h = mha_ ? 0 : (u / Nq) % H;
-  const std::int64_t i = u % Nq;
-  if (fast_.applies && !mha_ && try_fast(b, h, i)) {
-    n_.fast.fetch_add(1);
-    return;
-  }
-  evaluate_mpfr(b, h, i);
-}
-
-// The fast path: the row in double-double balls, committed only when every element is decided.
-bool Driver::try_fast(std::int64_t b, std::int64_t h, std::int64_t i) {
-  const fast::FastRow fr = fast::fast_row(c_, fast_, b, h, i);
-  return fr.ok && commit_fast(fr, b, h, i);
 }
 
 // A row of the fast path written to the buffers, when every element is decided.

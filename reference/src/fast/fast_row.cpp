@@ -164,11 +164,6 @@ Setup prepare(const Case& c, bool transposed) {
 
 namespace {
 
-// Keys per chunk of the tiled passes: every row of a tile runs over one chunk of the keys (or
-// of the values) while it is in cache, 128 KB of either at D = 128.
-constexpr std::int64_t kDotChunkBlocks = 16;        // key blocks of kKeyBlock keys
-constexpr std::size_t kSumChunk = 2 * kSumBlock;    // weights (a multiple of kSumBlock)
-
 // One row of a tile between the passes.
 struct RowState {
   std::int64_t i = 0;
@@ -345,15 +340,8 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
     if (!s.kt.empty()) {
       chunk = s.kt.data() + ((b * c.Hkv + g) * s.key_blocks + c0) * Dk * kb;
     } else {
-      const double* K = c.k.values.data() + (b * c.Hkv + g) * Nk * Dk;
-      kt.assign(static_cast<std::size_t>((c1 - c0) * Dk * kb), 0.0);
-      for (std::int64_t bl = c0; bl < c1; ++bl)
-        for (std::int64_t l = 0; l < kb; ++l) {
-          const std::int64_t j = bl * kb + l;
-          if (j >= Nk) break;
-          for (std::int64_t e = 0; e < Dk; ++e)
-            kt[static_cast<std::size_t>(((bl - c0) * Dk + e) * kb + l)] = K[j * Dk + e];
-        }
+      kt.resize(static_cast<std::size_t>((c1 - c0) * Dk * kb));
+      transpose_key_blocks(c.k.values.data() + (b * c.Hkv + g) * Nk * Dk, Nk, Dk, c0, c1, kt.data());
       chunk = kt.data();
     }
     for (RowState& w : ws) {

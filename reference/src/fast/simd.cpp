@@ -271,15 +271,22 @@ HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
 HWY_EXPORT(PVSums);
 
-std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
+void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
+                          double* kt) {
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
+  for (std::int64_t j = b0 * kb; j < b1 * kb; ++j)
+    for (std::int64_t e = 0; e < len; ++e)
+      kt[static_cast<std::size_t>(((j / kb - b0) * len + e) * kb + j % kb)] =
+          j < n ? k[static_cast<std::size_t>(j * len + e)] : 0.0;
+}
+
+std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
   const std::int64_t blocks = key_blocks(n);
-  std::vector<double> kt(static_cast<std::size_t>(groups * blocks * len * kb), 0.0);
+  const auto per_group = static_cast<std::size_t>(blocks * len) * kKeyBlock;
+  std::vector<double> kt(static_cast<std::size_t>(groups) * per_group);
   for (std::int64_t g = 0; g < groups; ++g)
-    for (std::int64_t j = 0; j < n; ++j)
-      for (std::int64_t e = 0; e < len; ++e)
-        kt[static_cast<std::size_t>(((g * blocks + j / kb) * len + e) * kb + j % kb)] =
-            k[static_cast<std::size_t>((g * n + j) * len + e)];
+    transpose_key_blocks(k + static_cast<std::size_t>(g * n * len), n, len, 0, blocks,
+                         kt.data() + static_cast<std::size_t>(g) * per_group);
   return kt;
 }
 

@@ -18,6 +18,14 @@ inline std::int64_t key_blocks(std::int64_t n) {
   return (n + static_cast<std::int64_t>(kKeyBlock) - 1) / static_cast<std::int64_t>(kKeyBlock);
 }
 std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len);
+// Blocks [b0, b1) of one group's keys k[n, len] into kt[(b1 - b0) * len * kKeyBlock], laid out as
+// transpose_keys lays them (0 past the last key).
+void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
+                          double* kt);
+
+// Keys per chunk of the tiled passes over a head's keys and values (fast_rows, the floor): every
+// row of a tile runs over one chunk while it is in cache, 128 KB of keys or values at D = 128.
+inline constexpr std::int64_t kDotChunkBlocks = 16;  // key blocks of kKeyBlock keys
 
 // Dot2 of q[0, len) with every key of `blocks` consecutive blocks of kt: sh, sl and sabs
 // [blocks * kKeyBlock] receive, per key, the running sum, its compensation and sum |q_e k_e|
@@ -43,6 +51,7 @@ void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y,
 // Keys per block of fast_row's P V column sums: each block is summed from zero, then added to
 // the column's total (kBlockSum in error_bounds.hpp is the error bound of one block of 64).
 inline constexpr std::size_t kSumBlock = 64;
+inline constexpr std::size_t kSumChunk = 2 * kSumBlock;  // weights per chunk of the tiled P V pass
 
 // fast_row's P V column sums: the totals (double-doubles, hi and lo) of the signed sums x y_c
 // and of the magnitudes' x |y_c|.
