@@ -41,7 +41,7 @@ HWY_INLINE VDD fast_two_sum(V a, V b) {
 }
 HWY_INLINE VDD two_prod(V a, V b) {
   const V p = hn::Mul(a, b);
-  return {p, hn::MulAdd(a, b, hn::Neg(p))};  // fma(a, b, -p)
+  return {p, hn::MulSub(a, b, p)};  // fma(a, b, -p): the same single rounding
 }
 HWY_INLINE VDD add(VDD x, VDD y) {
   const VDD s = two_sum(x.hi, y.hi);
@@ -71,10 +71,12 @@ HWY_INLINE void dot2_chains(const double* HWY_RESTRICT q, const double* HWY_REST
                             double* HWY_RESTRICT sabs) {
   const D d;
   V h[K], lo[K], a[K];
+  HWY_UNROLL(8)
   for (std::size_t v = 0; v < K; ++v) h[v] = lo[v] = a[v] = hn::Zero(d);
   const double* k = kt + b * len * kKeyBlock + l;
   for (std::int64_t e = 0; e < len; ++e) {
     const V qe = hn::Set(d, q[e]);
+    HWY_UNROLL(8)
     for (std::size_t v = 0; v < K; ++v) {
       const VDD p = two_prod(qe, hn::LoadU(d, k + (static_cast<std::int64_t>(v) * len + e) * kKeyBlock));
       const VDD t = two_sum(h[v], p.hi);
@@ -83,6 +85,7 @@ HWY_INLINE void dot2_chains(const double* HWY_RESTRICT q, const double* HWY_REST
       a[v] = hn::Add(a[v], hn::Abs(p.hi));
     }
   }
+  HWY_UNROLL(8)
   for (std::size_t v = 0; v < K; ++v) {
     const std::size_t o = (static_cast<std::size_t>(b) + v) * kKeyBlock + l;
     hn::StoreU(h[v], d, sh + o);
@@ -121,6 +124,7 @@ HWY_INLINE void exp_vectors(const double* HWY_RESTRICT xh, const double* HWY_RES
   const ExpConstants& C = exp_constants();
   VDD p[K], t[K];
   V k[K];
+  HWY_UNROLL(8)
   for (std::size_t v = 0; v < K; ++v) {
     const VDD x{hn::LoadU(d, xh + v * n), hn::LoadU(d, xl + v * n)};
     k[v] = hn::Round(hn::Mul(x.hi, hn::Set(d, 1.4426950408889634)));  // nearbyint
@@ -132,10 +136,13 @@ HWY_INLINE void exp_vectors(const double* HWY_RESTRICT xh, const double* HWY_RES
   for (int j = 8; j >= 0; --j) {
     const DD c = C.inv_fact[static_cast<unsigned>(j)];
     const VDD cv{hn::Set(d, c.hi), hn::Set(d, c.lo)};
+    HWY_UNROLL(8)
     for (std::size_t v = 0; v < K; ++v) p[v] = add(mul(p[v], t[v]), cv);
   }
   for (int s = 0; s < 10; ++s)
+    HWY_UNROLL(8)
     for (std::size_t v = 0; v < K; ++v) p[v] = mul(p[v], p[v]);
+  HWY_UNROLL(8)
   for (std::size_t v = 0; v < K; ++v) {
     // 2^k as a double (k in [-895, 12]: normal), so p 2^k is ldexp(p, k) correctly rounded.
     const auto bits = hn::ShiftLeft<52>(hn::Add(hn::ConvertTo(di, k[v]), hn::Set(di, 1023)));
@@ -221,16 +228,19 @@ HWY_INLINE void pv_block(std::size_t a0, std::size_t a1, std::size_t col, const 
   const D d;
   const std::size_t L = hn::Lanes(d);
   V nh[K], nl[K], mh[K], ml[K];
+  HWY_UNROLL(8)
   for (std::size_t v = 0; v < K; ++v) nh[v] = nl[v] = mh[v] = ml[v] = hn::Zero(d);
   for (std::size_t a = a0; a < a1; ++a) {
     const double* ya = y + static_cast<std::size_t>(rows[a]) * stride + col;
     const V vh = hn::Set(d, xh[a]), vl = hn::Set(d, xl[a]);
+    HWY_UNROLL(8)
     for (std::size_t v = 0; v < K; ++v) {
       const V y0 = hn::LoadU(d, ya + v * L);
       pv_step(vh, vl, y0, nh[v], nl[v]);
       pv_step(vh, vl, hn::Abs(y0), mh[v], ml[v]);
     }
   }
+  HWY_UNROLL(8)
   for (std::size_t v = 0; v < K; ++v) {
     const std::size_t c = col + v * L;
     pv_total(nh[v], nl[v], s.num_hi + c, s.num_lo + c);
