@@ -209,6 +209,14 @@ HWY_INLINE void pv_step(V xh, V xl, V yc, V& hi, V& lo) {
   hi = t.hi;
   lo = hn::Add(lo, hn::MulAdd(xl, yc, hn::Add(t.lo, p.lo)));
 }
+// pv_step for y >= 0 (and hi >= 0, x > 0): TwoSum of two nonnegative numbers as Fast2Sum of the
+// larger and the smaller, which gives the same two results (both are exact).
+HWY_INLINE void pv_step_nonneg(V xh, V xl, V yc, V& hi, V& lo) {
+  const VDD p = two_prod(xh, yc);
+  const VDD t = fast_two_sum(hn::Max(hi, p.hi), hn::Min(hi, p.hi));
+  hi = t.hi;
+  lo = hn::Add(lo, hn::MulAdd(xl, yc, hn::Add(t.lo, p.lo)));
+}
 // A block's sums (hi, lo) added to the totals at th, tl (pv_total's operations).
 HWY_INLINE void pv_total(V hi, V lo, double* HWY_RESTRICT th, double* HWY_RESTRICT tl) {
   const D d;
@@ -237,7 +245,7 @@ HWY_INLINE void pv_block(std::size_t a0, std::size_t a1, std::size_t col, const 
     for (std::size_t v = 0; v < K; ++v) {
       const V y0 = hn::LoadU(d, ya + v * L);
       pv_step(vh, vl, y0, nh[v], nl[v]);
-      pv_step(vh, vl, hn::Abs(y0), mh[v], ml[v]);
+      pv_step_nonneg(vh, vl, hn::Abs(y0), mh[v], ml[v]);
     }
   }
   HWY_UNROLL(8)

@@ -58,7 +58,7 @@ inline constexpr std::size_t kSumChunk = 2 * kSumBlock;  // weights per chunk of
 struct PVColumns {
   double *num_hi, *num_lo, *mag_hi, *mag_lo;
 };
-// For a in [0, n), weight (xh[a], xl[a]) times row y + rows[a] stride, added to columns
+// For a in [0, n), weight (xh[a], xl[a]) (xh[a] >= 0) times row y + rows[a] stride, added to columns
 // [0, cols) of s: per block of kSumBlock weights, each column's sums start from zero and run
 // like Dot2 (TwoProd and TwoSum on the high parts, the residuals and xl y in a binary64 chain);
 // the block's TwoSum(hi, lo) is then added to the column's total by double-double addition.
