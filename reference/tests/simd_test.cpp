@@ -15,6 +15,7 @@
 
 #include "fast/ball.hpp"
 #include "fast/exp_dd.hpp"
+#include "fast/fast_row.hpp"
 #include "fast/simd.hpp"
 
 namespace attnoracle::testing {
@@ -183,6 +184,36 @@ RC_GTEST_PROP(Simd, PVSumsMatchScalarBlocks, ()) {
     std::vector<double> s(cols * 4, 0.0);
     fast::pv_sums(cols, n, y.data(), rows.data(), cols, xh.data(), xl.data(), columns(s));
     check(s, "pv_sums under " + target);
+  });
+}
+
+// The balls' ends rounded outwards to F64 (the oracle's intervals) in lanes against the scalar
+// code, and the scalar code against fast_row.hpp's lower(), upper() and their roundings: exact
+// balls, zero midpoints, radii from far below an ulp to past the midpoint.
+RC_GTEST_PROP(Simd, BallEndsMatchScalarEnds, ()) {
+  const auto n = *rc::gen::inRange<std::size_t>(0, 40);
+  std::vector<fast::Ball> balls(n);
+  for (auto& b : balls) {
+    const int kind = *rc::gen::inRange(0, 8);
+    const double hi = kind == 0 ? 0.0 : *scaled(-60, 60);
+    const double lo = hi * *rc::gen::inRange(-1000, 1000) * 0x1p-63;
+    const double rad = kind == 1 ? 0.0 : std::ldexp(std::fabs(kind == 0 ? 1.0 : hi), -*rc::gen::inRange(-2, 110));
+    b = {fast::DD{hi, lo}, rad};
+  }
+  std::vector<double> lo0(n), hi0(n);
+  fast::ball_ends_scalar(0, n, reinterpret_cast<const double*>(balls.data()), lo0.data(), hi0.data());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!same_bits(lo0[i], fast::round_down_dd(fast::lower(balls[i]))))
+      RC_FAIL("ball_ends_scalar's lower end differs at " + std::to_string(i));
+    if (!same_bits(hi0[i], fast::round_up_dd(fast::upper(balls[i]))))
+      RC_FAIL("ball_ends_scalar's upper end differs at " + std::to_string(i));
+  }
+  for_each_target([&](const std::string& target) {
+    std::vector<double> lo(n), hi(n);
+    fast::ball_ends(reinterpret_cast<const double*>(balls.data()), n, lo.data(), hi.data());
+    for (std::size_t i = 0; i < n; ++i)
+      if (!same_bits(lo[i], lo0[i]) || !same_bits(hi[i], hi0[i]))
+        RC_FAIL("ball_ends under " + target + " differs at " + std::to_string(i));
   });
 }
 

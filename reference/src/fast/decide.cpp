@@ -5,6 +5,7 @@
 #include <mpfr.h>
 
 #include <cmath>
+#include <cstddef>
 
 #include "attnoracle/reference/round.hpp"
 
@@ -135,18 +136,15 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
 RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
   RowIntervals r;
   r.allowed = fr.allowed;
-  r.w_lo.reserve(fr.weights.size());
-  r.w_hi.reserve(fr.weights.size());
-  r.out_lo.reserve(fr.out.size());
-  r.out_hi.reserve(fr.out.size());
-  for (std::size_t j = 0; j < fr.weights.size(); ++j) {
-    r.w_lo.push_back(round_down_dd(lower(fr.weights[j])));
-    r.w_hi.push_back(round_up_dd(upper(fr.weights[j])));
-  }
-  for (std::size_t e = 0; e < fr.out.size(); ++e) {
-    r.out_lo.push_back(round_down_dd(lower(fr.out[e])));
-    r.out_hi.push_back(round_up_dd(upper(fr.out[e])));
-  }
+  // The ends in SIMD lanes, on the balls' three doubles each.
+  static_assert(sizeof(Ball) == 3 * sizeof(double) && offsetof(Ball, rad) == 2 * sizeof(double));
+  const auto ends = [](const std::vector<Ball>& balls, std::vector<double>& lo, std::vector<double>& hi) {
+    lo.resize(balls.size());
+    hi.resize(balls.size());
+    ball_ends(reinterpret_cast<const double*>(balls.data()), balls.size(), lo.data(), hi.data());
+  };
+  ends(fr.weights, r.w_lo, r.w_hi);
+  ends(fr.out, r.out_lo, r.out_hi);
   r.lse_lo = mpfr_get_d(lse.lo, MPFR_RNDD);
   r.lse_hi = mpfr_get_d(lse.hi, MPFR_RNDU);
   return r;

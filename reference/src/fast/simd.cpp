@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "fast/dd.hpp"
+#include "fast/error_bounds.hpp"
 #include "fast/exp_dd.hpp"
 #include "fast/simd.hpp"
 
@@ -274,6 +276,45 @@ void PVSums(std::size_t cols, std::size_t n, const double* HWY_RESTRICT y, const
   pv_sums_scalar(c, cols, n, y, rows, stride, xh, xl, s);
 }
 
+#if HWY_NATIVE_FMA
+// fast_row.hpp's next_up of every lane (x = 0: the smallest subnormal), and -next_up(-x).
+HWY_INLINE V next_up_lanes(V x) {
+  const D d;
+  const hn::RebindToSigned<D> di;
+  const auto bits = hn::BitCast(di, x);
+  const auto step = hn::IfThenElse(hn::RebindMask(di, hn::Gt(x, hn::Zero(d))), hn::Set(di, 1), hn::Set(di, -1));
+  return hn::IfThenElse(hn::Eq(x, hn::Zero(d)), hn::Set(d, 4.9406564584124654e-324),
+                        hn::BitCast(d, hn::Add(bits, step)));
+}
+HWY_INLINE V next_down_lanes(V x) { return hn::Neg(next_up_lanes(hn::Neg(x))); }
+#endif
+
+void BallEnds(const double* HWY_RESTRICT balls, std::size_t n, double* HWY_RESTRICT lo, double* HWY_RESTRICT hi) {
+  std::size_t i = 0;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  const V zero = hn::Zero(d);
+  for (; i + L <= n; i += L) {
+    V mh, ml, rad;
+    hn::LoadInterleaved3(d, balls + 3 * i, mh, ml, rad);
+    // lower() and upper(): mid -/+ s by DWPlusFP, s = radius_up(rad + kEndRel (mag(mid) + rad)).
+    const V mag = hn::Mul(hn::Abs(mh), hn::Set(d, 1 + kMagRel));
+    const V r = hn::Add(rad, hn::Mul(hn::Set(d, kEndRel), hn::Add(mag, rad)));
+    const V sr = hn::Add(hn::Mul(r, hn::Set(d, 1 + kRadiusSlack)), hn::Set(d, kRadiusFloor));
+    const VDD a = two_sum(mh, hn::Neg(sr)), b = two_sum(mh, sr);
+    const VDD l = fast_two_sum(a.hi, hn::Add(ml, a.lo)), u = fast_two_sum(b.hi, hn::Add(ml, b.lo));
+    const auto exact = hn::Eq(rad, zero);
+    // round_down_dd and round_up_dd of those ends (of mid itself for an exact ball).
+    const VDD ls = two_sum(hn::IfThenElse(exact, mh, l.hi), hn::IfThenElse(exact, ml, l.lo));
+    const VDD us = two_sum(hn::IfThenElse(exact, mh, u.hi), hn::IfThenElse(exact, ml, u.lo));
+    hn::StoreU(hn::IfThenElse(hn::Lt(ls.lo, zero), next_down_lanes(ls.hi), ls.hi), d, lo + i);
+    hn::StoreU(hn::IfThenElse(hn::Gt(us.lo, zero), next_up_lanes(us.hi), us.hi), d, hi + i);
+  }
+#endif
+  ball_ends_scalar(i, n, balls, lo, hi);
+}
+
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -288,6 +329,7 @@ HWY_EXPORT(ExpDDMany);
 HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
 HWY_EXPORT(PVSums);
+HWY_EXPORT(BallEnds);
 
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
                           double* kt) {
@@ -401,6 +443,38 @@ void dot2_blocks(const double* q, const double* kt, std::int64_t len, std::int64
 
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
   HWY_DYNAMIC_DISPATCH(ExpDDMany)(xh, xl, count, rh, rl);
+}
+
+namespace {
+inline double next_up_scalar(double x) {  // fast_row.hpp's next_up
+  if (x == 0) return 4.9406564584124654e-324;
+  std::int64_t bits;
+  std::memcpy(&bits, &x, 8);
+  bits += x > 0 ? 1 : -1;
+  std::memcpy(&x, &bits, 8);
+  return x;
+}
+}  // namespace
+
+void ball_ends_scalar(std::size_t from, std::size_t n, const double* balls, double* lo, double* hi) {
+  for (std::size_t i = from; i < n; ++i) {  // fast_row.hpp's lower() and upper(), rounded outwards
+    const DD mid{balls[3 * i], balls[3 * i + 1]};
+    const double rad = balls[3 * i + 2];
+    DD l = mid, u = mid;
+    if (rad != 0) {
+      const double r = rad + kEndRel * (std::fabs(mid.hi) * (1 + kMagRel) + rad);
+      const double s = r * (1 + kRadiusSlack) + kRadiusFloor;
+      l = add(mid, -s);
+      u = add(mid, s);
+    }
+    const DD ls = two_sum(l.hi, l.lo), us = two_sum(u.hi, u.lo);
+    lo[i] = ls.lo < 0 ? -next_up_scalar(-ls.hi) : ls.hi;
+    hi[i] = us.lo > 0 ? next_up_scalar(us.hi) : us.hi;
+  }
+}
+
+void ball_ends(const double* balls, std::size_t n, double* lo, double* hi) {
+  HWY_DYNAMIC_DISPATCH(BallEnds)(balls, n, lo, hi);
 }
 
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetHere)(); }
