@@ -84,6 +84,39 @@ RC_GTEST_PROP(Simd, Dot2BlocksMatchesScalarDot2, ()) {
   });
 }
 
+// With inputs of short significands (F32 values here, sometimes one element of 27 bits), the
+// exact-product Dot2 gives the general one's values where short_significands allows it, and the
+// lanes give the scalar code's bits.
+RC_GTEST_PROP(Simd, Dot2BlocksWithExactProductsMatchesDot2, ()) {
+  const auto len = *rc::gen::inRange<std::int64_t>(1, 140);
+  const auto blocks = *rc::gen::inRange<std::int64_t>(1, 4);
+  const int spread = *rc::gen::element(2, 60, 120);
+  const auto f32 = rc::gen::map(scaled(-spread, spread), [](double x) { return static_cast<double>(static_cast<float>(x)); });
+  auto q = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(len), f32);
+  auto kt = *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(len * blocks) * kKeyBlock, f32);
+  if (*rc::gen::element(0, 1, 2, 3) == 0) {  // one element with a 27-bit significand
+    auto& x = *rc::gen::element(0, 1) ? q[0] : kt[kt.size() / 2];
+    x = (x == 0 ? 1.0 : x) * (1 + 0x1p-26);
+  }
+  const bool exact = fast::short_significands(q.data(), q.size()) && fast::short_significands(kt.data(), kt.size());
+  RC_ASSERT(exact == (std::all_of(q.begin(), q.end(), [](double x) { return x == static_cast<float>(x); }) &&
+                      std::all_of(kt.begin(), kt.end(), [](double x) { return x == static_cast<float>(x); })));
+  RC_PRE(exact);
+  const std::size_t n = static_cast<std::size_t>(blocks) * kKeyBlock;
+  std::vector<double> h0(n), l0(n), a0(n), h1(n), l1(n), a1(n);
+  fast::dot2_blocks_scalar(q.data(), kt.data(), len, blocks, h0.data(), l0.data(), a0.data());
+  fast::dot2_blocks_scalar(q.data(), kt.data(), len, blocks, h1.data(), l1.data(), a1.data(), true);
+  for (std::size_t o = 0; o < n; ++o)
+    RC_ASSERT(same_bits(h1[o], h0[o]) && l1[o] == l0[o] && same_bits(a1[o], a0[o]));
+  for_each_target([&](const std::string& target) {
+    std::vector<double> h(n), l(n), a(n);
+    fast::dot2_blocks(q.data(), kt.data(), len, blocks, h.data(), l.data(), a.data(), true);
+    for (std::size_t o = 0; o < n; ++o)
+      if (!(same_bits(h[o], h1[o]) && same_bits(l[o], l1[o]) && same_bits(a[o], a1[o])))
+        RC_FAIL("dot2_blocks with exact products differs under " + target + " at key " + std::to_string(o));
+  });
+}
+
 RC_GTEST_PROP(Simd, ExpDDManyMatchesExpDD, ()) {
   const auto count = *rc::gen::inRange<std::size_t>(1, 80);
   std::vector<double> xh(count), xl(count);

@@ -147,6 +147,7 @@ Setup prepare(const Case& c, bool transposed) {
   }
   s.applies = true;
   s.key_blocks = key_blocks(c.Nk);
+  s.short_keys = short_significands(c.k.values.data(), c.k.values.size());
   if (transposed) s.kt = transpose_keys(c.k.values.data(), c.B * c.Hkv, c.Nk, c.Dk);
   const auto nv = static_cast<std::size_t>(c.B * c.Hkv * c.Dv), dv = static_cast<std::size_t>(c.Dv);
   s.vmin.assign(nv, INFINITY);
@@ -175,6 +176,7 @@ struct RowState {
   double rho = 0, zero_rad = 0, zero_count = 0;
   std::vector<double> sums;                // the P V totals (PVColumns, 4 x Dv)
   bool live = false;                       // still on the fast path
+  bool exact_products = false;             // every q_e k_e of the row exact (dot2_blocks)
 };
 
 // Everything from the dots to the weights, and the lists the P V sums take; false: MPFR.
@@ -321,6 +323,8 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
       }
     if (w.keys.empty()) continue;  // a fully masked (or sink-only) row: the MPFR path
     w.live = true;
+    w.exact_products = s.short_keys && short_significands(c.q.values.data() + ((b * c.Hq + h) * c.Nq + w.i) * Dk,
+                                                          static_cast<std::size_t>(Dk));
     // Dot2 of every key in the blocks from the first allowed key's to the last's.
     w.first = w.keys.front() / kb;
     w.blocks = w.keys.back() / kb - w.first + 1;
@@ -350,7 +354,8 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
       if (a >= z) continue;
       const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + w.i) * Dk;
       const auto o = static_cast<std::size_t>((a - w.first) * kb);
-      dot2_blocks(q, chunk + (a - c0) * Dk * kb, Dk, z - a, w.sh.data() + o, w.sl.data() + o, w.sabs.data() + o);
+      dot2_blocks(q, chunk + (a - c0) * Dk * kb, Dk, z - a, w.sh.data() + o, w.sl.data() + o, w.sabs.data() + o,
+                  w.exact_products);
     }
   }
 

@@ -45,6 +45,8 @@ struct Setup {
   // Over all keys of each (batch, kv head), per value column: the range of the values and of
   // their magnitudes ([B * Hkv * Dv] each), for rows that allow every key.
   std::vector<double> vmin, vmax, absmin, absmax;
+  // Whether every key's elements have significands of at most 26 bits (short_significands).
+  bool short_keys = false;
 };
 // Applies to kind sdpa without softcap, with every input (sinks too) of magnitude 0 or within
 // [kMinInput, kMaxInput], on a processor with fma. `transposed`: whether to keep a transposed

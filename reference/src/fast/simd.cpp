@@ -67,7 +67,7 @@ HWY_INLINE VDD mul(VDD x, VDD y) {
 #if HWY_NATIVE_FMA
 // Dot2 of q with lanes [l, l + n) of K consecutive blocks from block b: K independent chains
 // per lane, so that their latencies overlap.
-template <std::size_t K>
+template <std::size_t K, bool kExact>
 HWY_INLINE void dot2_chains(const double* HWY_RESTRICT q, const double* HWY_RESTRICT kt, std::int64_t len,
                             std::int64_t b, std::size_t l, double* HWY_RESTRICT sh, double* HWY_RESTRICT sl,
                             double* HWY_RESTRICT sabs) {
@@ -80,11 +80,20 @@ HWY_INLINE void dot2_chains(const double* HWY_RESTRICT q, const double* HWY_REST
     const V qe = hn::Set(d, q[e]);
     HWY_UNROLL(8)
     for (std::size_t v = 0; v < K; ++v) {
-      const VDD p = two_prod(qe, hn::LoadU(d, k + (static_cast<std::int64_t>(v) * len + e) * kKeyBlock));
-      const VDD t = two_sum(h[v], p.hi);
-      h[v] = t.hi;
-      lo[v] = hn::Add(lo[v], hn::Add(t.lo, p.lo));  // sl += t.lo + p.lo
-      a[v] = hn::Add(a[v], hn::Abs(p.hi));
+      const V kv = hn::LoadU(d, k + (static_cast<std::int64_t>(v) * len + e) * kKeyBlock);
+      if constexpr (kExact) {  // p = q k exactly: TwoProd's residual is 0
+        const V p = hn::Mul(qe, kv);
+        const VDD t = two_sum(h[v], p);
+        h[v] = t.hi;
+        lo[v] = hn::Add(lo[v], t.lo);  // sl += t.lo
+        a[v] = hn::Add(a[v], hn::Abs(p));
+      } else {
+        const VDD p = two_prod(qe, kv);
+        const VDD t = two_sum(h[v], p.hi);
+        h[v] = t.hi;
+        lo[v] = hn::Add(lo[v], hn::Add(t.lo, p.lo));  // sl += t.lo + p.lo
+        a[v] = hn::Add(a[v], hn::Abs(p.hi));
+      }
     }
   }
   HWY_UNROLL(8)
@@ -97,20 +106,29 @@ HWY_INLINE void dot2_chains(const double* HWY_RESTRICT q, const double* HWY_REST
 }
 #endif
 
-void Dot2Blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
-                double* sl, double* sabs) {
 #if HWY_NATIVE_FMA
+template <bool kExact>
+HWY_INLINE void dot2_all(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                         double* sl, double* sabs) {
   const std::size_t n = hn::Lanes(D());
-  if (kKeyBlock % n == 0) {
-    std::int64_t b = 0;
-    for (; b + 2 <= blocks; b += 2)
-      for (std::size_t l = 0; l < kKeyBlock; l += n) dot2_chains<2>(q, kt, len, b, l, sh, sl, sabs);
-    for (; b < blocks; ++b)
-      for (std::size_t l = 0; l < kKeyBlock; l += n) dot2_chains<1>(q, kt, len, b, l, sh, sl, sabs);
+  std::int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2)
+    for (std::size_t l = 0; l < kKeyBlock; l += n) dot2_chains<2, kExact>(q, kt, len, b, l, sh, sl, sabs);
+  for (; b < blocks; ++b)
+    for (std::size_t l = 0; l < kKeyBlock; l += n) dot2_chains<1, kExact>(q, kt, len, b, l, sh, sl, sabs);
+}
+#endif
+
+void Dot2Blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
+                double* sl, double* sabs, bool exact_products) {
+#if HWY_NATIVE_FMA
+  if (kKeyBlock % hn::Lanes(D()) == 0) {
+    if (exact_products) dot2_all<true>(q, kt, len, blocks, sh, sl, sabs);
+    else dot2_all<false>(q, kt, len, blocks, sh, sl, sabs);
     return;
   }
 #endif
-  dot2_blocks_scalar(q, kt, len, blocks, sh, sl, sabs);
+  dot2_blocks_scalar(q, kt, len, blocks, sh, sl, sabs, exact_products);
 }
 
 #if HWY_NATIVE_FMA
@@ -351,12 +369,20 @@ std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::in
 }
 
 void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
-                        double* sl, double* sabs) {
+                        double* sl, double* sabs, bool exact_products) {
   for (std::int64_t b = 0; b < blocks; ++b)
     for (std::size_t l = 0; l < kKeyBlock; ++l) {
       const double* k = kt + b * len * kKeyBlock + l;
       double h = 0, lo = 0, a = 0;
       for (std::int64_t e = 0; e < len; ++e) {  // ball.hpp's dot2, key l of block b
+        if (exact_products) {  // TwoProd's residual is 0
+          const double p = q[e] * k[e * kKeyBlock];
+          const DD t = fast::two_sum(h, p);
+          h = t.hi;
+          lo += t.lo;
+          a += std::fabs(p);
+          continue;
+        }
         const DD p = two_prod(q[e], k[e * kKeyBlock]);
         const DD t = fast::two_sum(h, p.hi);
         h = t.hi;
@@ -437,8 +463,18 @@ void ball_sum_lanes(std::size_t count, const double* y, bool absolute, double xh
 }
 
 void dot2_blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
-                 double* sl, double* sabs) {
-  HWY_DYNAMIC_DISPATCH(Dot2Blocks)(q, kt, len, blocks, sh, sl, sabs);
+                 double* sl, double* sabs, bool exact_products) {
+  HWY_DYNAMIC_DISPATCH(Dot2Blocks)(q, kt, len, blocks, sh, sl, sabs, exact_products);
+}
+
+bool short_significands(const double* x, std::size_t n) {
+  std::uint64_t low = 0;  // the 27 low bits of every significand, or-ed
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &x[i], 8);
+    low |= bits & ((std::uint64_t{1} << 27) - 1);
+  }
+  return low == 0;
 }
 
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {

@@ -29,12 +29,18 @@ inline constexpr std::int64_t kDotChunkBlocks = 16;  // key blocks of kKeyBlock 
 
 // Dot2 of q[0, len) with every key of `blocks` consecutive blocks of kt: sh, sl and sabs
 // [blocks * kKeyBlock] receive, per key, the running sum, its compensation and sum |q_e k_e|
-// rounded, exactly as ball.hpp's dot2 forms them before its final two_sum.
+// rounded, exactly as ball.hpp's dot2 forms them before its final two_sum. With
+// exact_products (every q_e k_e exact in F64: see short_significands) TwoProd's residual, then
+// 0, is left out: the same values (sl may differ in the sign of a zero).
 void dot2_blocks(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
-                 double* sl, double* sabs);
+                 double* sl, double* sabs, bool exact_products = false);
 // The same in plain scalar code (the reference the SIMD lanes are tested against).
 void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std::int64_t blocks, double* sh,
-                        double* sl, double* sabs);
+                        double* sl, double* sabs, bool exact_products = false);
+// Whether every x[i] (0 or normal) has a significand of at most 26 bits: a product of two such
+// numbers has at most 52 and is exact in F64 where it does not underflow (the fast path's input
+// range rules that out: |x| >= 2^-480). F32, F16 and BF16 values all have.
+bool short_significands(const double* x, std::size_t n);
 
 // exp_dd of count double-double arguments (xh[i], xl[i]), each in exp_dd's range.
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl);
