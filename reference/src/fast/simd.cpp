@@ -3,7 +3,8 @@
 // performs exactly the operations of the scalar code (dd.hpp, ball.hpp's dot2, exp_dd.cpp, the
 // scalar functions below) in the same order, so every result is
 // bit-identical to it on every target; a target without a fused multiply-add runs the scalar
-// loops instead. Compiled with -ffp-contract=off.
+// loops instead. Compiled with -ffp-contract=off. The loops over a kernel's K vectors are
+// unrolled (HWY_UNROLL), so that their running sums stay in registers rather than on the stack.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "fast/simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -229,7 +230,7 @@ HWY_INLINE void pv_step(V xh, V xl, V yc, V& hi, V& lo) {
   hi = t.hi;
   lo = hn::Add(lo, hn::MulAdd(xl, yc, hn::Add(t.lo, p.lo)));
 }
-// pv_step for y >= 0 (and hi >= 0, x > 0): TwoSum of two nonnegative numbers as Fast2Sum of the
+// pv_step for y >= 0 (and hi >= 0, x >= 0): TwoSum of two nonnegative numbers as Fast2Sum of the
 // larger and the smaller, which gives the same two results (both are exact).
 HWY_INLINE void pv_step_nonneg(V xh, V xl, V yc, V& hi, V& lo) {
   const VDD p = two_prod(xh, yc);
