@@ -133,6 +133,14 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
   return true;
 }
 
+void ball_ends_scalar(std::size_t from, std::size_t n, const double* balls, double* lo, double* hi) {
+  for (std::size_t i = from; i < n; ++i) {
+    const Ball b{DD{balls[3 * i], balls[3 * i + 1]}, balls[3 * i + 2]};
+    lo[i] = round_down_dd(lower(b));
+    hi[i] = round_up_dd(upper(b));
+  }
+}
+
 RowIntervals row_intervals(const FastRow& fr, const Enclosure& lse) {
   RowIntervals r;
   r.allowed = fr.allowed;

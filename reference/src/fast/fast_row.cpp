@@ -176,6 +176,7 @@ struct RowState {
   double rho = 0, zero_rad = 0, zero_count = 0;
   std::vector<double> sums;                // the P V totals (PVColumns, 4 x Dv)
   bool live = false;                       // still on the fast path
+  const double* q = nullptr;               // the query row
   bool exact_products = false;             // every q_e k_e of the row exact (dot2_blocks)
 };
 
@@ -323,8 +324,8 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
       }
     if (w.keys.empty()) continue;  // a fully masked (or sink-only) row: the MPFR path
     w.live = true;
-    w.exact_products = s.short_keys && short_significands(c.q.values.data() + ((b * c.Hq + h) * c.Nq + w.i) * Dk,
-                                                          static_cast<std::size_t>(Dk));
+    w.q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + w.i) * Dk;
+    w.exact_products = s.short_keys && short_significands(w.q, static_cast<std::size_t>(Dk));
     // Dot2 of every key in the blocks from the first allowed key's to the last's.
     w.first = w.keys.front() / kb;
     w.blocks = w.keys.back() / kb - w.first + 1;
@@ -352,9 +353,8 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
       if (!w.live) continue;
       const std::int64_t a = std::max(c0, w.first), z = std::min(c1, w.first + w.blocks);
       if (a >= z) continue;
-      const double* q = c.q.values.data() + ((b * c.Hq + h) * c.Nq + w.i) * Dk;
       const auto o = static_cast<std::size_t>((a - w.first) * kb);
-      dot2_blocks(q, chunk + (a - c0) * Dk * kb, Dk, z - a, w.sh.data() + o, w.sl.data() + o, w.sabs.data() + o,
+      dot2_blocks(w.q, chunk + (a - c0) * Dk * kb, Dk, z - a, w.sh.data() + o, w.sl.data() + o, w.sabs.data() + o,
                   w.exact_products);
     }
   }

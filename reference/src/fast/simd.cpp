@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "fast/dd.hpp"
 #include "fast/error_bounds.hpp"
@@ -302,7 +303,7 @@ HWY_INLINE V next_up_lanes(V x) {
   const hn::RebindToSigned<D> di;
   const auto bits = hn::BitCast(di, x);
   const auto step = hn::IfThenElse(hn::RebindMask(di, hn::Gt(x, hn::Zero(d))), hn::Set(di, 1), hn::Set(di, -1));
-  return hn::IfThenElse(hn::Eq(x, hn::Zero(d)), hn::Set(d, 4.9406564584124654e-324),
+  return hn::IfThenElse(hn::Eq(x, hn::Zero(d)), hn::Set(d, std::numeric_limits<double>::denorm_min()),
                         hn::BitCast(d, hn::Add(bits, step)));
 }
 HWY_INLINE V next_down_lanes(V x) { return hn::Neg(next_up_lanes(hn::Neg(x))); }
@@ -480,34 +481,6 @@ bool short_significands(const double* x, std::size_t n) {
 
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
   HWY_DYNAMIC_DISPATCH(ExpDDMany)(xh, xl, count, rh, rl);
-}
-
-namespace {
-inline double next_up_scalar(double x) {  // fast_row.hpp's next_up
-  if (x == 0) return 4.9406564584124654e-324;
-  std::int64_t bits;
-  std::memcpy(&bits, &x, 8);
-  bits += x > 0 ? 1 : -1;
-  std::memcpy(&x, &bits, 8);
-  return x;
-}
-}  // namespace
-
-void ball_ends_scalar(std::size_t from, std::size_t n, const double* balls, double* lo, double* hi) {
-  for (std::size_t i = from; i < n; ++i) {  // fast_row.hpp's lower() and upper(), rounded outwards
-    const DD mid{balls[3 * i], balls[3 * i + 1]};
-    const double rad = balls[3 * i + 2];
-    DD l = mid, u = mid;
-    if (rad != 0) {
-      const double r = rad + kEndRel * (std::fabs(mid.hi) * (1 + kMagRel) + rad);
-      const double s = r * (1 + kRadiusSlack) + kRadiusFloor;
-      l = add(mid, -s);
-      u = add(mid, s);
-    }
-    const DD ls = two_sum(l.hi, l.lo), us = two_sum(u.hi, u.lo);
-    lo[i] = ls.lo < 0 ? -next_up_scalar(-ls.hi) : ls.hi;
-    hi[i] = us.lo > 0 ? next_up_scalar(us.hi) : us.hi;
-  }
 }
 
 void ball_ends(const double* balls, std::size_t n, double* lo, double* hi) {

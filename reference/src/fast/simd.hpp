@@ -77,7 +77,7 @@ void pv_sums_scalar(std::size_t from, std::size_t cols, std::size_t n, const dou
 // For n balls (midpoint hi, lo and radius, three doubles each, as ball.hpp's Ball): lo[i] and
 // hi[i], the F64 numbers round_down_dd(lower(ball)) and round_up_dd(upper(ball)) (fast_row.hpp).
 void ball_ends(const double* balls, std::size_t n, double* lo, double* hi);
-// The same in scalar code, for i in [from, n).
+// The same by those functions, for i in [from, n) (decide.cpp).
 void ball_ends_scalar(std::size_t from, std::size_t n, const double* balls, double* lo, double* hi);
 
 // The instruction set the dispatch chose (for example "AVX3", "AVX2", "EMU128").
