@@ -247,5 +247,88 @@ RC_GTEST_PROP(Simd, BallEndsMatchScalarEnds, ()) {
   });
 }
 
+
+// The row's per-key ball steps (score_balls, exp_args, exp_balls, mul_balls) against ball.hpp's
+// operations, chained as row_weights chains them, with biases zero and not, and rows with a key
+// whose radius overflows, whose radius is past exp's ball rule, or whose weight is tiny.
+RC_GTEST_PROP(Simd, RowBallStepsMatchScalarBalls, ()) {
+  const auto n = *rc::gen::inRange<std::size_t>(0, 40);
+  // One key of the row may be made to break a rule: 1, its radius overflows; 2, its radius is
+  // past exp's rule; 3, its dot is far below the others', so that its weight is tiny.
+  const int fault = n ? *rc::gen::element(0, 1, 2, 3) : 0;
+  const std::size_t at = n ? *rc::gen::inRange<std::size_t>(0, n) : 0;
+  std::vector<double> sh(n), sl(n), sabs(n), bias(n);
+  for (std::size_t a = 0; a < n; ++a) {
+    sh[a] = *scaled(-30, 4);
+    if (fault == 3 && a == at) sh[a] = -std::fabs(*scaled(16, 17));
+    sl[a] = sh[a] * *rc::gen::inRange(-1000, 1000) * 0x1p-63;
+    sabs[a] = std::ldexp(std::fabs(sh[a]), *rc::gen::inRange(0, 20));
+    if (fault == 1 && a == at) sabs[a] = INFINITY;
+    if (fault == 2 && a == at) sabs[a] = 0x1p100;
+    bias[a] = *rc::gen::inRange(0, 2) ? 0.0 : *scaled(-8, 8);
+  }
+  const bool with_bias = *rc::gen::arbitrary<bool>();
+  // Radii from exact (0) to half the midpoint, so that every term of a product's radius counts.
+  const auto ball = [](int lo, int hi) {
+    const double mid = *scaled(lo, hi);
+    const int r = *rc::gen::element(0, 1, 2, 3);
+    const double rad = r == 0 ? 0.0 : std::ldexp(std::fabs(mid), -*rc::gen::inRange(r == 1 ? 1 : 30, r == 3 ? 110 : 60));
+    return fast::Ball{fast::DD{mid, mid * *rc::gen::inRange(-1000, 1000) * 0x1p-63}, rad};
+  };
+  const fast::Ball scale = ball(-4, 0);
+  const double factor = fast::dot2_factor(*rc::gen::inRange<std::int64_t>(1, 256));
+  const fast::Ball y = ball(-4, 4);
+
+  struct Steps {
+    std::vector<double> v;
+    bool score_ok = false, args_ok = false;
+    double m = 0;
+  };
+  // Parts: dot 0-2, score 3-5, x 6-8, xh xl 9-10, eh el 11-12, e 13-15, w 16-18.
+  const auto run = [&](bool lanes) {
+    Steps s;
+    s.v.assign(19 * n + 1, 0.0);
+    const auto p = [&](std::size_t k) { return s.v.data() + k * n; };
+    const auto balls = [&](std::size_t k) { return fast::BallArrays{p(k), p(k + 1), p(k + 2)}; };
+    const double* b = with_bias ? bias.data() : nullptr;
+    s.score_ok = lanes ? fast::score_balls(n, sh.data(), sl.data(), sabs.data(), b, factor, scale, balls(0),
+                                           balls(3), &s.m)
+                       : fast::score_balls_scalar(0, n, sh.data(), sl.data(), sabs.data(), b, factor, scale,
+                                                  balls(0), balls(3), &s.m);
+    const double m = std::isfinite(s.m) ? s.m : 0;
+    s.args_ok = lanes ? fast::exp_args(n, balls(3), m, balls(6), p(9), p(10))
+                      : fast::exp_args_scalar(0, n, balls(3), m, balls(6), p(9), p(10));
+    for (std::size_t a = 0; a < n; ++a) {  // exp_dd's range, so that the steps after run on anything
+      p(9)[a] = std::clamp(p(9)[a], fast::kExpMin, fast::kExpMax);
+      if (!std::isfinite(p(10)[a]) || p(9)[a] != p(6)[a]) p(10)[a] = 0;
+    }
+    fast::exp_dd_many(p(9), p(10), n, p(11), p(12));
+    if (lanes) fast::exp_balls(n, balls(6), p(11), p(12), balls(13));
+    else fast::exp_balls_scalar(0, n, balls(6), p(11), p(12), balls(13));
+    if (lanes) fast::mul_balls(n, balls(13), y, balls(16));
+    else fast::mul_balls_scalar(0, n, balls(13), y, balls(16));
+    return s;
+  };
+  const Steps want = run(false);
+  bool tiny = false;
+  for (std::size_t a = 0; a < n; ++a) tiny = tiny || want.v[6 * n + a] < fast::kExpMin;
+  RC_CLASSIFY(!want.score_ok, "a score overflows");
+  RC_CLASSIFY(want.score_ok && !want.args_ok, "exp's rule fails");
+  RC_CLASSIFY(tiny, "a tiny weight");
+  RC_ASSERT(fault != 1 || !want.score_ok);
+  RC_ASSERT(fault != 2 || !want.args_ok);
+  RC_ASSERT(fault != 3 || n == 1 || tiny);  // one key alone is the maximum
+  for_each_target([&](const std::string& target) {
+    const Steps got = run(true);
+    RC_ASSERT(got.score_ok == want.score_ok);
+    RC_ASSERT(got.args_ok == want.args_ok);
+    if (want.score_ok) RC_ASSERT(same_bits(got.m, want.m));
+    for (std::size_t k = 0; k < want.v.size(); ++k)
+      if (!same_bits(got.v[k], want.v[k]) && !(std::isnan(got.v[k]) && std::isnan(want.v[k])))
+        RC_FAIL("row ball steps under " + target + " differ in part " + std::to_string(n ? k / n : 0) +
+                ", key " + std::to_string(n ? k % n : 0));
+  });
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

@@ -180,46 +180,58 @@ struct RowState {
   bool exact_products = false;             // every q_e k_e of the row exact (dot2_blocks)
 };
 
-// Everything from the dots to the weights, and the lists the P V sums take; false: MPFR.
+// Everything from the dots to the weights, and the lists the P V sums take; false: MPFR. The
+// per-key steps run in SIMD lanes (simd.hpp's score_balls .. mul_balls) on arrays of the row's
+// allowed keys, in the order of `keys`.
 bool row_weights(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, RowState& w, FastRow& r) {
   const std::int64_t Nk = c.Nk, Dv = c.Dv, g = c.kv_head(h), i = w.i;
   const double* V = c.v.values.data() + (b * c.Hkv + g) * Nk * Dv;
   const std::vector<std::int64_t>& keys = w.keys;  // freed at the end
+  const std::size_t n = keys.size();
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  const double dot_factor = dot2_factor(c.Dk);
 
+  // Dot2's sums of the allowed keys: in place where they are consecutive, else gathered.
+  std::vector<double> buf(12 * n);
+  const auto part = [&](std::size_t k) { return buf.data() + k * n; };
+  const double *sh = w.sh.data(), *sl = w.sl.data(), *sabs = w.sabs.data();
+  const auto o0 = static_cast<std::size_t>(keys.front() - w.first * kb);
+  if (keys.back() - keys.front() + 1 == static_cast<std::int64_t>(n)) {
+    sh += o0, sl += o0, sabs += o0;
+  } else {
+    for (std::size_t a = 0; a < n; ++a) {
+      const auto o = static_cast<std::size_t>(keys[a] - w.first * kb);
+      part(8)[a] = w.sh[o];
+      part(9)[a] = w.sl[o];
+      part(10)[a] = w.sabs[o];
+    }
+    sh = part(8), sl = part(9), sabs = part(10);
+  }
+  const double* bias = nullptr;
+  if (c.bias) {
+    for (std::size_t a = 0; a < n; ++a) part(11)[a] = c.bias_at(b, h, i, keys[a]);
+    bias = part(11);
+  }
+  const BallArrays one{part(0), part(1), part(2)}, two{part(3), part(4), part(5)};
   double m = -INFINITY;
-  for (std::size_t a = 0; a < keys.size(); ++a) {
-    const auto o = static_cast<std::size_t>(keys[a] - w.first * kb);
-    const Ball dot = dot2_ball(w.sh[o], w.sl[o], w.sabs[o], dot_factor);
-    r.dots[static_cast<std::size_t>(keys[a])] = dot;
-    Ball sc = mul(s.scale, dot);
-    const double bias = c.bias_at(b, h, i, keys[a]);
-    if (bias != 0) sc = add(sc, bias);
-    if (!std::isfinite(sc.mid.hi) || !std::isfinite(sc.rad)) return false;  // overflow: MPFR
-    r.scores[static_cast<std::size_t>(keys[a])] = sc;
-    m = std::max(m, sc.mid.hi);
+  // Dots into `one`, scores into `two`; an overflow goes to MPFR.
+  if (!score_balls(n, sh, sl, sabs, bias, dot2_factor(c.Dk), s.scale, one, two, &m)) return false;
+  for (std::size_t a = 0; a < n; ++a) {
+    const auto j = static_cast<std::size_t>(keys[a]);
+    r.dots[j] = {DD{one.hi[a], one.lo[a]}, one.rad[a]};
+    r.scores[j] = {DD{two.hi[a], two.lo[a]}, two.rad[a]};
   }
   w.sh = {}, w.sl = {}, w.sabs = {};
   if (c.sinks) m = std::max(m, c.sink(h));
   r.m = m;
   // e_j = exp(S_j - m) with m any number (the identity is exact); then Z, the weights.
-  // exp_dd of every argument in SIMD lanes (a tiny one, below kExpMin, takes exp(0) unused).
-  std::vector<Ball> x(keys.size()), e(keys.size());
-  std::vector<double> xh(keys.size()), xl(keys.size()), eh(keys.size()), el(keys.size());
-  for (std::size_t a = 0; a < keys.size(); ++a) {
-    x[a] = add(r.scores[static_cast<std::size_t>(keys[a])], -m);
-    if (!exp_applies(x[a])) return false;  // outside exp's ball rule: MPFR
-    const bool tiny = x[a].mid.hi < kExpMin;
-    xh[a] = tiny ? 0 : x[a].mid.hi;
-    xl[a] = tiny ? 0 : x[a].mid.lo;
-  }
-  exp_dd_many(xh.data(), xl.data(), keys.size(), eh.data(), el.data());
+  // x_j = S_j - m into `one`, exp_dd's arguments into parts 6 and 7 (a tiny one, below kExpMin,
+  // takes exp(0), unused), their exp_dd into parts 8 and 9, the balls e_j into `two`.
+  double *xh = part(6), *xl = part(7), *eh = part(8), *el = part(9);
+  if (!exp_args(n, two, m, one, xh, xl)) return false;  // outside exp's ball rule: MPFR
+  exp_dd_many(xh, xl, n, eh, el);
+  exp_balls(n, one, eh, el, two);
   Ball z{};
-  for (std::size_t a = 0; a < keys.size(); ++a) {
-    e[a] = x[a].mid.hi < kExpMin ? exp(x[a]) : exp_ball(x[a], DD{eh[a], el[a]});
-    z = add(z, e[a]);
-  }
+  for (std::size_t a = 0; a < n; ++a) z = add(z, Ball{DD{two.hi[a], two.lo[a]}, two.rad[a]});
   if (c.sinks) {  // the sink: one more term of Z, exp(sink - m), with no value vector
     const Ball xs = add(Ball{DD{c.sink(h), 0}, 0}, -m);
     if (!exp_applies(xs)) return false;
@@ -227,9 +239,10 @@ bool row_weights(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   }
   if (!(z.mid.hi > kDivMargin * z.rad)) return false;
   r.z = z;
-  // e_j / Z as e_j times the ball of 1/Z: one division per row, not per key.
-  const Ball inv_z = div(Ball{DD{1, 0}, 0}, z);
-  for (std::size_t a = 0; a < keys.size(); ++a) r.weights[static_cast<std::size_t>(keys[a])] = mul(e[a], inv_z);
+  // e_j / Z as e_j times the ball of 1/Z: one division per row, not per key (into `one`).
+  mul_balls(n, two, div(Ball{DD{1, 0}, 0}, z), one);
+  for (std::size_t a = 0; a < n; ++a)
+    r.weights[static_cast<std::size_t>(keys[a])] = {DD{one.hi[a], one.lo[a]}, one.rad[a]};
 
   const auto nd = static_cast<std::size_t>(Dv);
   if (keys.size() == static_cast<std::size_t>(Nk)) {  // every key: the ranges of prepare()
@@ -244,23 +257,26 @@ bool row_weights(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     r.vmax.assign(nd, -INFINITY);
     r.absmin.assign(nd, INFINITY);
     r.absmax.assign(nd, 0);
-    for (std::size_t a = 0; a < keys.size(); ++a)
+    for (std::size_t a = 0; a < n; ++a)
       value_ranges(nd, V + keys[a] * Dv, r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
   }
   // The weights' midpoints enter the sums; their radii enter the radius as rho A (rad_j <=
   // rho x_j), and a weight of midpoint 0 (exp below kExpMin) as its radius times max |v_c|.
-  w.wh.reserve(keys.size()), w.wl.reserve(keys.size()), w.rows.reserve(keys.size());
-  for (std::size_t a = 0; a < keys.size(); ++a) {
-    if (e[a].mid.hi == 0) {
-      w.zero_rad = std::max(w.zero_rad, e[a].rad);
-      w.zero_count += 1;
+  w.wh.resize(n), w.wl.resize(n), w.rows.resize(n);
+  double rho = 0, zero_rad = 0;
+  std::size_t k = 0;
+  for (std::size_t a = 0; a < n; ++a) {
+    if (two.hi[a] == 0) {
+      zero_rad = std::max(zero_rad, two.rad[a]);
       continue;
     }
-    w.wh.push_back(e[a].mid.hi);
-    w.wl.push_back(e[a].mid.lo);
-    w.rows.push_back(keys[a]);
-    w.rho = std::max(w.rho, e[a].rad / e[a].mid.hi);  // e_j > 0
+    w.wh[k] = two.hi[a];
+    w.wl[k] = two.lo[a];
+    w.rows[k++] = keys[a];
+    rho = std::max(rho, two.rad[a] / two.hi[a]);  // e_j > 0
   }
+  w.wh.resize(k), w.wl.resize(k), w.rows.resize(k);
+  w.rho = rho, w.zero_rad = zero_rad, w.zero_count = static_cast<double>(n - k);
   w.keys = {};
   const auto sum_blocks = static_cast<double>((w.rows.size() + kSumBlock - 1) / kSumBlock);
   if (sum_blocks > kMaxSumBlocks) return false;
@@ -317,8 +333,9 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
     r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
     r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
     r.scores.assign(static_cast<std::size_t>(Nk), Ball{});
-    for (std::int64_t j = 0; j < Nk; ++j)
-      if (c.allowed(b, h, w.i, j)) {
+    const Case::KeyRange kr = c.key_range(b, w.i);  // the keys position_allowed leaves
+    for (std::int64_t j = kr.first; j <= kr.last; ++j)
+      if ((!c.mask || c.mask_at(b, h, w.i, j)) && (!c.bias || c.bias_at(b, h, w.i, j) != -INFINITY)) {
         w.keys.push_back(j);
         r.allowed[static_cast<std::size_t>(j)] = 1;
       }

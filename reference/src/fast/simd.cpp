@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 
+#include "fast/ball.hpp"
 #include "fast/dd.hpp"
 #include "fast/error_bounds.hpp"
 #include "fast/exp_dd.hpp"
@@ -335,6 +336,134 @@ void BallEnds(const double* HWY_RESTRICT balls, std::size_t n, double* HWY_RESTR
   ball_ends_scalar(i, n, balls, lo, hi);
 }
 
+#if HWY_NATIVE_FMA
+// ball.hpp's balls and their operations, lane by lane.
+struct VBall {
+  VDD mid;
+  V rad;
+};
+HWY_INLINE V radius_up(V r) {
+  const D d;
+  return hn::Add(hn::Mul(r, hn::Set(d, 1 + kRadiusSlack)), hn::Set(d, kRadiusFloor));
+}
+HWY_INLINE V mag(VDD x) { return hn::Mul(hn::Abs(x.hi), hn::Set(D(), 1 + kMagRel)); }
+HWY_INLINE VBall add(const VBall& a, V y) {
+  const VDD s = two_sum(a.mid.hi, y);
+  const VDD m = fast_two_sum(s.hi, hn::Add(a.mid.lo, s.lo));
+  return {m, radius_up(hn::Add(a.rad, hn::Mul(hn::Set(D(), kAddFP), mag(m))))};
+}
+HWY_INLINE VBall mul(const VBall& a, const VBall& b) {
+  const VDD m = mul(a.mid, b.mid);
+  const V r = hn::Add(hn::Add(hn::Mul(mag(a.mid), b.rad), hn::Mul(mag(b.mid), a.rad)), hn::Mul(a.rad, b.rad));
+  return {m, radius_up(hn::Add(r, hn::Mul(hn::Set(D(), kMulDD), mag(m))))};
+}
+HWY_INLINE VBall exp_ball(const VBall& a, VDD m) {
+  const D d;
+  const V e = hn::Mul(mag(m), hn::Set(d, 1 + kExpMid));
+  return {m, radius_up(hn::Mul(e, hn::Add(hn::Mul(a.rad, hn::Add(hn::Set(d, 1.0), a.rad)), hn::Set(d, kExpRel))))};
+}
+HWY_INLINE VBall load(const BallArrays& b, std::size_t a) {
+  const D d;
+  return {{hn::LoadU(d, b.hi + a), hn::LoadU(d, b.lo + a)}, hn::LoadU(d, b.rad + a)};
+}
+HWY_INLINE void store(const VBall& x, const BallArrays& b, std::size_t a) {
+  const D d;
+  hn::StoreU(x.mid.hi, d, b.hi + a);
+  hn::StoreU(x.mid.lo, d, b.lo + a);
+  hn::StoreU(x.rad, d, b.rad + a);
+}
+HWY_INLINE VBall splat(const Ball& b) {
+  const D d;
+  return {{hn::Set(d, b.mid.hi), hn::Set(d, b.mid.lo)}, hn::Set(d, b.rad)};
+}
+#endif
+
+bool ScoreBalls(std::size_t n, const double* sh, const double* sl, const double* sabs, const double* bias,
+                double dot_factor, const Ball& scale, BallArrays dot, BallArrays score, double* max) {
+  std::size_t a = 0;
+  bool ok = true;
+  double top = -INFINITY;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  const VBall sc = splat(scale);
+  const V factor = hn::Set(d, dot_factor), zero = hn::Zero(d);
+  auto finite = hn::Eq(zero, zero);
+  V vtop = hn::Set(d, -INFINITY);
+  for (; a + L <= n; a += L) {
+    const VBall dt{two_sum(hn::LoadU(d, sh + a), hn::LoadU(d, sl + a)), radius_up(hn::Mul(factor, hn::LoadU(d, sabs + a)))};
+    VBall s = mul(sc, dt);
+    if (bias) {  // add(s, bias) where the bias is nonzero
+      const V y = hn::LoadU(d, bias + a);
+      const VBall t = add(s, y);
+      const auto nz = hn::Ne(y, zero);
+      s = {{hn::IfThenElse(nz, t.mid.hi, s.mid.hi), hn::IfThenElse(nz, t.mid.lo, s.mid.lo)},
+           hn::IfThenElse(nz, t.rad, s.rad)};
+    }
+    store(dt, dot, a);
+    store(s, score, a);
+    finite = hn::And(finite, hn::And(hn::IsFinite(s.mid.hi), hn::IsFinite(s.rad)));
+    vtop = hn::Max(vtop, s.mid.hi);
+  }
+  ok = hn::AllTrue(d, finite);
+  top = hn::GetLane(hn::MaxOfLanes(d, vtop));
+#endif
+  double tail = -INFINITY;
+  ok = score_balls_scalar(a, n, sh, sl, sabs, bias, dot_factor, scale, dot, score, &tail) && ok;
+  *max = std::max(top, tail);
+  return ok;
+}
+
+bool ExpArgs(std::size_t n, BallArrays score, double m, BallArrays x, double* xh, double* xl) {
+  std::size_t a = 0;
+  bool ok = true;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  const V neg_m = hn::Set(d, -m), max_rad = hn::Set(d, kExpMaxRad), max_arg = hn::Set(d, kExpMax),
+          min_arg = hn::Set(d, kExpMin);
+  auto applies = hn::Eq(neg_m, neg_m);
+  for (; a + L <= n; a += L) {
+    const VBall t = add(load(score, a), neg_m);
+    store(t, x, a);
+    applies = hn::And(applies, hn::And(hn::Le(t.rad, max_rad), hn::Le(t.mid.hi, max_arg)));
+    const auto tiny = hn::Lt(t.mid.hi, min_arg);
+    hn::StoreU(hn::IfThenZeroElse(tiny, t.mid.hi), d, xh + a);
+    hn::StoreU(hn::IfThenZeroElse(tiny, t.mid.lo), d, xl + a);
+  }
+  ok = hn::AllTrue(d, applies);
+#endif
+  return exp_args_scalar(a, n, score, m, x, xh, xl) && ok;
+}
+
+void ExpBalls(std::size_t n, BallArrays x, const double* eh, const double* el, BallArrays e) {
+  std::size_t a = 0;
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  const V min_arg = hn::Set(d, kExpMin), tiny_rad = hn::Set(d, kTinyExp);
+  for (; a + L <= n; a += L) {
+    const VBall t = load(x, a);
+    const VBall b = exp_ball(t, VDD{hn::LoadU(d, eh + a), hn::LoadU(d, el + a)});
+    const auto tiny = hn::Lt(t.mid.hi, min_arg);  // exp(x) within [0, kTinyExp]
+    store(VBall{{hn::IfThenZeroElse(tiny, b.mid.hi), hn::IfThenZeroElse(tiny, b.mid.lo)},
+                hn::IfThenElse(tiny, tiny_rad, b.rad)},
+          e, a);
+  }
+#endif
+  exp_balls_scalar(a, n, x, eh, el, e);
+}
+
+void MulBalls(std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
+  std::size_t a = 0;
+#if HWY_NATIVE_FMA
+  const std::size_t L = hn::Lanes(D());
+  const VBall yv = splat(y);
+  for (; a + L <= n; a += L) store(mul(load(x, a), yv), out, a);
+#endif
+  mul_balls_scalar(a, n, x, y, out);
+}
+
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -350,6 +479,10 @@ HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
 HWY_EXPORT(PVSums);
 HWY_EXPORT(BallEnds);
+HWY_EXPORT(ScoreBalls);
+HWY_EXPORT(ExpArgs);
+HWY_EXPORT(ExpBalls);
+HWY_EXPORT(MulBalls);
 
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
                           double* kt) {
@@ -485,6 +618,73 @@ void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* 
 
 void ball_ends(const double* balls, std::size_t n, double* lo, double* hi) {
   HWY_DYNAMIC_DISPATCH(BallEnds)(balls, n, lo, hi);
+}
+
+bool score_balls(std::size_t n, const double* sh, const double* sl, const double* sabs, const double* bias,
+                 double dot_factor, const Ball& scale, BallArrays dot, BallArrays score, double* max) {
+  return HWY_DYNAMIC_DISPATCH(ScoreBalls)(n, sh, sl, sabs, bias, dot_factor, scale, dot, score, max);
+}
+bool exp_args(std::size_t n, BallArrays score, double m, BallArrays x, double* xh, double* xl) {
+  return HWY_DYNAMIC_DISPATCH(ExpArgs)(n, score, m, x, xh, xl);
+}
+void exp_balls(std::size_t n, BallArrays x, const double* eh, const double* el, BallArrays e) {
+  HWY_DYNAMIC_DISPATCH(ExpBalls)(n, x, eh, el, e);
+}
+void mul_balls(std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
+  HWY_DYNAMIC_DISPATCH(MulBalls)(n, x, y, out);
+}
+
+namespace {
+Ball get(const BallArrays& b, std::size_t a) { return {DD{b.hi[a], b.lo[a]}, b.rad[a]}; }
+void put(const BallArrays& b, std::size_t a, const Ball& x) {
+  b.hi[a] = x.mid.hi;
+  b.lo[a] = x.mid.lo;
+  b.rad[a] = x.rad;
+}
+}  // namespace
+
+bool score_balls_scalar(std::size_t from, std::size_t n, const double* sh, const double* sl, const double* sabs,
+                        const double* bias, double dot_factor, const Ball& scale, BallArrays dot,
+                        BallArrays score, double* max) {
+  bool ok = true;
+  double top = -INFINITY;
+  for (std::size_t a = from; a < n; ++a) {
+    const Ball dt = dot2_ball(sh[a], sl[a], sabs[a], dot_factor);
+    Ball s = mul(scale, dt);
+    if (bias && bias[a] != 0) s = add(s, bias[a]);
+    put(dot, a, dt);
+    put(score, a, s);
+    ok = ok && std::isfinite(s.mid.hi) && std::isfinite(s.rad);
+    top = std::max(top, s.mid.hi);
+  }
+  *max = top;
+  return ok;
+}
+
+bool exp_args_scalar(std::size_t from, std::size_t n, BallArrays score, double m, BallArrays x, double* xh,
+                     double* xl) {
+  bool ok = true;
+  for (std::size_t a = from; a < n; ++a) {
+    const Ball t = add(get(score, a), -m);
+    put(x, a, t);
+    ok = ok && exp_applies(t);
+    const bool tiny = t.mid.hi < kExpMin;
+    xh[a] = tiny ? 0 : t.mid.hi;
+    xl[a] = tiny ? 0 : t.mid.lo;
+  }
+  return ok;
+}
+
+void exp_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const double* eh, const double* el,
+                      BallArrays e) {
+  for (std::size_t a = from; a < n; ++a) {
+    const Ball t = get(x, a);
+    put(e, a, t.mid.hi < kExpMin ? exp(t) : exp_ball(t, DD{eh[a], el[a]}));
+  }
+}
+
+void mul_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
+  for (std::size_t a = from; a < n; ++a) put(out, a, mul(get(x, a), y));
 }
 
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(TargetHere)(); }

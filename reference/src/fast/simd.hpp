@@ -80,6 +80,36 @@ void ball_ends(const double* balls, std::size_t n, double* lo, double* hi);
 // The same by those functions, for i in [from, n) (decide.cpp).
 void ball_ends_scalar(std::size_t from, std::size_t n, const double* balls, double* lo, double* hi);
 
+// A row's per-key ball steps (fast_row.cpp's row_weights) in SIMD lanes, on n balls kept as
+// three arrays (the midpoint's hi and lo, the radius). Each gives the bits of ball.hpp's
+// operations; the _scalar versions are those operations, for a in [from, n). An output may be
+// the array of an input of the same step (each key is read before it is written).
+struct Ball;
+struct BallArrays {
+  double *hi, *lo, *rad;
+};
+// dot[a] = dot2_ball(sh[a], sl[a], sabs[a], dot_factor); score[a] = mul(scale, dot[a]), plus
+// bias[a] by add(ball, double) where bias[a] != 0 (bias may be null: none). False where a score's
+// midpoint or radius is not finite; else *max is the largest score midpoint hi.
+bool score_balls(std::size_t n, const double* sh, const double* sl, const double* sabs, const double* bias,
+                 double dot_factor, const Ball& scale, BallArrays dot, BallArrays score, double* max);
+bool score_balls_scalar(std::size_t from, std::size_t n, const double* sh, const double* sl, const double* sabs,
+                        const double* bias, double dot_factor, const Ball& scale, BallArrays dot,
+                        BallArrays score, double* max);
+// x[a] = add(score[a], -m), and exp_dd's argument (xh, xl): x's midpoint, or 0 below kExpMin.
+// False where exp_applies(x[a]) does not hold.
+bool exp_args(std::size_t n, BallArrays score, double m, BallArrays x, double* xh, double* xl);
+bool exp_args_scalar(std::size_t from, std::size_t n, BallArrays score, double m, BallArrays x, double* xh,
+                     double* xl);
+// e[a] = exp(x[a]) given (eh[a], el[a]) = exp_dd of its argument: exp_ball, or [0, kTinyExp]
+// below kExpMin.
+void exp_balls(std::size_t n, BallArrays x, const double* eh, const double* el, BallArrays e);
+void exp_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const double* eh, const double* el,
+                      BallArrays e);
+// out[a] = mul(x[a], y).
+void mul_balls(std::size_t n, BallArrays x, const Ball& y, BallArrays out);
+void mul_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const Ball& y, BallArrays out);
+
 // The instruction set the dispatch chose (for example "AVX3", "AVX2", "EMU128").
 const char* simd_target();
 
