@@ -1,10 +1,12 @@
 #include "attnoracle/reference/file.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <filesystem>
 #include <cstring>
@@ -23,6 +25,18 @@ std::string kind_of(mode_t m) {
 }
 
 }  // namespace
+
+void reserve_large(std::vector<unsigned char>& v, std::size_t n) {
+  v.reserve(n);
+#ifdef MADV_HUGEPAGE
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  if (n < 2 * kHuge) return;
+  // The whole huge pages inside the buffer (advice on a range it does not own would be wrong).
+  const auto start = reinterpret_cast<std::uintptr_t>(v.data());
+  const std::uintptr_t first = (start + kHuge - 1) & ~(kHuge - 1), last = (start + n) & ~(kHuge - 1);
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#endif
+}
 
 bool is_regular_file(const std::string& path) {
   struct stat st {};
@@ -45,7 +59,9 @@ std::vector<unsigned char> read_regular_file(const std::string& path, std::uint6
   if (size > max_bytes)
     throw InputError(path, "", "is " + std::to_string(size) + " bytes, over the limit of " +
                                    std::to_string(max_bytes));
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
+  std::vector<unsigned char> bytes;
+  reserve_large(bytes, static_cast<std::size_t>(size));
+  bytes.resize(static_cast<std::size_t>(size));
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t r = ::read(fd, bytes.data() + done, bytes.size() - done);

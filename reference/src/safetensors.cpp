@@ -275,6 +275,7 @@ SafeTensorsFile parse_safetensors(const std::string& path,
 
   for (auto& e : entries) {
     const auto* first = bytes.data() + data_start + e.begin;
+    reserve_large(e.tensor.data, static_cast<std::size_t>(e.end - e.begin));
     e.tensor.data.assign(first, first + (e.end - e.begin));
     file.tensors.push_back(std::move(e.tensor));
   }

@@ -20,6 +20,11 @@ std::vector<unsigned char> read_regular_file(const std::string& path,
 std::vector<unsigned char> read_file_within(const std::string& root, const std::string& relative,
                                             std::uint64_t max_bytes = limits::kFileBytes);
 
+// Reserves n bytes in v (empty) on transparent huge pages where the system grants them on
+// request: a 2 MiB page takes one page fault where 4 KiB pages take 512, and on some virtual
+// machines the faults of filling a large buffer cost more than the copy. Advice only.
+void reserve_large(std::vector<unsigned char>& v, std::size_t n);
+
 // Whether `path` names a regular file (following links); false when it cannot be looked at.
 bool is_regular_file(const std::string& path);
 
