@@ -248,9 +248,10 @@ RC_GTEST_PROP(Simd, BallEndsMatchScalarEnds, ()) {
 }
 
 
-// The row's per-key ball steps (score_balls, exp_args, exp_balls, mul_balls) against ball.hpp's
-// operations, chained as row_weights chains them, with biases zero and not, and rows with a key
-// whose radius overflows, whose radius is past exp's ball rule, or whose weight is tiny.
+// The row's per-key ball steps (score_balls, exp_args, exp_balls, ball_total, mul_balls)
+// against ball.hpp's operations, chained as row_weights chains them, with biases zero and not,
+// and rows with a key whose radius overflows, whose radius is past exp's ball rule, or whose
+// weight is tiny.
 RC_GTEST_PROP(Simd, RowBallStepsMatchScalarBalls, ()) {
   const auto n = *rc::gen::inRange<std::size_t>(0, 40);
   // One key of the row may be made to break a rule: 1, its radius overflows; 2, its radius is
@@ -284,7 +285,7 @@ RC_GTEST_PROP(Simd, RowBallStepsMatchScalarBalls, ()) {
     bool score_ok = false, args_ok = false;
     double m = 0;
   };
-  // Parts: dot 0-2, score 3-5, x 6-8, xh xl 9-10, eh el 11-12, e 13-15, w 16-18.
+  // Parts: dot 0-2, score 3-5, x 6-8, xh xl 9-10, eh el 11-12, e 13-15, w 16-18, then Z.
   const auto run = [&](bool lanes) {
     Steps s;
     s.v.assign(19 * n + 1, 0.0);
@@ -305,6 +306,9 @@ RC_GTEST_PROP(Simd, RowBallStepsMatchScalarBalls, ()) {
     fast::exp_dd_many(p(9), p(10), n, p(11), p(12));
     if (lanes) fast::exp_balls(n, balls(6), p(11), p(12), balls(13));
     else fast::exp_balls_scalar(0, n, balls(6), p(11), p(12), balls(13));
+    const fast::Ball z = lanes ? fast::ball_total(n, balls(13)) : fast::ball_total_scalar(n, balls(13));
+    s.v.back() = z.mid.hi;  // the total's three doubles replace the last one and follow it
+    s.v.insert(s.v.end(), {z.mid.lo, z.rad});
     if (lanes) fast::mul_balls(n, balls(13), y, balls(16));
     else fast::mul_balls_scalar(0, n, balls(13), y, balls(16));
     return s;

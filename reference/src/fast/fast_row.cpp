@@ -230,8 +230,7 @@ bool row_weights(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
   if (!exp_args(n, two, m, one, xh, xl)) return false;  // outside exp's ball rule: MPFR
   exp_dd_many(xh, xl, n, eh, el);
   exp_balls(n, one, eh, el, two);
-  Ball z{};
-  for (std::size_t a = 0; a < n; ++a) z = add(z, Ball{DD{two.hi[a], two.lo[a]}, two.rad[a]});
+  Ball z = ball_total(n, two);
   if (c.sinks) {  // the sink: one more term of Z, exp(sink - m), with no value vector
     const Ball xs = add(Ball{DD{c.sink(h), 0}, 0}, -m);
     if (!exp_applies(xs)) return false;

@@ -352,6 +352,10 @@ HWY_INLINE VBall add(const VBall& a, V y) {
   const VDD m = fast_two_sum(s.hi, hn::Add(a.mid.lo, s.lo));
   return {m, radius_up(hn::Add(a.rad, hn::Mul(hn::Set(D(), kAddFP), mag(m))))};
 }
+HWY_INLINE VBall add(const VBall& a, const VBall& b) {
+  const VDD m = add(a.mid, b.mid);
+  return {m, radius_up(hn::Add(hn::Add(a.rad, b.rad), hn::Mul(hn::Set(D(), kAddDD), mag(m))))};
+}
 HWY_INLINE VBall mul(const VBall& a, const VBall& b) {
   const VDD m = mul(a.mid, b.mid);
   const V r = hn::Add(hn::Add(hn::Mul(mag(a.mid), b.rad), hn::Mul(mag(b.mid), a.rad)), hn::Mul(a.rad, b.rad));
@@ -454,6 +458,29 @@ void ExpBalls(std::size_t n, BallArrays x, const double* eh, const double* el, B
   exp_balls_scalar(a, n, x, eh, el, e);
 }
 
+Ball BallTotal(std::size_t n, BallArrays x) {
+#if HWY_NATIVE_FMA
+  const D d;
+  const std::size_t L = hn::Lanes(d);
+  if (kSumParts % L == 0 && kSumParts / L <= 4) {
+    constexpr std::size_t kMaxVectors = 4;
+    const std::size_t nv = kSumParts / L, whole = n - n % kSumParts;
+    VBall part[kMaxVectors];
+    for (std::size_t v = 0; v < nv; ++v) part[v] = {{hn::Zero(d), hn::Zero(d)}, hn::Zero(d)};
+    for (std::size_t a = 0; a < whole; a += kSumParts)
+      for (std::size_t v = 0; v < nv; ++v) part[v] = add(part[v], load(x, a + v * L));
+    double hi[kSumParts], lo[kSumParts], rad[kSumParts];
+    for (std::size_t v = 0; v < nv; ++v) store(part[v], BallArrays{hi, lo, rad}, v * L);
+    Ball total{};
+    if (whole > 0)
+      for (std::size_t l = 0; l < kSumParts; ++l) total = fast::add(total, Ball{DD{hi[l], lo[l]}, rad[l]});
+    for (std::size_t a = whole; a < n; ++a) total = fast::add(total, Ball{DD{x.hi[a], x.lo[a]}, x.rad[a]});
+    return total;
+  }
+#endif
+  return ball_total_scalar(n, x);
+}
+
 void MulBalls(std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
   std::size_t a = 0;
 #if HWY_NATIVE_FMA
@@ -483,6 +510,7 @@ HWY_EXPORT(ScoreBalls);
 HWY_EXPORT(ExpArgs);
 HWY_EXPORT(ExpBalls);
 HWY_EXPORT(MulBalls);
+HWY_EXPORT(BallTotal);
 
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
                           double* kt) {
@@ -633,6 +661,7 @@ void exp_balls(std::size_t n, BallArrays x, const double* eh, const double* el, 
 void mul_balls(std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
   HWY_DYNAMIC_DISPATCH(MulBalls)(n, x, y, out);
 }
+Ball ball_total(std::size_t n, BallArrays x) { return HWY_DYNAMIC_DISPATCH(BallTotal)(n, x); }
 
 namespace {
 Ball get(const BallArrays& b, std::size_t a) { return {DD{b.hi[a], b.lo[a]}, b.rad[a]}; }
@@ -681,6 +710,16 @@ void exp_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const doubl
     const Ball t = get(x, a);
     put(e, a, t.mid.hi < kExpMin ? exp(t) : exp_ball(t, DD{eh[a], el[a]}));
   }
+}
+
+Ball ball_total_scalar(std::size_t n, BallArrays x) {
+  const std::size_t whole = n - n % kSumParts;
+  Ball part[kSumParts] = {}, total{};
+  for (std::size_t a = 0; a < whole; ++a) part[a % kSumParts] = add(part[a % kSumParts], get(x, a));
+  if (whole > 0)
+    for (const Ball& b : part) total = add(total, b);
+  for (std::size_t a = whole; a < n; ++a) total = add(total, get(x, a));
+  return total;
 }
 
 void mul_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const Ball& y, BallArrays out) {

@@ -106,6 +106,13 @@ bool exp_args_scalar(std::size_t from, std::size_t n, BallArrays score, double m
 void exp_balls(std::size_t n, BallArrays x, const double* eh, const double* el, BallArrays e);
 void exp_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const double* eh, const double* el,
                       BallArrays e);
+// sum_a x[a] by ball.hpp's add(Ball, Ball), in kSumParts interleaved partial sums (keys a with
+// the same a mod kSumParts, over the first n - n mod kSumParts keys), then those sums in order,
+// then the last keys one by one: the same operations on every instruction set. Each step is a
+// ball sum, so any grouping encloses the sum.
+inline constexpr std::size_t kSumParts = 8;
+Ball ball_total(std::size_t n, BallArrays x);
+Ball ball_total_scalar(std::size_t n, BallArrays x);
 // out[a] = mul(x[a], y).
 void mul_balls(std::size_t n, BallArrays x, const Ball& y, BallArrays out);
 void mul_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const Ball& y, BallArrays out);
