@@ -30,7 +30,9 @@ void reserve_large(std::vector<unsigned char>& v, std::size_t n) {
   v.reserve(n);
 #ifdef MADV_HUGEPAGE
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  if (n < 2 * kHuge) return;
+  // Only the largest buffers: a huge page is resident whole, which would weigh on the peak
+  // memory of a long case's few-megabyte tensors more than their faults cost.
+  if (n < 8 * kHuge) return;
   // The whole huge pages inside the buffer (advice on a range it does not own would be wrong).
   const auto start = reinterpret_cast<std::uintptr_t>(v.data());
   const std::uintptr_t first = (start + kHuge - 1) & ~(kHuge - 1), last = (start + n) & ~(kHuge - 1);
