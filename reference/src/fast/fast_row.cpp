@@ -332,9 +332,9 @@ std::vector<FastRow> fast_rows(const Case& c, const Setup& s, std::int64_t b, st
     r.dots.assign(static_cast<std::size_t>(Nk), Ball{});
     r.weights.assign(static_cast<std::size_t>(Nk), Ball{});
     r.scores.assign(static_cast<std::size_t>(Nk), Ball{});
-    const Case::KeyRange kr = c.key_range(b, w.i);  // the keys position_allowed leaves
+    const Case::KeyRange kr = c.key_range(b, w.i);
     for (std::int64_t j = kr.first; j <= kr.last; ++j)
-      if ((!c.mask || c.mask_at(b, h, w.i, j)) && (!c.bias || c.bias_at(b, h, w.i, j) != -INFINITY)) {
+      if (c.allowed_in_range(b, h, w.i, j)) {
         w.keys.push_back(j);
         r.allowed[static_cast<std::size_t>(j)] = 1;
       }

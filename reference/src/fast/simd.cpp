@@ -462,8 +462,8 @@ Ball BallTotal(std::size_t n, BallArrays x) {
 #if HWY_NATIVE_FMA
   const D d;
   const std::size_t L = hn::Lanes(d);
-  if (kSumParts % L == 0 && kSumParts / L <= 4) {
-    constexpr std::size_t kMaxVectors = 4;
+  constexpr std::size_t kMaxVectors = 4;
+  if (kSumParts % L == 0 && kSumParts / L <= kMaxVectors) {
     const std::size_t nv = kSumParts / L, whole = n - n % kSumParts;
     VBall part[kMaxVectors];
     for (std::size_t v = 0; v < nv; ++v) part[v] = {{hn::Zero(d), hn::Zero(d)}, hn::Zero(d)};
@@ -471,11 +471,7 @@ Ball BallTotal(std::size_t n, BallArrays x) {
       for (std::size_t v = 0; v < nv; ++v) part[v] = add(part[v], load(x, a + v * L));
     double hi[kSumParts], lo[kSumParts], rad[kSumParts];
     for (std::size_t v = 0; v < nv; ++v) store(part[v], BallArrays{hi, lo, rad}, v * L);
-    Ball total{};
-    if (whole > 0)
-      for (std::size_t l = 0; l < kSumParts; ++l) total = fast::add(total, Ball{DD{hi[l], lo[l]}, rad[l]});
-    for (std::size_t a = whole; a < n; ++a) total = fast::add(total, Ball{DD{x.hi[a], x.lo[a]}, x.rad[a]});
-    return total;
+    return ball_total_of_parts(BallArrays{hi, lo, rad}, whole, n, x);
   }
 #endif
   return ball_total_scalar(n, x);
@@ -712,14 +708,20 @@ void exp_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const doubl
   }
 }
 
-Ball ball_total_scalar(std::size_t n, BallArrays x) {
-  const std::size_t whole = n - n % kSumParts;
-  Ball part[kSumParts] = {}, total{};
-  for (std::size_t a = 0; a < whole; ++a) part[a % kSumParts] = add(part[a % kSumParts], get(x, a));
+Ball ball_total_of_parts(BallArrays parts, std::size_t whole, std::size_t n, BallArrays x) {
+  Ball total{};
   if (whole > 0)
-    for (const Ball& b : part) total = add(total, b);
+    for (std::size_t l = 0; l < kSumParts; ++l) total = add(total, get(parts, l));
   for (std::size_t a = whole; a < n; ++a) total = add(total, get(x, a));
   return total;
+}
+
+Ball ball_total_scalar(std::size_t n, BallArrays x) {
+  const std::size_t whole = n - n % kSumParts;
+  double hi[kSumParts] = {}, lo[kSumParts] = {}, rad[kSumParts] = {};
+  const BallArrays parts{hi, lo, rad};
+  for (std::size_t a = 0; a < whole; ++a) put(parts, a % kSumParts, add(get(parts, a % kSumParts), get(x, a)));
+  return ball_total_of_parts(parts, whole, n, x);
 }
 
 void mul_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const Ball& y, BallArrays out) {

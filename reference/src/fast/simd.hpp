@@ -113,6 +113,9 @@ void exp_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const doubl
 inline constexpr std::size_t kSumParts = 8;
 Ball ball_total(std::size_t n, BallArrays x);
 Ball ball_total_scalar(std::size_t n, BallArrays x);
+// Their last steps: the kSumParts partial sums `parts` (of the first `whole` keys) in order, then
+// keys [whole, n) of x one by one.
+Ball ball_total_of_parts(BallArrays parts, std::size_t whole, std::size_t n, BallArrays x);
 // out[a] = mul(x[a], y).
 void mul_balls(std::size_t n, BallArrays x, const Ball& y, BallArrays out);
 void mul_balls_scalar(std::size_t from, std::size_t n, BallArrays x, const Ball& y, BallArrays out);

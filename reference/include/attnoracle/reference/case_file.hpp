@@ -142,15 +142,20 @@ struct Case {
     std::int64_t first = 0, last = -1;
   };
   KeyRange key_range(std::int64_t b, std::int64_t i) const;
+  // allowed() for a key j of key_range(b, i), where the position allows it: the mask and a
+  // bias other than -inf decide (each looked up only when the case has one).
+  bool allowed_in_range(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return (!mask || mask_at(b, h, i, j)) && (!bias || bias_at(b, h, i, j) != -INFINITY);
+  }
   // Whether query i of head h attends key j: position, mask, and a bias other than -inf.
   bool allowed(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    return position_allowed(b, i, j) && mask_at(b, h, i, j) && bias_at(b, h, i, j) != -INFINITY;
+    return position_allowed(b, i, j) && allowed_in_range(b, h, i, j);
   }
   // Whether the row has any allowed key (else it is fully masked).
   bool row_has_key(std::int64_t b, std::int64_t h, std::int64_t i) const {
     const KeyRange r = key_range(b, i);
     for (std::int64_t j = r.first; j <= r.last; ++j)
-      if (allowed(b, h, i, j)) return true;
+      if (allowed_in_range(b, h, i, j)) return true;
     return false;
   }
   // The first row, in (b, h, i) order, that evaluation refuses: a fully masked row that is
