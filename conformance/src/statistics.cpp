@@ -24,6 +24,7 @@ double sq(double x) { return x * x; }
 
 typedef double v2d __attribute__((vector_size(16)));  // SSE2: in every x86-64's base ABI
 typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the processor has it
+typedef double v8d __attribute__((vector_size(64)));  // AVX-512, where the processor has it
 
 // For two query rows q0 and q1, dot_j = sum_d q_d k_jd and dabs_j = sum_d |q_d| |k_jd| (= |q_d
 // k_jd|, exactly) for the keys j in [j0, j1) (multiples of kKeyBlock), each summed in d order,
@@ -34,6 +35,7 @@ typedef double v4d __attribute__((vector_size(32)));  // AVX2, where the process
 constexpr std::int64_t kKeyBlock = 8;
 typedef std::uint64_t u2l __attribute__((vector_size(16)));
 typedef std::uint64_t u4l __attribute__((vector_size(32)));
+typedef std::uint64_t u8l __attribute__((vector_size(64)));
 template <class V, class U>
 inline __attribute__((always_inline)) void key_dots(const double* q0, const double* q1, const double* kt,
                                                     std::int64_t Dk, std::int64_t j0,
@@ -71,13 +73,17 @@ inline __attribute__((always_inline)) void key_dots(const double* q0, const doub
 #define ATTNORACLE_DOTS_ARGS const double *q0, const double *q1, const double *kt, std::int64_t Dk, \
                              std::int64_t j0, std::int64_t j1, double *dot0, double *dabs0, double *dot1, double *dabs1
 #define ATTNORACLE_DOTS_PASS q0, q1, kt, Dk, j0, j1, dot0, dabs0, dot1, dabs1
+__attribute__((target("avx512f"))) void dots_avx512(ATTNORACLE_DOTS_ARGS) { key_dots<v8d, u8l>(ATTNORACLE_DOTS_PASS); }
 __attribute__((target("avx2"))) void dots_avx2(ATTNORACLE_DOTS_ARGS) { key_dots<v4d, u4l>(ATTNORACLE_DOTS_PASS); }
 void dots_sse(ATTNORACLE_DOTS_ARGS) { key_dots<v2d, u2l>(ATTNORACLE_DOTS_PASS); }
 #undef ATTNORACLE_DOTS_ARGS
 #undef ATTNORACLE_DOTS_PASS
 using DotsFn = void (*)(const double*, const double*, const double*, std::int64_t, std::int64_t, std::int64_t,
                         double*, double*, double*, double*);
-DotsFn dots_kernel() { return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_sse; }
+DotsFn dots_kernel() {
+  if (__builtin_cpu_supports("avx512f")) return dots_avx512;
+  return __builtin_cpu_supports("avx2") ? dots_avx2 : dots_sse;
+}
 
 // For the elements of out, over the keys in order: x_c = sum_j w_j v_jc, then key_c = sum_j
 // (w_j (v_jc - x_c) kr_j)^2, wv_c = sum_j (w_j v_jc)^2 and partial_c = sum_k P_k^2 (P_k =
@@ -161,6 +167,9 @@ inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, co
                              const double *kr, std::int64_t Dv, double *key, double *wv, double *ps, double *x, \
                              double *run
 #define ATTNORACLE_SUMS_PASS vb, keys, n, w, kr, Dv, key, wv, ps, x, run
+__attribute__((target("avx512f"))) std::int64_t sums_avx512(ATTNORACLE_SUMS_ARGS) {
+  return out_sums<v8d>(ATTNORACLE_SUMS_PASS);
+}
 __attribute__((target("avx2"))) std::int64_t sums_avx2(ATTNORACLE_SUMS_ARGS) {
   return out_sums<v4d>(ATTNORACLE_SUMS_PASS);
 }
@@ -169,7 +178,10 @@ std::int64_t sums_sse(ATTNORACLE_SUMS_ARGS) { return out_sums<v2d>(ATTNORACLE_SU
 #undef ATTNORACLE_SUMS_PASS
 using SumsFn = std::int64_t (*)(const double*, const std::int64_t*, std::size_t, const double*, const double*,
                                 std::int64_t, double*, double*, double*, double*, double*);
-SumsFn sums_kernel() { return __builtin_cpu_supports("avx2") ? sums_avx2 : sums_sse; }
+SumsFn sums_kernel() {
+  if (__builtin_cpu_supports("avx512f")) return sums_avx512;
+  return __builtin_cpu_supports("avx2") ? sums_avx2 : sums_sse;
+}
 }  // namespace
 
 Spread weight_spread(const Case& c, const Profile& p) {

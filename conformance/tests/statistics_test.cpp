@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -110,7 +111,10 @@ RC_GTEST_PROP(StatisticsSpread, SameAsThePlainLoopsBitForBit, ()) {
   c.Nq = *rc::gen::inRange<std::int64_t>(1, 6);
   c.Nk = *rc::gen::inRange<std::int64_t>(1, 14);  // tails of the four-key blocks
   c.Dk = *rc::gen::inRange<std::int64_t>(1, 10);
-  c.Dv = *rc::gen::inRange<std::int64_t>(1, 10);  // tails of the four-element blocks
+  // the blocks of 4 and 1 vectors of 2, 4 or 8 lanes, and tails (uniform: inRange favours small sizes)
+  std::vector<std::int64_t> widths(40);
+  std::iota(widths.begin(), widths.end(), 1);
+  c.Dv = *rc::gen::elementOf(widths);
   std::mt19937_64 gen(*rc::gen::arbitrary<std::uint32_t>());
   std::normal_distribution<double> normal;
   auto fill = [&](FloatTensor& t, std::vector<std::int64_t> shape) {
