@@ -386,12 +386,13 @@ std::string one_line(const Bytes& bytes) {
   return s.empty() ? "(empty)" : s;
 }
 
-// Reads a regular file without ever blocking on a FIFO or a device. Files longer than `limit`
-// are an error, or (cut) read in part. Returns why it failed, or nothing.
-std::optional<std::string> read_regular(const std::string& path, std::uint64_t limit, bool cut,
-                                        Bytes& bytes) {
+// Opens a regular file without ever blocking on a FIFO or a device, and says how many bytes
+// to read of it: files longer than `limit` are an error, or (cut) read in part. Returns why it
+// failed, or nothing.
+std::optional<std::string> open_regular(const std::string& path, std::uint64_t limit, bool cut, Fd& fd,
+                                        std::uint64_t& want) {
   // O_NOFOLLOW: a result that is a link (to a file outside, say) is never read.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW));
+  fd.reset(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW));
   if (fd.get() < 0 && errno == ELOOP)
     return std::string("is a symbolic link, not a regular file (results are read only as files)");
   if (fd.get() < 0) return "cannot open: " + errno_text(errno);
@@ -402,9 +403,18 @@ std::optional<std::string> read_regular(const std::string& path, std::uint64_t l
   if (size > limit && !cut)
     return "is " + std::to_string(size) + " bytes, more than the runner reads (" +
            std::to_string(limit) + ")";
-  const auto want = static_cast<std::size_t>(std::min(size, limit));
-  reserve_for_read(bytes, want);
-  bytes.resize(want);
+  want = std::min(size, limit);
+  return std::nullopt;
+}
+
+// Reads a regular file as open_regular opens it. Returns why it failed, or nothing.
+std::optional<std::string> read_regular(const std::string& path, std::uint64_t limit, bool cut,
+                                        Bytes& bytes) {
+  Fd fd;
+  std::uint64_t want = 0;
+  if (auto failed = open_regular(path, limit, cut, fd, want)) return failed;
+  reserve_for_read(bytes, static_cast<std::size_t>(want));
+  bytes.resize(static_cast<std::size_t>(want));
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t got = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
@@ -456,11 +466,13 @@ bool exists(const std::string& path) {
 JobResult read_written(const std::string& path, int which) {
   Bytes bytes;
   if (which == 0) {
-    if (auto failed = read_regular(path, kMaxOutputBytes, false, bytes))
+    Fd fd;
+    std::uint64_t size = 0;
+    if (auto failed = open_regular(path, kMaxOutputBytes, false, fd, size))
       return make_result(Outcome::Invalid, path + ": " + *failed);
-    try {
+    try {  // each tensor read straight into place
       JobResult r = make_result(Outcome::Output, "");
-      r.output = parse_safetensors(path, bytes);
+      r.output = read_safetensors(path, fd.get(), size);
       return r;
     } catch (const InputError& e) {
       return make_result(Outcome::Invalid, e.message());

@@ -420,6 +420,20 @@ TEST_F(Gate, BadUsageAndAlteredSetsAreRefused) {
   }
   EXPECT_EQ(run("run " + copy.string() + " --impl true", out), 2) << out;
   EXPECT_NE(out.find("sha256"), std::string::npos) << out;
+  // altered where the reader would refuse it too (its JSON header, its length): the hash is
+  // what is said first, not the first problem reading finds
+  const fs::path cf = copy / "cases" / "case0.safetensors";
+  fs::copy_file(dir_ / "set" / "cases" / "case0.safetensors", cf, fs::copy_options::overwrite_existing);
+  {
+    std::fstream f(cf, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f.put('[');
+  }
+  EXPECT_EQ(run("run " + copy.string() + " --impl true", out), 2) << out;
+  EXPECT_NE(out.find("case0.safetensors: sha256 differs from the manifest"), std::string::npos) << out;
+  fs::resize_file(cf, fs::file_size(cf) - 3);
+  EXPECT_EQ(run("run " + copy.string() + " --impl true", out), 2) << out;
+  EXPECT_NE(out.find("case0.safetensors: sha256 differs from the manifest"), std::string::npos) << out;
 }
 
 TEST_F(Gate, NothingIsReadOutsideTheSet) {

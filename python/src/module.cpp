@@ -184,10 +184,7 @@ py::tuple py_read_manifest(const std::string& dir) {
 // A case file of a vector set, checked against the manifest's hash as the gate checks it.
 py::tuple py_read_set_case(const std::string& dir, const std::string& file, const std::string& sha256) {
   const std::string path = (fs::path(dir) / file).string();
-  const std::vector<unsigned char> bytes = read_file_within(dir, file);
-  if (vectors::sha256_hex(bytes) != sha256)
-    throw InputError(path, "", "sha256 differs from the manifest: the vector set is altered");
-  SafeTensorsFile f = parse_safetensors(path, bytes);
+  SafeTensorsFile f = vectors::read_set_case(dir, file, sha256);
   case_from_file(path, f);
   return py::make_tuple(tensors_of(f), f.metadata);
 }

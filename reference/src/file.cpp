@@ -45,28 +45,34 @@ bool is_regular_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-std::vector<unsigned char> read_regular_file(const std::string& path, std::uint64_t max_bytes) {
+OpenFile::~OpenFile() {
+  if (fd >= 0) ::close(fd);
+}
+
+OpenFile open_regular_file(const std::string& path, std::uint64_t max_bytes) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  OpenFile f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (f.fd < 0) throw InputError(path, "", std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0)
+  if (::fstat(f.fd, &st) != 0)
     throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw InputError(path, "", "is " + kind_of(st.st_mode) + ", not a regular file");
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size > max_bytes)
-    throw InputError(path, "", "is " + std::to_string(size) + " bytes, over the limit of " +
+  f.size = static_cast<std::uint64_t>(st.st_size);
+  if (f.size > max_bytes)
+    throw InputError(path, "", "is " + std::to_string(f.size) + " bytes, over the limit of " +
                                    std::to_string(max_bytes));
+  return f;
+}
+
+std::vector<unsigned char> read_regular_file(const std::string& path, std::uint64_t max_bytes) {
+  const OpenFile f = open_regular_file(path, max_bytes);
   std::vector<unsigned char> bytes;
-  reserve_large(bytes, static_cast<std::size_t>(size));
-  bytes.resize(static_cast<std::size_t>(size));
+  reserve_large(bytes, static_cast<std::size_t>(f.size));
+  bytes.resize(static_cast<std::size_t>(f.size));
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t r = ::read(fd, bytes.data() + done, bytes.size() - done);
+    const ssize_t r = ::read(f.fd, bytes.data() + done, bytes.size() - done);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
     if (r == 0) break;  // the file shrank while it was read
@@ -77,8 +83,7 @@ std::vector<unsigned char> read_regular_file(const std::string& path, std::uint6
   return bytes;
 }
 
-std::vector<unsigned char> read_file_within(const std::string& root, const std::string& relative,
-                                            std::uint64_t max_bytes) {
+std::string path_within(const std::string& root, const std::string& relative) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(root) / relative).string();
   std::error_code ec;
@@ -88,7 +93,12 @@ std::vector<unsigned char> read_file_within(const std::string& root, const std::
   if (ec) throw InputError(path, "", "cannot open: " + ec.message());
   const auto [b, r] = std::mismatch(base.begin(), base.end(), real.begin(), real.end());
   if (b != base.end()) throw InputError(path, "", "leads outside " + root + " (to " + real.string() + ")");
-  return read_regular_file(real.string(), max_bytes);
+  return real.string();
+}
+
+std::vector<unsigned char> read_file_within(const std::string& root, const std::string& relative,
+                                            std::uint64_t max_bytes) {
+  return read_regular_file(path_within(root, relative), max_bytes);
 }
 
 }  // namespace attnoracle

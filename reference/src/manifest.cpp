@@ -4,20 +4,20 @@
 #include <nettle/sha2.h>
 
 #include <cctype>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/limits.hpp"
 
 namespace attnoracle::vectors {
 
 using nlohmann::json;
 
-std::string sha256_hex(const unsigned char* data, std::size_t size) {
-  sha256_ctx ctx;
-  sha256_init(&ctx);
-  sha256_update(&ctx, size, data);
+namespace {
+std::string hex_of(sha256_ctx& ctx) {
   unsigned char digest[SHA256_DIGEST_SIZE];
   sha256_digest(&ctx, SHA256_DIGEST_SIZE, digest);
   static constexpr char hex[] = "0123456789abcdef";
@@ -27,6 +27,36 @@ std::string sha256_hex(const unsigned char* data, std::size_t size) {
     out += hex[b & 15];
   }
   return out;
+}
+}  // namespace
+
+std::string sha256_hex(const unsigned char* data, std::size_t size) {
+  sha256_ctx ctx;
+  sha256_init(&ctx);
+  sha256_update(&ctx, size, data);
+  return hex_of(ctx);
+}
+
+SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256) {
+  const std::string path = (std::filesystem::path(dir) / file).string();
+  const auto altered = [&] {
+    return InputError(path, "", "sha256 differs from the manifest: the vector set is altered");
+  };
+  // Hashed as it is read, each tensor straight into place: one pass, no copy of the whole file.
+  try {
+    const OpenFile f = open_regular_file(path_within(dir, file));
+    sha256_ctx ctx;
+    sha256_init(&ctx);
+    SafeTensorsFile out = read_safetensors(path, f.fd, f.size, [&](const unsigned char* p, std::size_t n) {
+      sha256_update(&ctx, n, p);
+    });
+    if (hex_of(ctx) == sha256) return out;
+  } catch (const InputError&) {
+    // below: whether the file is the one the manifest names decides first what is said of it
+  }
+  const std::vector<unsigned char> bytes = read_file_within(dir, file);
+  if (sha256_hex(bytes) != sha256) throw altered();
+  return parse_safetensors(path, bytes);
 }
 
 bool valid_case_id(std::string_view id) {

@@ -216,15 +216,16 @@ void SafeTensorsFile::put(RawTensor t) {
     tensors.push_back(std::move(t));
 }
 
-SafeTensorsFile parse_safetensors(const std::string& path,
-                                  const std::vector<unsigned char>& bytes) {
-  if (bytes.size() < 8)
+namespace {
+
+// The header length of a file of `size` bytes from its first 8 (`first`, present when size >= 8).
+std::uint64_t header_length(const std::string& path, const unsigned char* first, std::uint64_t size) {
+  if (size < 8)
     throw InputError(path, "header",
-                     "file is " + std::to_string(bytes.size()) +
-                         " bytes, too short for the 8-byte header length");
+                     "file is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   std::uint64_t n = 0;
-  for (int b = 7; b >= 0; --b) n = (n << 8) | bytes[static_cast<std::size_t>(b)];
-  const std::uint64_t rest = bytes.size() - 8;
+  for (int b = 7; b >= 0; --b) n = (n << 8) | first[b];
+  const std::uint64_t rest = size - 8;
   if (n > kMaxHeaderBytes)
     throw InputError(path, "header",
                      "header length " + std::to_string(n) + " is over the limit of " +
@@ -233,14 +234,15 @@ SafeTensorsFile parse_safetensors(const std::string& path,
     throw InputError(path, "header",
                      "header length " + std::to_string(n) + " exceeds the " + std::to_string(rest) +
                          " bytes after it");
-  const std::size_t data_start = 8 + static_cast<std::size_t>(n);
-  const std::uint64_t data_size = bytes.size() - data_start;
+  return n;
+}
 
+// The metadata and the tensors' entries (without their bytes, in offset order) of a header
+// whose data area is `data_size` bytes: checked that they tile it.
+std::vector<Entry> layout(const std::string& path, std::string_view text, std::uint64_t data_size,
+                          SafeTensorsFile& file) {
   HeaderParser parser(path, data_size);
-  const json header = parser.parse(std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8,
-                                                    static_cast<std::size_t>(n)));
-
-  SafeTensorsFile file;
+  const json header = parser.parse(text);
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
@@ -272,7 +274,32 @@ SafeTensorsFile parse_safetensors(const std::string& path,
   if (covered != data_size)
     parser.fail("header", "data bytes [" + std::to_string(covered) + "," +
                               std::to_string(data_size) + ") are not covered by any tensor");
+  return entries;
+}
 
+// Exactly n bytes of fd into p, observed as they come; a file that ends first has shrunk.
+void read_exactly(const std::string& path, int fd, unsigned char* p, std::size_t n, const ByteObserver& observe) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::read(fd, p + done, n - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw InputError(path, "", std::string("cannot read: ") + std::strerror(errno));
+    if (r == 0) throw InputError(path, "", "shrank while it was read");
+    done += static_cast<std::size_t>(r);
+  }
+  if (observe) observe(p, n);
+}
+
+}  // namespace
+
+SafeTensorsFile parse_safetensors(const std::string& path,
+                                  const std::vector<unsigned char>& bytes) {
+  const std::uint64_t n = header_length(path, bytes.data(), bytes.size());
+  const std::size_t data_start = 8 + static_cast<std::size_t>(n);
+  SafeTensorsFile file;
+  std::vector<Entry> entries =
+      layout(path, std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(n)),
+             bytes.size() - data_start, file);
   for (auto& e : entries) {
     const auto* first = bytes.data() + data_start + e.begin;
     reserve_large(e.tensor.data, static_cast<std::size_t>(e.end - e.begin));
@@ -282,8 +309,29 @@ SafeTensorsFile parse_safetensors(const std::string& path,
   return file;
 }
 
+SafeTensorsFile read_safetensors(const std::string& path, int fd, std::uint64_t size, const ByteObserver& observe) {
+  unsigned char first[8] = {};
+  if (size >= 8) read_exactly(path, fd, first, 8, observe);
+  const std::uint64_t n = header_length(path, first, size);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  read_exactly(path, fd, reinterpret_cast<unsigned char*>(text.data()), text.size(), observe);
+  SafeTensorsFile file;
+  std::vector<Entry> entries = layout(path, text, size - 8 - n, file);
+  text = std::string();
+  // The tensors tile the data area in offset order: each one's bytes are the next ones.
+  for (auto& e : entries) {
+    const auto bytes = static_cast<std::size_t>(e.end - e.begin);
+    reserve_large(e.tensor.data, bytes);
+    e.tensor.data.resize(bytes);
+    read_exactly(path, fd, e.tensor.data.data(), bytes, observe);
+    file.tensors.push_back(std::move(e.tensor));
+  }
+  return file;
+}
+
 SafeTensorsFile read_safetensors(const std::string& path) {
-  return parse_safetensors(path, read_regular_file(path));
+  const OpenFile f = open_regular_file(path);
+  return read_safetensors(path, f.fd, f.size);
 }
 
 namespace {

@@ -2,6 +2,7 @@
 #include "attnoracle/reference/safetensors.hpp"
 
 #include <algorithm>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -49,16 +50,38 @@ std::uint64_t header_length(const Bytes& bytes) {
   return n;
 }
 
-void expect_refused(const Bytes& bytes, const std::string& field, const std::string& what) {
-  try {
-    parse_safetensors(kPath, bytes);
-    ADD_FAILURE() << "accepted; expected " << field << ": " << what;
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.file(), kPath);
-    EXPECT_EQ(e.field(), field) << e.message();
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.message();
-    EXPECT_EQ(e.message().find('\n'), std::string::npos) << e.message();
+// An in-memory file holding `bytes`, open at its start.
+struct MemFile {
+  int fd;
+  explicit MemFile(const Bytes& bytes) : fd(::memfd_create("t.safetensors", MFD_CLOEXEC)) {
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    EXPECT_EQ(::lseek(fd, 0, SEEK_SET), 0);
   }
+  ~MemFile() { ::close(fd); }
+};
+
+// The file read tensor by tensor from a file of those bytes (said to be `size` bytes long),
+// the bytes it saw appended to `seen`.
+SafeTensorsFile read_streamed(const Bytes& bytes, Bytes* seen = nullptr, std::uint64_t size = ~0ull) {
+  const MemFile f(bytes);
+  return read_safetensors(kPath, f.fd, size == ~0ull ? bytes.size() : size, [&](const unsigned char* p, std::size_t n) {
+    if (seen) seen->insert(seen->end(), p, p + n);
+  });
+}
+
+// Refused alike by parse_safetensors and by read_safetensors from a file.
+void expect_refused(const Bytes& bytes, const std::string& field, const std::string& what) {
+  for (int streamed = 0; streamed < 2; ++streamed) try {
+      if (streamed) read_streamed(bytes);
+      else parse_safetensors(kPath, bytes);
+      ADD_FAILURE() << "accepted; expected " << field << ": " << what << (streamed ? " (streamed)" : "");
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), kPath);
+      EXPECT_EQ(e.field(), field) << e.message();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.message();
+      EXPECT_EQ(e.message().find('\n'), std::string::npos) << e.message();
+    }
 }
 
 void expect_same(const SafeTensorsFile& a, const SafeTensorsFile& b) {
@@ -189,15 +212,52 @@ RC_GTEST_PROP(SafetensorsWrite, RandomRoundTrip, ()) {
   RC_ASSERT(back.tensors.size() == f.tensors.size());
 }
 
-// Any corrupted byte gives a file or an InputError, nothing else.
+// Any corrupted byte gives a file or an InputError, nothing else; reading it from a file
+// tensor by tensor gives the same file, or the same refusal.
 RC_GTEST_PROP(SafetensorsRead, CorruptedBytesRefusedCleanly, ()) {
   Bytes bytes = serialize_safetensors(sample());
   const auto at = *rc::gen::inRange<std::size_t>(0, bytes.size());
   bytes[at] = *rc::gen::arbitrary<unsigned char>();
+  std::string parsed, streamed;
+  SafeTensorsFile a, b;
   try {
-    parse_safetensors(kPath, bytes);
+    a = parse_safetensors(kPath, bytes);
   } catch (const InputError& e) {
     RC_ASSERT(e.message().find('\n') == std::string::npos);
+    parsed = e.message();
+  }
+  try {
+    b = read_streamed(bytes);
+  } catch (const InputError& e) {
+    streamed = e.message();
+  }
+  RC_ASSERT(parsed == streamed);
+  RC_ASSERT(serialize_safetensors(a) == serialize_safetensors(b));
+}
+
+TEST(SafetensorsRead, StreamedSeesEveryByteInOrder) {
+  const Bytes bytes = serialize_safetensors(sample());
+  Bytes seen;
+  expect_same(read_streamed(bytes, &seen), parse_safetensors(kPath, bytes));
+  EXPECT_EQ(seen, bytes);
+}
+
+TEST(SafetensorsRead, StreamedFileThatGrewIsReadAsItsFirstBytes) {
+  Bytes bytes = serialize_safetensors(sample());
+  const std::size_t size = bytes.size();
+  bytes.resize(size + 5, 9);
+  Bytes seen;
+  expect_same(read_streamed(bytes, &seen, size), parse_safetensors(kPath, serialize_safetensors(sample())));
+  EXPECT_EQ(seen.size(), size);
+}
+
+TEST(SafetensorsRefuse, StreamedFileThatShrank) {
+  const Bytes bytes = serialize_safetensors(sample());
+  try {  // fstat said the whole size, 3 bytes were gone when they were read
+    read_streamed(Bytes(bytes.begin(), bytes.end() - 3), nullptr, bytes.size());
+    ADD_FAILURE() << "read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.message(), kPath + ": shrank while it was read");
   }
 }
 

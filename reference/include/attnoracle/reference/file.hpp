@@ -9,6 +9,19 @@
 
 namespace attnoracle {
 
+// A regular file of at most `max_bytes` bytes, open for reading at its start (closed with the
+// object), and its size. Refuses what read_regular_file refuses, with the same messages.
+struct OpenFile {
+  int fd = -1;
+  std::uint64_t size = 0;
+  OpenFile() = default;
+  OpenFile(const OpenFile&) = delete;
+  OpenFile& operator=(const OpenFile&) = delete;
+  OpenFile(OpenFile&& o) noexcept : fd(o.fd), size(o.size) { o.fd = -1; }
+  ~OpenFile();
+};
+OpenFile open_regular_file(const std::string& path, std::uint64_t max_bytes = limits::kFileBytes);
+
 // The bytes of a regular file of at most `max_bytes`. Refuses directories, FIFOs, devices and
 // sockets without blocking on them. Throws InputError(path, "", what).
 std::vector<unsigned char> read_regular_file(const std::string& path,
@@ -19,6 +32,8 @@ std::vector<unsigned char> read_regular_file(const std::string& path,
 // a symbolic link resolving outside it) is refused. Throws InputError(root/relative, "", what).
 std::vector<unsigned char> read_file_within(const std::string& root, const std::string& relative,
                                             std::uint64_t max_bytes = limits::kFileBytes);
+// The real path of `relative` inside `root`, refused as read_file_within refuses it.
+std::string path_within(const std::string& root, const std::string& relative);
 
 // Reserves n bytes in v (empty) on transparent huge pages where the system grants them on
 // request: a 2 MiB page takes one page fault where 4 KiB pages take 512, and on some virtual

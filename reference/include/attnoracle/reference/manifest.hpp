@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "attnoracle/reference/safetensors.hpp"
+
 namespace attnoracle::vectors {
 
 inline constexpr std::string_view kManifestFormat = "attnoracle-vectors/1";
@@ -44,6 +46,12 @@ inline std::string sha256_hex(const std::vector<unsigned char>& b) {
 inline std::string sha256_hex(std::string_view s) {
   return sha256_hex(reinterpret_cast<const unsigned char*>(s.data()), s.size());
 }
+
+// The case file `file` of the vector set in `dir`, read only inside it (as read_file_within) and
+// hashed as it is read. Throws InputError(dir/file, "", ...): "sha256 differs from the manifest:
+// the vector set is altered" when its SHA-256 is not `sha256` (said before any other problem of
+// such a file), else what reading and parsing it refuse.
+SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256);
 
 // A case id usable as a file name: letters, digits, _ - . (not first).
 bool valid_case_id(std::string_view id);

@@ -3,7 +3,9 @@
 // (case_file.hpp) validates what a case means.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +38,13 @@ struct SafeTensorsFile {
 SafeTensorsFile read_safetensors(const std::string& path);
 SafeTensorsFile parse_safetensors(const std::string& path_for_messages,
                                   const std::vector<unsigned char>& bytes);
+// The same from the regular file of `size` bytes open on fd at its start: each tensor's bytes
+// are read from the file straight into the tensor, without the whole file in memory first.
+// `observe` (when set) sees every byte read, in the file's order (to hash the file). A file that
+// ends before `size` bytes is refused; one that grew is read as its first `size` bytes.
+using ByteObserver = std::function<void(const unsigned char*, std::size_t)>;
+SafeTensorsFile read_safetensors(const std::string& path_for_messages, int fd, std::uint64_t size,
+                                 const ByteObserver& observe = {});
 
 // Serialises deterministically: tensors sorted by name, header keys sorted, header padded with
 // spaces to a multiple of 8 bytes.
