@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
 
 namespace attnoracle::conformance {
@@ -626,6 +627,7 @@ struct Comparer {
     Acc acc;
     acc.t.tensor = "out";
     acc.sample.z.reserve(out->data.size() / w);  // as for weights below
+    advise_huge_pages(acc.sample.z.data(), acc.sample.z.capacity() * sizeof(double));
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t i = 0; i < c.Nq; ++i) {
         if (!c.query_valid(b, i)) continue;  // padding rows are not compared
@@ -705,6 +707,7 @@ struct Comparer {
       Acc a;
       a.t.tensor = name;
       a.sample.z.reserve(n_el);  // at most one normalised error per element, without regrowing
+      advise_huge_pages(a.sample.z.data(), a.sample.z.capacity() * sizeof(double));
       const std::int64_t per = weights ? c.Nk : 1;
       std::vector<char> slowed;  // per element of a block: compared by element()
       for (std::int64_t b = 0; b < c.B; ++b)

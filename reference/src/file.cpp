@@ -26,18 +26,24 @@ std::string kind_of(mode_t m) {
 
 }  // namespace
 
-void reserve_large(std::vector<unsigned char>& v, std::size_t n) {
-  v.reserve(n);
+void advise_huge_pages(const void* p, std::size_t n) {
 #ifdef MADV_HUGEPAGE
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
   // Only the largest buffers: a huge page is resident whole, which would weigh on the peak
   // memory of a long case's few-megabyte tensors more than their faults cost.
   if (n < 8 * kHuge) return;
   // The whole huge pages inside the buffer (advice on a range it does not own would be wrong).
-  const auto start = reinterpret_cast<std::uintptr_t>(v.data());
+  const auto start = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t first = (start + kHuge - 1) & ~(kHuge - 1), last = (start + n) & ~(kHuge - 1);
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)p, (void)n;
 #endif
+}
+
+void reserve_large(std::vector<unsigned char>& v, std::size_t n) {
+  v.reserve(n);
+  advise_huge_pages(v.data(), n);
 }
 
 bool is_regular_file(const std::string& path) {

@@ -39,6 +39,8 @@ std::string path_within(const std::string& root, const std::string& relative);
 // request: a 2 MiB page takes one page fault where 4 KiB pages take 512, and on some virtual
 // machines the faults of filling a large buffer cost more than the copy. Advice only.
 void reserve_large(std::vector<unsigned char>& v, std::size_t n);
+// The same advice for the n bytes at p (a buffer of 16 MiB or more, not yet touched).
+void advise_huge_pages(const void* p, std::size_t n);
 
 // Whether `path` names a regular file (following links); false when it cannot be looked at.
 bool is_regular_file(const std::string& path);
