@@ -39,9 +39,6 @@ std::string sha256_hex(const unsigned char* data, std::size_t size) {
 
 SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256) {
   const std::string path = (std::filesystem::path(dir) / file).string();
-  const auto altered = [&] {
-    return InputError(path, "", "sha256 differs from the manifest: the vector set is altered");
-  };
   // Hashed as it is read, each tensor straight into place: one pass, no copy of the whole file.
   try {
     const OpenFile f = open_regular_file(path_within(dir, file));
@@ -55,7 +52,8 @@ SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, c
     // below: whether the file is the one the manifest names decides first what is said of it
   }
   const std::vector<unsigned char> bytes = read_file_within(dir, file);
-  if (sha256_hex(bytes) != sha256) throw altered();
+  if (sha256_hex(bytes) != sha256)
+    throw InputError(path, "", "sha256 differs from the manifest: the vector set is altered");
   return parse_safetensors(path, bytes);
 }
 
