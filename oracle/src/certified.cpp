@@ -73,6 +73,7 @@ std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
   std::vector<Violation> all;
   auto src = rows(c);
   const std::int64_t units = unit_count(c);
+  TwinBuffers buffers;
   for (std::int64_t u = 0; u < units; ++u) {
     std::int64_t b, h, i;
     unit_position(c, u, b, h, i);
@@ -86,7 +87,7 @@ std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
   for (std::int64_t u : sample_units(units, opt.twin_units)) {
     std::int64_t b, h, i;
     unit_position(c, u, b, h, i);
-    auto v = check_twins(c, b, h, i, rows);
+    auto v = check_twins(c, b, h, i, rows, &buffers);
     all.insert(all.end(), v.begin(), v.end());
   }
   return all;
@@ -133,6 +134,7 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   };
   const TieredRowEvaluator whole(c, RowParts::Compared);  // the units' own rows, on the case itself
   std::vector<std::vector<Violation>> found(units.size());
+  TwinBuffers buffers;
   // Each thread holds one twin at a time: for kind sdpa, the keys and values of up to two kv
   // heads in F64 (a unit's slice); for mha, a copy of the case. Above 16 MB per twin, one thread
   // keeps the peak memory near that of the evaluation itself.
@@ -155,7 +157,7 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
       twins_done.unit_done();
       return;  // refused: the policy, checked elsewhere
     }
-    found[k] = check_twins(c, b, h, i, rows, std::move(base));
+    found[k] = check_twins(c, b, h, i, rows, std::move(base), &buffers);
     twins_done.unit_done();
   });
   std::vector<Violation> all;

@@ -65,21 +65,24 @@ bool exact_sum(double a, double b) {
 // rows 0: they are not read), and row i of the mask and bias, broadcast over the queries. The
 // unit is (0, 0, i) of the slice; Nq, Nk and the options stay, so the positional rules too.
 Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
-           const std::vector<std::int64_t>& groups) {
+           const std::vector<std::int64_t>& groups, TwinBuffers* buffers) {
+  auto buffer = [buffers](std::int64_t n) {
+    return buffers ? buffers->take(static_cast<std::size_t>(n)) : std::vector<double>(static_cast<std::size_t>(n));
+  };
   Case t = options_of(c);
   const auto nh = static_cast<std::int64_t>(heads.size()), ng = static_cast<std::int64_t>(groups.size());
   t.B = 1, t.Hq = nh, t.Hkv = ng, t.Nq = c.Nq, t.Nk = c.Nk;
   t.Dk = c.Dk, t.Dv = c.Dv;
-  t.q = FloatTensor{c.q.dtype, {1, nh, c.Nq, c.Dk}, std::vector<double>(static_cast<std::size_t>(nh * c.Nq * c.Dk), 0.0)};
+  t.q = FloatTensor{c.q.dtype, {1, nh, c.Nq, c.Dk}, buffer(nh * c.Nq * c.Dk)};
+  std::fill(t.q.values.begin(), t.q.values.end(), 0.0);
   for (std::int64_t k = 0; k < nh; ++k)
     std::copy_n(c.q.values.begin() + ((b * c.Hq + heads[static_cast<std::size_t>(k)]) * c.Nq + i) * c.Dk, c.Dk,
                 t.q.values.begin() + (k * c.Nq + i) * c.Dk);
   auto blocks = [&](const FloatTensor& x, std::int64_t E) {
-    FloatTensor y{x.dtype, {1, ng, c.Nk, E}, {}};
-    y.values.reserve(static_cast<std::size_t>(ng * c.Nk * E));
-    for (std::int64_t g : groups) {
-      const auto from = x.values.begin() + (b * c.Hkv + g) * c.Nk * E;
-      y.values.insert(y.values.end(), from, from + c.Nk * E);
+    FloatTensor y{x.dtype, {1, ng, c.Nk, E}, buffer(ng * c.Nk * E)};
+    for (std::int64_t k = 0; k < ng; ++k) {
+      const auto from = x.values.begin() + (b * c.Hkv + groups[static_cast<std::size_t>(k)]) * c.Nk * E;
+      std::copy_n(from, c.Nk * E, y.values.begin() + k * c.Nk * E);
     }
     return y;
   };
@@ -122,12 +125,23 @@ Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std:
   return t;
 }
 
+// Gives a twin's queries, keys and values back to `buffers` when the twin goes out of scope.
+struct Recycled {
+  Case& t;
+  TwinBuffers* buffers;
+  ~Recycled() {
+    if (!buffers) return;
+    for (FloatTensor* x : {&t.q, &t.k, &t.v}) buffers->give(std::move(x->values));
+  }
+};
+
 struct TwinChecker {
   const Case& c;
   std::int64_t b, h, i;  // the unit; h is 0 for mha
   const RowSourceFactory& rows;
   std::vector<Violation>& out;
   RowEnclosures base;
+  TwinBuffers* buffers;
 
   std::vector<std::int64_t> heads() const {  // heads of the unit
     if (c.kind == Kind::Sdpa) return {h};
@@ -141,7 +155,7 @@ struct TwinChecker {
 
   bool sdpa() const { return c.kind == Kind::Sdpa; }
   // The unit's own inputs (sdpa), or a copy of the case (mha, whose rows read every head).
-  Case twin_case() const { return sdpa() ? slice(c, b, i, {h}, {c.kv_head(h)}) : inputs_of(c); }
+  Case twin_case() const { return sdpa() ? slice(c, b, i, {h}, {c.kv_head(h)}, buffers) : inputs_of(c); }
 
   bool eval(const Case& twin, RowEnclosures& r) {
     try {
@@ -192,6 +206,7 @@ struct TwinChecker {
   // logit of the softmax: the relation holds only when it moves with the scores).
   void shift() {
     Case t = twin_case();
+    const Recycled done{t, buffers};
     for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8, 0x1p-16, 0x1p-24}) {
       bool exact = true;
       if (t.bias)  // every bias value the twin reads
@@ -231,6 +246,7 @@ struct TwinChecker {
       if (detail::positional(c, b, i, j)) last = j;
     if (last + 1 >= c.Nk) return;  // nothing in the future
     Case t = twin_case();
+    const Recycled done{t, buffers};
     if (sdpa()) {
       perturb_rows(t.k.values, 0, last + 1, c.Nk, c.Dk);
       perturb_rows(t.v.values, 0, last + 1, c.Nk, c.Dv);
@@ -264,6 +280,7 @@ struct TwinChecker {
     std::reverse(perm.begin(), perm.end());
     if (c.Nk > 2) std::rotate(perm.begin(), perm.begin() + 1, perm.end());
     Case t = twin_case();
+    const Recycled done{t, buffers};
     if (sdpa()) {
       permute_sdpa(t, perm);
     } else {
@@ -349,7 +366,9 @@ struct TwinChecker {
       const std::int64_t g = c.kv_head(h), per = c.Hq / c.Hkv;
       if (c.Hq > 1) {  // another query head's queries: one of the same kv head where there is one
         const std::int64_t other = per > 1 ? g * per + (h - g * per + 1) % per : (h + 1) % c.Hq;
-        Case t = per > 1 ? slice(c, b, i, {h, other}, {g}) : slice(c, b, i, {h, other}, {g, c.kv_head(other)});
+        Case t = per > 1 ? slice(c, b, i, {h, other}, {g}, buffers)
+                         : slice(c, b, i, {h, other}, {g, c.kv_head(other)}, buffers);
+        const Recycled done{t, buffers};
         perturb_rows(t.q.values, static_cast<std::size_t>(c.Nq * c.Dk), i, i + 1, c.Dk);
         RowEnclosures r;
         if (eval(t, r))
@@ -358,7 +377,8 @@ struct TwinChecker {
       }
       if (c.Hkv > 1) {  // another kv head's keys and values
         const std::int64_t og = (g + 1) % c.Hkv;
-        Case t = slice(c, b, i, {h, og * per}, {g, og});
+        Case t = slice(c, b, i, {h, og * per}, {g, og}, buffers);
+        const Recycled done{t, buffers};
         perturb_rows(t.k.values, static_cast<std::size_t>(c.Nk * c.Dk), 0, c.Nk, c.Dk);
         perturb_rows(t.v.values, static_cast<std::size_t>(c.Nk * c.Dv), 0, c.Nk, c.Dv);
         RowEnclosures r;
@@ -387,21 +407,52 @@ struct TwinChecker {
 
 }  // namespace
 
+std::vector<double> TwinBuffers::take(std::size_t n) {
+  std::vector<double> v;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // the smallest buffer that holds n, else the largest (it grows)
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (best == free_.end()) {
+        best = it;
+      } else if (best->capacity() >= n) {
+        if (it->capacity() >= n && it->capacity() < best->capacity()) best = it;
+      } else if (it->capacity() > best->capacity()) {
+        best = it;
+      }
+    }
+    if (best != free_.end()) {
+      v = std::move(*best);
+      free_.erase(best);
+    }
+  }
+  v.resize(n);
+  return v;
+}
+
+void TwinBuffers::give(std::vector<double>&& v) {
+  if (v.capacity() == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(std::move(v));
+}
+
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
-                                   const RowSourceFactory& rows) {
+                                   const RowSourceFactory& rows, TwinBuffers* buffers) {
   RowEnclosures base;
   try {
     base = rows(c)->row(b, h, i);
   } catch (const FullyMaskedRow&) {
     return {};  // refused: the policy, checked elsewhere
   }
-  return check_twins(c, b, h, i, rows, std::move(base));
+  return check_twins(c, b, h, i, rows, std::move(base), buffers);
 }
 
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
-                                   const RowSourceFactory& rows, RowEnclosures base) {
+                                   const RowSourceFactory& rows, RowEnclosures base,
+                                   TwinBuffers* buffers) {
   std::vector<Violation> out;
-  TwinChecker t{c, b, h, i, rows, out, std::move(base)};
+  TwinChecker t{c, b, h, i, rows, out, std::move(base), buffers};
   bool any_valid = false;
   for (bool v : t.base.head_valid) any_valid = any_valid || v;
   if (!any_valid) return out;  // nothing to relate

@@ -429,6 +429,43 @@ TEST(OracleTiered, TwinsOfSinksAndSequenceLengths) {
   EXPECT_TRUE(names(v, Invariant::ShiftInvariance)) << list(v);
 }
 
+TEST(TwinBuffers, TakesTheSmallestThatFitsElseTheLargest) {
+  TwinBuffers pool;
+  EXPECT_EQ(pool.take(5).size(), 5u);  // empty pool: a new buffer
+  for (std::size_t n : {100u, 10u, 40u}) pool.give(std::vector<double>(n, 1.0));
+  pool.give(std::vector<double>());  // nothing to keep
+  std::vector<double> a = pool.take(30);
+  EXPECT_EQ(a.size(), 30u);
+  EXPECT_EQ(a.capacity(), 40u);
+  std::vector<double> b = pool.take(200);  // none fits: the largest grows
+  EXPECT_EQ(b.size(), 200u);
+  std::vector<double> c = pool.take(10);
+  EXPECT_EQ(c.capacity(), 10u);
+  EXPECT_EQ(pool.take(1).capacity(), 1u);  // the pool is empty again
+}
+
+// Twins built on buffers left by other twins (here: NaN, of every size) must not see any of it:
+// the reference passes, and a broken evaluation is still caught.
+TEST(TwinBuffers, TwinsOnRecycledBuffersSeeNoneOfTheirOldContents) {
+  auto dirty = [](TwinBuffers& pool) {
+    for (std::size_t n : {1u, 7u, 64u, 300u, 4096u}) pool.give(std::vector<double>(n, std::nan("")));
+  };
+  for (const Case& c : {sdpa({{"attn.output_dtype", "F32"}}), sliced_options()})
+    for (const auto& rows : {tiered_rows(), reference_rows()})
+      for (std::int64_t u = 0; u < unit_count(c); ++u) {
+        std::int64_t b, h, i;
+        unit_position(c, u, b, h, i);
+        TwinBuffers pool;
+        dirty(pool);
+        const auto v = check_twins(c, b, h, i, rows, &pool);
+        EXPECT_TRUE(v.empty()) << list(v);
+      }
+  CheckOptions all;
+  all.twin_units = 1000;
+  const auto v = check_case(sliced_options(), broken_tiered([](Case& m) { m.causal = Causal::None; }), all);
+  EXPECT_TRUE(names(v, Invariant::CausalDependence)) << list(v);
+}
+
 TEST(OracleTiered, TwinsOnTheFastTierCatchBrokenEvaluations) {
   // a score that depends on the key's position
   auto v = check_case(sliced_options(), broken_tiered([](Case& m) {

@@ -91,10 +91,24 @@ std::vector<Violation> check_row_fast(const Case& c, std::int64_t b, std::int64_
 // twin cases (shifted bias, perturbed future keys, permuted keys, one head changed).
 // Kind sdpa twins are built on the inputs the unit reads (its batch, heads and rows), not on a
 // copy of the case; the unit's own evaluation is rows(c)'s, or `base` when given.
+// Buffers handed from a finished twin to the next one, shared by the threads of one oracle pass:
+// a twin's copies of its unit's queries, keys and values then land on memory already touched,
+// where fresh memory costs a page fault per page, several times the copy itself.
+class TwinBuffers {
+ public:
+  std::vector<double> take(std::size_t n);  // size n, contents unspecified
+  void give(std::vector<double>&& v);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<double>> free_;
+};
+
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
-                                   const RowSourceFactory& rows);
+                                   const RowSourceFactory& rows, TwinBuffers* buffers = nullptr);
 std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h, std::int64_t i,
-                                   const RowSourceFactory& rows, RowEnclosures base);
+                                   const RowSourceFactory& rows, RowEnclosures base,
+                                   TwinBuffers* buffers = nullptr);
 
 struct CheckOptions {
   std::int64_t twin_units = 16;  // row units given the metamorphic checks (evenly spread)
