@@ -1,4 +1,5 @@
 // attnoracle eval CASE -o OUT: certified evaluation of one case file.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -43,12 +44,14 @@ std::vector<RawTensor*> drop_float_bytes(Case& c) {
     if (!t || t->dtype != f->dtype || t->data.empty()) continue;
     const std::size_t w = dtype_size(t->dtype);
     if (t->data.size() != f->values.size() * w) continue;
-    unsigned char buf[8];
+    unsigned char buf[4096];  // encoded by chunks, each compared at once
+    const std::size_t per = sizeof buf / w;
     bool exact = true;
     try {
-      for (std::size_t k = 0; k < f->values.size() && exact; ++k) {
-        encode_float(t->dtype, f->values[k], buf);
-        exact = std::memcmp(buf, t->data.data() + k * w, w) == 0;
+      for (std::size_t k = 0; k < f->values.size() && exact; k += per) {
+        const std::size_t n = std::min(per, f->values.size() - k);
+        for (std::size_t e = 0; e < n; ++e) encode_float(t->dtype, f->values[k + e], buf + e * w);
+        exact = std::memcmp(buf, t->data.data() + k * w, n * w) == 0;
       }
     } catch (const std::exception&) {
       exact = false;  // a value the dtype cannot hold (descaled F8 inputs)

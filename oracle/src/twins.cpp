@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/file.hpp"
 #include "detail.hpp"
 
 namespace attnoracle::oracle {
@@ -423,9 +424,13 @@ std::vector<double> TwinBuffers::take(std::size_t n) {
       }
     }
     if (best != free_.end()) {
-      v = std::move(*best);
+      if (best->capacity() >= n) v = std::move(*best);  // else it goes: its contents do not matter
       free_.erase(best);
     }
+  }
+  if (v.capacity() < n) {
+    v = std::vector<double>();
+    reserve_large(v, n);
   }
   v.resize(n);
   return v;

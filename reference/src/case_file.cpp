@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/file.hpp"
 
 namespace attnoracle {
 namespace {
@@ -424,6 +425,7 @@ class CaseReader {
     out.shape = t.shape;
     const std::size_t size = dtype_size(t.dtype);
     const auto n = static_cast<std::size_t>(t.numel());
+    reserve_large(out.values, n);
     out.values.resize(n);
     for (std::size_t e = 0; e < n; ++e) {
       const double x = decode_float(t.dtype, t.data.data() + e * size);

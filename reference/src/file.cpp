@@ -29,9 +29,8 @@ std::string kind_of(mode_t m) {
 void advise_huge_pages(const void* p, std::size_t n) {
 #ifdef MADV_HUGEPAGE
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  // Only the largest buffers: a huge page is resident whole, which would weigh on the peak
-  // memory of a long case's few-megabyte tensors more than their faults cost.
-  if (n < 8 * kHuge) return;
+  // Only large buffers: a buffer of a few huge pages would gain little.
+  if (n < 2 * kHuge) return;
   // The whole huge pages inside the buffer (advice on a range it does not own would be wrong).
   const auto start = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t first = (start + kHuge - 1) & ~(kHuge - 1), last = (start + n) & ~(kHuge - 1);
@@ -39,11 +38,6 @@ void advise_huge_pages(const void* p, std::size_t n) {
 #else
   (void)p, (void)n;
 #endif
-}
-
-void reserve_large(std::vector<unsigned char>& v, std::size_t n) {
-  v.reserve(n);
-  advise_huge_pages(v.data(), n);
 }
 
 bool is_regular_file(const std::string& path) {

@@ -320,6 +320,30 @@ TEST_F(EvalRefusal, NaNInAMaskedKeyEvaluates) {
     EXPECT_EQ(decode_float(o->dtype, o->data.data() + e * 4), 1.0) << e;  // every v entry used is 1
 }
 
+TEST_F(EvalRefusal, InputsAreCopiedIntoTheOutputByteForByte) {
+  // A NaN with its own payload in a masked key, far into v: the inputs are checked to encode
+  // back to their bytes by chunks, and one that does not (the payload) keeps its bytes.
+  const std::int64_t nk = 600;
+  SafeTensorsFile f = valid_case();
+  f.put(floats("k", {1, 2, nk, 4}, small));
+  f.put(floats("v", {1, 2, nk, 2}, small));
+  f.put(mask_of({1, 1, 1, nk}, 400, 401));
+  const std::size_t poisoned = (1 * nk + 400) * 2;  // kv head 1, key 400, column 0
+  const std::uint32_t payload = 0x7fc12345;
+  std::memcpy(f.find("v")->data.data() + 4 * poisoned, &payload, 4);
+  const std::string in = dir_ / "payload.safetensors";
+  const std::string out = dir_ / "payload.out.safetensors";
+  write_bytes(in, bytes_of(f));
+  const CliResult r = run({"eval", in, "-o", out, "-q"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafeTensorsFile g = read_safetensors(out);
+  for (const char* name : {"q", "k", "v", "mask"}) {
+    const RawTensor* t = g.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_TRUE(t->data == f.find(name)->data) << name << " differs from the input's bytes";
+  }
+}
+
 RawTensor lengths(const std::string& name, DType t, const std::vector<std::int64_t>& v) {
   RawTensor r{name, t, {static_cast<std::int64_t>(v.size())}, {}};
   for (std::int64_t x : v)

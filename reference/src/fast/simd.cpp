@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 
+#include "attnoracle/reference/file.hpp"
 #include "fast/ball.hpp"
 #include "fast/dd.hpp"
 #include "fast/error_bounds.hpp"
@@ -520,7 +521,9 @@ void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std
 std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
   const std::int64_t blocks = key_blocks(n);
   const auto per_group = static_cast<std::size_t>(blocks * len) * kKeyBlock;
-  std::vector<double> kt(static_cast<std::size_t>(groups) * per_group);
+  std::vector<double> kt;
+  reserve_large(kt, static_cast<std::size_t>(groups) * per_group);
+  kt.resize(static_cast<std::size_t>(groups) * per_group);
   for (std::int64_t g = 0; g < groups; ++g)
     transpose_key_blocks(k + static_cast<std::size_t>(g * n * len), n, len, 0, blocks,
                          kt.data() + static_cast<std::size_t>(g) * per_group);

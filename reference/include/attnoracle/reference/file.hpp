@@ -35,12 +35,17 @@ std::vector<unsigned char> read_file_within(const std::string& root, const std::
 // The real path of `relative` inside `root`, refused as read_file_within refuses it.
 std::string path_within(const std::string& root, const std::string& relative);
 
-// Reserves n bytes in v (empty) on transparent huge pages where the system grants them on
-// request: a 2 MiB page takes one page fault where 4 KiB pages take 512, and on some virtual
-// machines the faults of filling a large buffer cost more than the copy. Advice only.
-void reserve_large(std::vector<unsigned char>& v, std::size_t n);
-// The same advice for the n bytes at p (a buffer of 16 MiB or more, not yet touched).
+// Advice that the n bytes at p (a buffer not yet touched, to be filled whole) go on transparent
+// huge pages where the system grants them on request: a 2 MiB page takes one page fault where
+// 4 KiB pages take 512, and on some virtual machines the faults of filling a large buffer cost
+// more than the copy. Only whole huge pages inside the buffer, and only for large buffers.
 void advise_huge_pages(const void* p, std::size_t n);
+// Reserves n elements in v (empty) with that advice.
+template <class T>
+void reserve_large(std::vector<T>& v, std::size_t n) {
+  v.reserve(n);
+  advise_huge_pages(v.data(), n * sizeof(T));
+}
 
 // Whether `path` names a regular file (following links); false when it cannot be looked at.
 bool is_regular_file(const std::string& path);
