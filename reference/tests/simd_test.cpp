@@ -248,6 +248,81 @@ RC_GTEST_PROP(Simd, BallEndsMatchScalarEnds, ()) {
 }
 
 
+// The input scans of prepare(): range and short significands over values of every kind (zeros
+// of both signs, the range's ends and their neighbours, subnormals, infinities, NaN, F32
+// values and full F64 ones), and the column ranges, with ties between zeros of either sign.
+RC_GTEST_PROP(Simd, InputScansMatchScalar, ()) {
+  const auto n = *rc::gen::inRange<std::size_t>(0, 70);
+  const double specials[] = {0.0, -0.0, fast::kMinInput, -fast::kMaxInput, std::nextafter(fast::kMinInput, 0.0),
+                             std::nextafter(fast::kMaxInput, INFINITY), 0x1p-1074, INFINITY, -INFINITY,
+                             std::nan(""), 1.0, -2.5};
+  std::vector<double> x(n);
+  // 0: anything, 1: in range F32 values, 2: in range F64 values, 3: few values, many ties
+  const int mode = *rc::gen::inRange(0, 4);
+  for (auto& e : x) {
+    const int kind = *rc::gen::inRange(0, 10);
+    if (mode == 0 && kind < 3) e = specials[*rc::gen::inRange<std::size_t>(0, std::size(specials))];
+    else if (mode == 3) e = *rc::gen::element(0.0, -0.0, 1.0, 2.0);
+    else if (mode == 1 || kind < 6) e = static_cast<double>(static_cast<float>(*scaled(-100, 100)));
+    else e = *scaled(-500, 500);
+    if (mode > 0 && kind == 9) e = *rc::gen::element(0.0, -0.0);
+  }
+  const std::size_t nd = *rc::gen::inRange<std::size_t>(1, 20), rows = n / nd;
+  std::vector<double> r0(4 * nd);
+  for (std::size_t c = 0; c < nd; ++c) r0[c] = INFINITY, r0[nd + c] = -INFINITY, r0[2 * nd + c] = INFINITY, r0[3 * nd + c] = 0;
+  std::vector<double> want = r0;
+  if (mode > 0)  // the ranges are taken of in-range values only
+    fast::value_ranges_scalar(0, nd, rows, x.data(), want.data(), want.data() + nd, want.data() + 2 * nd, want.data() + 3 * nd);
+  for_each_target([&](const std::string& target) {
+    if (fast::out_of_range(x.data(), n) != fast::out_of_range_scalar(x.data(), n))
+      RC_FAIL("out_of_range under " + target);
+    if (fast::short_significands(x.data(), n) != (fast::low_bits_scalar(x.data(), n) == 0))
+      RC_FAIL("short_significands under " + target);
+    if (mode == 0) return;
+    std::vector<double> got = r0;
+    fast::value_ranges(nd, rows, x.data(), got.data(), got.data() + nd, got.data() + 2 * nd, got.data() + 3 * nd);
+    for (std::size_t k = 0; k < got.size(); ++k)
+      if (!same_bits(got[k], want[k])) RC_FAIL("value_ranges under " + target + " differs at " + std::to_string(k));
+  });
+}
+
+TEST(Simd, InputScansByHand) {
+  std::vector<double> x(19, 1.5);  // past two vectors of 8 lanes
+  EXPECT_EQ(fast::out_of_range(x.data(), x.size()), 0u);
+  EXPECT_TRUE(fast::short_significands(x.data(), x.size()));
+  x[17] = std::nan("");
+  x[3] = 0x1p-481;
+  EXPECT_EQ(fast::out_of_range(x.data(), x.size()), 2u);
+  x[9] = 1 + 0x1p-40;  // a significand of 41 bits
+  EXPECT_FALSE(fast::short_significands(x.data(), x.size()));
+  // [3 rows, 19 columns], every column as the first two: -0 before 0 stays the minimum (and
+  // 0 before -0), as std::min keeps the first of equal values; likewise std::max
+  const std::size_t nd = 19;
+  std::vector<double> v(3 * nd);
+  for (std::size_t c = 0; c < nd; ++c) {
+    const bool even = c % 2 == 0;
+    v[c] = even ? -0.0 : 3, v[nd + c] = even ? 0.0 : -4, v[2 * nd + c] = even ? 0.0 : 1;
+  }
+  std::vector<double> vmin(nd, INFINITY), vmax(nd, -INFINITY), amin(nd, INFINITY), amax(nd, 0);
+  for_each_target([&](const std::string&) {
+    std::fill(vmin.begin(), vmin.end(), INFINITY), std::fill(vmax.begin(), vmax.end(), -INFINITY);
+    std::fill(amin.begin(), amin.end(), INFINITY), std::fill(amax.begin(), amax.end(), 0);
+    fast::value_ranges(nd, 3, v.data(), vmin.data(), vmax.data(), amin.data(), amax.data());
+    for (std::size_t c = 0; c < nd; ++c) {
+      if (c % 2 == 0) {
+        EXPECT_TRUE(same_bits(vmin[c], -0.0)) << c;
+        EXPECT_TRUE(same_bits(vmax[c], -0.0)) << c;  // then 0 and -0 are not larger
+        EXPECT_TRUE(same_bits(amin[c], 0.0) && same_bits(amax[c], 0.0)) << c;
+      } else {
+        EXPECT_EQ(vmin[c], -4) << c;
+        EXPECT_EQ(vmax[c], 3) << c;
+        EXPECT_EQ(amin[c], 1) << c;
+        EXPECT_EQ(amax[c], 4) << c;
+      }
+    }
+  });
+}
+
 // The row's per-key ball steps (score_balls, exp_args, exp_balls, ball_total, mul_balls)
 // against ball.hpp's operations, chained as row_weights chains them, with biases zero and not,
 // and rows with a key whose radius overflows, whose radius is past exp's ball rule, or whose

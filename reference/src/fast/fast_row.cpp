@@ -32,33 +32,13 @@ double round_double(double r, int p, int emin, int emax) {
   return std::fabs(y) >= std::ldexp(1.0, emax + 1) ? std::copysign(INFINITY, r) : y;
 }
 
-// The value row v's range into the column ranges (independent lanes: the loop vectorizes).
-void value_ranges(std::size_t nd, const double* __restrict v, double* __restrict vmin,
-                  double* __restrict vmax, double* __restrict absmin, double* __restrict absmax) {
-  for (std::size_t ci = 0; ci < nd; ++ci) {
-    const double x = v[ci], ax = std::fabs(x);
-    vmin[ci] = std::min(vmin[ci], x);
-    vmax[ci] = std::max(vmax[ci], x);
-    absmin[ci] = std::min(absmin[ci], ax);
-    absmax[ci] = std::max(absmax[ci], ax);
-  }
-}
-
 bool in_range(double x) {
   const double a = std::fabs(x);
   return a == 0 || (a >= kMinInput && a <= kMaxInput);
 }
 }  // namespace
 
-// Every element tested, without an early exit, so that the loop vectorizes.
-bool all_in_range(const std::vector<double>& v) {
-  std::size_t bad = 0;
-  for (double x : v) {
-    const double a = std::fabs(x);
-    bad += !((a == 0) | ((a >= kMinInput) & (a <= kMaxInput)));
-  }
-  return bad == 0;
-}
+bool all_in_range(const std::vector<double>& v) { return out_of_range(v.data(), v.size()) == 0; }
 
 double round_dd(DD x, DType t) {
   const DD s = two_sum(x.hi, x.lo);
@@ -156,9 +136,8 @@ Setup prepare(const Case& c, bool transposed) {
   s.absmax.assign(nv, 0);
   for (std::int64_t bg = 0; bg < c.B * c.Hkv; ++bg) {
     const std::size_t o = static_cast<std::size_t>(bg) * dv;
-    for (std::int64_t j = 0; j < c.Nk; ++j)
-      value_ranges(dv, c.v.values.data() + (static_cast<std::size_t>(bg * c.Nk + j)) * dv,
-                   s.vmin.data() + o, s.vmax.data() + o, s.absmin.data() + o, s.absmax.data() + o);
+    value_ranges(dv, static_cast<std::size_t>(c.Nk), c.v.values.data() + static_cast<std::size_t>(bg * c.Nk) * dv,
+                 s.vmin.data() + o, s.vmax.data() + o, s.absmin.data() + o, s.absmax.data() + o);
   }
   return s;
 }
@@ -256,8 +235,10 @@ bool row_weights(const Case& c, const Setup& s, std::int64_t b, std::int64_t h, 
     r.vmax.assign(nd, -INFINITY);
     r.absmin.assign(nd, INFINITY);
     r.absmax.assign(nd, 0);
-    for (std::size_t a = 0; a < n; ++a)
-      value_ranges(nd, V + keys[a] * Dv, r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
+    for (std::size_t a = 0, e; a < n; a = e) {  // by runs of consecutive keys, row after row
+      for (e = a + 1; e < n && keys[e] == keys[e - 1] + 1;) ++e;
+      value_ranges(nd, e - a, V + keys[a] * Dv, r.vmin.data(), r.vmax.data(), r.absmin.data(), r.absmax.data());
+    }
   }
   // The weights' midpoints enter the sums; their radii enter the radius as rho A (rad_j <=
   // rho x_j), and a weight of midpoint 0 (exp below kExpMin) as its radius times max |v_c|.

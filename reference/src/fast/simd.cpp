@@ -488,6 +488,62 @@ void MulBalls(std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
   mul_balls_scalar(a, n, x, y, out);
 }
 
+// The scans of a case's inputs before the fast path applies. Comparisons, bit operations and
+// selections are exact on every target, so these need no fused multiply-add.
+std::size_t OutOfRange(const double* HWY_RESTRICT x, std::size_t n) {
+  std::size_t i = 0, bad = 0;
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> d;
+  const std::size_t L = hn::Lanes(d);
+  const auto lo = hn::Set(d, kMinInput), hi = hn::Set(d, kMaxInput), zero = hn::Zero(d);
+  for (; i + L <= n; i += L) {
+    const auto a = hn::Abs(hn::LoadU(d, x + i));
+    const auto ok = hn::Or(hn::Eq(a, zero), hn::And(hn::Ge(a, lo), hn::Le(a, hi)));  // false for NaN
+    bad += L - hn::CountTrue(d, ok);
+  }
+#endif
+  return bad + out_of_range_scalar(x + i, n - i);
+}
+
+std::uint64_t LowBits(const double* HWY_RESTRICT x, std::size_t n) {
+  std::size_t i = 0;
+  std::uint64_t low = 0;
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const std::size_t L = hn::Lanes(d);
+  const auto mask = hn::Set(du, kLowBits);
+  auto acc = hn::Zero(du);
+  for (; i + L <= n; i += L) acc = hn::Or(acc, hn::And(hn::BitCast(du, hn::LoadU(d, x + i)), mask));
+  // any lane nonzero: some significand has a low bit set
+  low = hn::AllTrue(du, hn::Eq(acc, hn::Zero(du))) ? 0 : 1;
+#endif
+  return low | low_bits_scalar(x + i, n - i);
+}
+
+void ValueRanges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v, double* HWY_RESTRICT vmin,
+                 double* HWY_RESTRICT vmax, double* HWY_RESTRICT absmin, double* HWY_RESTRICT absmax) {
+  std::size_t c0 = 0;
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> d;
+  const std::size_t L = hn::Lanes(d);
+  for (; c0 + L <= nd; c0 += L) {  // L columns over every row: std::min's and std::max's choices
+    auto mn = hn::LoadU(d, vmin + c0), mx = hn::LoadU(d, vmax + c0);
+    auto amn = hn::LoadU(d, absmin + c0), amx = hn::LoadU(d, absmax + c0);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto x = hn::LoadU(d, v + r * nd + c0), ax = hn::Abs(x);
+      mn = hn::IfThenElse(hn::Lt(x, mn), x, mn);
+      mx = hn::IfThenElse(hn::Lt(mx, x), x, mx);
+      amn = hn::IfThenElse(hn::Lt(ax, amn), ax, amn);
+      amx = hn::IfThenElse(hn::Lt(amx, ax), ax, amx);
+    }
+    hn::StoreU(mn, d, vmin + c0), hn::StoreU(mx, d, vmax + c0);
+    hn::StoreU(amn, d, absmin + c0), hn::StoreU(amx, d, absmax + c0);
+  }
+#endif
+  value_ranges_scalar(c0, nd, rows, v, vmin, vmax, absmin, absmax);
+}
+
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -508,6 +564,9 @@ HWY_EXPORT(ExpArgs);
 HWY_EXPORT(ExpBalls);
 HWY_EXPORT(MulBalls);
 HWY_EXPORT(BallTotal);
+HWY_EXPORT(OutOfRange);
+HWY_EXPORT(LowBits);
+HWY_EXPORT(ValueRanges);
 
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
                           double* kt) {
@@ -629,14 +688,44 @@ void dot2_blocks(const double* q, const double* kt, std::int64_t len, std::int64
   HWY_DYNAMIC_DISPATCH(Dot2Blocks)(q, kt, len, blocks, sh, sl, sabs, exact_products);
 }
 
-bool short_significands(const double* x, std::size_t n) {
-  std::uint64_t low = 0;  // the 27 low bits of every significand, or-ed
+std::size_t out_of_range_scalar(const double* x, std::size_t n) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = std::fabs(x[i]);
+    bad += !((a == 0) | ((a >= kMinInput) & (a <= kMaxInput)));
+  }
+  return bad;
+}
+
+std::uint64_t low_bits_scalar(const double* x, std::size_t n) {
+  std::uint64_t low = 0;
   for (std::size_t i = 0; i < n; ++i) {
     std::uint64_t bits;
     std::memcpy(&bits, &x[i], 8);
-    low |= bits & ((std::uint64_t{1} << 27) - 1);
+    low |= bits & kLowBits;
   }
-  return low == 0;
+  return low;
+}
+
+void value_ranges_scalar(std::size_t from, std::size_t nd, std::size_t rows, const double* v, double* vmin,
+                         double* vmax, double* absmin, double* absmax) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t ci = from; ci < nd; ++ci) {
+      const double x = v[r * nd + ci], ax = std::fabs(x);
+      vmin[ci] = std::min(vmin[ci], x);
+      vmax[ci] = std::max(vmax[ci], x);
+      absmin[ci] = std::min(absmin[ci], ax);
+      absmax[ci] = std::max(absmax[ci], ax);
+    }
+}
+
+std::size_t out_of_range(const double* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(OutOfRange)(x, n); }
+
+bool short_significands(const double* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(LowBits)(x, n) == 0; }
+
+void value_ranges(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
+                  double* absmax) {
+  HWY_DYNAMIC_DISPATCH(ValueRanges)(nd, rows, v, vmin, vmax, absmin, absmax);
 }
 
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {

@@ -41,6 +41,19 @@ void dot2_blocks_scalar(const double* q, const double* kt, std::int64_t len, std
 // numbers has at most 52 and is exact in F64 where it does not underflow (the fast path's input
 // range rules that out: |x| >= 2^-480). F32, F16 and BF16 values all have.
 bool short_significands(const double* x, std::size_t n);
+inline constexpr std::uint64_t kLowBits = (std::uint64_t{1} << 27) - 1;  // the bits short ones lack
+// The or of x[i]'s bits kLowBits, in scalar code (short_significands' reference).
+std::uint64_t low_bits_scalar(const double* x, std::size_t n);
+// How many x[i] are neither 0 nor within [kMinInput, kMaxInput] in magnitude (NaN is not).
+std::size_t out_of_range(const double* x, std::size_t n);
+std::size_t out_of_range_scalar(const double* x, std::size_t n);
+// Rows [rows, nd] of v folded into the column ranges: vmin[c] = std::min(vmin[c], v[r][c]),
+// vmax the same with std::max, absmin and absmax of |v[r][c]|, row after row.
+void value_ranges(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
+                  double* absmax);
+// The same in scalar code, over columns [from, nd).
+void value_ranges_scalar(std::size_t from, std::size_t nd, std::size_t rows, const double* v, double* vmin,
+                         double* vmax, double* absmin, double* absmax);
 
 // exp_dd of count double-double arguments (xh[i], xl[i]), each in exp_dd's range.
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl);
