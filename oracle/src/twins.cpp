@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/reference/file.hpp"
@@ -126,6 +127,45 @@ Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std:
   return t;
 }
 
+// x <= y for double-double ends, exactly, where both hi are the F64 numbers nearest hi + lo
+// (rounding is monotonic: hi < y.hi gives x <= y; equal hi leave lo to decide); false, which
+// sends the comparison to MPFR, where one is not.
+bool dd_le(double xh, double xl, double yh, double yl) {
+  if (xh + xl != xh || yh + yl != yh) return false;
+  return xh < yh || (xh == yh && xl <= yl);
+}
+
+// Element k of out or of the weights of one head of a row: the ends a fast row gives for the
+// twins, else the enclosure.
+struct Elements {
+  const std::vector<Enclosure>* enc = nullptr;
+  const std::vector<DDEnclosure>* ends = nullptr;
+  Elements(const RowEnclosures& r, std::size_t slot, bool weights) {
+    const auto& e = weights ? r.weight_ends : r.out_ends;
+    if (slot < e.size()) ends = &e[slot];
+    else enc = weights ? &r.weights.at(slot) : &r.heads.at(slot).out;
+  }
+  std::size_t size() const { return ends ? ends->size() : enc->size(); }
+  // The enclosure of element k (made in `hold` from the ends).
+  const Enclosure& at(std::size_t k, std::optional<Enclosure>& hold) const {
+    if (!ends) return enc->at(k);
+    hold.emplace(enclosure_of(ends->at(k)));
+    return *hold;
+  }
+};
+
+// Whether element j of a and element k of b overlap: on their ends where both have ends and
+// those overlap (then so do the enclosures made of them, which are wider), else on the
+// enclosures, as ever.
+bool elements_overlap(const Elements& a, std::size_t j, const Elements& b, std::size_t k) {
+  if (a.ends && b.ends) {
+    const DDEnclosure &x = a.ends->at(j), &y = b.ends->at(k);
+    if (dd_le(x.lo_hi, x.lo_lo, y.hi_hi, y.hi_lo) && dd_le(y.lo_hi, y.lo_lo, x.hi_hi, x.hi_lo)) return true;
+  }
+  std::optional<Enclosure> hx, hy;
+  return overlap(a.at(j, hx), b.at(k, hy));
+}
+
 // Gives a twin's queries, keys and values back to `buffers` when the twin goes out of scope.
 struct Recycled {
   Case& t;
@@ -174,21 +214,20 @@ struct TwinChecker {
              double shift = 0) {
     for (auto head : which) {
       const std::size_t s = slot(head);
-      const HeadDetail& a = base.heads.at(s);
-      const HeadDetail& z = t.heads.at(s);
-      for (std::size_t col = 0; col < a.out.size(); ++col)
-        if (!overlap(a.out[col], z.out.at(col))) {
+      std::optional<Enclosure> ha, hz;
+      const Elements oa(base, s, false), oz(t, s, false);
+      for (std::size_t col = 0; col < oa.size(); ++col)
+        if (!elements_overlap(oa, col, oz, col)) {
           out.push_back({inv, b, head, i, -1, static_cast<std::int64_t>(col),
-                         "output " + show(a.out[col]) + " became " + show(z.out[col]) + " " + what});
+                         "output " + show(oa.at(col, ha)) + " became " + show(oz.at(col, hz)) + " " + what});
           return;  // one report per relation and head is enough
         }
-      const auto& wa = base.weights.at(s);
-      const auto& wz = t.weights.at(s);
+      const Elements wa(base, s, true), wz(t, s, true);
       for (std::size_t j = 0; j < wa.size(); ++j) {
         const std::size_t jt = perm ? static_cast<std::size_t>((*perm)[j]) : j;
-        if (!overlap(wa[j], wz.at(jt))) {
+        if (!elements_overlap(wa, j, wz, jt)) {
           out.push_back({inv, b, head, i, static_cast<std::int64_t>(j), -1,
-                         "weight " + show(wa[j]) + " became " + show(wz[jt]) + " " + what});
+                         "weight " + show(wa.at(j, ha)) + " became " + show(wz.at(jt, hz)) + " " + what});
           return;
         }
       }

@@ -466,6 +466,58 @@ TEST(TwinBuffers, TwinsOnRecycledBuffersSeeNoneOfTheirOldContents) {
   EXPECT_TRUE(names(v, Invariant::CausalDependence)) << list(v);
 }
 
+// Rows as a fast row of RowParts::Compared gives them, made by hand: every output of the unit's
+// own row (on the case, Hq heads) has the ends `base`, a twin's (on a slice, fewer heads)
+// `twin`; weights [0, 1] and lse (-inf, inf), which always agree.
+RowSourceFactory rows_with_ends(DDEnclosure base, DDEnclosure twin, std::int64_t Hq) {
+  struct Fixed : RowSource {
+    const Case& t;
+    DDEnclosure e;
+    Fixed(const Case& c, DDEnclosure x) : t(c), e(x) {}
+    RowEnclosures row(std::int64_t, std::int64_t, std::int64_t) override {
+      RowEnclosures r;
+      r.head_valid = {true};
+      HeadDetail d;
+      d.allowed.assign(static_cast<std::size_t>(t.Nk), 1);
+      r.heads.push_back(std::move(d));
+      r.weights.emplace_back();
+      r.weight_ends.emplace_back(static_cast<std::size_t>(t.Nk), DDEnclosure{0, 0, 1, 0});
+      r.out_ends.emplace_back(static_cast<std::size_t>(t.Dv), e);
+      Enclosure l(128);
+      mpfr_set_inf(l.lo, -1);
+      mpfr_set_inf(l.hi, 1);
+      r.lse.push_back(std::move(l));
+      return r;
+    }
+  };
+  return [=](const Case& t) { return std::make_unique<Fixed>(t, t.Hq == Hq ? base : twin); };
+}
+
+// The twins compare a fast row's ends as double-doubles, at their resolution, finer than F64's;
+// ends whose hi is not their sum rounded go to MPFR, which compares their exact values.
+TEST(OracleTiered, TwinsCompareFastRowsAtTheResolutionOfTheirBalls) {
+  const Case c = sdpa({{"attn.output_dtype", "F32"}});
+  ASSERT_GT(c.Hq, 1);
+  auto violations = [&](DDEnclosure base, DDEnclosure twin) {
+    return check_twins(c, 0, 1, 1, rows_with_ends(base, twin, c.Hq));
+  };
+  // [1 + 2^-60, 1 + 2^-59] and [1 + 2^-58, 1 + 2^-57]: the same F64 interval, yet disjoint
+  auto v = violations({1, 0x1p-60, 1, 0x1p-59}, {1, 0x1p-58, 1, 0x1p-57});
+  EXPECT_TRUE(names(v, Invariant::ShiftInvariance)) << list(v);
+  EXPECT_TRUE(names(v, Invariant::HeadIndependence)) << list(v);
+  // touching at 1 + 2^-59 and nested: they agree
+  EXPECT_TRUE(violations({1, 0x1p-60, 1, 0x1p-59}, {1, 0x1p-59, 1, 0x1p-58}).empty());
+  EXPECT_TRUE(violations({1, -0x1p-60, 1, 0x1p-59}, {1, 0, 1, 0}).empty());
+  // below 1 the lo parts are negative: 1 - 2^-55 - 2^-110 against 1 - 2^-55 - 2^-108
+  v = violations({1 - 0x1p-55, -0x1p-110, 1 - 0x1p-55, -0x1p-110}, {1 - 0x1p-55, -0x1p-108, 1 - 0x1p-55, -0x1p-108});
+  EXPECT_TRUE(names(v, Invariant::ShiftInvariance)) << list(v);
+  // ends 1 + 1 and 2 + 0.5 (hi not the rounded sum) against [1.5, 1.9]: read by (hi, lo) they
+  // would seem to overlap; their values, [2, 2.5], do not
+  v = violations({1, 1, 2, 0.5}, {1.5, 0, 1.9, 0});
+  EXPECT_TRUE(names(v, Invariant::ShiftInvariance)) << list(v);
+  EXPECT_TRUE(violations({1, 1, 2, 0.5}, {1.5, 0, 2.1, 0}).empty());
+}
+
 TEST(OracleTiered, TwinsOnTheFastTierCatchBrokenEvaluations) {
   // a score that depends on the key's position
   auto v = check_case(sliced_options(), broken_tiered([](Case& m) {

@@ -78,24 +78,34 @@ Enclosure point_enclosure(double lo, double hi) {
   mpfr_set_d(e.hi, hi, MPFR_RNDU);
   return e;
 }
-// The ends of a ball intersected with [lo, hi], as an enclosure.
-Enclosure clamped_enclosure(const Ball& b, double lo, double hi) {
+// The ends of a ball intersected with [lo, hi].
+DDEnclosure clamped_ends(const Ball& b, double lo, double hi) {
   DD l, h;
   ends(b, l, h, lo, hi);
-  Enclosure e(128);
-  set_dd(e.lo, l, MPFR_RNDD);
-  set_dd(e.hi, h, MPFR_RNDU);
-  return e;
+  return {l.hi, l.lo, h.hi, h.lo};
 }
+DDEnclosure ball_ends(const Ball& b) {
+  const DD l = lower(b), h = upper(b);
+  return {l.hi, l.lo, h.hi, h.lo};
+}
+Enclosure clamped_enclosure(const Ball& b, double lo, double hi) { return enclosure_of(clamped_ends(b, lo, hi)); }
 
 }  // namespace
 
-Enclosure ball_enclosure(const Ball& b) {
+Enclosure ball_enclosure(const Ball& b) { return enclosure_of(ball_ends(b)); }
+
+}  // namespace attnoracle::fast
+
+namespace attnoracle {
+Enclosure enclosure_of(const DDEnclosure& d) {
   Enclosure e(128);
-  set_dd(e.lo, lower(b), MPFR_RNDD);
-  set_dd(e.hi, upper(b), MPFR_RNDU);
+  fast::set_dd(e.lo, fast::DD{d.lo_hi, d.lo_lo}, MPFR_RNDD);
+  fast::set_dd(e.hi, fast::DD{d.hi_hi, d.hi_lo}, MPFR_RNDU);
   return e;
 }
+}  // namespace attnoracle
+
+namespace attnoracle::fast {
 
 std::uint64_t DecidedRow::rounded() const {
   return out.size() + out_ref.size() + out_ref_lo.size() + weights.size() + weights_ref.size() +
@@ -165,6 +175,23 @@ RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse) {
 RowEnclosures row_enclosures(const FastRow& fr, const Enclosure& lse, RowParts parts) {
   const bool all = parts == RowParts::All;
   RowEnclosures r;
+  if (!all) {  // the compared parts as ends
+    std::vector<DDEnclosure> w(fr.weights.size()), o(fr.out.size());
+    for (std::size_t j = 0; j < w.size(); ++j) w[j] = ball_ends(fr.weights[j]);
+    for (std::size_t e = 0; e < o.size(); ++e) o[e] = clamped_ends(fr.out[e], fr.vmin[e], fr.vmax[e]);
+    r.weights.emplace_back();
+    r.weight_ends.push_back(std::move(w));
+    r.out_ends.push_back(std::move(o));
+    Enclosure l(128);
+    mpfr_set(l.lo, lse.lo, MPFR_RNDD);
+    mpfr_set(l.hi, lse.hi, MPFR_RNDU);
+    r.lse.push_back(std::move(l));
+    r.head_valid.push_back(true);
+    HeadDetail d;
+    d.allowed = fr.allowed;
+    r.heads.push_back(std::move(d));
+    return r;
+  }
   HeadDetail d;
   d.allowed = fr.allowed;
   std::vector<Enclosure> w, s;

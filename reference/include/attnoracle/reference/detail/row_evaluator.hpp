@@ -36,6 +36,16 @@ struct Enclosure {
   bool contains(const mpfr_t x) const { return mpfr_lessequal_p(lo, x) && mpfr_lessequal_p(x, hi); }
 };
 
+// An enclosure's two ends as double-doubles, each end the value hi + lo: what the fast path's
+// rows give the twins for out and weights (RowParts::Compared), where MPFR enclosures would
+// cost more than the row itself.
+struct DDEnclosure {
+  double lo_hi = 0, lo_lo = 0, hi_hi = 0, hi_lo = 0;
+};
+// The enclosure of those ends at 128 bits, the lower end rounded down and the upper one up: the
+// enclosure the fast path gives for the same ball (RowParts::All).
+Enclosure enclosure_of(const DDEnclosure& e);
+
 // What one head's row is made of, for the oracle.
 struct HeadDetail {
   std::vector<char> allowed;       // [Nk]: key j may be attended
@@ -57,6 +67,9 @@ struct RowEnclosures {
   std::vector<std::vector<Enclosure>> scores;  // per head like weights: S, -inf where not allowed
   std::vector<bool> head_valid;       // per head (mha) or one (sdpa)
   std::vector<HeadDetail> heads;      // per head (mha) or one (sdpa)
+  // A fast row of RowParts::Compared: the heads' out and the weights as their ends instead (one
+  // vector per head, as weights), the enclosures of heads[].out, out and weights left empty.
+  std::vector<std::vector<DDEnclosure>> out_ends, weight_ends;
 };
 
 class RowEvaluator {
@@ -79,8 +92,9 @@ class RowEvaluator {
 // RowEvaluator at precision p. The fast path's enclosures are its balls, which hold the exact
 // values as the MPFR ones do.
 // What a row of the fast path is given as: every part (the oracle's row checks read them all),
-// or only the parts the twins compare (out, weights, lse and the heads' out, allowed and
-// validity), which spares the enclosures of the dots, scores, raw outputs, hulls and bounds.
+// or only the parts the twins compare (lse, the heads' allowed keys and validity, and the ends
+// of out and the weights in out_ends and weight_ends), which spares the enclosures of the dots,
+// scores, raw outputs, hulls and bounds, and builds none for out and the weights.
 // Rows from MPFR always have every part.
 enum class RowParts { All, Compared };
 
