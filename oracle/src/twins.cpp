@@ -66,30 +66,21 @@ bool exact_sum(double a, double b) {
 // `groups` (heads[k] reads groups[k / (heads / groups)]), query row i of each head (the other
 // rows 0: they are not read), and row i of the mask and bias, broadcast over the queries. The
 // unit is (0, 0, i) of the slice; Nq, Nk and the options stay, so the positional rules too.
-Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
-           const std::vector<std::int64_t>& groups, TwinBuffers* buffers) {
-  auto buffer = [buffers](std::int64_t n) {
-    return buffers ? buffers->take(static_cast<std::size_t>(n)) : std::vector<double>(static_cast<std::size_t>(n));
-  };
+// The keys and values are left out (dtype and shape only): kv_blocks copies them.
+Case slice_frame(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
+                 const std::vector<std::int64_t>& groups, TwinBuffers* buffers) {
   Case t = options_of(c);
   const auto nh = static_cast<std::int64_t>(heads.size()), ng = static_cast<std::int64_t>(groups.size());
   t.B = 1, t.Hq = nh, t.Hkv = ng, t.Nq = c.Nq, t.Nk = c.Nk;
   t.Dk = c.Dk, t.Dv = c.Dv;
-  t.q = FloatTensor{c.q.dtype, {1, nh, c.Nq, c.Dk}, buffer(nh * c.Nq * c.Dk)};
+  const auto nq = static_cast<std::size_t>(nh * c.Nq * c.Dk);
+  t.q = FloatTensor{c.q.dtype, {1, nh, c.Nq, c.Dk}, buffers ? buffers->take(nq) : std::vector<double>(nq)};
   std::fill(t.q.values.begin(), t.q.values.end(), 0.0);
   for (std::int64_t k = 0; k < nh; ++k)
     std::copy_n(c.q.values.begin() + ((b * c.Hq + heads[static_cast<std::size_t>(k)]) * c.Nq + i) * c.Dk, c.Dk,
                 t.q.values.begin() + (k * c.Nq + i) * c.Dk);
-  auto blocks = [&](const FloatTensor& x, std::int64_t E) {
-    FloatTensor y{x.dtype, {1, ng, c.Nk, E}, buffer(ng * c.Nk * E)};
-    for (std::int64_t k = 0; k < ng; ++k) {
-      const auto from = x.values.begin() + (b * c.Hkv + groups[static_cast<std::size_t>(k)]) * c.Nk * E;
-      std::copy_n(from, c.Nk * E, y.values.begin() + k * c.Nk * E);
-    }
-    return y;
-  };
-  t.k = blocks(c.k, c.Dk);
-  t.v = blocks(c.v, c.Dv);
+  t.k = FloatTensor{c.k.dtype, {1, ng, c.Nk, c.Dk}, {}};
+  t.v = FloatTensor{c.v.dtype, {1, ng, c.Nk, c.Dv}, {}};
   // [1, heads or 1, 1, Nk or 1]: the extents 1 where the original broadcasts.
   auto row_shape = [&](const std::vector<std::int64_t>& s) {
     auto extent = [&](std::size_t from_right) {
@@ -124,6 +115,28 @@ Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std:
     for (std::int64_t hh : heads) s.values.push_back(c.sinks->values[static_cast<std::size_t>(hh)]);
     t.sinks = std::move(s);
   }
+  return t;
+}
+
+// The blocks [Nk, E] of batch b's kv heads `groups` of x, one after the other, in a buffer with
+// room for `room` blocks (a twin that adds a block to it then does not copy the others again).
+std::vector<double> kv_blocks(const Case& c, const FloatTensor& x, std::int64_t E, std::int64_t b,
+                              const std::vector<std::int64_t>& groups, std::size_t room, TwinBuffers* buffers) {
+  const auto n = static_cast<std::size_t>(c.Nk * E);
+  const std::size_t want = std::max(room, groups.size()) * n;
+  std::vector<double> y = buffers ? buffers->take(want) : std::vector<double>(want);
+  y.resize(groups.size() * n);
+  for (std::size_t k = 0; k < groups.size(); ++k)
+    std::copy_n(x.values.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b * c.Hkv + groups[k]) * n), n,
+                y.begin() + static_cast<std::ptrdiff_t>(k * n));
+  return y;
+}
+
+Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
+           const std::vector<std::int64_t>& groups, TwinBuffers* buffers, std::size_t room = 0) {
+  Case t = slice_frame(c, b, i, heads, groups, buffers);
+  t.k.values = kv_blocks(c, c.k, c.Dk, b, groups, room, buffers);
+  t.v.values = kv_blocks(c, c.v, c.Dv, b, groups, room, buffers);
   return t;
 }
 
@@ -176,6 +189,33 @@ struct Recycled {
   }
 };
 
+// The keys and values of `from` (the unit's slice: one kv head) lent to the twin `to` for its
+// life, given back cut to that one kv head's block.
+struct Borrowed {
+  Case& to;
+  Case& from;
+  Borrowed(Case& t, Case& f) : to(t), from(f) {
+    to.k.values = std::move(from.k.values);
+    to.v.values = std::move(from.v.values);
+  }
+  ~Borrowed() {
+    from.k.values = std::move(to.k.values);
+    from.v.values = std::move(to.v.values);
+    from.k.values.resize(static_cast<std::size_t>(from.Nk * from.Dk));
+    from.v.values.resize(static_cast<std::size_t>(from.Nk * from.Dv));
+  }
+};
+
+// Appends kv head g of batch b of x ([Nk, E] rows), perturbed, to y.
+void append_perturbed(std::vector<double>& y, const Case& c, const FloatTensor& x, std::int64_t E, std::int64_t b,
+                      std::int64_t g) {
+  const auto n = static_cast<std::size_t>(c.Nk * E);
+  const double* from = x.values.data() + static_cast<std::size_t>(b * c.Hkv + g) * n;
+  const std::size_t at = y.size();
+  y.resize(at + n);
+  for (std::size_t k = 0; k < n; ++k) y[at + k] = perturbed(from[k]);
+}
+
 struct TwinChecker {
   const Case& c;
   std::int64_t b, h, i;  // the unit; h is 0 for mha
@@ -183,6 +223,10 @@ struct TwinChecker {
   std::vector<Violation>& out;
   RowEnclosures base;
   TwinBuffers* buffers;
+  // sdpa: the unit's slice (its query head over its kv head), which the twins share in turn:
+  // shift and head independence leave its keys and values as they are, causal dependence
+  // then changes some in place, and the key permutation rewrites them all.
+  Case unit_slice{};
 
   std::vector<std::int64_t> heads() const {  // heads of the unit
     if (c.kind == Kind::Sdpa) return {h};
@@ -195,8 +239,6 @@ struct TwinChecker {
   }
 
   bool sdpa() const { return c.kind == Kind::Sdpa; }
-  // The unit's own inputs (sdpa), or a copy of the case (mha, whose rows read every head).
-  Case twin_case() const { return sdpa() ? slice(c, b, i, {h}, {c.kv_head(h)}, buffers) : inputs_of(c); }
 
   bool eval(const Case& twin, RowEnclosures& r) {
     try {
@@ -245,8 +287,18 @@ struct TwinChecker {
   // A constant added to every score through the bias, and to every sink (the sink is one more
   // logit of the softmax: the relation holds only when it moves with the scores).
   void shift() {
-    Case t = twin_case();
-    const Recycled done{t, buffers};
+    std::optional<Case> own;  // mha: a copy of the case (its rows read every head)
+    if (!sdpa()) own.emplace(inputs_of(c));
+    Case& t = sdpa() ? unit_slice : *own;
+    // the slice's bias and sinks, put back for the next twins
+    struct Restore {
+      Case& t;
+      const std::optional<FloatTensor> bias, sinks;
+      ~Restore() {
+        t.bias = bias;
+        t.sinks = sinks;
+      }
+    } const restore{t, t.bias, t.sinks};
     for (double cst : {1.5, 1.0, 0.5, 0.25, 0x1p-8, 0x1p-16, 0x1p-24}) {
       bool exact = true;
       if (t.bias)  // every bias value the twin reads
@@ -285,8 +337,9 @@ struct TwinChecker {
     for (std::int64_t j = 0; j < c.Nk; ++j)
       if (detail::positional(c, b, i, j)) last = j;
     if (last + 1 >= c.Nk) return;  // nothing in the future
-    Case t = twin_case();
-    const Recycled done{t, buffers};
+    std::optional<Case> own;
+    if (!sdpa()) own.emplace(inputs_of(c));
+    Case& t = sdpa() ? unit_slice : *own;  // the slice's future keys change in place (permutation() rewrites them)
     if (sdpa()) {
       perturb_rows(t.k.values, 0, last + 1, c.Nk, c.Dk);
       perturb_rows(t.v.values, 0, last + 1, c.Nk, c.Dv);
@@ -319,8 +372,9 @@ struct TwinChecker {
     std::iota(perm.begin(), perm.end(), 0);
     std::reverse(perm.begin(), perm.end());
     if (c.Nk > 2) std::rotate(perm.begin(), perm.begin() + 1, perm.end());
-    Case t = twin_case();
-    const Recycled done{t, buffers};
+    std::optional<Case> own;
+    if (!sdpa()) own.emplace(inputs_of(c));
+    Case& t = sdpa() ? unit_slice : *own;  // the last twin of the slice: its keys, values and mask are rewritten
     if (sdpa()) {
       permute_sdpa(t, perm);
     } else {
@@ -406,9 +460,10 @@ struct TwinChecker {
       const std::int64_t g = c.kv_head(h), per = c.Hq / c.Hkv;
       if (c.Hq > 1) {  // another query head's queries: one of the same kv head where there is one
         const std::int64_t other = per > 1 ? g * per + (h - g * per + 1) % per : (h + 1) % c.Hq;
-        Case t = per > 1 ? slice(c, b, i, {h, other}, {g}, buffers)
-                         : slice(c, b, i, {h, other}, {g, c.kv_head(other)}, buffers);
+        // both heads over kv head g (which keys the other head reads does not matter to head h)
+        Case t = slice_frame(c, b, i, {h, other}, {g}, buffers);
         const Recycled done{t, buffers};
+        const Borrowed kv{t, unit_slice};
         perturb_rows(t.q.values, static_cast<std::size_t>(c.Nq * c.Dk), i, i + 1, c.Dk);
         RowEnclosures r;
         if (eval(t, r))
@@ -417,10 +472,11 @@ struct TwinChecker {
       }
       if (c.Hkv > 1) {  // another kv head's keys and values
         const std::int64_t og = (g + 1) % c.Hkv;
-        Case t = slice(c, b, i, {h, og * per}, {g, og}, buffers);
+        Case t = slice_frame(c, b, i, {h, og * per}, {g, og}, buffers);
         const Recycled done{t, buffers};
-        perturb_rows(t.k.values, static_cast<std::size_t>(c.Nk * c.Dk), 0, c.Nk, c.Dk);
-        perturb_rows(t.v.values, static_cast<std::size_t>(c.Nk * c.Dv), 0, c.Nk, c.Dv);
+        const Borrowed kv{t, unit_slice};  // kv head g's block, then og's, perturbed
+        append_perturbed(t.k.values, c, c.k, c.Dk, b, og);
+        append_perturbed(t.v.values, c, c.v, c.Dv, b, og);
         RowEnclosures r;
         if (eval(t, r))
           agree(Invariant::HeadIndependence, r, {h},
@@ -500,10 +556,14 @@ std::vector<Violation> check_twins(const Case& c, std::int64_t b, std::int64_t h
   bool any_valid = false;
   for (bool v : t.base.head_valid) any_valid = any_valid || v;
   if (!any_valid) return out;  // nothing to relate
+  if (t.sdpa())  // room for a second kv head's block, which head_independence() adds
+    t.unit_slice = slice(c, b, i, {h}, {c.kv_head(h)}, buffers, c.Hkv > 1 ? 2 : 1);
+  const Recycled done{t.unit_slice, buffers};
+  // In this order: the twins that keep the slice's keys and values, then those that change them.
   t.shift();
+  t.head_independence();
   t.causal();
   t.permutation();
-  t.head_independence();
   return out;
 }
 

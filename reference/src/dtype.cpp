@@ -108,7 +108,16 @@ FloatFormat float_format(DType t) {
   }
 }
 
+// A normal F16 number is a double of exponent -14 .. 15 whose significand ends in 42 zero bits:
+// its fields, shifted, are the F16 fields; anything else (zero, subnormal, out of range, not
+// representable, infinite, NaN) takes the general rule.
 std::uint16_t f16_bits_exact(double x) {
+  const auto bits = std::bit_cast<std::uint64_t>(x);
+  const auto e = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
+  const std::uint64_t frac = bits & ((std::uint64_t{1} << 52) - 1);
+  if (e >= -14 && e <= 15 && (frac & ((std::uint64_t{1} << 42) - 1)) == 0)
+    return static_cast<std::uint16_t>(((bits >> 48) & 0x8000u) | (static_cast<std::uint64_t>(e + 15) << 10) |
+                                      (frac >> 42));
   return static_cast<std::uint16_t>(encode_small(x, 10, 5, "F16"));
 }
 // A BF16 number is an F32 number whose lower half is 0 (decoding's rule backwards); anything
@@ -119,7 +128,20 @@ std::uint16_t bf16_bits_exact(double x) {
   if (static_cast<double>(f) == x && (bits & 0xffffu) == 0) return static_cast<std::uint16_t>(bits >> 16);
   return static_cast<std::uint16_t>(encode_small(x, 7, 8, "BF16"));
 }
-double f16_from_bits(std::uint16_t b) { return decode_small(b, 10, 5); }
+// A normal F16 number's fields, shifted into a double's (exponent rebiased, 42 zero bits below
+// the significand); a subnormal one is its significand times 2^-24, exact; infinities and NaN
+// take the general rule.
+double f16_from_bits(std::uint16_t b) {
+  const std::uint32_t e = (b >> 10) & 0x1fu;
+  if (e == 0x1f) return decode_small(b, 10, 5);
+  const std::uint64_t sign = static_cast<std::uint64_t>(b & 0x8000u) << 48;
+  if (e == 0) {
+    const double v = static_cast<double>(b & 0x3ffu) * 0x1p-24;
+    return std::bit_cast<double>(std::bit_cast<std::uint64_t>(v) | sign);
+  }
+  return std::bit_cast<double>(sign | (static_cast<std::uint64_t>(e - 15 + 1023) << 52) |
+                               (static_cast<std::uint64_t>(b & 0x3ffu) << 42));
+}
 // A finite BF16 number is the F32 number whose upper half has its bits (F32 embeds exactly in
 // F64); infinities and NaN take the general rule.
 double bf16_from_bits(std::uint16_t b) {

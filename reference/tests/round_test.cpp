@@ -120,5 +120,28 @@ TEST(Encode, F16AndBF16BitPatterns) {
   }
 }
 
+// Every F16 pattern against the format's definition, worked with ldexp: (-1)^s 2^(e-15)
+// (1 + f/1024), or 2^-14 f/1024 for e = 0; and a value a little off each one is refused.
+TEST(Encode, F16DecodesByDefinitionAndRefusesNeighbours) {
+  for (unsigned b = 0; b < 0x10000; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const unsigned e = (b >> 10) & 31, f = b & 1023;
+    if (e == 31) continue;
+    const double mag = e == 0 ? std::ldexp(f, -24) : std::ldexp(1024 + f, static_cast<int>(e) - 25);
+    const double want = (b & 0x8000) ? -mag : mag;
+    const double got = f16_from_bits(bits);
+    ASSERT_EQ(got, want) << b;
+    ASSERT_EQ(std::signbit(got), std::signbit(want)) << b;
+    if (want != 0) {
+      EXPECT_THROW(f16_bits_exact(want * (1 + 0x1p-20)), std::logic_error) << b;
+      EXPECT_THROW(f16_bits_exact(want * (1 - 0x1p-40)), std::logic_error) << b;
+    }
+  }
+  EXPECT_THROW(f16_bits_exact(65536.0), std::logic_error);   // 2^16: past the largest binade
+  EXPECT_THROW(f16_bits_exact(0x1p-25), std::logic_error);   // half the smallest subnormal
+  EXPECT_EQ(f16_bits_exact(0x1.ff8p-15), 0x03ff);            // the largest subnormal
+  EXPECT_EQ(f16_bits_exact(-0x1p-14), 0x8400);               // the smallest normal, negative
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

@@ -527,19 +527,23 @@ void ValueRanges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v,
 #if HWY_HAVE_FLOAT64
   const hn::ScalableTag<double> d;
   const std::size_t L = hn::Lanes(d);
-  for (; c0 + L <= nd; c0 += L) {  // L columns over every row: std::min's and std::max's choices
-    auto mn = hn::LoadU(d, vmin + c0), mx = hn::LoadU(d, vmax + c0);
-    auto amn = hn::LoadU(d, absmin + c0), amx = hn::LoadU(d, absmax + c0);
-    for (std::size_t r = 0; r < rows; ++r) {
-      const auto x = hn::LoadU(d, v + r * nd + c0), ax = hn::Abs(x);
-      mn = hn::IfThenElse(hn::Lt(x, mn), x, mn);
-      mx = hn::IfThenElse(hn::Lt(mx, x), x, mx);
-      amn = hn::IfThenElse(hn::Lt(ax, amn), ax, amn);
-      amx = hn::IfThenElse(hn::Lt(amx, ax), ax, amx);
+  const std::size_t vec_end = nd / L * L;
+  // Row after row, in memory order, the ranges of a row's columns in L1 (a column-major walk
+  // reads a long block of rows from memory at a stride): every column sees the rows in order,
+  // so std::min's and std::max's choices (signed zeros) are kept.
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double* row = v + r * nd;
+    for (std::size_t c = 0; c < vec_end; c += L) {
+      const auto x = hn::LoadU(d, row + c), ax = hn::Abs(x);
+      const auto mn = hn::LoadU(d, vmin + c), mx = hn::LoadU(d, vmax + c);
+      const auto amn = hn::LoadU(d, absmin + c), amx = hn::LoadU(d, absmax + c);
+      hn::StoreU(hn::IfThenElse(hn::Lt(x, mn), x, mn), d, vmin + c);
+      hn::StoreU(hn::IfThenElse(hn::Lt(mx, x), x, mx), d, vmax + c);
+      hn::StoreU(hn::IfThenElse(hn::Lt(ax, amn), ax, amn), d, absmin + c);
+      hn::StoreU(hn::IfThenElse(hn::Lt(amx, ax), ax, amx), d, absmax + c);
     }
-    hn::StoreU(mn, d, vmin + c0), hn::StoreU(mx, d, vmax + c0);
-    hn::StoreU(amn, d, absmin + c0), hn::StoreU(amx, d, absmax + c0);
   }
+  c0 = vec_end;
 #endif
   value_ranges_scalar(c0, nd, rows, v, vmin, vmax, absmin, absmax);
 }
@@ -571,10 +575,18 @@ HWY_EXPORT(ValueRanges);
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
                           double* kt) {
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  for (std::int64_t j = b0 * kb; j < b1 * kb; ++j)
+  for (std::int64_t jb = b0; jb < b1; ++jb) {
+    double* out = kt + (jb - b0) * len * kb;
+    const std::int64_t j0 = jb * kb;
+    if (j0 + kb <= n) {  // a whole block: element e of its keys, one cache line at a time
+      const double* src = k + j0 * len;
+      for (std::int64_t e = 0; e < len; ++e)
+        for (std::int64_t l = 0; l < kb; ++l) out[e * kb + l] = src[l * len + e];
+      continue;
+    }
     for (std::int64_t e = 0; e < len; ++e)
-      kt[static_cast<std::size_t>(((j / kb - b0) * len + e) * kb + j % kb)] =
-          j < n ? k[static_cast<std::size_t>(j * len + e)] : 0.0;
+      for (std::int64_t l = 0; l < kb; ++l) out[e * kb + l] = j0 + l < n ? k[(j0 + l) * len + e] : 0.0;
+  }
 }
 
 std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
