@@ -278,7 +278,17 @@ RC_GTEST_PROP(Simd, InputScansMatchScalar, ()) {
       RC_FAIL("out_of_range under " + target);
     if (fast::short_significands(x.data(), n) != (fast::low_bits_scalar(x.data(), n) == 0))
       RC_FAIL("short_significands under " + target);
+    bool short_sig = false;  // the fused scans: the same count and the same ranges
+    if (fast::key_scan(x.data(), n, short_sig) != fast::out_of_range_scalar(x.data(), n) ||
+        short_sig != (fast::low_bits_scalar(x.data(), n) == 0))
+      RC_FAIL("key_scan under " + target);
+    std::vector<double> scanned = r0;
+    if (fast::value_scan(nd, rows, x.data(), scanned.data(), scanned.data() + nd, scanned.data() + 2 * nd,
+                         scanned.data() + 3 * nd) != fast::out_of_range_scalar(x.data(), rows * nd))
+      RC_FAIL("value_scan's count under " + target);
     if (mode == 0) return;
+    for (std::size_t k = 0; k < scanned.size(); ++k)
+      if (!same_bits(scanned[k], want[k])) RC_FAIL("value_scan under " + target + " differs at " + std::to_string(k));
     std::vector<double> got = r0;
     fast::value_ranges(nd, rows, x.data(), got.data(), got.data() + nd, got.data() + 2 * nd, got.data() + 3 * nd);
     for (std::size_t k = 0; k < got.size(); ++k)

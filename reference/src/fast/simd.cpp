@@ -521,12 +521,39 @@ std::uint64_t LowBits(const double* HWY_RESTRICT x, std::size_t n) {
   return low | low_bits_scalar(x + i, n - i);
 }
 
-void ValueRanges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v, double* HWY_RESTRICT vmin,
-                 double* HWY_RESTRICT vmax, double* HWY_RESTRICT absmin, double* HWY_RESTRICT absmax) {
-  std::size_t c0 = 0;
+// OutOfRange and LowBits in one pass over the keys.
+std::size_t KeyScan(const double* HWY_RESTRICT x, std::size_t n, std::uint64_t* HWY_RESTRICT low) {
+  std::size_t i = 0, bad = 0;
+  std::uint64_t any = 0;
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const std::size_t L = hn::Lanes(d);
+  const auto lo = hn::Set(d, kMinInput), hi = hn::Set(d, kMaxInput), zero = hn::Zero(d);
+  const auto mask = hn::Set(du, kLowBits);
+  auto acc = hn::Zero(du);
+  for (; i + L <= n; i += L) {
+    const auto x0 = hn::LoadU(d, x + i), a = hn::Abs(x0);
+    const auto ok = hn::Or(hn::Eq(a, zero), hn::And(hn::Ge(a, lo), hn::Le(a, hi)));  // false for NaN
+    bad += L - hn::CountTrue(d, ok);
+    acc = hn::Or(acc, hn::And(hn::BitCast(du, x0), mask));
+  }
+  any = hn::AllTrue(du, hn::Eq(acc, hn::Zero(du))) ? 0 : 1;
+#endif
+  *low = any | low_bits_scalar(x + i, n - i);
+  return bad + out_of_range_scalar(x + i, n - i);
+}
+
+// ValueRanges, and with Count how many of the values OutOfRange counts (returned; 0 without).
+template <bool Count>
+HWY_INLINE std::size_t ranges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v,
+                              double* HWY_RESTRICT vmin, double* HWY_RESTRICT vmax, double* HWY_RESTRICT absmin,
+                              double* HWY_RESTRICT absmax) {
+  std::size_t c0 = 0, bad = 0;
 #if HWY_HAVE_FLOAT64
   const hn::ScalableTag<double> d;
   const std::size_t L = hn::Lanes(d);
+  const auto lo = hn::Set(d, kMinInput), hi = hn::Set(d, kMaxInput), zero = hn::Zero(d);
   const std::size_t vec_end = nd / L * L;
   // Row after row, in memory order, the ranges of a row's columns in L1 (a column-major walk
   // reads a long block of rows from memory at a stride): every column sees the rows in order,
@@ -535,6 +562,7 @@ void ValueRanges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v,
     const double* row = v + r * nd;
     for (std::size_t c = 0; c < vec_end; c += L) {
       const auto x = hn::LoadU(d, row + c), ax = hn::Abs(x);
+      if (Count) bad += L - hn::CountTrue(d, hn::Or(hn::Eq(ax, zero), hn::And(hn::Ge(ax, lo), hn::Le(ax, hi))));
       const auto mn = hn::LoadU(d, vmin + c), mx = hn::LoadU(d, vmax + c);
       const auto amn = hn::LoadU(d, absmin + c), amx = hn::LoadU(d, absmax + c);
       hn::StoreU(hn::IfThenElse(hn::Lt(x, mn), x, mn), d, vmin + c);
@@ -546,6 +574,18 @@ void ValueRanges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v,
   c0 = vec_end;
 #endif
   value_ranges_scalar(c0, nd, rows, v, vmin, vmax, absmin, absmax);
+  if (Count && c0 < nd)
+    for (std::size_t r = 0; r < rows; ++r) bad += out_of_range_scalar(v + r * nd + c0, nd - c0);
+  return bad;
+}
+
+void ValueRanges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v, double* HWY_RESTRICT vmin,
+                 double* HWY_RESTRICT vmax, double* HWY_RESTRICT absmin, double* HWY_RESTRICT absmax) {
+  ranges<false>(nd, rows, v, vmin, vmax, absmin, absmax);
+}
+std::size_t ValueScan(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v, double* HWY_RESTRICT vmin,
+                      double* HWY_RESTRICT vmax, double* HWY_RESTRICT absmin, double* HWY_RESTRICT absmax) {
+  return ranges<true>(nd, rows, v, vmin, vmax, absmin, absmax);
 }
 
 const char* TargetHere() { return hwy::TargetName(HWY_TARGET); }
@@ -571,22 +611,16 @@ HWY_EXPORT(BallTotal);
 HWY_EXPORT(OutOfRange);
 HWY_EXPORT(LowBits);
 HWY_EXPORT(ValueRanges);
+HWY_EXPORT(KeyScan);
+HWY_EXPORT(ValueScan);
 
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
                           double* kt) {
   const auto kb = static_cast<std::int64_t>(kKeyBlock);
-  for (std::int64_t jb = b0; jb < b1; ++jb) {
-    double* out = kt + (jb - b0) * len * kb;
-    const std::int64_t j0 = jb * kb;
-    if (j0 + kb <= n) {  // a whole block: element e of its keys, one cache line at a time
-      const double* src = k + j0 * len;
-      for (std::int64_t e = 0; e < len; ++e)
-        for (std::int64_t l = 0; l < kb; ++l) out[e * kb + l] = src[l * len + e];
-      continue;
-    }
+  for (std::int64_t j = b0 * kb; j < b1 * kb; ++j)
     for (std::int64_t e = 0; e < len; ++e)
-      for (std::int64_t l = 0; l < kb; ++l) out[e * kb + l] = j0 + l < n ? k[(j0 + l) * len + e] : 0.0;
-  }
+      kt[static_cast<std::size_t>(((j / kb - b0) * len + e) * kb + j % kb)] =
+          j < n ? k[static_cast<std::size_t>(j * len + e)] : 0.0;
 }
 
 std::vector<double> transpose_keys(const double* k, std::int64_t groups, std::int64_t n, std::int64_t len) {
@@ -738,6 +772,18 @@ bool short_significands(const double* x, std::size_t n) { return HWY_DYNAMIC_DIS
 void value_ranges(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
                   double* absmax) {
   HWY_DYNAMIC_DISPATCH(ValueRanges)(nd, rows, v, vmin, vmax, absmin, absmax);
+}
+
+std::size_t key_scan(const double* x, std::size_t n, bool& short_sig) {
+  std::uint64_t low = 0;
+  const std::size_t bad = HWY_DYNAMIC_DISPATCH(KeyScan)(x, n, &low);
+  short_sig = low == 0;
+  return bad;
+}
+
+std::size_t value_scan(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
+                       double* absmax) {
+  return HWY_DYNAMIC_DISPATCH(ValueScan)(nd, rows, v, vmin, vmax, absmin, absmax);
 }
 
 void exp_dd_many(const double* xh, const double* xl, std::size_t count, double* rh, double* rl) {
