@@ -325,6 +325,9 @@ def main(argv=None):
     p.add_argument("--no-mpmath", action="store_true")
     p.add_argument("--no-decode", action="store_true",
                    help="skip the decode shape (B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048, D = 128, BF16)")
+    p.add_argument("--long-rows-nk", type=int, default=65536,
+                   help="Nk of the long-row shape (B = 1, H = 4, Nq = 16, D = 128, F16 inputs and outputs, "
+                        "out and weights); 0 to skip (default 65536)")
     p.add_argument("--mpfr-only", action="store_true",
                    help="also time `eval --no-fast-path` (all rows by MPFR) with the most threads, where eval has it")
     p.add_argument("--fallback-dtypes", default="F32,F16,BF16",
@@ -410,14 +413,21 @@ def main(argv=None):
     def eval_cmd(t, extra=()):
         return lambda case, out: [args.attnoracle, "eval", case, "-o", out, "--threads", str(t), *extra]
 
-    def measure_size(n, d, with_refs, reps, decode=False, heads=None):
+    def measure_size(n, d, with_refs, reps, decode=False, heads=None, long_nk=None):
         """Builds the case, runs the commands alternately, returns (case bytes, [Command]).
         decode: the decode shape instead (B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048,
         D = 128, BF16 inputs and outputs), with NumPy but no mpmath. heads: that many heads,
-        BF16 inputs and outputs, no mpmath either. The floor runs at every size."""
+        BF16 inputs and outputs, no mpmath either. long_nk: the long-row shape (B = 1, H = 4,
+        Nq = n, Nk = long_nk, D = d, F16 inputs and outputs, out and weights), NumPy but no
+        mpmath. The floor runs at every size."""
         nonlocal mp_cost
-        tag = "decode" if decode else f"{n}x{n} D={d}" + (f" H={heads}" if heads else "")
-        if decode:
+        tag = ("decode" if decode else f"long rows {n}x{long_nk}" if long_nk
+               else f"{n}x{n} D={d}" + (f" H={heads}" if heads else ""))
+        if long_nk:
+            case = os.path.join(workdir, f"long-rows-{n}x{long_nk}-D{d}-f16.safetensors")
+            case_bytes = make_case.make_case(case, n, d, heads=4, nk=long_nk, seed=args.seed, input_dtype="F16",
+                                             output_dtype="F16", weights=True)
+        elif decode:
             case = os.path.join(workdir, "decode.safetensors")
             case_bytes = make_case.make_case(case, 8, 128, heads=32, kv_heads=8, nk=2048, seed=args.seed,
                                              input_dtype="BF16", output_dtype="BF16")
@@ -439,7 +449,7 @@ def main(argv=None):
                              lambda c, o, t=t: [floor, c, "--threads", str(t)], t) for t in threads]
         if with_refs:
             cmds.append(Command("numpy_ref.py (float64)", "numpy", lambda c, o: [py, numpy_ref, c, "-o", o]))
-            if have_mpmath and not decode and not heads:
+            if have_mpmath and not decode and not heads and not long_nk:
                 mp = Command("mpmath_ref.py (30 digits)", "mpmath", lambda c, o: [py, mpmath_ref, c, "-o", o])
                 if mp_cost is None:  # calibrate on a 32 x 32 case
                     cal = os.path.join(workdir, f"calibration-32x32-D{d}.safetensors")
@@ -605,6 +615,18 @@ def main(argv=None):
                 if c.last_output and os.path.exists(c.last_output):
                     os.remove(c.last_output)
             os.remove(case)
+        long_rows = None  # (case bytes, cmds, agreement): B = 1, H = 4, Nq = 16, Nk = --long-rows-nk, F16
+        if args.long_rows_nk > 0:
+            case, case_bytes, cmds = measure_size(16, 128, True, args.reps, long_nk=args.long_rows_nk)
+            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
+            agree = {c.label: agreement(golden, c.last_output) for c in cmds
+                     if golden and c.kind == "numpy" and c.last_output}
+            floor_agreement(case, golden, cmds, agree)
+            long_rows = (case_bytes, cmds, agree)
+            for c in cmds:
+                if c.last_output and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+            os.remove(case)
         for n in large:
             case, case_bytes, cmds = measure_size(n, args.large_d, False, args.large_reps or args.reps)
             agree = {}
@@ -745,6 +767,9 @@ def main(argv=None):
     if decode:
         shape_table("Decode shape: B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048, D = 128, BF16 inputs and outputs",
                     decode)
+    if long_rows:
+        shape_table(f"Long rows: B = 1, H = 4, Nq = 16, Nk = {args.long_rows_nk}, D = 128, F16 inputs and outputs, "
+                    "out and weights", long_rows)
     if heads:
         shape_table(f"Many heads (--large): B = 1, H = {args.large_heads}, Nq = Nk = {args.large_heads_n}, "
                     f"D = {args.large_d}, BF16 inputs and outputs", heads)
@@ -757,6 +782,8 @@ def main(argv=None):
         sets = [(f"{n}x{n}, D={d}", cmds) for n, d, _, cmds, _ in results]
         if decode:
             sets.append(("decode shape", decode[1]))
+        if long_rows:
+            sets.append((f"long rows, 16x{args.long_rows_nk}", long_rows[1]))
         if heads:
             sets.append((f"H = {args.large_heads}, {args.large_heads_n}x{args.large_heads_n}, D={args.large_d}, "
                          "BF16", heads[1]))
