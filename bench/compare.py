@@ -603,30 +603,24 @@ def main(argv=None):
                 if c.last_output and os.path.exists(c.last_output):
                     os.remove(c.last_output)
             os.remove(case)
-        decode = None  # (case bytes, cmds, agreement)
-        if not args.no_decode:
-            case, case_bytes, cmds = measure_size(8, 128, True, args.reps, decode=True)
+        def shape(*a, **kw):
+            """measure_size with NumPy, then the agreement of NumPy and the floor with eval's
+            golden out; the files removed. Returns (case bytes, cmds, agreement)."""
+            case, case_bytes, cmds = measure_size(*a, **kw)
             golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
             agree = {c.label: agreement(golden, c.last_output) for c in cmds
                      if golden and c.kind == "numpy" and c.last_output}
             floor_agreement(case, golden, cmds, agree)
-            decode = (case_bytes, cmds, agree)
             for c in cmds:
                 if c.last_output and os.path.exists(c.last_output):
                     os.remove(c.last_output)
             os.remove(case)
-        long_rows = None  # (case bytes, cmds, agreement): B = 1, H = 4, Nq = 16, Nk = --long-rows-nk, F16
-        if args.long_rows_nk > 0:
-            case, case_bytes, cmds = measure_size(16, 128, True, args.reps, long_nk=args.long_rows_nk)
-            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
-            agree = {c.label: agreement(golden, c.last_output) for c in cmds
-                     if golden and c.kind == "numpy" and c.last_output}
-            floor_agreement(case, golden, cmds, agree)
-            long_rows = (case_bytes, cmds, agree)
-            for c in cmds:
-                if c.last_output and os.path.exists(c.last_output):
-                    os.remove(c.last_output)
-            os.remove(case)
+            return case_bytes, cmds, agree
+
+        # (case bytes, cmds, agreement) of the decode shape and the long-row shape (B = 1, H = 4,
+        # Nq = 16, Nk = --long-rows-nk, F16)
+        decode = None if args.no_decode else shape(8, 128, True, args.reps, decode=True)
+        long_rows = shape(16, 128, True, args.reps, long_nk=args.long_rows_nk) if args.long_rows_nk > 0 else None
         for n in large:
             case, case_bytes, cmds = measure_size(n, args.large_d, False, args.large_reps or args.reps)
             agree = {}
@@ -639,17 +633,7 @@ def main(argv=None):
             os.remove(case)
         heads = None  # (case bytes, cmds, agreement): B = 1, H = 32, N = 4096, D = 128, BF16
         if args.large and args.large_heads > 0:
-            case, case_bytes, cmds = measure_size(args.large_heads_n, args.large_d, True, args.large_reps or args.reps,
-                                                  heads=args.large_heads)
-            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
-            agree = {c.label: agreement(golden, c.last_output) for c in cmds
-                     if golden and c.kind == "numpy" and c.last_output}
-            floor_agreement(case, golden, cmds, agree)
-            heads = (case_bytes, cmds, agree)
-            for c in cmds:
-                if c.last_output and os.path.exists(c.last_output):
-                    os.remove(c.last_output)
-            os.remove(case)
+            heads = shape(args.large_heads_n, args.large_d, True, args.large_reps or args.reps, heads=args.large_heads)
 
         # Fallback rates per output dtype, on random data with several heads.
         fallback = []
