@@ -133,7 +133,7 @@ std::vector<double> kv_blocks(const Case& c, const FloatTensor& x, std::int64_t 
 }
 
 Case slice(const Case& c, std::int64_t b, std::int64_t i, const std::vector<std::int64_t>& heads,
-           const std::vector<std::int64_t>& groups, TwinBuffers* buffers, std::size_t room = 0) {
+           const std::vector<std::int64_t>& groups, TwinBuffers* buffers, std::size_t room) {
   Case t = slice_frame(c, b, i, heads, groups, buffers);
   t.k.values = kv_blocks(c, c.k, c.Dk, b, groups, room, buffers);
   t.v.values = kv_blocks(c, c.v, c.Dv, b, groups, room, buffers);
@@ -239,6 +239,13 @@ struct TwinChecker {
   }
 
   bool sdpa() const { return c.kind == Kind::Sdpa; }
+  // The case a twin changes: the unit's slice (sdpa), else a copy of the case held in `own`
+  // (mha, whose rows read every head).
+  Case& twin_case(std::optional<Case>& own) {
+    if (sdpa()) return unit_slice;
+    own.emplace(inputs_of(c));
+    return *own;
+  }
 
   bool eval(const Case& twin, RowEnclosures& r) {
     try {
@@ -287,9 +294,8 @@ struct TwinChecker {
   // A constant added to every score through the bias, and to every sink (the sink is one more
   // logit of the softmax: the relation holds only when it moves with the scores).
   void shift() {
-    std::optional<Case> own;  // mha: a copy of the case (its rows read every head)
-    if (!sdpa()) own.emplace(inputs_of(c));
-    Case& t = sdpa() ? unit_slice : *own;
+    std::optional<Case> own;
+    Case& t = twin_case(own);
     // the slice's bias and sinks, put back for the next twins
     struct Restore {
       Case& t;
@@ -337,9 +343,9 @@ struct TwinChecker {
     for (std::int64_t j = 0; j < c.Nk; ++j)
       if (detail::positional(c, b, i, j)) last = j;
     if (last + 1 >= c.Nk) return;  // nothing in the future
+    // the slice's future keys change in place (permutation() rewrites them)
     std::optional<Case> own;
-    if (!sdpa()) own.emplace(inputs_of(c));
-    Case& t = sdpa() ? unit_slice : *own;  // the slice's future keys change in place (permutation() rewrites them)
+    Case& t = twin_case(own);
     if (sdpa()) {
       perturb_rows(t.k.values, 0, last + 1, c.Nk, c.Dk);
       perturb_rows(t.v.values, 0, last + 1, c.Nk, c.Dv);
@@ -372,9 +378,9 @@ struct TwinChecker {
     std::iota(perm.begin(), perm.end(), 0);
     std::reverse(perm.begin(), perm.end());
     if (c.Nk > 2) std::rotate(perm.begin(), perm.begin() + 1, perm.end());
+    // the last twin of the slice: its keys, values and mask are rewritten
     std::optional<Case> own;
-    if (!sdpa()) own.emplace(inputs_of(c));
-    Case& t = sdpa() ? unit_slice : *own;  // the last twin of the slice: its keys, values and mask are rewritten
+    Case& t = twin_case(own);
     if (sdpa()) {
       permute_sdpa(t, perm);
     } else {

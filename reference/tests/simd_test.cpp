@@ -279,9 +279,9 @@ RC_GTEST_PROP(Simd, InputScansMatchScalar, ()) {
     if (fast::short_significands(x.data(), n) != (fast::low_bits_scalar(x.data(), n) == 0))
       RC_FAIL("short_significands under " + target);
     bool short_sig = false;  // the fused scans: the same count and the same ranges
-    if (fast::key_scan(x.data(), n, short_sig) != fast::out_of_range_scalar(x.data(), n) ||
+    if (fast::input_scan(x.data(), n, short_sig) != fast::out_of_range_scalar(x.data(), n) ||
         short_sig != (fast::low_bits_scalar(x.data(), n) == 0))
-      RC_FAIL("key_scan under " + target);
+      RC_FAIL("input_scan under " + target);
     std::vector<double> scanned = r0;
     if (fast::value_scan(nd, rows, x.data(), scanned.data(), scanned.data() + nd, scanned.data() + 2 * nd,
                          scanned.data() + 3 * nd) != fast::out_of_range_scalar(x.data(), rows * nd))

@@ -93,20 +93,19 @@ Setup prepare(const Case& c, bool transposed) {
   // One pass over each input: the keys' range and significands, the values' range and their
   // column ranges (per batch and kv head, for rows that allow every key).
   bool short_keys = false;
-  const std::size_t bad_keys = key_scan(c.k.values.data(), c.k.values.size(), short_keys);
+  const std::size_t bad_keys = input_scan(c.k.values.data(), c.k.values.size(), short_keys);
   const auto nv = static_cast<std::size_t>(c.B * c.Hkv * c.Dv), dv = static_cast<std::size_t>(c.Dv);
   s.vmin.assign(nv, INFINITY);
   s.vmax.assign(nv, -INFINITY);
   s.absmin.assign(nv, INFINITY);
   s.absmax.assign(nv, 0);
-  std::size_t bad_values = c.v.values.size() == static_cast<std::size_t>(c.B * c.Hkv * c.Nk) * dv ? 0 : 1;
+  std::size_t bad_values = 0;
   for (std::int64_t bg = 0; bg < c.B * c.Hkv && bad_values == 0; ++bg) {
     const std::size_t o = static_cast<std::size_t>(bg) * dv;
     bad_values += value_scan(dv, static_cast<std::size_t>(c.Nk), c.v.values.data() + static_cast<std::size_t>(bg * c.Nk) * dv,
                              s.vmin.data() + o, s.vmax.data() + o, s.absmin.data() + o, s.absmax.data() + o);
   }
   if (!all_in_range(c.q.values) || bad_keys != 0 || bad_values != 0) {
-    s = Setup{};
     s.why_not = "inputs outside [2^-480, 2^480]";
     return s;
   }

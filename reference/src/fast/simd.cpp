@@ -490,52 +490,25 @@ void MulBalls(std::size_t n, BallArrays x, const Ball& y, BallArrays out) {
 
 // The scans of a case's inputs before the fast path applies. Comparisons, bit operations and
 // selections are exact on every target, so these need no fused multiply-add.
-std::size_t OutOfRange(const double* HWY_RESTRICT x, std::size_t n) {
-  std::size_t i = 0, bad = 0;
-#if HWY_HAVE_FLOAT64
-  const hn::ScalableTag<double> d;
-  const std::size_t L = hn::Lanes(d);
-  const auto lo = hn::Set(d, kMinInput), hi = hn::Set(d, kMaxInput), zero = hn::Zero(d);
-  for (; i + L <= n; i += L) {
-    const auto a = hn::Abs(hn::LoadU(d, x + i));
-    const auto ok = hn::Or(hn::Eq(a, zero), hn::And(hn::Ge(a, lo), hn::Le(a, hi)));  // false for NaN
-    bad += L - hn::CountTrue(d, ok);
-  }
-#endif
-  return bad + out_of_range_scalar(x + i, n - i);
+// Lanes of |x| that are 0 or within [kMinInput, kMaxInput] (false for NaN).
+template <class D, class V>
+HWY_INLINE auto InRange(D d, V a) {
+  return hn::Or(hn::Eq(a, hn::Zero(d)), hn::And(hn::Ge(a, hn::Set(d, kMinInput)), hn::Le(a, hn::Set(d, kMaxInput))));
 }
 
-std::uint64_t LowBits(const double* HWY_RESTRICT x, std::size_t n) {
-  std::size_t i = 0;
-  std::uint64_t low = 0;
-#if HWY_HAVE_FLOAT64
-  const hn::ScalableTag<double> d;
-  const hn::RebindToUnsigned<decltype(d)> du;
-  const std::size_t L = hn::Lanes(d);
-  const auto mask = hn::Set(du, kLowBits);
-  auto acc = hn::Zero(du);
-  for (; i + L <= n; i += L) acc = hn::Or(acc, hn::And(hn::BitCast(du, hn::LoadU(d, x + i)), mask));
-  // any lane nonzero: some significand has a low bit set
-  low = hn::AllTrue(du, hn::Eq(acc, hn::Zero(du))) ? 0 : 1;
-#endif
-  return low | low_bits_scalar(x + i, n - i);
-}
-
-// OutOfRange and LowBits in one pass over the keys.
-std::size_t KeyScan(const double* HWY_RESTRICT x, std::size_t n, std::uint64_t* HWY_RESTRICT low) {
+// How many x[i] are out of range (returned), and the or of their bits kLowBits, in one pass.
+std::size_t InputScan(const double* HWY_RESTRICT x, std::size_t n, std::uint64_t* HWY_RESTRICT low) {
   std::size_t i = 0, bad = 0;
   std::uint64_t any = 0;
 #if HWY_HAVE_FLOAT64
   const hn::ScalableTag<double> d;
   const hn::RebindToUnsigned<decltype(d)> du;
   const std::size_t L = hn::Lanes(d);
-  const auto lo = hn::Set(d, kMinInput), hi = hn::Set(d, kMaxInput), zero = hn::Zero(d);
   const auto mask = hn::Set(du, kLowBits);
   auto acc = hn::Zero(du);
   for (; i + L <= n; i += L) {
-    const auto x0 = hn::LoadU(d, x + i), a = hn::Abs(x0);
-    const auto ok = hn::Or(hn::Eq(a, zero), hn::And(hn::Ge(a, lo), hn::Le(a, hi)));  // false for NaN
-    bad += L - hn::CountTrue(d, ok);
+    const auto x0 = hn::LoadU(d, x + i);
+    bad += L - hn::CountTrue(d, InRange(d, hn::Abs(x0)));
     acc = hn::Or(acc, hn::And(hn::BitCast(du, x0), mask));
   }
   any = hn::AllTrue(du, hn::Eq(acc, hn::Zero(du))) ? 0 : 1;
@@ -544,7 +517,7 @@ std::size_t KeyScan(const double* HWY_RESTRICT x, std::size_t n, std::uint64_t* 
   return bad + out_of_range_scalar(x + i, n - i);
 }
 
-// ValueRanges, and with Count how many of the values OutOfRange counts (returned; 0 without).
+// ValueRanges, and with Count how many of the values are out of range (returned; 0 without).
 template <bool Count>
 HWY_INLINE std::size_t ranges(std::size_t nd, std::size_t rows, const double* HWY_RESTRICT v,
                               double* HWY_RESTRICT vmin, double* HWY_RESTRICT vmax, double* HWY_RESTRICT absmin,
@@ -553,7 +526,6 @@ HWY_INLINE std::size_t ranges(std::size_t nd, std::size_t rows, const double* HW
 #if HWY_HAVE_FLOAT64
   const hn::ScalableTag<double> d;
   const std::size_t L = hn::Lanes(d);
-  const auto lo = hn::Set(d, kMinInput), hi = hn::Set(d, kMaxInput), zero = hn::Zero(d);
   const std::size_t vec_end = nd / L * L;
   // Row after row, in memory order, the ranges of a row's columns in L1 (a column-major walk
   // reads a long block of rows from memory at a stride): every column sees the rows in order,
@@ -562,7 +534,7 @@ HWY_INLINE std::size_t ranges(std::size_t nd, std::size_t rows, const double* HW
     const double* row = v + r * nd;
     for (std::size_t c = 0; c < vec_end; c += L) {
       const auto x = hn::LoadU(d, row + c), ax = hn::Abs(x);
-      if (Count) bad += L - hn::CountTrue(d, hn::Or(hn::Eq(ax, zero), hn::And(hn::Ge(ax, lo), hn::Le(ax, hi))));
+      if (Count) bad += L - hn::CountTrue(d, InRange(d, ax));
       const auto mn = hn::LoadU(d, vmin + c), mx = hn::LoadU(d, vmax + c);
       const auto amn = hn::LoadU(d, absmin + c), amx = hn::LoadU(d, absmax + c);
       hn::StoreU(hn::IfThenElse(hn::Lt(x, mn), x, mn), d, vmin + c);
@@ -608,10 +580,8 @@ HWY_EXPORT(ExpArgs);
 HWY_EXPORT(ExpBalls);
 HWY_EXPORT(MulBalls);
 HWY_EXPORT(BallTotal);
-HWY_EXPORT(OutOfRange);
-HWY_EXPORT(LowBits);
+HWY_EXPORT(InputScan);
 HWY_EXPORT(ValueRanges);
-HWY_EXPORT(KeyScan);
 HWY_EXPORT(ValueScan);
 
 void transpose_key_blocks(const double* k, std::int64_t n, std::int64_t len, std::int64_t b0, std::int64_t b1,
@@ -765,20 +735,27 @@ void value_ranges_scalar(std::size_t from, std::size_t nd, std::size_t rows, con
     }
 }
 
-std::size_t out_of_range(const double* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(OutOfRange)(x, n); }
+std::size_t input_scan(const double* x, std::size_t n, bool& short_sig) {
+  std::uint64_t low = 0;
+  const std::size_t bad = HWY_DYNAMIC_DISPATCH(InputScan)(x, n, &low);
+  short_sig = low == 0;
+  return bad;
+}
 
-bool short_significands(const double* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(LowBits)(x, n) == 0; }
+std::size_t out_of_range(const double* x, std::size_t n) {
+  bool short_sig = false;
+  return input_scan(x, n, short_sig);
+}
+
+bool short_significands(const double* x, std::size_t n) {
+  bool short_sig = false;
+  input_scan(x, n, short_sig);
+  return short_sig;
+}
 
 void value_ranges(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
                   double* absmax) {
   HWY_DYNAMIC_DISPATCH(ValueRanges)(nd, rows, v, vmin, vmax, absmin, absmax);
-}
-
-std::size_t key_scan(const double* x, std::size_t n, bool& short_sig) {
-  std::uint64_t low = 0;
-  const std::size_t bad = HWY_DYNAMIC_DISPATCH(KeyScan)(x, n, &low);
-  short_sig = low == 0;
-  return bad;
 }
 
 std::size_t value_scan(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,

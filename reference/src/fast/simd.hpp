@@ -51,8 +51,9 @@ std::size_t out_of_range_scalar(const double* x, std::size_t n);
 // vmax the same with std::max, absmin and absmax of |v[r][c]|, row after row.
 void value_ranges(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
                   double* absmax);
-// One pass over the keys: out_of_range's count, returned, and short_significands in short_sig.
-std::size_t key_scan(const double* x, std::size_t n, bool& short_sig);
+// One pass: out_of_range's count, returned, and short_significands in short_sig (both of them
+// are this scan).
+std::size_t input_scan(const double* x, std::size_t n, bool& short_sig);
 // One pass over rows of values: value_ranges, and out_of_range's count of them, returned (the
 // ranges are of use only where it is 0).
 std::size_t value_scan(std::size_t nd, std::size_t rows, const double* v, double* vmin, double* vmax, double* absmin,
