@@ -125,7 +125,7 @@ void write_json(const std::string& path, const InvariantsArgs& a, const conforma
                               {"detail", x.detail}});
   }
   std::ostringstream os;
-  os << j.dump(2) << "\n";
+  os << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // not UTF-8: U+FFFD
   const std::string s = os.str();
   write_file_atomic(path, std::vector<unsigned char>(s.begin(), s.end()));
 }

@@ -87,6 +87,32 @@ std::string seconds_text(double s) {
   return buf;
 }
 
+// Length of the valid UTF-8 sequence at b[i], or 0.
+template <class Seq>
+std::size_t utf8_length(const Seq& b, std::size_t i) {
+  const auto c = static_cast<unsigned char>(b[i]);
+  if (c < 0x80) return 1;
+  std::size_t n;
+  std::uint32_t cp, min_cp;
+  if ((c & 0xE0) == 0xC0) {
+    n = 2, cp = c & 0x1Fu, min_cp = 0x80;
+  } else if ((c & 0xF0) == 0xE0) {
+    n = 3, cp = c & 0x0Fu, min_cp = 0x800;
+  } else if ((c & 0xF8) == 0xF0) {
+    n = 4, cp = c & 0x07u, min_cp = 0x10000;
+  } else {
+    return 0;
+  }
+  if (i + n > b.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    const auto d = static_cast<unsigned char>(b[i + k]);
+    if ((d & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (d & 0x3Fu);
+  }
+  if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+
 // The last kTailBytes of a byte stream.
 class Tail {
  public:
@@ -113,7 +139,7 @@ class Tail {
            (static_cast<unsigned char>(buf_[skip]) & 0xC0) == 0x80)
       ++skip;
     buf_.erase(0, skip);
-    return std::move(buf_);
+    return valid_text(buf_);
   }
 
  private:
@@ -328,30 +354,6 @@ void run_process(const std::string& script, double timeout_seconds, AdapterRun& 
   run.stderr_tail = tail.take();
 }
 
-// Length of the valid UTF-8 sequence at b[i], or 0.
-std::size_t utf8_length(const Bytes& b, std::size_t i) {
-  const unsigned char c = b[i];
-  if (c < 0x80) return 1;
-  std::size_t n;
-  std::uint32_t cp, min_cp;
-  if ((c & 0xE0) == 0xC0) {
-    n = 2, cp = c & 0x1Fu, min_cp = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3, cp = c & 0x0Fu, min_cp = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4, cp = c & 0x07u, min_cp = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + n > b.size()) return 0;
-  for (std::size_t k = 1; k < n; ++k) {
-    if ((b[i + k] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b[i + k] & 0x3Fu);
-  }
-  if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return n;
-}
-
 // Text as one line: whitespace and control characters collapse to single spaces, invalid UTF-8
 // becomes '?', trimmed, at most kMaxReasonBytes bytes.
 std::string one_line(const Bytes& bytes) {
@@ -501,6 +503,29 @@ void reserve_for_read(std::vector<unsigned char>& bytes, std::size_t size) {
   const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
   const std::uintptr_t page = 4096, lo = (begin + page - 1) / page * page, hi = (begin + size) / page * page;
   if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+}
+
+std::string valid_text(std::string_view bytes) {
+  std::string s;
+  s.reserve(bytes.size());
+  for (std::size_t i = 0; i < bytes.size();) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    const std::size_t len = utf8_length(bytes, i);
+    if (c == '\r') {  // a progress line's returns: the lines run on
+      ++i;
+      continue;
+    }
+    const bool control = len == 1 && (c < 0x20 || c == 0x7f) && c != '\n' && c != '\t';
+    const bool c1 = len == 2 && c == 0xC2 && static_cast<unsigned char>(bytes[i + 1]) < 0xA0;  // U+0080..U+009F
+    if (len == 0 || control || c1) {
+      s += "\xEF\xBF\xBD";
+      i += len == 0 ? 1 : len;
+    } else {
+      s.append(bytes.substr(i, len));
+      i += len;
+    }
+  }
+  return s;
 }
 
 JobResult read_job_result(const std::string& output) {

@@ -61,6 +61,8 @@ std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
   std::string problem;
   m = vectors::parse_manifest(mpath, std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), problem);
   if (!problem.empty()) throw InputError(mpath, "", problem);
+  // cases/ a link that leaves the set: refused as a whole, before any case is read.
+  if (fs::exists(fs::symlink_status(fs::path(opt.dir) / "cases"))) path_within(opt.dir, "cases");
   std::vector<Selected> out;
   for (const auto& c : m.cases) {
     if (!opt.ids.empty() && std::find(opt.ids.begin(), opt.ids.end(), c.id) == opt.ids.end()) continue;

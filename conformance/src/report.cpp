@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/conformance/gate.hpp"
 
 namespace attnoracle::conformance {
@@ -227,13 +228,13 @@ std::string json_report(const GateReport& r) {
     if (!c.pictures.empty()) cj["pictures"] = pictures_json(c.pictures);
     j["cases"].push_back(std::move(cj));
   }
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, J::error_handler_t::replace) + "\n";  // bytes that are not UTF-8: U+FFFD
 }
 
 namespace {
 std::string xml_escape(const std::string& s) {
   std::string o;
-  for (unsigned char ch : s) {
+  for (unsigned char ch : valid_text(s)) {  // XML is UTF-8 throughout
     switch (ch) {
       case '&': o += "&amp;"; break;
       case '<': o += "&lt;"; break;

@@ -304,6 +304,26 @@ printf 'THE END' >&2
   EXPECT_LT(r.seconds, 5);
 }
 
+// What the implementation writes on its streams is kept as valid UTF-8 without control characters
+// (it reaches JSON, JUnit, HTML and the terminal): invalid bytes, NUL and escapes become U+FFFD.
+TEST_F(AdapterTest, OutputThatIsNotUtf8IsMadeValid) {
+  const auto r = run(script("bytes.sh", std::string("printf 'a\\377\\000\\033[2Jb\\r\\n\\303\\274\\t\\342\\202' >&2\n") + kCopyAll),
+                     jobs(1));
+  EXPECT_EQ(r.stderr_tail, "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD[2Jb\n\xC3\xBC\t\xEF\xBF\xBD\xEF\xBF\xBD");
+  expect_good(r.results.at(0));
+}
+
+TEST(ValidText, KeepsUtf8AndReplacesTheRest) {
+  EXPECT_EQ(valid_text(""), "");
+  EXPECT_EQ(valid_text("plain\ttext\n"), "plain\ttext\n");
+  EXPECT_EQ(valid_text("\xC3\xBC \xE2\x82\xAC \xF0\x9F\x98\x80"), "\xC3\xBC \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(valid_text(std::string("a\0b", 3)), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(valid_text("\xC0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");          // overlong NUL
+  EXPECT_EQ(valid_text("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(valid_text("\xC2\x9B"), "\xEF\xBF\xBD");                       // C1 control (CSI)
+  EXPECT_EQ(valid_text("x\r\ny\x7f"), "x\ny\xEF\xBF\xBD");
+}
+
 TEST_F(AdapterTest, SpacesAndQuotesInIdsAndPaths) {
   dir_ = root_ / "dir with spaces 'single' \"double\" $HOME `tick` \\n";
   fs::create_directories(dir_);

@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -459,6 +461,123 @@ TEST_F(Gate, NothingIsReadOutsideTheSet) {
   ASSERT_EQ(::mkfifo((set / "cases" / "case1.safetensors").c_str(), 0600), 0);
   EXPECT_EQ(run("run " + set.string() + impl, out_), 2) << out_;
   EXPECT_NE(out_.find("is a FIFO, not a regular file"), std::string::npos) << out_;
+}
+
+// Whether text is valid UTF-8 (nlohmann parses only that).
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)nlohmann::json(s).dump();  // strict: throws on a byte that is not UTF-8
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+// What an implementation writes reaches the reports as valid UTF-8 without control characters,
+// whatever bytes it wrote: on stderr before exiting 1, in .error and .unsupported files (NUL
+// bytes, invalid sequences, one of 1 MiB).
+TEST_F(Gate, ImplementationTextThatIsNotUtf8) {
+  write_text(dir_ / "bytes.py",
+             "import json, os, sys\n"
+             "jobs = [json.loads(l) for l in open(sys.argv[-1])]\n"
+             "open(jobs[0]['output'] + '.error', 'wb').write(b'bad \\xff\\xfe\\x00 \\x1b[31mred\\xc3')\n"
+             "open(jobs[1]['output'] + '.unsupported', 'wb').write(b'\\x80' * (1 << 20))\n"
+             "os.write(2, b'\\xff\\xfe\\x00\\x1b[2J not UTF-8 \\xe2\\x82\\n' * 3)\n"
+             "sys.exit(1)\n");
+  nlohmann::json r;
+  EXPECT_EQ(gate(py("bytes.py"), r), 1) << out_;
+  ASSERT_EQ(r["cases"].size(), 3u) << out_;
+  EXPECT_EQ(r["cases"][0]["status"], "fail");
+  const std::string reason = r["cases"][0]["reason"];
+  EXPECT_NE(reason.find("bad ?? [31mred?"), std::string::npos) << reason;
+  EXPECT_EQ(r["cases"][1]["status"], "skip");
+  EXPECT_LE(r["cases"][1]["reason"].get<std::string>().size(), 600u);
+  EXPECT_NE(r["cases"][2]["reason"].get<std::string>().find("exited with status 1"), std::string::npos) << r.dump();
+  const std::string note = r["note"];
+  EXPECT_NE(note.find("\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD[2J not UTF-8 \xEF\xBF\xBD\xEF\xBF\xBD\n"), std::string::npos) << note;
+  for (const std::string& text : {out_, testing::read_text(dir_ / "report.xml"), r.dump()}) {
+    EXPECT_TRUE(valid_utf8(text)) << text;
+    EXPECT_EQ(text.find('\x1b'), std::string::npos);
+    EXPECT_EQ(text.find('\0'), std::string::npos);
+  }
+}
+
+// check reads a result only as a regular file in the results directory: a link (to a file
+// outside, to a device, to nowhere), a FIFO or a directory fails its case, without blocking.
+TEST_F(Gate, CheckReadsOnlyRegularFiles) {
+  const fs::path res = dir_ / "results-hostile", json = dir_ / "hostile.json";
+  fs::create_directories(res);
+  fs::copy_file(dir_ / "set" / "cases" / "case0.safetensors", dir_ / "outside.safetensors",
+                fs::copy_options::overwrite_existing);
+  struct Plant {
+    std::function<void(const fs::path&)> make;
+    std::string reason;
+  };
+  const std::vector<Plant> plants = {
+      {[](const fs::path& p) { fs::create_symlink("/etc/passwd", p); }, "is a symbolic link"},
+      {[](const fs::path& p) { fs::create_symlink("/dev/zero", p); }, "is a symbolic link"},
+      {[&](const fs::path& p) { fs::create_symlink(dir_ / "outside.safetensors", p); }, "is a symbolic link"},
+      {[](const fs::path& p) { fs::create_symlink("/nowhere/at/all", p); }, "is a symbolic link"},
+      {[](const fs::path& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0); }, "not a regular file"},
+      {[](const fs::path& p) { fs::create_directory(p); }, "not a regular file"},
+      {[](const fs::path& p) { write_text(p, ""); }, "too short for the 8-byte header length"},
+      {[](const fs::path& p) { write_text(p, "name,value\nq,1\n"); }, "not a safetensors file"},
+  };
+  for (const auto& plant : plants)
+    for (const char* suffix : {"", ".error"}) {
+      fs::remove_all(res);
+      fs::create_directories(res);
+      plant.make(res / (std::string("case1.safetensors") + suffix));
+      std::string out;
+      EXPECT_EQ(run("check " + (dir_ / "set").string() + " --results " + res.string() + " --case case1 --json " + json.string(),
+                    out), 1) << out;
+      const nlohmann::json r = nlohmann::json::parse(std::ifstream(json));
+      ASSERT_EQ(r["cases"].size(), 1u) << out;
+      EXPECT_EQ(r["cases"][0]["status"], "fail") << r.dump();
+      const std::string reason = r["cases"][0]["reason"];
+      if (*suffix && plant.reason.find("header") != std::string::npos) continue;  // text: read as text
+      if (*suffix && plant.reason.find("safetensors") != std::string::npos) continue;
+      EXPECT_NE(reason.find(plant.reason), std::string::npos) << suffix << ": " << reason;
+    }
+}
+
+// A set whose cases/ directory is a link to a directory outside it: refused, naming the file.
+TEST_F(Gate, CasesDirectoryLinkedOutsideIsRefused) {
+  const fs::path set = dir_ / "linked-cases", outside = dir_ / "outside-cases";
+  fs::remove_all(set);
+  fs::remove_all(outside);
+  fs::create_directories(set);
+  fs::copy(dir_ / "set" / "cases", outside, fs::copy_options::recursive);
+  fs::copy_file(dir_ / "set" / "manifest.json", set / "manifest.json");
+  fs::create_directory_symlink(outside, set / "cases");
+  for (const std::string& cmd : {"run " + set.string() + " --impl true", "check " + set.string() + " --results " + dir_.string(),
+                                 "verify " + set.string()}) {
+    std::string out;
+    EXPECT_EQ(run(cmd, out), 2) << out;
+    EXPECT_EQ(out, "attnoracle: error: " + (set / "cases").string() + ": leads outside " + set.string() + " (to " +
+                       fs::canonical(outside).string() + ")\n") << cmd;
+  }
+}
+
+// Neighbours of the adapter protocol: an implementation that writes results for ids it was not
+// given, writes a result then deletes it, or never exits; a work directory with spaces.
+TEST_F(Gate, ImplementationsThatMisbehaveOtherwise) {
+  write_text(dir_ / "others.py",
+             "import json, os, sys\n"
+             "jobs = [json.loads(l) for l in open(sys.argv[-1])]\n"
+             "d = os.path.dirname(jobs[0]['output'])\n"
+             "open(os.path.join(d, 'case9.safetensors'), 'w').write('x')\n"
+             "open(jobs[0]['output'], 'w').write('x'); os.remove(jobs[0]['output'])\n");
+  nlohmann::json r;
+  EXPECT_EQ(gate(py("others.py"), r), 1) << out_;
+  expect_all_failed(r, "missing");
+  const fs::path work = dir_ / "a work dir";
+  fs::remove_all(work);
+  std::string out;
+  EXPECT_EQ(run("run " + (dir_ / "set").string() + " --impl '/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
+                    "/conformance/adapters/numpy/attention.py' --work '" + work.string() + "'", out), 0) << out;
+  EXPECT_EQ(gate("'sleep 100 & sleep 100; #'", r, "--timeout 0.5"), 1) << out_;
+  expect_all_failed(r, "timed_out");
 }
 
 // run's work directory is made by mkdtemp (a name no one can plant a link at beforehand), and is

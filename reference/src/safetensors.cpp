@@ -226,9 +226,10 @@ std::uint64_t header_length(const std::string& path, const unsigned char* first,
   std::uint64_t n = 0;
   for (int b = 7; b >= 0; --b) n = (n << 8) | first[b];
   const std::uint64_t rest = size - 8;
+  // No real file has such a header: its first 8 bytes are something else (text, another format).
   if (n > kMaxHeaderBytes)
     throw InputError(path, "header",
-                     "header length " + std::to_string(n) + " is over the limit of " +
+                     "not a safetensors file: header length " + std::to_string(n) + " is over the limit of " +
                          std::to_string(kMaxHeaderBytes) + " bytes");
   if (n > rest)
     throw InputError(path, "header",
@@ -242,6 +243,10 @@ std::uint64_t header_length(const std::string& path, const unsigned char* first,
 std::vector<Entry> layout(const std::string& path, std::string_view text, std::uint64_t data_size,
                           SafeTensorsFile& file) {
   HeaderParser parser(path, data_size);
+  // A header is a JSON object (an array is refused below, by name); anything else is another format.
+  const auto start = text.find_first_not_of(" \t\r\n");
+  if (start != std::string_view::npos && text[start] != '{' && text[start] != '[')
+    parser.fail("header", "not a safetensors file: the header does not start with '{'");
   const json header = parser.parse(text);
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {

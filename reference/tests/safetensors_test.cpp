@@ -303,7 +303,20 @@ TEST(SafetensorsRefuse, HeaderLengthBeyondFile) {
 TEST(SafetensorsRefuse, HeaderLengthAbsurd) {
   Bytes bytes = raw_file("{}");
   bytes[7] = 1;  // 2^56 + 2
-  expect_refused(bytes, "header", "is over the limit of 100000000 bytes");
+  expect_refused(bytes, "header", "not a safetensors file: header length 72057594037927938 is over the limit of 100000000 bytes");
+}
+
+// Another format altogether: said plainly, not as a damaged safetensors file.
+TEST(SafetensorsRefuse, NotSafetensorsAtAll) {
+  const std::string text = "name,value\nq,1\n";  // a CSV file: "name,val" is a header length of 3.4e18
+  expect_refused(Bytes(text.begin(), text.end()), "header",
+                 "not a safetensors file: header length 7809653161889456494 is over the limit");
+  // 8 plausible length bytes, then no JSON object: a header must start with '{'
+  Bytes bytes = raw_file("PK\x03\x04 zip");
+  expect_refused(bytes, "header", "not a safetensors file: the header does not start with '{'");
+  expect_refused(raw_file(" \n 12"), "header", "not a safetensors file: the header does not start with '{'");
+  // a real file with a damaged header keeps its precise message
+  expect_refused(raw_file(" {\"a\":"), "header", "invalid JSON");
 }
 
 TEST(SafetensorsRefuse, BadJson) {

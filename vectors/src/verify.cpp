@@ -121,6 +121,9 @@ VerifyReport verify(const VerifyOptions& opt,
     return rep;
   }
 
+  // cases/ a link that leaves the set: refused before anything in it is listed or read.
+  if (fs::exists(fs::symlink_status(dir / "cases"))) path_within(opt.dir, "cases");
+
   // Files in cases/ that the manifest does not list (temporary files of a stopped run too).
   std::set<std::string> listed;
   for (const auto& c : m.cases) listed.insert(fs::path(c.file).filename().string());

@@ -41,7 +41,7 @@ struct AdapterRun {
   int signal = 0;                  // the signal that killed it, when signaled
   bool timed_out = false;          // the runner hit the timeout and killed the process group
   double seconds = 0;              // wall-clock time from start to exit
-  std::string stderr_tail;         // the last 4 KiB written on stdout and stderr (merged, raw)
+  std::string stderr_tail;         // the last 4 KiB written on stdout and stderr (merged, as valid_text)
 };
 
 // Writes `<work_dir>/jobs.jsonl`, runs `/bin/sh -c "<command> '<jobs.jsonl>'"` in its own process
@@ -64,6 +64,11 @@ JobResult read_job_result(const std::string& output);
 // the system grants them: the 4 KiB page faults of a fresh buffer of hundreds of MB cost as much
 // as reading it.
 void reserve_for_read(std::vector<unsigned char>& bytes, std::size_t size);
+
+// Text of an implementation as it may reach a report (JSON, JUnit, HTML, a terminal): valid UTF-8
+// kept; carriage returns dropped; each byte of an invalid sequence, NUL and every other control
+// character but newline and tab become U+FFFD.
+std::string valid_text(std::string_view bytes);
 
 // "output", "refused", "unsupported", "missing", "crashed", "timed_out", "invalid".
 std::string_view outcome_name(Outcome o);
