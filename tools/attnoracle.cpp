@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<cli::Command> commands = {cli::add_eval(app), cli::add_gen(app),
                                         cli::add_verify(app), cli::add_invariants(app),
-                                        cli::add_run(app), cli::add_check(app), cli::add_report(app),
+                                        cli::add_run(app), cli::add_check(app), cli::add_merge(app), cli::add_report(app),
                                         cli::add_plugin_host(app)};
 
   try {

@@ -27,6 +27,7 @@ Command add_invariants(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_check(CLI::App& app);
 Command add_report(CLI::App& app);
+Command add_merge(CLI::App& app);
 Command add_plugin_host(CLI::App& app);
 
 int default_threads();

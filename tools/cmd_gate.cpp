@@ -10,6 +10,7 @@
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/conformance/gate.hpp"
 #include "cli.hpp"
+#include "shard.hpp"
 
 namespace attnoracle::cli {
 namespace {
@@ -21,7 +22,7 @@ struct GateArgs {
   std::vector<std::string> tags, dtypes, ids;
   double timeout = 600;
   bool require_all = false, all = false, keep = false;
-  std::string json, junit, html, work;
+  std::string json, junit, html, work, shard;
   int threads = default_threads();
   ProgressFlags progress;
 };
@@ -37,6 +38,12 @@ conformance::GateOptions options_of(const GateArgs& a) {
     if (!t || !is_input_format(*t))
       throw InputError("--dtype", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16, F8_E4M3, F8_E5M2)");
     o.dtypes.push_back(*t);
+  }
+  if (!a.shard.empty()) {
+    const Shard s = parse_shard(a.shard);
+    o.shard = s.k;
+    o.shards = s.n;
+    if (!s.source.empty()) std::fprintf(stderr, "attnoracle: shard %d/%d (from %s)\n", s.k, s.n, s.source.c_str());
   }
   o.timeout = a.timeout;
   o.require_all = a.require_all;
@@ -136,6 +143,9 @@ void common(CLI::App* sub, GateArgs& a) {
   sub->add_option("--case", a.ids, "only these case ids")->delimiter(',');
   sub->add_option("--masked-rows", a.masked_rows, "declared treatment of fully masked rows: error, zero, nan, mean");
   sub->add_option("--returns", a.returns, "optional outputs the implementation returns: weights,lse,scores,gradients (default all)");
+  sub->add_option("--shard", a.shard,
+                  "k/n: only the selected cases whose position in the manifest is k modulo n (merge the shards' "
+                  "--json reports with attnoracle merge); auto: k and n from the environment, as for gen");
   sub->add_flag("--require-all", a.require_all, "skipped cases count as failures");
   sub->add_flag("--all", a.all, "list passing cases too");
   sub->add_option("--json", a.json, "write the report as JSON");
@@ -158,7 +168,46 @@ int run_report(const ReportArgs& a) {
   return 0;
 }
 
+struct MergeArgs {
+  std::vector<std::string> reports;
+  std::string json, junit, html;
+  bool all = false;
+};
+
+int run_merge(const MergeArgs& a) {
+  for (const auto& p : {a.json, a.junit, a.html})
+    if (!p.empty()) require_parent_dir(p);
+  std::vector<std::string> texts;
+  for (const auto& path : a.reports) {
+    const std::vector<unsigned char> bytes = read_regular_file(path);
+    texts.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  const conformance::MergedReport m = conformance::merge_reports(a.reports, texts);
+  // Every output made before any is written: a refusal leaves nothing.
+  const std::string html = a.html.empty() ? "" : conformance::html_report_from_json(a.json.empty() ? "merged" : a.json, m.json);
+  const std::string junit = a.junit.empty() ? "" : conformance::junit_report(m.report);
+  std::fputs(conformance::text_report(m.report, a.all).c_str(), stdout);
+  auto put = [](const std::string& path, const std::string& s) {
+    write_file_atomic(path, std::vector<unsigned char>(s.begin(), s.end()));
+  };
+  if (!a.json.empty()) put(a.json, m.json);
+  if (!a.junit.empty()) put(a.junit, junit);
+  if (!a.html.empty()) put(a.html, html);
+  return conformance::gate_exit_status(m.report, m.report.require_all);
+}
+
 }  // namespace
+
+Command add_merge(CLI::App& app) {
+  auto a = std::make_shared<MergeArgs>();
+  CLI::App* sub = app.add_subcommand("merge", "one verdict from the JSON reports of every shard of a run or check (--shard k/n --json)");
+  sub->add_option("REPORT", a->reports, "the shards' JSON reports")->required();
+  sub->add_flag("--all", a->all, "list passing cases too");
+  sub->add_option("--json", a->json, "write the merged report as JSON");
+  sub->add_option("--junit", a->junit, "write it as JUnit XML");
+  sub->add_option("--html", a->html, "write it as one self-contained HTML page");
+  return {sub, [a] { return run_merge(*a); }};
+}
 
 Command add_report(CLI::App& app) {
   auto a = std::make_shared<ReportArgs>();

@@ -25,37 +25,14 @@ struct GenArgs {
   ProgressFlags progress;
 };
 
-// "k/n" with 0 <= k < n.
-void parse_shard(const std::string& text, vectors::GenOptions& o) {
-  const auto slash = text.find('/');
-  int k = -1, n = 0;
-  try {
-    if (slash != std::string::npos && slash > 0 && slash + 1 < text.size()) {
-      std::size_t used_k = 0, used_n = 0;
-      k = std::stoi(text.substr(0, slash), &used_k);
-      n = std::stoi(text.substr(slash + 1), &used_n);
-      if (used_k != slash || used_n != text.size() - slash - 1) k = -1;
-    }
-  } catch (const std::exception&) {
-    k = -1;
-  }
-  if (k < 0 || n < 1 || k >= n)
-    throw InputError("--shard", "", "\"" + text + "\" is not k/n with 0 <= k < n");
-  o.sharded = true;
-  o.shard_k = k;
-  o.shard_n = n;
-}
-
 int run_gen(const GenArgs& a) {
   vectors::GenOptions o = a.o;
-  if (a.shard == "auto") {
-    const Shard s = shard_from_environment();
+  if (!a.shard.empty()) {
+    const Shard s = parse_shard(a.shard);
     o.sharded = true;
     o.shard_k = s.k;
     o.shard_n = s.n;
-    if (!a.quiet) std::fprintf(stderr, "gen: shard %d/%d (from %s)\n", s.k, s.n, s.source.c_str());
-  } else if (!a.shard.empty()) {
-    parse_shard(a.shard, o);
+    if (!a.quiet && !s.source.empty()) std::fprintf(stderr, "gen: shard %d/%d (from %s)\n", s.k, s.n, s.source.c_str());
   }
   require_parent_dir(o.out_dir);
 

@@ -2,6 +2,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <exception>
+#include <string>
 
 #include "attnoracle/reference/error.hpp"
 
@@ -60,6 +62,24 @@ Shard shard_from_environment(const std::function<const char*(const char*)>& get_
   std::string names;
   for (const Source& s : kSources) names += (names.empty() ? "" : ", ") + std::string(s.index);
   refuse("no shard index in the environment (" + names + ")");
+}
+
+Shard parse_shard(const std::string& text, const std::function<const char*(const char*)>& get) {
+  if (text == "auto") return shard_from_environment(get);
+  const auto slash = text.find('/');
+  int k = -1, n = 0;
+  try {
+    if (slash != std::string::npos && slash > 0 && slash + 1 < text.size()) {
+      std::size_t used_k = 0, used_n = 0;
+      k = std::stoi(text.substr(0, slash), &used_k);
+      n = std::stoi(text.substr(slash + 1), &used_n);
+      if (used_k != slash || used_n != text.size() - slash - 1) k = -1;
+    }
+  } catch (const std::exception&) {
+    k = -1;
+  }
+  if (k < 0 || n < 1 || k >= n) throw InputError("--shard", "", "\"" + printable(text) + "\" is not k/n with 0 <= k < n");
+  return {k, n, ""};
 }
 
 }  // namespace attnoracle::cli

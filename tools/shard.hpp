@@ -1,4 +1,5 @@
-// `gen --shard auto`: the shard index and count from the environment of an array or parallel job.
+// --shard k/n and --shard auto (gen, run, check): the shard index and count, given or taken from
+// the environment of an array or parallel job.
 #pragma once
 
 #include <functional>
@@ -23,5 +24,9 @@ struct Shard {
 // integer, the count is missing, or the index is out of range. `get` reads a variable (null:
 // unset); getenv by default.
 Shard shard_from_environment(const std::function<const char*(const char*)>& get = nullptr);
+
+// The value of --shard: "k/n" with 0 <= k < n (source empty), or "auto" (shard_from_environment).
+// Throws InputError("--shard", ...) otherwise.
+Shard parse_shard(const std::string& text, const std::function<const char*(const char*)>& get = nullptr);
 
 }  // namespace attnoracle::cli

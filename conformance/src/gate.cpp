@@ -34,6 +34,7 @@ struct Selected {
   vectors::ManifestCase mc;
   std::string path;  // the case file
   std::string dir;   // the set it belongs to: nothing is read outside it
+  std::size_t position = 0;  // in the manifest's list of cases
 };
 
 // At most kListed values, then how many more: "a, b, c and 12 more".
@@ -55,7 +56,7 @@ std::string brief_list(const std::vector<std::string>& values) {
                        brief_list(present) + ")");
 }
 
-std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
+std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m, std::size_t& selected) {
   const std::string mpath = (fs::path(opt.dir) / "manifest.json").string();
   const std::vector<unsigned char> text = read_file_within(opt.dir, "manifest.json", limits::kManifestBytes);
   std::string problem;
@@ -64,13 +65,14 @@ std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
   // cases/ a link that leaves the set: refused as a whole, before any case is read.
   if (fs::exists(fs::symlink_status(fs::path(opt.dir) / "cases"))) path_within(opt.dir, "cases");
   std::vector<Selected> out;
-  for (const auto& c : m.cases) {
+  for (std::size_t position = 0; position < m.cases.size(); ++position) {
+    const auto& c = m.cases[position];
     if (!opt.ids.empty() && std::find(opt.ids.begin(), opt.ids.end(), c.id) == opt.ids.end()) continue;
     if (!opt.tags.empty() && std::none_of(opt.tags.begin(), opt.tags.end(), [&](const std::string& t) {
           return std::find(c.tags.begin(), c.tags.end(), t) != c.tags.end();
         }))
       continue;
-    out.push_back({c, (fs::path(opt.dir) / c.file).string(), opt.dir});
+    out.push_back({c, (fs::path(opt.dir) / c.file).string(), opt.dir, position});
   }
   if (out.empty() && (!opt.ids.empty() || !opt.tags.empty())) {
     std::vector<std::string> ids, tags;
@@ -86,6 +88,11 @@ std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m) {
     if (opt.ids.empty())
       for (const auto& c : m.cases) tags.insert(tags.end(), c.tags.begin(), c.tags.end());
     no_match(opt, "--tag", "tags", tags, !opt.ids.empty());
+  }
+  selected = out.size();
+  if (opt.shards > 0) {
+    const auto k = static_cast<std::size_t>(opt.shard), n = static_cast<std::size_t>(opt.shards);
+    std::erase_if(out, [&](const Selected& s) { return s.position % n != k; });
   }
   return out;
 }
@@ -185,6 +192,7 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
       }
     }
     r.tags = cases[k].mc.tags;
+    r.position = cases[k].position;
     if (opt.progress) {
       std::lock_guard<std::mutex> g(progress_lock);
       opt.progress("compare", ++done, total);
@@ -205,7 +213,9 @@ void compare_all(const GateOptions& opt, const std::vector<Selected>& cases,
 // The selected cases, and the report's heading.
 std::vector<Selected> start(const GateOptions& opt, const std::string& implementation, GateReport& rep) {
   vectors::Manifest m;
-  std::vector<Selected> cases = select(opt, m);
+  std::vector<Selected> cases = select(opt, m, rep.selected);
+  rep.shard = opt.shard;
+  rep.shards = opt.shards;
   rep.suite = m.suite;
   rep.dir = opt.dir;
   rep.implementation = implementation;
@@ -317,7 +327,8 @@ GateReport run_gate(const GateOptions& opt) {
     }
     kept.keep(k, std::move(golden));
   }
-  if (count == 0 && !cases.empty() && !opt.dtypes.empty())
+  // A shard may hold no case of the dtypes (the others may): only a whole selection is refused.
+  if (count == 0 && !cases.empty() && !opt.dtypes.empty() && opt.shards == 0)
     no_match(opt, "--dtype", "input dtypes", seen, !opt.tags.empty() || !opt.ids.empty());
   fs::create_directories(work / "inputs");
   fs::create_directories(work / "outputs");
@@ -375,7 +386,7 @@ GateReport check_gate(const GateOptions& opt) {
     chosen[k] = 1;
     ++count;
   }
-  if (count == 0 && !cases.empty() && !opt.dtypes.empty())
+  if (count == 0 && !cases.empty() && !opt.dtypes.empty() && opt.shards == 0)
     no_match(opt, "--dtype", "input dtypes", seen, !opt.tags.empty() || !opt.ids.empty());
   // Each result is read by the worker that compares it.
   auto result_of = [&](std::size_t k) {

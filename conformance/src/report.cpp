@@ -97,6 +97,9 @@ std::string text_report(const GateReport& r, bool all_cases) {
   std::ostringstream os;
   os << "suite " << r.suite << " (" << r.dir << "), implementation: " << r.implementation << ", profile " << r.profile
      << "\n";
+  if (r.shards > 0)
+    os << "shard " << r.shard << "/" << r.shards << ": " << r.cases.size() << " of the " << r.selected
+       << " cases selected (those whose position in the manifest is " << r.shard << " modulo " << r.shards << ")\n";
   if (!r.adapter_note.empty()) os << "note: " << r.adapter_note << "\n";
   std::map<std::string, std::size_t> skips;  // reason -> count, when skips are not listed
   // Under --require-all a skip is a failure: each one is listed with its reason.
@@ -156,6 +159,7 @@ std::string json_report(const GateReport& r) {
   j["require_all"] = r.require_all;
   j["verdict"] = gate_exit_status(r, r.require_all) == 0 ? "pass" : "fail";
   if (!r.adapter_note.empty()) j["note"] = r.adapter_note;
+  if (r.shards > 0) j["shard"] = {{"index", r.shard}, {"count", r.shards}, {"selected", r.selected}};
   auto finite = [](double x) { return std::isfinite(x) ? J(x) : J(nullptr); };  // JSON has no infinity
   auto element = [&](const ElementReport& w) {
     return J{{"tensor", w.tensor},
@@ -183,6 +187,7 @@ std::string json_report(const GateReport& r) {
   for (const auto& c : r.cases) {
     J cj;
     cj["id"] = c.id;
+    cj["position"] = c.position;
     cj["status"] = std::string(status_name(c.status));
     cj["dtype"] = std::string(dtype_name(c.dtype));
     if (!c.profile.empty()) cj["profile"] = c.profile;
@@ -257,7 +262,8 @@ std::string junit_report(const GateReport& r) {
   const std::size_t failures = r.failed + (r.require_all ? r.skipped : 0), skipped = r.require_all ? 0 : r.skipped;
   os << "<testsuites name=\"attnoracle\" tests=\"" << r.cases.size() << "\" failures=\"" << failures << "\" skipped=\""
      << skipped << "\" time=\"" << r.seconds << "\">\n";
-  os << "  <testsuite name=\"" << xml_escape(r.suite + " [" + r.profile + "]") << "\" tests=\"" << r.cases.size()
+  const std::string shard = r.shards > 0 ? " shard " + std::to_string(r.shard) + "/" + std::to_string(r.shards) : "";
+  os << "  <testsuite name=\"" << xml_escape(r.suite + " [" + r.profile + "]" + shard) << "\" tests=\"" << r.cases.size()
      << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\">\n";
   for (const auto& c : r.cases) {
     os << "    <testcase classname=\"" << xml_escape(r.suite) << "\" name=\"" << xml_escape(c.id) << "\">";

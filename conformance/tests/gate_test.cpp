@@ -580,6 +580,176 @@ TEST_F(Gate, ImplementationsThatMisbehaveOtherwise) {
   expect_all_failed(r, "timed_out");
 }
 
+// The NumPy adapter, then the results of the ids that end with SUFFIX replaced by a refusal (not
+// UTF-8): `mixed() + " SUFFIX"`.
+std::string mixed() {
+  const std::string script =
+      (fs::temp_directory_path() / ("attnoracle-gate-test-" + std::to_string(::getpid())) / "mixed.sh").string();
+  testing::write_text(script, "/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) +
+                                  "/conformance/adapters/numpy/attention.py \"$2\" || exit\n"
+                                  "for o in $(sed -n \"s/.*\\\"output\\\": *\\\"\\([^\\\"]*\\/[^\\/\\\"]*$1\\.safetensors\\)\\\".*/\\1/p\" \"$2\"); do\n"
+                                  "  rm \"$o\"; printf 'no \\377' > \"$o.error\"; done\n");
+  return "/bin/sh " + script;
+}
+
+// run --shard k/n: the cases whose position in the manifest is k modulo n; merge gives the
+// verdict, the text, JUnit and JSON of the run over all of them.
+TEST_F(Gate, ShardsMergeIntoOneRun) {
+  const std::string set = (dir_ / "set").string();
+  const std::string impl = " --impl '" + mixed() + " case1'";
+  std::string one, out;
+  const fs::path j1 = dir_ / "one.json", x1 = dir_ / "one.xml";
+  EXPECT_EQ(run("run " + set + impl + " --all --json " + j1.string() + " --junit " + x1.string(), one), 1) << one;
+  std::string reports;
+  for (int k = 0; k < 4; ++k) {  // shard 3 holds no case
+    const std::string json = (dir_ / ("shard" + std::to_string(k) + ".json")).string();
+    EXPECT_EQ(run("run " + set + impl + " --shard " + std::to_string(k) + "/4 --json " + json, out), k == 1 ? 1 : 0) << out;
+    EXPECT_NE(out.find("shard " + std::to_string(k) + "/4: " + (k < 3 ? "1" : "0") + " of the 3 cases selected"),
+              std::string::npos) << out;
+    const nlohmann::json r = nlohmann::json::parse(std::ifstream(json));
+    EXPECT_EQ(r["shard"], (nlohmann::json{{"index", k}, {"count", 4}, {"selected", 3}}));
+    reports = json + " " + reports;  // in any order
+  }
+  const fs::path jm = dir_ / "merged.json", xm = dir_ / "merged.xml", hm = dir_ / "merged.html", hr = dir_ / "report.html";
+  std::string merged;
+  EXPECT_EQ(run("merge " + reports + "--all --json " + jm.string() + " --junit " + xm.string() + " --html " + hm.string(),
+                merged), 1) << merged;
+  auto without_time = [](std::string s, const std::string& from, char to) {
+    for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + 1)) s.erase(at, s.find(to, at + from.size()) - at);
+    return s;
+  };
+  EXPECT_EQ(without_time(merged, " cases in ", ':'), without_time(one, " cases in ", ':'));
+  EXPECT_EQ(without_time(testing::read_text(xm), "time=\"", '"'), without_time(testing::read_text(x1), "time=\"", '"'));
+  nlohmann::json a = nlohmann::json::parse(std::ifstream(j1)), b = nlohmann::json::parse(std::ifstream(jm));
+  EXPECT_GE(b["seconds"].get<double>(), 0);
+  a.erase("seconds");
+  b.erase("seconds");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(b["verdict"], "fail");
+  EXPECT_EQ(b["failed"], 1);
+  EXPECT_EQ(run("report " + jm.string() + " --html " + hr.string(), out), 0) << out;
+  EXPECT_EQ(testing::read_text(hm), testing::read_text(hr));
+}
+
+// The same on a part of vectors/core, several dtypes and profiles, a dtype selection (a shard may
+// hold none of it) and failures.
+TEST_F(Gate, ShardsOfTheCoreSetMergeIntoOneRun) {
+  const std::string set = std::string(ATTNORACLE_SOURCE_DIR) + "/vectors/core";
+  const std::string args = " --impl '" + mixed() + " 1' --tag softcap --dtype F32,F16,BF16 --profile standard --all";
+  std::string one, out, merged, reports;
+  const fs::path j1 = dir_ / "core.json", x1 = dir_ / "core.xml", jm = dir_ / "core-merged.json", xm = dir_ / "core-merged.xml";
+  const int status = run("run " + set + args + " --json " + j1.string() + " --junit " + x1.string(), one);
+  EXPECT_EQ(status, 1) << one;
+  for (int k = 0; k < 4; ++k) {
+    const std::string json = (dir_ / ("core" + std::to_string(k) + ".json")).string();
+    EXPECT_LE(run("run " + set + args + " --shard " + std::to_string(k) + "/4 --json " + json, out), 1) << out;
+    reports += json + " ";
+  }
+  EXPECT_EQ(run("merge " + reports + "--all --json " + jm.string() + " --junit " + xm.string(), merged), status) << merged;
+  nlohmann::json a = nlohmann::json::parse(std::ifstream(j1)), b = nlohmann::json::parse(std::ifstream(jm));
+  ASSERT_GT(a["cases"].size(), 10u);
+  EXPECT_GT(a["failed"].get<int>(), 0);
+  EXPECT_GT(a["passed"].get<int>(), 0);
+  ASSERT_EQ(a["cases"].size(), b["cases"].size());
+  for (std::size_t k = 0; k < a["cases"].size(); ++k) {  // case for case
+    EXPECT_EQ(a["cases"][k]["id"], b["cases"][k]["id"]);
+    EXPECT_EQ(a["cases"][k]["status"], b["cases"][k]["status"]) << a["cases"][k]["id"];
+  }
+  a.erase("seconds");
+  b.erase("seconds");
+  EXPECT_EQ(a, b);
+  const std::size_t cut = one.rfind(" cases in "), cut_m = merged.rfind(" cases in ");
+  EXPECT_EQ(merged.substr(0, cut_m), one.substr(0, cut));
+  EXPECT_EQ(merged.substr(merged.find(':', cut_m)), one.substr(one.find(':', cut)));
+}
+
+// check --shard, merged: the verdict of one check.
+TEST_F(Gate, CheckShardsMergeIntoOneCheck) {
+  const fs::path res = dir_ / "results-shards";
+  fs::create_directories(res);
+  write_text(res / "case0.safetensors.unsupported", "no \xff");
+  write_text(res / "case1.safetensors.error", "refused");
+  write_text(res / "case2.safetensors", "garbage");
+  const std::string cmd = "check " + (dir_ / "set").string() + " --results " + res.string() + " --all";
+  std::string one, out, merged;
+  const fs::path j1 = dir_ / "check.json", jm = dir_ / "check-merged.json";
+  EXPECT_EQ(run(cmd + " --json " + j1.string(), one), 1) << one;
+  std::string reports;
+  for (int k = 0; k < 2; ++k) {
+    const std::string json = (dir_ / ("check" + std::to_string(k) + ".json")).string();
+    EXPECT_EQ(run(cmd + " --shard " + std::to_string(k) + "/2 --json " + json, out), 1) << out;
+    reports += json + " ";
+  }
+  EXPECT_EQ(run("merge " + reports + "--all --json " + jm.string(), merged), 1) << merged;
+  nlohmann::json a = nlohmann::json::parse(std::ifstream(j1)), b = nlohmann::json::parse(std::ifstream(jm));
+  a.erase("seconds");
+  b.erase("seconds");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(b["skipped"], 1);
+  EXPECT_EQ(b["failed"], 2);
+  EXPECT_EQ(merged.substr(0, merged.rfind(" cases in ")), one.substr(0, one.rfind(" cases in ")));
+}
+
+// merge refuses what is not every shard of one run, in one line, writing nothing.
+TEST_F(Gate, MergeRefusesWhatIsNotOneRunsShards) {
+  const std::string set = (dir_ / "set").string();
+  const std::string good = " --impl '/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/numpy/attention.py'";
+  auto shard = [&](const std::string& name, const std::string& args) {
+    const std::string json = (dir_ / (name + ".json")).string();
+    std::string out;
+    EXPECT_EQ(run("run " + set + good + " --json " + json + " " + args, out), 0) << out;
+    return json;
+  };
+  const std::string s0 = shard("m0", "--shard 0/2"), s1 = shard("m1", "--shard 1/2"), whole = shard("mw", "");
+  const std::string fp64 = shard("m1-fp64", "--shard 1/2 --profile fp64"), of3 = shard("m1-of3", "--shard 1/3");
+  const std::string tagged = shard("m1-tag", "--shard 1/2 --tag plain");
+  const fs::path out_json = dir_ / "refused.json";
+  struct Expect {
+    std::string args, line;
+  };
+  const std::vector<Expect> expected = {
+      {s0 + " " + s1, ""},
+      {s0, s0 + ": shard: shard 1 of 2 is missing: give every shard's report"},
+      {s0 + " " + s0, s0 + ": shard: shard 0/2 is also " + s0},
+      {s0 + " " + whole, whole + ": shard: missing: not the report of one shard (run or check with --shard and --json)"},
+      {s0 + " " + fp64, fp64 + ": profile: \"fp64\" differs from \"fp32\" in " + s0},
+      {s0 + " " + of3, of3 + ": shard.count: 3 shards, " + s0 + " has 2: not shards of one run"},
+      {s0 + " " + tagged, tagged + ": shard.selected: 2 cases selected, " + s0 + " has 3: other selectors"},
+      {s0 + " " + (dir_ / "garbage.py").string(), (dir_ / "garbage.py").string() + ": not JSON (a report written by run or check with --json)"},
+  };
+  for (const auto& e : expected) {
+    fs::remove(out_json);
+    std::string out;
+    const int st = run("merge " + e.args + " --json " + out_json.string(), out);
+    if (e.line.empty()) {
+      EXPECT_EQ(st, 0) << out;
+      EXPECT_TRUE(fs::exists(out_json));
+      continue;
+    }
+    EXPECT_EQ(st, 2) << out;
+    EXPECT_EQ(out, "attnoracle: error: " + e.line + "\n") << e.args;
+    EXPECT_FALSE(fs::exists(out_json)) << e.args;
+  }
+  // a case in two shards' reports
+  nlohmann::json r = nlohmann::json::parse(std::ifstream(s1));
+  r["cases"].push_back(nlohmann::json::parse(std::ifstream(s0))["cases"][0]);
+  write_text(dir_ / "m1-overlap.json", r.dump());
+  std::string out;
+  EXPECT_EQ(run("merge " + s0 + " " + (dir_ / "m1-overlap.json").string(), out), 2) << out;
+  EXPECT_EQ(out, "attnoracle: error: " + (dir_ / "m1-overlap.json").string() + ": cases: case case0 is also in " + s0 + "\n");
+  // --shard values
+  EXPECT_EQ(run("check " + set + " --results " + dir_.string() + " --shard 2/2", out), 2) << out;
+  EXPECT_EQ(out, "attnoracle: error: --shard: \"2/2\" is not k/n with 0 <= k < n\n");
+  ::setenv("ATTNORACLE_SHARD_INDEX", "1", 1);
+  ::setenv("ATTNORACLE_SHARD_COUNT", "2", 1);
+  const std::string json = (dir_ / "auto.json").string();
+  EXPECT_EQ(run("run " + set + good + " --shard auto --json " + json, out), 0) << out;
+  ::unsetenv("ATTNORACLE_SHARD_INDEX");
+  ::unsetenv("ATTNORACLE_SHARD_COUNT");
+  EXPECT_NE(out.find("attnoracle: shard 1/2 (from ATTNORACLE_SHARD_INDEX, ATTNORACLE_SHARD_COUNT)"), std::string::npos) << out;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(json))["cases"].size(), 1u);
+}
+
 // run's work directory is made by mkdtemp (a name no one can plant a link at beforehand), and is
 // kept and named with --keep.
 TEST_F(Gate, WorkDirectoryIsFresh) {

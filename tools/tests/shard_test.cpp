@@ -53,6 +53,30 @@ TEST(ShardAuto, EachEngine) {
   EXPECT_EQ(shard({{"CI_NODE_INDEX", "2"}, {"CI_NODE_TOTAL", "2"}}).source, "CI_NODE_INDEX, CI_NODE_TOTAL");
 }
 
+// --shard's value, as gen, run and check read it: k/n, or auto from the environment.
+TEST(ShardValue, KOfNOrAuto) {
+  const cli::Shard s = cli::parse_shard("3/8");
+  EXPECT_EQ(s.k, 3);
+  EXPECT_EQ(s.n, 8);
+  EXPECT_EQ(s.source, "");
+  const Env env = {{"CIRCLE_NODE_INDEX", "1"}, {"CIRCLE_NODE_TOTAL", "2"}};
+  const cli::Shard a = cli::parse_shard("auto", [&](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_EQ(a.k, 1);
+  EXPECT_EQ(a.n, 2);
+  EXPECT_EQ(a.source, "CIRCLE_NODE_INDEX, CIRCLE_NODE_TOTAL");
+  for (const char* bad : {"", "1", "2/2", "-1/2", "1/0", "a/2", "1/2x", "/2", "1/", "1/99999999999", "0/2/3"}) {
+    try {
+      cli::parse_shard(bad);
+      ADD_FAILURE() << bad;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.message(), "--shard: \"" + std::string(bad) + "\" is not k/n with 0 <= k < n");
+    }
+  }
+}
+
 TEST(ShardAuto, Refusals) {
   EXPECT_EQ(refusal({}).rfind("--shard: auto: no shard index in the environment (ATTNORACLE_SHARD_INDEX, "
                               "SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX, CI_NODE_INDEX",

@@ -64,6 +64,7 @@ struct CaseReport {
   std::int64_t failed_elements = 0;
   Diagnosis diagnosis;            // per-head and per-row summaries; findings when it failed
   Pictures pictures;              // what the HTML report draws; only for a failing case, when asked
+  std::size_t position = 0;       // its place in the manifest's list of cases, from 0
 };
 
 std::string_view status_name(CaseStatus s);

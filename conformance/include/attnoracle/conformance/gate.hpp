@@ -19,6 +19,9 @@ struct GateOptions {
   std::vector<std::string> tags;   // only cases with one of these tags (empty: all)
   std::vector<DType> dtypes;       // only cases with these input dtypes (empty: all)
   std::vector<std::string> ids;    // only these cases (empty: all)
+  // shards > 0: only the selected cases whose position in the manifest is `shard` modulo
+  // `shards` (a shard may hold none)
+  int shard = 0, shards = 0;
   double timeout = 600;            // seconds for the implementation's whole run
   bool require_all = false;        // skipped cases count as failures
   std::string work_dir;            // `run`: where inputs and outputs go
@@ -40,6 +43,8 @@ struct GateReport {
   std::string adapter_note;        // how the implementation's run ended, when not cleanly
   double seconds = 0;
   double compared_bytes = 0;       // bytes of results compared
+  int shard = 0, shards = 0;       // shards > 0: the report of one shard (GateOptions)
+  std::size_t selected = 0;        // of a shard: the cases the selectors leave in all shards together
 };
 
 // Throws InputError for a bad vector set (manifest, a missing or altered case file), and for a
@@ -47,6 +52,19 @@ struct GateReport {
 // matches (tags in this set: ...)"), before anything is written or run.
 GateReport run_gate(const GateOptions& opt);
 GateReport check_gate(const GateOptions& opt);
+// The JSON reports of the shards of one run or check (`texts`, their files named by `paths`), all
+// n shards of it, merged into the report of one run over them all: its cases in the manifest's
+// order, the counts added, the seconds added, the notes joined. `json` is the merged JSON report
+// (each case's object as its shard wrote it); `report` holds what the text and JUnit reports
+// show. Throws InputError(path, field, what) for a file that is not such a report, reports of
+// different suites, profiles, implementations, --require-all or selections, a shard given twice,
+// a case in two shards, and shards missing.
+struct MergedReport {
+  GateReport report;
+  std::string json;
+};
+MergedReport merge_reports(const std::vector<std::string>& paths, const std::vector<std::string>& texts);
+
 // 0 pass, 1 any failure (or a skip under require_all)
 int gate_exit_status(const GateReport& r, bool require_all);
 
