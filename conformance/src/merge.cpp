@@ -36,17 +36,23 @@ bool bool_of(const J& o, const char* key, bool otherwise) {
   return it != o.end() && it->is_boolean() ? it->get<bool>() : otherwise;
 }
 
-// "0x3c00": the bits, and a dtype of their width (the text shows only the width).
-void bits_of(const J& o, const char* key, std::uint64_t& bits, DType& t) {
+// "0x3c00": the bits; the dtype, when the report does not name it, one of their width (the text
+// shows only the width).
+std::uint64_t bits_of(const J& o, const char* key, DType& t, bool named) {
   const std::string s = string_of(o, key);
-  if (s.size() < 3 || s.size() > 18 || s.compare(0, 2, "0x") != 0) return;
-  bits = std::strtoull(s.c_str() + 2, nullptr, 16);
-  switch (s.size() - 2) {
-    case 2: t = DType::F8_E4M3; break;
-    case 4: t = DType::F16; break;
-    case 16: t = DType::F64; break;
-    default: t = DType::F32; break;
-  }
+  if (s.size() < 3 || s.size() > 18 || s.compare(0, 2, "0x") != 0) return 0;
+  if (!named) t = s.size() == 4 ? DType::F8_E4M3 : s.size() == 6 ? DType::F16 : s.size() == 18 ? DType::F64 : DType::F32;
+  return std::strtoull(s.c_str() + 2, nullptr, 16);
+}
+
+// A value the report gives as null (not finite): what its bits are, NaN or an infinity, where
+// the dtype is known; infinity otherwise.
+double value_of(const J& o, const char* key, std::uint64_t bits, DType t, bool named) {
+  const double v = number_of(o, key);
+  if (std::isfinite(v) || !named || !is_input_format(t)) return v;
+  unsigned char bytes[8];
+  for (std::size_t k = 0; k < 8; ++k) bytes[k] = static_cast<unsigned char>(bits >> (8 * k));
+  return decode_float(t, bytes);
 }
 
 ElementReport element_of(const J& w) {
@@ -54,10 +60,12 @@ ElementReport element_of(const J& w) {
   e.tensor = string_of(w, "tensor");
   if (const auto it = w.find("index"); it != w.end() && it->is_array())
     for (const J& v : *it) e.index.push_back(v.is_number_integer() ? v.get<std::int64_t>() : 0);
-  bits_of(w, "expected_bits", e.expected_bits, e.dtype);
-  bits_of(w, "actual_bits", e.actual_bits, e.dtype);
-  e.expected = number_of(w, "expected");
-  e.actual = number_of(w, "actual");
+  const auto named = dtype_from_name(string_of(w, "dtype"));
+  if (named) e.dtype = *named;
+  e.expected_bits = bits_of(w, "expected_bits", e.dtype, named.has_value());
+  e.actual_bits = bits_of(w, "actual_bits", e.dtype, named.has_value());
+  e.expected = value_of(w, "expected", e.expected_bits, e.dtype, named.has_value());
+  e.actual = value_of(w, "actual", e.actual_bits, e.dtype, named.has_value());
   e.ulp = number_of(w, "ulp");
   e.bound_error = number_of(w, "bound_error");
   e.limit_ratio = number_of(w, "limit_ratio");

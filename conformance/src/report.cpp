@@ -164,6 +164,7 @@ std::string json_report(const GateReport& r) {
   auto element = [&](const ElementReport& w) {
     return J{{"tensor", w.tensor},
              {"index", w.index},
+             {"dtype", std::string(dtype_name(w.dtype))},
              {"expected", finite(w.expected)},
              {"expected_bits", hex_bits(w.expected_bits, w.dtype)},
              {"actual", finite(w.actual)},

@@ -30,9 +30,24 @@ ElementReport element(DType t) {
   e.index = {*rc::gen::inRange<std::int64_t>(0, 4), *rc::gen::inRange<std::int64_t>(0, 9)};
   e.dtype = t;
   const std::uint64_t mask = dtype_size(t) == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * dtype_size(t))) - 1;
-  e.expected_bits = *rc::gen::arbitrary<std::uint64_t>() & mask;
-  e.actual_bits = *rc::gen::arbitrary<std::uint64_t>() & mask;
-  e.expected = value(), e.actual = value(), e.ulp = value(), e.bound_error = value();
+  // a finite value, or NaN or an infinity with its bits (the report gives those as null)
+  auto draw = [&](double& v, std::uint64_t& bits) {
+    bits = *rc::gen::arbitrary<std::uint64_t>() & mask;
+    v = value();
+    if (std::isfinite(v)) return;
+    const bool nan = t == DType::F8_E4M3 || *rc::gen::arbitrary<bool>();
+    v = nan ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    switch (t) {
+      case DType::F64: bits = nan ? 0x7ff8000000000000 : 0x7ff0000000000000; break;
+      case DType::F16: bits = nan ? 0x7e00 : 0x7c00; break;
+      case DType::BF16: bits = nan ? 0x7fc0 : 0x7f80; break;
+      case DType::F8_E4M3: bits = 0x7f; break;
+      default: bits = nan ? 0x7fc00000 : 0x7f800000; break;
+    }
+  };
+  draw(e.expected, e.expected_bits);
+  draw(e.actual, e.actual_bits);
+  e.ulp = value(), e.bound_error = value();
   e.limit_ratio = value(), e.error = value(), e.limit = value();
   return e;
 }
