@@ -60,6 +60,9 @@ int run_gen(const GenArgs& a) {
                  o.out_dir.c_str(), s.written, s.present, s.failed);
     if (s.manifest_written)
       std::fprintf(stderr, "; manifest written (%zu cases)\n", s.suite_cases);
+    else if (!o.ids.empty())
+      std::fprintf(stderr, "; %zu of the suite's %zu cases asked for (--case), no manifest written\n", s.selected,
+                   s.suite_cases);
     else if (o.sharded)
       std::fprintf(stderr,
                    "; shard %d/%d done, %zu of %zu cases still missing; run gen without --shard "
@@ -110,6 +113,7 @@ Command add_gen(CLI::App& app) {
   sub->add_option("--shard", a->shard,
                   "k/n: only cases with index % n == k, no manifest (finish with a run without); auto: k and n "
                   "from a Slurm array, a Kubernetes indexed Job or a CI matrix (ATTNORACLE_SHARD_INDEX/COUNT)");
+  sub->add_option("--case", a->o.ids, "only these case ids (no manifest written, as with --shard)")->delimiter(',');
   sub->add_option("--threads-per-case", a->o.threads_per_case, "threads of each evaluation")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits")
@@ -123,6 +127,9 @@ Command add_verify(CLI::App& app) {
   auto a = std::make_shared<VerifyArgs>();
   CLI::App* sub = app.add_subcommand("verify", "checks a vector set");
   sub->add_option("DIR", a->o.dir, "vector set directory")->required();
+  sub->add_option("--manifest", a->o.manifest,
+                  "check the set against this manifest (a committed one) instead of DIR/manifest.json, which must "
+                  "equal it where present");
   sub->add_flag("--recompute", a->o.recompute,
                 "evaluate every case again and compare the golden tensors bit for bit");
   sub->add_flag("--all", a->o.all, "report every problem, not only the first");

@@ -118,15 +118,20 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   const std::string spec_text(spec_bytes->begin(), spec_bytes->end());
   const Suite suite = parse_suite(opt.spec_path, spec_text);
 
+  for (const std::string& id : opt.ids)
+    if (std::none_of(suite.cases.begin(), suite.cases.end(), [&](const CaseSpec& c) { return c.id == id; }))
+      throw InputError("--case", "", "no case \"" + printable(id) + "\" in " + opt.spec_path);
+  // A run over some of the cases writes no manifest, as a shard.
+  const bool partial = opt.sharded || !opt.ids.empty();
   const fs::path dir(opt.out_dir), cases_dir = dir / "cases";
   std::error_code ec;
   fs::create_directories(cases_dir, ec);
   if (ec || !fs::is_directory(cases_dir))
     throw InputError(opt.out_dir, "", "cannot create " + cases_dir.string() + ": " + ec.message());
-  const DirectoryLock lock(opt.out_dir, !opt.sharded);
+  const DirectoryLock lock(opt.out_dir, !partial);
   // A manifest present means a complete set: it goes until this run has made one again.
   fs::remove(dir / "manifest.json", ec);
-  if (!opt.sharded) {
+  if (!partial) {
     // Temporary files of a stopped run ("<file>.tmp.<pid>"); a sharded run may share the
     // directory with other shards, so only the final run removes them.
     for (const auto& e : fs::directory_iterator(cases_dir, ec))
@@ -136,8 +141,9 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
 
   std::vector<std::size_t> selected;
   for (std::size_t k = 0; k < suite.cases.size(); ++k)
-    if (!opt.sharded ||
-        k % static_cast<std::size_t>(opt.shard_n) == static_cast<std::size_t>(opt.shard_k))
+    if ((!opt.sharded ||
+         k % static_cast<std::size_t>(opt.shard_n) == static_cast<std::size_t>(opt.shard_k)) &&
+        (opt.ids.empty() || std::find(opt.ids.begin(), opt.ids.end(), suite.cases[k].id) != opt.ids.end()))
       selected.push_back(k);
 
   GenSummary sum;
@@ -217,7 +223,7 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   for (std::size_t k = 0; k < suite.cases.size(); ++k)
     if (!outcome[k].done && !fs::exists(cases_dir / (suite.cases[k].id + ".safetensors")))
       ++sum.missing;
-  if (opt.sharded || sum.failed > 0) return sum;
+  if (partial || sum.failed > 0) return sum;
 
   Manifest m;
   m.suite = suite.name;

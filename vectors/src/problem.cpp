@@ -135,6 +135,32 @@ BoolGrid make_mask(const ProblemSpec& p, Rng& rng) {
           for (std::int64_t j = 0; j < Nk; ++j) m.v[sz(r * Nk + j)] = 0;
       break;
     }
+    case MaskKind::TailBlock: {
+      // The last block of 64 keys (full or partial): a kernel that skips the mask in its last
+      // key block, or drops that block, changes every row that can see it.
+      m.shape = {B, H, Nq, Nk};
+      m.v.assign(sz(B * H * Nq * Nk), 1);
+      const std::int64_t tail = (Nk - 1) / 64 * 64;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < Nq; ++i) {
+            std::vector<std::int64_t> open;  // tail keys the position rules allow
+            for (std::int64_t j = tail; j < Nk; ++j) {
+              m.v[idx(b, h, i, j)] = rng.chance(0.5);
+              if (position_allowed(p, i, j)) open.push_back(j);
+            }
+            // one open among them at least (the mask alone empties no row), and one masked
+            // where there are two
+            if (open.empty()) continue;
+            const std::size_t a = rng.below(open.size());
+            m.v[idx(b, h, i, open[a])] = 1;
+            if (open.size() < 2) continue;
+            std::size_t z = rng.below(open.size() - 1);
+            z += z >= a;
+            m.v[idx(b, h, i, open[z])] = 0;
+          }
+      break;
+    }
     case MaskKind::CausalMask:
       m.shape = {Nq, Nk};
       m.v.assign(sz(Nq * Nk), 0);
@@ -311,7 +337,8 @@ constexpr std::pair<MaskKind, std::string_view> kMaskKindNames[] = {
     {MaskKind::FullyMaskedRows, "fully_masked_rows"},
     {MaskKind::CausalMask, "causal_mask"},
     {MaskKind::KeyPaddingBroadcast, "key_padding_broadcast"},
-    {MaskKind::KeyVector, "key_vector"}};
+    {MaskKind::KeyVector, "key_vector"},
+    {MaskKind::TailBlock, "tail_block"}};
 constexpr std::pair<SeqlensKind, std::string_view> kSeqlensKindNames[] = {
     {SeqlensKind::None, "none"},       {SeqlensKind::Varlen, "varlen"}, {SeqlensKind::Decode, "decode"},
     {SeqlensKind::Chunked, "chunked"}, {SeqlensKind::Keys, "keys"}};

@@ -235,7 +235,7 @@ class SpecReader {
       p.mask = named(v, path, mask_kind_from_name, mask_kind_name,
                      {MaskKind::None, MaskKind::KeyPadding, MaskKind::Random, MaskKind::SingleKey,
                       MaskKind::FullyMaskedRows, MaskKind::CausalMask,
-                      MaskKind::KeyPaddingBroadcast, MaskKind::KeyVector});
+                      MaskKind::KeyPaddingBroadcast, MaskKind::KeyVector, MaskKind::TailBlock});
     } else if (key == "bias") {
       p.bias = named(v, path, bias_kind_from_name, bias_kind_name,
                      {BiasKind::None, BiasKind::Alibi, BiasKind::Random, BiasKind::Fill, BiasKind::Scalar,
@@ -509,6 +509,8 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.Nq < p.Nk) t.push_back("nq_lt_nk");
   if (p.Nq > p.Nk) t.push_back("nq_gt_nk");
   if (p.Dv != p.Dk) t.push_back("dv_ne_dk");
+  if (p.kind == Kind::Sdpa)  // head_dim_128, or head_dim_192_128 (Dk, Dv) where they differ
+    t.push_back("head_dim_" + std::to_string(p.Dk) + (p.Dv != p.Dk ? "_" + std::to_string(p.Dv) : ""));
   if (p.window) t.push_back("window");
   if (!p.softcap.empty()) t.push_back("softcap");
   if (!p.scale.empty()) t.push_back("scale");

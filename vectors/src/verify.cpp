@@ -108,8 +108,10 @@ std::optional<std::string> check_case(const fs::path& dir, const ManifestCase& m
 VerifyReport verify(const VerifyOptions& opt,
                     const std::function<void(std::size_t, std::size_t)>& progress) {
   const fs::path dir(opt.dir);
-  const std::string mpath = (dir / "manifest.json").string();
-  const Bytes bytes = read_file_within(opt.dir, "manifest.json", limits::kManifestBytes);
+  const bool other = !opt.manifest.empty();
+  const std::string mpath = other ? opt.manifest : (dir / "manifest.json").string();
+  const Bytes bytes = other ? read_regular_file(opt.manifest, limits::kManifestBytes)
+                            : read_file_within(opt.dir, "manifest.json", limits::kManifestBytes);
   const std::string text(bytes.begin(), bytes.end());
   std::string problem;
   const Manifest m = parse_manifest(mpath, text, problem);
@@ -117,8 +119,14 @@ VerifyReport verify(const VerifyOptions& opt,
   VerifyReport rep;
   rep.cases = m.cases.size();
   if (!problem.empty()) {
-    rep.problems.push_back({"manifest.json", problem});
+    rep.problems.push_back({other ? opt.manifest : "manifest.json", problem});
     return rep;
+  }
+  // The set's own manifest, where it has one, is the other one byte for byte.
+  if (other && fs::exists(fs::symlink_status(dir / "manifest.json")) &&
+      read_file_within(opt.dir, "manifest.json", limits::kManifestBytes) != bytes) {
+    rep.problems.push_back({"manifest.json", "differs from " + opt.manifest});
+    if (!opt.all) return rep;
   }
 
   // cases/ a link that leaves the set: refused before anything in it is listed or read.

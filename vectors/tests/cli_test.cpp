@@ -94,6 +94,40 @@ TEST_F(VectorsCli, SameBytesWhateverJobsAndShards) {
   EXPECT_EQ(rc.status, 0) << rc.out << rc.err;
 }
 
+TEST_F(VectorsCli, SomeCasesByIdAndVerifyAgainstAnotherManifest) {
+  copy_clean("full");
+  // --case: only those cases, the bytes of the full run, no manifest
+  const CliResult r = gen("some", {"--case", "ties-000,gens-002", "--jobs", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("2 of the suite's 10 cases asked for (--case), no manifest written"), std::string::npos) << r.err;
+  const auto some = tree(dir_ / "some");
+  ASSERT_EQ(some.size(), 2u);
+  for (const char* id : {"ties-000", "gens-002"})
+    EXPECT_EQ(read_text(dir_ / "some/cases" / (std::string(id) + ".safetensors")),
+              read_text(dir_ / "full/cases" / (std::string(id) + ".safetensors"))) << id;
+  CliResult bad = gen("none", {"--case", "ties-000,ties-9"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("attnoracle: error: --case: no case \"ties-9\" in "), std::string::npos) << bad.err;
+  // --manifest: a set without its own manifest checked against another; a set whose own
+  // manifest differs from it is reported
+  const std::string other = (dir_ / "full/manifest.json").string();
+  fs::copy(dir_ / "full", dir_ / "bare", fs::copy_options::recursive);
+  fs::remove(dir_ / "bare/manifest.json");
+  CliResult v = verify("bare", {"--manifest", other});
+  EXPECT_EQ(v.status, 0) << v.out << v.err;
+  v = verify("some", {"--manifest", other});
+  EXPECT_EQ(v.status, 1);
+  EXPECT_NE(v.out.find("missing file"), std::string::npos) << v.out;
+  copy_clean("edited");
+  std::string m = read_text(dir_ / "edited/manifest.json");
+  m.replace(m.find("\"seed\": "), 8, "\"seed\":  ");
+  write_text(dir_ / "edited/manifest.json", m);
+  v = verify("edited", {"--manifest", other});
+  EXPECT_EQ(v.status, 1);
+  EXPECT_EQ(v.out, "manifest.json: differs from " + other + "\n");
+  EXPECT_EQ(verify("bare", {"--manifest", (dir_ / "nothing.json").string()}).status, 2);
+}
+
 TEST_F(VectorsCli, ResumeRewritesOnlyWhatIsMissingOrStale) {
   copy_clean("resumed");
   const fs::path cases = dir_ / "resumed" / "cases";
@@ -121,7 +155,7 @@ TEST_F(VectorsCli, ManifestFormat) {
   EXPECT_NE(text.find("{\"id\": \"masked-000\", \"file\": \"cases/masked-000.safetensors\", "
                       "\"sha256\": \""),
             std::string::npos);
-  EXPECT_NE(text.find("\"expect\": \"error\", \"tags\": [\"uniform\", \"f32\", "
+  EXPECT_NE(text.find("\"expect\": \"error\", \"tags\": [\"uniform\", \"f32\", \"head_dim_4\", "
                       "\"mask_fully_masked_rows\", \"lse\", \"fully_masked\"]}"),
             std::string::npos)
       << text;

@@ -397,6 +397,50 @@ TEST(VectorsMasks, BroadcastMasksAndBiases) {
   }
 }
 
+// tail_block: every key before the last 64-key block open; in that block, per row, one key the
+// position rules allow open and one masked at least (where two are allowed), so that a kernel
+// skipping the mask in its last key block, or dropping the block, moves the row.
+TEST(VectorsMasks, TailBlockMasksPartOfTheLastKeyBlock) {
+  for (std::int64_t nk : {5, 64, 65, 129, 192, 320})
+    for (Causal causal : {Causal::None, Causal::BottomRight}) {
+      ProblemSpec p = sdpa("normal", DType::BF16, 2, 4, 2, 7, nk);
+      p.mask = MaskKind::TailBlock;
+      p.causal = causal;
+      const Case c = make_case(p, static_cast<std::uint64_t>(nk));
+      ASSERT_EQ(c.mask->shape, (std::vector<std::int64_t>{2, 4, 7, nk}));
+      if (causal == Causal::None || nk >= c.Nq) {  // else causal empties the leading rows
+        EXPECT_FALSE(has_fully_masked_row(c)) << nk;
+      }
+      const std::int64_t tail = (nk - 1) / 64 * 64;
+      EXPECT_EQ(tail, nk <= 64 ? 0 : nk <= 128 ? 64 : nk <= 192 ? 128 : 256);
+      int distinct_rows = 0;
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i) {
+            int open = 0, masked = 0, allowed = 0;
+            for (std::int64_t j = 0; j < nk; ++j) {
+              if (j < tail) {
+                EXPECT_TRUE(c.mask_at(b, h, i, j)) << nk << " key " << j;
+                continue;
+              }
+              if (!c.position_allowed(b, i, j)) continue;
+              ++allowed;
+              (c.mask_at(b, h, i, j) ? open : masked) += 1;
+            }
+            if (allowed >= 1) {
+              EXPECT_GE(open, 1) << nk << " row " << i;
+            }
+            if (allowed >= 2) {
+              EXPECT_GE(masked, 1) << nk << " row " << i;
+            }
+            bool differs = false;  // from the row of batch 0, head 0
+            for (std::int64_t j = tail; j < nk; ++j) differs = differs || c.mask_at(b, h, i, j) != c.mask_at(0, 0, i, j);
+            distinct_rows += differs;
+          }
+      EXPECT_GE(distinct_rows, nk - tail > 4 ? 20 : 0) << nk;  // drawn per batch and head
+    }
+}
+
 // Refilling the unused positions with NaN and infinities changes no golden value of a row that
 // is not padding (the metamorphic relation of poisoned positions), in the reference itself.
 TEST(VectorsPoison, UnusedPositionsChangeNothing) {

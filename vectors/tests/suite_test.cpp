@@ -58,7 +58,8 @@ TEST(VectorsSuite, ExpansionOrderIdsAndOptions) {
   EXPECT_TRUE(m.params.empty());
   EXPECT_EQ(s.cases[13].problem.params.at("distinct"), 2.0);
   EXPECT_EQ(s.cases[2].tags, (std::vector<std::string>{"t", "normal", "f32", "mqa",
-                                                       "causal_top_left", "nq_lt_nk", "dv_ne_dk"}));
+                                                       "causal_top_left", "nq_lt_nk", "dv_ne_dk",
+                                                       "head_dim_5_6"}));
 }
 
 TEST(VectorsSuite, SeedsDependOnSuiteFamilyAndIndexOnly) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/vectors/suite.hpp"
@@ -20,6 +21,7 @@ struct GenOptions {
   int threads_per_case = 1;  // threads of one evaluation
   bool sharded = false;      // only cases with index % shard_n == shard_k; no manifest
   int shard_k = 0, shard_n = 1;
+  std::vector<std::string> ids;  // when not empty, only these cases (after the shard's); no manifest
   mpfr_prec_t max_precision = 2048;
 };
 

@@ -27,6 +27,7 @@ enum class MaskKind {
   CausalMask,       // bottom-right causal written as an explicit mask; [Nq,Nk]
   KeyPaddingBroadcast,  // per batch a random number of trailing keys masked; [B,1,1,Nk]
   KeyVector,            // one random key pattern for every batch, head and query; [Nk]
+  TailBlock,            // keys of the last 64-key block half masked per row, the others open; [B,Hq,Nq,Nk]
 };
 enum class BiasKind {
   None,

@@ -28,6 +28,7 @@ std::optional<std::string> golden_invariant_problem(const Case& c, const SafeTen
 
 struct VerifyOptions {
   std::string dir;
+  std::string manifest;    // another manifest to check the set against (DIR's own, when present, must equal it)
   bool recompute = false;  // evaluate every case again and compare golden tensors bitwise
   bool all = false;        // report every problem, not only the first
   int jobs = 1;
