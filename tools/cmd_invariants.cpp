@@ -1,8 +1,10 @@
 // attnoracle invariants --impl 'CMD': metamorphic checks of an implementation, no golden data.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 
@@ -27,6 +29,9 @@ struct InvariantsArgs {
   // key counts of the long problems: past 256, and block boundaries of flash kernels
   std::vector<int> long_keys{257, 64, 65, 128, 129, 300};
   int dim = 8;
+  std::string shapes = "toy";  // toy, or kernel: head dims, group sizes and key counts of shipped kernels
+  std::string returns;         // with returns_given: the optional outputs asked and compared
+  CLI::Option* returns_option = nullptr;
   std::string profile = "fp32";
   double safety = 0;  // 0: the profile's
   double timeout = 600;
@@ -41,8 +46,18 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
   return x ^ (x >> 31);
 }
 
+// The sizes of --shapes kernel: head dims (Dk, Dv) kernels accept, query heads per kv head
+// (two kv heads), and query and key counts at the block edges of tiled kernels (64, 128, 256,
+// 128k + 64), taken in turn.
+constexpr std::pair<std::int64_t, std::int64_t> kKernelDims[] = {{64, 64},   {128, 128}, {96, 96},
+                                                                 {256, 256}, {192, 128}, {192, 192}};
+constexpr std::int64_t kKernelGroups[] = {1, 2, 3, 4, 5, 6, 7, 8, 16};
+constexpr std::int64_t kKernelKeys[] = {1, 17, 63, 64, 65, 127, 128, 129, 192, 255, 256, 257, 320};
+constexpr std::int64_t kKernelQueries[] = {1, 17, 63, 65, 128};
+
 // Problem k of the run: every option cycles through its values; sizes are drawn from the seed.
-vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t& seed) {
+vectors::ProblemSpec problem_spec(const InvariantsArgs& a, const conformance::Profile& profile, int k,
+                                  std::uint64_t& seed) {
   std::uint64_t s = mix(a.seed * 0x100000001b3ULL + static_cast<std::uint64_t>(k));
   seed = s;
   auto draw = [&](std::int64_t lo, std::int64_t hi) {  // uniform in [lo, hi]
@@ -75,15 +90,32 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, int k, std::uint64_t&
     p.D = draw(1, a.dim);
     p.Dout = draw(1, a.dim);
   }
+  // Kernel sizes for kind sdpa; kind mha keeps the toy ones (the reference certifies its rows
+  // through MPFR, as those with softcap, which get a few queries).
+  const bool kernel = a.shapes == "kernel" && p.kind == Kind::Sdpa;
+  if (kernel) {
+    // the n-th problem of kind sdpa takes the n-th group size and head dims
+    const auto n = static_cast<std::size_t>(k) / a.kinds.size();
+    const auto dims = kKernelDims[n % std::size(kKernelDims)];
+    p.Dk = dims.first;
+    p.Dv = dims.second;
+    p.Nk = kKernelKeys[static_cast<std::size_t>(k) % std::size(kKernelKeys)];
+    p.Nq = k % 5 == 4 ? 1 + k % 3 : kKernelQueries[static_cast<std::size_t>(k) % std::size(kKernelQueries)];
+    p.B = 1;
+    p.Hkv = 2;
+    p.Hq = 2 * kKernelGroups[n % std::size(kKernelGroups)];
+  }
   p.masked_rows = MaskedRows::Zero;
-  p.want_weights = p.want_lse = true;
+  // outputs the implementation does not return are not asked for
+  p.want_weights = profile.returns_weights;
+  p.want_lse = profile.returns_lse;
   static const vectors::MaskKind masks[] = {vectors::MaskKind::None, vectors::MaskKind::KeyPadding,
-                                            vectors::MaskKind::Random};
-  p.mask = masks[(k / 3) % 3];
+                                            vectors::MaskKind::Random, vectors::MaskKind::TailBlock};
+  p.mask = masks[(k / 3) % (kernel ? 4 : 3)];
   static const vectors::BiasKind biases[] = {vectors::BiasKind::None, vectors::BiasKind::Alibi,
                                              vectors::BiasKind::Random};
   p.bias = biases[(k / 2) % 3];
-  if (k % 4 == 3) p.window = std::make_pair(draw(0, 3), draw(0, 3));
+  if (k % 4 == 3) p.window = kernel ? std::make_pair(draw(0, 130), draw(0, 130)) : std::make_pair(draw(0, 3), draw(0, 3));
   if (k % 5 == 4) p.softcap = "5";
   p.query_mask = k % 6 == 5 || k % 8 == 4;  // mha and sdpa problems
   if (k % 7 == 6) {  // padded varlen, three sequences, each with its own alignment
@@ -137,6 +169,17 @@ int run_invariants(const InvariantsArgs& a) {
       throw InputError("--dtypes", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16)");
   for (const auto& k : a.kinds)
     if (k != "sdpa" && k != "mha") throw InputError("--kinds", "", "unknown kind '" + k + "' (sdpa, mha)");
+  if (a.shapes != "toy" && a.shapes != "kernel")
+    throw InputError("--shapes", "", "unknown shapes '" + a.shapes + "' (toy, kernel)");
+  const bool returns_given = a.returns_option && a.returns_option->count() > 0;
+  if (returns_given)
+    for (std::size_t from = 0; from <= a.returns.size();) {
+      const std::size_t comma = std::min(a.returns.find(',', from), a.returns.size());
+      const std::string one = a.returns.substr(from, comma - from);
+      if (!one.empty() && one != "weights" && one != "lse" && one != "scores" && one != "gradients" && one != "none")
+        throw InputError("--returns", "", "unknown output '" + one + "' (weights, lse, scores, gradients; '' or none: out only)");
+      from = comma + 1;
+    }
   if (a.long_keys.size() > 1)
     for (int n : a.long_keys)
       if (n == 0) throw InputError("--long-keys", "", "0 stands alone (no long problems), not in a list");
@@ -145,6 +188,7 @@ int run_invariants(const InvariantsArgs& a) {
   opt.command = a.impl;
   opt.profile = conformance::load_profile(a.profile);
   if (a.safety > 0) opt.profile.safety = a.safety;
+  if (returns_given) conformance::declare_returns(opt.profile, a.returns);
   opt.timeout = a.timeout;
   opt.failures_dir = a.failures;
   const bool temp_failures = a.failures.empty();
@@ -162,7 +206,7 @@ int run_invariants(const InvariantsArgs& a) {
   std::vector<std::pair<std::string, vectors::ProblemSpec>> specs;
   for (int k = 0; k < a.problems; ++k) {
     std::uint64_t seed = 0;
-    const vectors::ProblemSpec spec = problem_spec(a, k, seed);
+    const vectors::ProblemSpec spec = problem_spec(a, opt.profile, k, seed);
     char id[64];
     std::snprintf(id, sizeof id, "p%03d-%s-%s", k, spec.kind == Kind::Mha ? "mha" : "sdpa",
                   std::string(dtype_name(spec.dtype)).c_str());
@@ -204,6 +248,13 @@ Command add_invariants(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::Range(0, 4096));
   sub->add_option("--dim", a->dim, "largest head and model dimension")->check(CLI::Range(1, 1024));
+  sub->add_option("--shapes", a->shapes,
+                  "toy (sizes drawn up to --max-len and --dim, long key counts from --long-keys), or kernel: sdpa "
+                  "problems with head dims 64 to 256 and 192/128, 1 to 8 and 16 query heads per kv head, query and "
+                  "key counts at block edges (--max-len, --dim and --long-keys do not apply to them)");
+  a->returns_option = sub->add_option("--returns", a->returns,
+                                      "optional outputs the implementation returns, as for run: weights,lse (scores and "
+                                      "gradients are never asked here); '' or none: out only (default: all)");
   sub->add_option("--profile", a->profile,
                   "the gate's profile, as for run: fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON "
                   "file; its arithmetic gives each side's limit, other input dtypes are skipped");

@@ -335,6 +335,74 @@ TEST_F(InvariantsCommand, LongRowsCatchAMissingRescale) {
     EXPECT_NE(text.find(nk), std::string::npos) << nk << "\n" << text.substr(0, 2000);
 }
 
+// A Python wrapper around the NumPy adapter: `body` runs after `import attention`, then main().
+void write_wrapper(const fs::path& path, const std::string& body) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, "%s", ("import sys\nsys.path.insert(0, \"" + std::string(ATTNORACLE_SOURCE_DIR) +
+                         "/conformance/adapters/numpy\")\nimport attention\n" + body +
+                         "sys.exit(attention.main())\n").c_str());
+  std::fclose(f);
+}
+
+TEST_F(InvariantsCommand, AKernelReturningOnlyOutPassesWithReturns) {
+  // A correct kernel that returns out alone, and stops on a case asking for more.
+  const fs::path wrapper = dir_ / "out_only.py";
+  write_wrapper(wrapper, R"(correct = attention.run_case
+def run_case(path, compute, bug=None):
+    asked = attention.safetensors_np.read(path)[1].get("attn.outputs")
+    if asked != "out":
+        raise SystemExit("asked for " + asked)
+    result, dtypes = correct(path, compute, bug)
+    return {"out": result["out"]}, dtypes
+attention.run_case = run_case
+)");
+  const std::string impl = "'/usr/bin/python3 " + wrapper.string() + "'";
+  const std::string few = " --problems 6 --work " + (dir_ / "work").string();
+  std::string out;
+  EXPECT_EQ(run("invariants --impl " + impl + few, out), 1) << out;  // asked for weights and lse
+  for (const char* returns : {"''", "none"}) {
+    EXPECT_EQ(run("invariants --impl " + impl + few + " --returns " + returns, out), 0) << returns << "\n" << out;
+    EXPECT_NE(out.find(" 0 violated, 0 skipped"), std::string::npos) << out;
+  }
+  // lse alone: the wrapper stops on the first case asking for it
+  EXPECT_EQ(run("invariants --impl " + impl + few + " --returns lse", out), 1) << out;
+  EXPECT_EQ(run("invariants --impl true --returns weights,dq" + common(), out), 2) << out;
+  EXPECT_NE(out.find("attnoracle: error: --returns: unknown output 'dq'"), std::string::npos) << out;
+  EXPECT_EQ(run("invariants --impl true --shapes large" + common(), out), 2) << out;
+  EXPECT_NE(out.find("attnoracle: error: --shapes"), std::string::npos) << out;
+}
+
+TEST_F(InvariantsCommand, KernelShapesCatchAMappingWrongForOneGroupSize) {
+  // A kernel whose kv head mapping is interleaved (h % Hkv) only when Hq / Hkv = 7: the toy
+  // problems (1 to 3 query heads per kv head) miss it, the kernel shapes catch it.
+  const fs::path wrapper = dir_ / "group7.py";
+  write_wrapper(wrapper, R"(correct = attention.attention
+def attention7(q, k, v, meta, bug, **kw):
+    return correct(q, k, v, meta, "transposed_gqa" if q.shape[1] == 7 * k.shape[1] else bug, **kw)
+attention.attention = attention7
+)");
+  const std::string impl = "'/usr/bin/python3 " + wrapper.string() + "'";
+  const std::string json = (dir_ / "report.json").string();
+  std::string out;
+  EXPECT_EQ(run("invariants --impl " + impl + common() + " --kinds sdpa", out), 0) << out;
+  EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --shapes kernel --json " + json, out), 0) << out;
+  EXPECT_NE(out.find(" 0 violated, 0 skipped"), std::string::npos) << out;
+  std::FILE* f = std::fopen(json.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) text += static_cast<char>(ch);
+  std::fclose(f);
+  // 18 problems, 9 of kind sdpa: every group size over two kv heads, kernel head dims
+  for (int g : {1, 2, 3, 4, 5, 6, 7, 8, 16})
+    EXPECT_NE(text.find("\"Hq\": " + std::to_string(2 * g) + ",\n      \"Hkv\": 2"), std::string::npos) << g;
+  for (const char* d : {"\"Dk\": 64", "\"Dk\": 96", "\"Dk\": 128", "\"Dk\": 192", "\"Dk\": 256", "\"Dv\": 128"})
+    EXPECT_NE(text.find(d), std::string::npos) << d;
+  EXPECT_EQ(run("invariants --impl " + impl + " --problems 9 --kinds sdpa --work " + (dir_ / "work").string() +
+                    " --failures " + (dir_ / "failures").string() + " --shapes kernel", out), 1) << out;
+  EXPECT_NE(out.find("  kv_head_locality ("), std::string::npos) << out;
+}
+
 TEST_F(InvariantsCommand, CrashingImplementationFails) {
   std::string out;
   EXPECT_EQ(run("invariants --impl false" + common(), out), 1) << out;
