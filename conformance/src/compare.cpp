@@ -291,9 +291,18 @@ struct Comparer {
     double sum = 0, sum_tz = 0, sum_sq = 0;
     std::int64_t stat_n = 0;
     Sample sample;              // the statistical tier's normalised errors
+    BiasSample bias;            // its bias test's sums (out of sdpa)
     std::int64_t unsampled = 0;  // compared elements outside the sample
     int diagnosis_tensor = -2;   // Diagnosis::tensor_index of the tensor, once known
   };
+
+  // Element k of out (row `row`), y against x_hi + x_lo, into the bias test.
+  void bias_add(Acc& acc, std::size_t row, std::size_t k, double y, double x_hi, double x_lo, double bound,
+                double vsum) const {
+    acc.bias.add(static_cast<std::int64_t>(row), (y - x_hi) - x_lo, x_hi,
+                 out_rest_scale(profile, spread, scales[row], limits[row], row, k, x_hi, bound, vsum),
+                 unit_roundoff(c.output_dtype), min_subnormal(c.output_dtype), precision);
+  }
 
   // The constants of element()'s dtype (that of the returned tensors), looked up when it changes.
   DType fmt_dtype = DType::BOOL;
@@ -401,7 +410,7 @@ struct Comparer {
         if (!t.statistics_ok) fail(t.tensor + ": " + t.statistics_note);
       }
     }
-    t.tier = judge(acc.sample);
+    t.tier = judge(acc.sample, acc.bias, spread);
     if (t.tier.tested && !t.tier.ok) fail(t.tensor + ": " + t.tier.note);
     rep.tensors.push_back(t);
   }
@@ -651,7 +660,9 @@ struct Comparer {
               if (x != 0) {
                 if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
                 const double compute = out_compute(L, bd, vsum_at(k));
-                if (compute >= 0) statistics(acc, finite_value(out->dtype, out->data.data() + k * w), x, xl, compute);
+                const double y = finite_value(out->dtype, out->data.data() + k * w);
+                if (compute >= 0) statistics(acc, y, x, xl, compute);
+                if (spread.exact) bias_add(acc, row, k, y, x, xl, bd, vsum_at(k));
               }
               continue;
             }
@@ -682,6 +693,8 @@ struct Comparer {
             const double lim = out_limit(profile, L, uo, bd, vsum_at(k), x);
             element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : out_compute(L, bd, vsum_at(k)),
                     masked ? -1 : out_scale_at(row, k, x, bd, vsum_at(k)), static_cast<std::int64_t>(row), und_at.find(k));
+            if (spread.exact && !masked && std::isfinite(y) && std::isfinite(x) && std::isfinite(xl))
+              bias_add(acc, row, k, y, x, xl, bd, vsum_at(k));
           }
         }
       }

@@ -49,10 +49,15 @@ std::string tier_text(const CaseReport& c) {
   for (const auto& t : c.tensors) {
     if (!t.tier.tested) continue;
     char buf[240];
-    std::snprintf(buf, sizeof buf, "      %s: headroom %.3g (rms %.3g / %.3g, q99 %.3g / %.3g, mean %.3g / %.3g)\n",
+    std::snprintf(buf, sizeof buf, "      %s: headroom %.3g (rms %.3g / %.3g, q99 %.3g / %.3g, mean %.3g / %.3g",
                   t.tensor.c_str(), t.tier.headroom, t.tier.rms, t.tier.rms_limit, t.tier.q99, t.tier.q99_limit,
                   t.tier.mean, t.tier.mean_limit);
     s += buf;
+    if (t.tier.bias_tested) {
+      std::snprintf(buf, sizeof buf, ", bias %.3g / %.3g", t.tier.bias, t.tier.bias_limit);
+      s += buf;
+    }
+    s += ")\n";
   }
   return s;
 }
@@ -179,7 +184,9 @@ std::string json_report(const GateReport& r) {
     return J{{"tested", s.tested}, {"ok", s.ok},       {"elements", s.n},
              {"rows", s.rows},     {"rms", finite(s.rms)}, {"rms_limit", finite(s.rms_limit)},
              {"q99", finite(s.q99)}, {"q99_limit", finite(s.q99_limit)}, {"mean", finite(s.mean)},
-             {"mean_limit", finite(s.mean_limit)}, {"headroom", s.tested ? finite(s.headroom) : J(nullptr)}};
+             {"mean_limit", finite(s.mean_limit)}, {"headroom", s.tested ? finite(s.headroom) : J(nullptr)},
+             {"bias", s.bias_tested ? finite(s.bias) : J(nullptr)},
+             {"bias_limit", s.bias_tested ? finite(s.bias_limit) : J(nullptr)}};
   };
   j["skipped_cases"] = J::array();
   for (const auto& c : r.cases)

@@ -3,11 +3,13 @@
 #include "attnoracle/conformance/statistics.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 // Every sum is rounded as written (no fused multiply-adds), so the faster loops below give the
 // scalar loops' results bit for bit.
@@ -184,6 +186,24 @@ SumsFn sums_kernel() {
 }
 }  // namespace
 
+std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
+  std::sort(bins.begin(), bins.end());
+  RootSumSquares parity[2];  // over the even and the odd bins
+  for (std::size_t a = 0; a < bins.size();) {
+    double c = 0;
+    std::size_t e = a;
+    for (; e < bins.size() && bins[e].first == bins[a].first; ++e) c += bins[e].second;
+    parity[bins[a].first & 1].add(c);
+    a = e;
+  }
+  return {parity[0].root(), parity[1].root()};
+}
+
+double binned_root(std::vector<std::pair<std::uint64_t, double>>& bins) {
+  const auto [even, odd] = binned_parts(bins);
+  return even + odd;
+}
+
 Spread weight_spread(const Case& c, const Profile& p) {
   Spread s;
   if (c.kind != Kind::Sdpa) return s;
@@ -214,6 +234,14 @@ Spread weight_spread(const Case& c, const Profile& p) {
   std::vector<double> kt(static_cast<std::size_t>(Dk) * nkp, 0.0), dots[2], dabss[2];
   for (int r = 0; r < 2; ++r) dots[r].assign(nkp, 0.0), dabss[r].assign(nkp, 0.0);
   std::int64_t packed = -1;  // the kv head (b * Hkv + g) in kt
+  // The bias test's P part: rows of equal weights (a class, by a hash of their bits) round alike,
+  // their roots add; the classes are independent. Per class the sums of its rows' roots over the
+  // even and the odd bins, for each direction.
+  const int p_precision = up > 0 ? float_format(p.p).precision : 0;
+  const double p_min_normal = up > 0 ? min_normal(p.p) : 0, p_sub = up > 0 ? min_subnormal(p.p) : 0;
+  std::unordered_map<std::uint64_t, std::size_t> classes;
+  std::vector<std::array<double, 4>> class_roots;
+  std::vector<std::pair<std::uint64_t, double>> bins[2];
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
@@ -304,8 +332,51 @@ Spread weight_spread(const Case& c, const Profile& p) {
           wv[e] = std::sqrt(wv[e]);
           ps[e] = std::sqrt(ps[e]);
         }
+        if (up == 0) continue;
+        // P's roundings on sum_c s_dc out_c: key j's rounding delta_j (|delta_j| <= up w_j, or half
+        // P's subnormal s_p where P_j = w_j / w_max is below P's smallest normal) moves it by
+        // delta_j (H_dj - theta X_d), H_dj = sum_c s_dc v_jc, X_d = sum_c s_dc x_c, theta 0 when l
+        // sums the unrounded P, 1 when the rounded: the larger of both
+        double X[2] = {0, 0};
+        for (std::int64_t e = 0; e < Dv; ++e) X[0] += x[static_cast<std::size_t>(e)], X[1] += std::fabs(x[static_cast<std::size_t>(e)]);
+        const double wmax = *std::max_element(w.begin(), w.end());
+        bins[0].clear();
+        bins[1].clear();
+        std::uint64_t hash = 14695981039346656037ull;  // FNV-1a of the weights' bits
+        for (std::size_t j = 0; j < keys.size(); ++j) {
+          std::uint64_t wb;
+          std::memcpy(&wb, &w[j], sizeof wb);
+          hash = (hash ^ wb) * 1099511628211ull;
+          if (w[j] == 0) continue;
+          const double* v = vrow(keys[j]);
+          double h0 = 0, h1 = 0;
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            const double xe = x[static_cast<std::size_t>(e)];
+            h0 += v[e];
+            h1 += xe > 0 ? v[e] : (xe < 0 ? -v[e] : 0);
+          }
+          const double pj = w[j] / wmax, beta = std::max(up * w[j], p_sub / 2);
+          // relative bins of at least an ulp of P; below its smallest normal, absolute ones of two
+          // subnormal spacings (the top bit set: apart from the others)
+          const std::uint64_t bin = pj >= p_min_normal ? BiasSample::value_bin(w[j], p_precision)
+                                                       : (1ull << 63) | static_cast<std::uint64_t>(pj / (2 * p_sub));
+          bins[0].emplace_back(bin, beta * std::max(std::fabs(h0), std::fabs(h0 - X[0])));
+          bins[1].emplace_back(bin, beta * std::max(std::fabs(h1), std::fabs(h1 - X[1])));
+        }
+        const auto [at, fresh] = classes.try_emplace(hash, class_roots.size());
+        if (fresh) class_roots.push_back({0, 0, 0, 0});
+        for (int d = 0; d < 2; ++d) {
+          const auto [even, odd] = binned_parts(bins[d]);
+          class_roots[at->second][2 * d] += even;
+          class_roots[at->second][2 * d + 1] += odd;
+        }
       }
     }
+  for (int k = 0; k < 4; ++k) {
+    RootSumSquares r;
+    for (const auto& roots : class_roots) r.add(roots[static_cast<std::size_t>(k)]);
+    s.p_bias[k] = r.root() / std::sqrt(3.0);
+  }
   return s;
 }
 
@@ -348,6 +419,19 @@ double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
   const double var = sq(sp.key[k]) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
                      sq(s.pv) * (sq(sp.wv[k]) + sq(sp.partial[k]) + sq(ax)) + sq(u_out * ax);
   return std::sqrt(var) / kRoot3 + floors;
+}
+
+double out_rest_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, std::size_t row,
+                      std::size_t k, double x, double bound, double vsum) {
+  (void)bound, (void)vsum;  // P's underflow term (step 4b) is P's part of the bias test
+  if (!sp.exact) return 0;
+  const double ax = std::fabs(x);
+  const double us = unit_roundoff(p.softmax), up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  // kr_j^2 = r_j^2 + up^2, r_j what is not P's rounding: r_j^2 / kr_j^2 <= 1 - up^2 / max_j kr_j^2
+  const double km = sp.key_max[row], keep = km > 0 ? std::sqrt(std::max(0.0, 1 - sq(up / km))) : 0;
+  const double var = sq(sp.key[k] * keep) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
+                     sq(s.pv) * (sq(sp.wv[k]) + sq(sp.partial[k]) + sq(ax));
+  return std::sqrt(var) / kRoot3 + L.floor;
 }
 
 RowWeightScale row_weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L,
@@ -429,6 +513,34 @@ Tier judge(Sample& s) {
     t.note = buf;
   }
   t.ok = t.note.empty();
+  return t;
+}
+
+Tier judge(Sample& s, BiasSample& b, const Spread& sp) {
+  Tier t = judge(s);
+  b.close();
+  if (!t.tested || !sp.exact || b.n < kMinSample) return t;
+  // P's roundings and the final roundings are independent: over the even bins of both their
+  // proxies add, over the odd ones likewise; the roots of those two and of the rest's add (Hoelder)
+  const auto [f_even, f_odd] = binned_parts(b.finals);
+  const double rest = b.rest.root();
+  for (int d = 0; d < 2; ++d) {
+    const double scale = std::hypot(sp.p_bias[2 * d], f_even) + std::hypot(sp.p_bias[2 * d + 1], f_odd) + rest;
+    const double z = scale > 0 ? b.t[d] / scale : (b.t[d] == 0 ? 0 : std::numeric_limits<double>::infinity());
+    if (d == 0 || !(std::fabs(z) <= std::fabs(t.bias))) t.bias = z, t.bias_direction = d;
+  }
+  t.bias_tested = true;
+  t.bias_limit = std::sqrt(2 * std::log(2 / kFailureProbability));
+  if (std::fabs(t.bias) > 0) t.headroom = std::min(t.headroom, t.bias_limit / std::fabs(t.bias));
+  if (!(std::fabs(t.bias) <= t.bias_limit) && t.ok) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "biased %s: %s %.3g times its scale over %lld elements, allowed %.3g",
+                  t.bias_direction == 0 ? (t.bias > 0 ? "up" : "down") : (t.bias > 0 ? "away from zero" : "toward zero"),
+                  t.bias_direction == 0 ? "sum of the errors" : "sum of the errors away from zero", t.bias,
+                  static_cast<long long>(b.n), t.bias_limit);
+    t.note = buf;
+    t.ok = false;
+  }
   return t;
 }
 

@@ -251,6 +251,11 @@ MUTANTS = {
                                 "long sums", tags=("basic", "normal")),
     "flash:stat_round_up": flash("stat_round_up", "every output rounded toward +inf: the mean of the "
                                  "signed errors", tags=("basic", "normal")),
+    "flash:p_truncate": flash("p_truncate", "P truncated to F16 / BF16 before P V: the bias test on "
+                              "the larger normal cases (normal-005, -007 in F16, normal-011 in BF16)",
+                              expected=("flash-fp16", "flash-bf16"),
+                              not_expected={"fp32": "P stays F32 under --arith fp32: the bug changes nothing"},
+                              tags=("normal",)),
     "flash:scale_dv": flash("scale_dv", "cases with the default scale and Dv != Dk (normal-001, gqa, "
                             "mha, edges)", tags=("dv_ne_dk",)),
     "flash:scale_twice": flash("scale_twice", "every case with scale != 1", tags=("basic",)),

@@ -12,6 +12,7 @@
 
 #include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/conformance/statistics.hpp"
+#include "attnoracle/conformance/tolerance.hpp"
 #include "cli_run.hpp"
 
 #if defined(__clang__)
@@ -247,6 +248,165 @@ RC_GTEST_PROP(StatisticsSamples, ModelSamplesPass, ()) {
   RC_ASSERT(t.tested == (rows * per_row >= kMinSample));
 }
 
+// P rounded to a format of `precision` bits and smallest normal 2^emin: to nearest (ties to
+// even), or toward zero (truncation); x >= 0.
+double round_p(double x, int precision, int emin, bool truncate) {
+  if (x == 0) return 0;
+  int e;
+  std::frexp(x, &e);
+  const double ulp = std::ldexp(1.0, std::max(e - 1, emin) - precision + 1);
+  return (truncate ? std::floor(x / ulp) : std::nearbyint(x / ulp)) * ulp;
+}
+
+// A kernel of flash-bf16's or flash-fp16's arithmetic, exact but for P: p_j = exp(s_j - m)
+// rounded to `p` (to nearest, or toward zero), l the sum of the unrounded p_j, out = sum_j
+// fl(p_j) v_j / l rounded to F32; judged by the tier, the bias test included, against out in
+// double.
+Tier kernel_tier(const Case& c, const Profile& p, bool truncate) {
+  const int precision = p.p == DType::F16 ? 11 : 8, emin = p.p == DType::F16 ? -14 : -126;
+  const Spread sp = weight_spread(c, p);
+  const auto mags = row_magnitudes(c);
+  const double uo = unit_roundoff(DType::F32), scale = 1 / std::sqrt(static_cast<double>(c.Dk));
+  Sample sample;
+  BiasSample bias;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        const auto row = static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i);
+        const RowLimits L = row_limits(p, c, mags[row]);
+        const RowScales R = row_scales(p, c, mags[row]);
+        const std::int64_t g = c.kv_head(h);
+        std::vector<std::int64_t> keys;
+        std::vector<double> s;
+        for (std::int64_t j = 0; j < c.Nk; ++j) {
+          if (!c.allowed(b, h, i, j)) continue;
+          double dot = 0;
+          for (std::int64_t d = 0; d < c.Dk; ++d)
+            dot += c.q.values[row * static_cast<std::size_t>(c.Dk) + static_cast<std::size_t>(d)] *
+                   c.k.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + j) * c.Dk + d)];
+          keys.push_back(j);
+          s.push_back(dot * scale);
+        }
+        if (keys.empty()) continue;
+        const double m = *std::max_element(s.begin(), s.end());
+        double l = 0;
+        for (double& t : s) l += (t = std::exp(t - m));
+        for (std::int64_t e = 0; e < c.Dv; ++e) {
+          double x = 0, y = 0, bound = 0, vsum = 0;
+          for (std::size_t a = 0; a < keys.size(); ++a) {
+            const double v = c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + keys[a]) * c.Dv + e)];
+            x += s[a] * v;
+            y += round_p(s[a], precision, emin, truncate) * v;
+            bound += s[a] * std::fabs(v);
+            vsum += std::fabs(v);
+          }
+          x /= l;
+          y = static_cast<float>(y / l);
+          bound /= l;
+          const auto k = row * static_cast<std::size_t>(c.Dv) + static_cast<std::size_t>(e);
+          const double sc = out_scale(p, sp, R, L, uo, row, k, x, bound, vsum);
+          sample.add(static_cast<std::int64_t>(row), (y - x) / sc, final_share(uo, x, sc));
+          bias.add(static_cast<std::int64_t>(row), y - x, x, out_rest_scale(p, sp, R, L, row, k, x, bound, vsum), uo,
+                   0x1p-149, 24);
+        }
+      }
+  return judge(sample, bias, sp);
+}
+
+Case normal_case(std::uint64_t seed, std::int64_t H, std::int64_t Nq, std::int64_t Nk, std::int64_t D) {
+  Case c;
+  c.kind = Kind::Sdpa;
+  c.B = 1;
+  c.Hq = c.Hkv = H;
+  c.Nq = Nq;
+  c.Nk = Nk;
+  c.Dk = c.Dv = D;
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal;
+  auto fill = [&](FloatTensor& t, std::vector<std::int64_t> shape) {
+    t.shape = shape;
+    for (std::int64_t k = 0; k < shape[0] * shape[1] * shape[2] * shape[3]; ++k) t.values.push_back(normal(gen));
+  };
+  fill(c.q, {1, H, Nq, D});
+  fill(c.k, {1, H, Nk, D});
+  fill(c.v, {1, H, Nk, D});
+  return c;
+}
+
+TEST(StatisticsBias, PTruncatedFailsRoundedToNearestPasses) {
+  for (const char* name : {"flash-bf16", "flash-fp16"}) {
+    const Profile p = builtin_profile(name);
+    const Case c = normal_case(3, 2, 32, 256, 64);
+    const Tier right = kernel_tier(c, p, false), wrong = kernel_tier(c, p, true);
+    EXPECT_TRUE(right.ok) << name << ": " << right.note;
+    EXPECT_TRUE(right.bias_tested);
+    EXPECT_NEAR(right.bias_limit, std::sqrt(2 * std::log(2e6)), 1e-12);
+    EXPECT_GT(right.headroom, 1) << name;
+    EXPECT_FALSE(wrong.ok) << name;
+    EXPECT_EQ(wrong.bias_direction, 1) << name;
+    EXPECT_LT(wrong.bias, -wrong.bias_limit) << name;
+    EXPECT_NE(wrong.note.find("biased toward zero"), std::string::npos) << name << ": " << wrong.note;
+  }
+}
+
+// Any kernel of the model (P rounded to nearest) passes the bias test, whatever the shape.
+RC_GTEST_PROP(StatisticsBias, PRoundedToNearestPasses, ()) {
+  const auto seed = *rc::gen::arbitrary<std::uint32_t>();
+  const std::int64_t H = *rc::gen::inRange<std::int64_t>(1, 3), Nq = *rc::gen::inRange<std::int64_t>(1, 17);
+  const std::int64_t Nk = *rc::gen::inRange<std::int64_t>(1, 200), D = *rc::gen::inRange<std::int64_t>(1, 65);
+  const Profile p = builtin_profile(*rc::gen::element(std::string("flash-bf16"), std::string("flash-fp16")));
+  const Tier t = kernel_tier(normal_case(seed, H, Nq, Nk, D), p, false);
+  RC_ASSERT(std::fabs(t.bias) <= t.bias_limit);
+  RC_ASSERT(t.bias_tested == (t.tested && H * Nq * D >= kMinSample));
+}
+
+TEST(StatisticsBias, BinnedRootWorkedByHand) {
+  // bins 4 and 4 (one group of 3), 5 (odd, 4), 6 (even, with 4's group: independent of it)
+  std::vector<std::pair<std::uint64_t, double>> bins{{6, 2}, {4, 1}, {5, 4}, {4, 2}};
+  EXPECT_DOUBLE_EQ(binned_root(bins), std::sqrt(3.0 * 3 + 2 * 2) + 4);
+  std::vector<std::pair<std::uint64_t, double>> none;
+  EXPECT_EQ(binned_root(none), 0);
+  // |x| in bins of 2^(precision - 2) a binade: 1 and 1 + 2^-6 share F16's bin 1 + k 2^-9
+  EXPECT_EQ(BiasSample::value_bin(1.0, 11), BiasSample::value_bin(1 + 0x1p-10, 11));
+  EXPECT_EQ(BiasSample::value_bin(1.0, 11) + 1, BiasSample::value_bin(1 + 0x1p-9, 11));
+  EXPECT_EQ(BiasSample::value_bin(-3.0, 8), BiasSample::value_bin(3.0, 8));
+}
+
+TEST(StatisticsBias, SumsWorkedByHand) {
+  // two rows of 20 elements: x = +-1 alternately, errors -0.25 (toward zero on the positive
+  // ones, away on the negative ones), rest 0.01 each, F32 final roundings
+  BiasSample b;
+  Sample s;
+  for (int r = 0; r < 2; ++r)
+    for (int e = 0; e < 20; ++e) {
+      const double x = e % 2 ? -1 : 1;
+      b.add(r, -0.25, x, 0.01, 0x1p-24, 0x1p-149, 24);
+      s.add(r, 0.1, 0);
+    }
+  Spread sp;
+  sp.exact = true;
+  sp.p_bias[0] = 0.6;  // P's roundings, direction 0: even bins, odd bins
+  sp.p_bias[1] = 0.8;
+  sp.p_bias[2] = 1.2;
+  sp.p_bias[3] = 1.6;
+  const Tier t = judge(s, b, sp);
+  ASSERT_TRUE(t.bias_tested);
+  EXPECT_EQ(b.t[0], -10);
+  EXPECT_EQ(b.t[1], 0);
+  // the final roundings: 40 values of |x| = 1 in one bin (even: 1's bits >> 30), 40 2^-24 /
+  // sqrt 3, with P's even bins in quadrature; the rest: two rows of 20 * 0.01 = 0.2, sqrt(0.08)
+  EXPECT_EQ(BiasSample::value_bin(1.0, 24) % 2, 0u);
+  const double scale = std::hypot(0.6, 40 * 0x1p-24 / std::sqrt(3.0)) + 0.8 + std::sqrt(0.08);
+  EXPECT_DOUBLE_EQ(t.bias, -10 / scale);
+  EXPECT_EQ(t.bias_direction, 0);
+  EXPECT_FALSE(t.ok);
+  EXPECT_NE(t.note.find("biased down"), std::string::npos) << t.note;
+  Spread mha;  // no weights: no bias test
+  BiasSample b2 = b;
+  Sample s2 = s;
+  EXPECT_FALSE(judge(s2, b2, mha).bias_tested);
+}
+
 // End to end: the FlashAttention-style NumPy kernel under flash-fp16 on the F16 cases of core,
 // correct, then with its output rounded toward +inf (within every element's limit).
 struct GateRun {
@@ -293,6 +453,26 @@ TEST(StatisticsEndToEnd, OutputRoundedUpFailsOnlyByTheTier) {
   }
   EXPECT_GE(biased, 3) << r.out;
   EXPECT_NE(r.out.find("out: headroom "), std::string::npos) << r.out;
+}
+
+// P converted to F16 by truncation instead of to nearest: every element within its limit, the
+// bias test fails the larger normal cases (TOLERANCE.md, "P's roundings: the bias test").
+TEST(StatisticsEndToEnd, PTruncatedFailsOnlyByTheBiasTest) {
+  const GateRun r = gate_flash_fp16(" --bug p_truncate");
+  EXPECT_EQ(r.status, 1) << r.out;
+  int biased = 0;
+  for (const auto& c : r.report["cases"]) {
+    if (c["status"] != "fail") continue;
+    EXPECT_EQ(c["failed_elements"], 0) << c["id"];
+    if (c["reason"].get<std::string>().find("out: biased toward zero") == std::string::npos) continue;
+    ++biased;
+    for (const auto& t : c["tensors"])
+      if (t["tensor"] == "out") {
+        EXPECT_LT(t["tier"]["bias"].get<double>(), -t["tier"]["bias_limit"].get<double>());
+      }
+  }
+  EXPECT_GE(biased, 3) << r.out;
+  EXPECT_NE(r.out.find(", bias "), std::string::npos) << r.out;
 }
 
 }  // namespace

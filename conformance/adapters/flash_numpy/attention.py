@@ -54,6 +54,8 @@ BUGS = {
     "stat_f16_denominator": "the softmax denominator l summed and kept in F16",
     "stat_pv_bf16": "P V accumulated in BF16, rounded after every product and every addition",
     "stat_round_up": "the output rounded toward +inf instead of to nearest",
+    "p_truncate": "with --arith fp16/bf16, P converted to F16/BF16 by truncation toward zero "
+                  "(low bits cleared) instead of to nearest before P V",
     # Scores, masks and bias
     "scale_dv": "the default scale is 1/sqrt(Dv) instead of 1/sqrt(Dk) (differs only when Dv != Dk)",
     "scale_twice": "the scale applied to Q and again to Q K^T",
@@ -158,6 +160,19 @@ def stat_divide(bug, o, l, out_dtype):
         up = np.nextafter(y, t(np.inf)).astype(np.float64)
         y = y.astype(np.float64)
     return np.where(y < x, up, y)
+
+
+def p_round(bug, rnd, arith, p):
+    """P in the P V dtype; under p_truncate toward zero (BF16: the low 16 bits of the F32 cleared;
+    F16: the nearest F16, one step toward zero where that is larger in magnitude)."""
+    if bug != "p_truncate" or arith not in ("fp16", "bf16"):
+        return rnd(p)
+    p = np.asarray(p, np.float32)
+    if arith == "bf16":
+        return (p.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    h = p.astype(np.float16)
+    h = np.where(np.abs(h.astype(np.float32)) > np.abs(p), np.nextafter(h, np.float16(0)), h)
+    return h.astype(np.float32)
 
 
 def round_bf16(a):
@@ -352,7 +367,7 @@ class Kernel:
                 if bug == "weights_stale":     # BUG: this block's weights from the running m, l
                     stale.append((p / l[..., None])[..., :min(j1, Nk) - j0])
                 if rnd is not None:                                      # P in F16 / BF16 before P V
-                    p = rnd(p)
+                    p = p_round(bug, rnd, self.arith, p)   # BUG p_truncate: toward zero
                 if ftz:                        # BUG: P's subnormals (F16's with --arith fp16) to 0
                     p = flush(p, 2.0 ** -14 if self.arith == "fp16" else np.finfo(np.float32).tiny)
                 if tf32:

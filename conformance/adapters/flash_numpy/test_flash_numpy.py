@@ -218,6 +218,27 @@ class PlantedBugTest(unittest.TestCase):
         self.assertEqual(wrong[0, 0, 0, 0], np.nextafter(np.float32(0.04), np.float32(1)))
         self.assertEqual(wrong[0, 0, 1, 0], np.float32(0.2))
 
+    def test_bug_p_truncate(self):
+        # 1 + 3/4 ulp: to nearest one ulp up, truncated to 1 (BF16: ulp 2^-7, F16: 2^-10 above 1);
+        # 1 - ulp / 8: to nearest 1, truncated half an ulp down (the spacing below 1); F16's
+        # subnormal 2.75 2^-24: 3 and 2 2^-24; 0.5 is exact in both
+        for arith, ulp in (("bf16", 2.0 ** -7), ("fp16", 2.0 ** -10)):
+            p = np.array([1 + 0.75 * ulp, 0.5, 1 - 0.125 * ulp], np.float32)
+            right = attention.p_round(None, attention.ROUND[arith], arith, p)
+            wrong = attention.p_round("p_truncate", attention.ROUND[arith], arith, p)
+            np.testing.assert_array_equal(right, np.array([1 + ulp, 0.5, 1], np.float32))
+            np.testing.assert_array_equal(wrong, np.array([1, 0.5, 1 - 0.5 * ulp], np.float32))
+        sub = np.array([2.75 * 2.0 ** -24], np.float32)
+        self.assertEqual(attention.p_round(None, attention.round_f16, "fp16", sub)[0], 3 * 2.0 ** -24)
+        self.assertEqual(attention.p_round("p_truncate", attention.round_f16, "fp16", sub)[0], 2 * 2.0 ** -24)
+        # in the kernel: scores (0, -0.3), V = (0, 1): P = (1, 0.7408) rounds up in BF16 (0.7422),
+        # truncates down (0.7383); no change with F32 P
+        args = (t([1.0]), t([0.0], [-0.3]), t([0.0], [1.0]))
+        right, wrong = self.both("p_truncate", *args, arith="bf16")
+        self.assertLess(wrong[0].item(), right[0].item())
+        f32_right, f32_wrong = self.both("p_truncate", *args)
+        self.assertEqual(f32_right[0].item(), f32_wrong[0].item())
+
     def test_bug_tf32_matmul(self):
         x = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -12, -(1 + 3 * 2.0 ** -12)], np.float32)
         np.testing.assert_array_equal(attention.round_tf32(x), [1, 1 + 2.0 ** -9, 1, -(1 + 2.0 ** -10)])

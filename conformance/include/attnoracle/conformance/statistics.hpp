@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnoracle/conformance/profile.hpp"
@@ -30,6 +32,10 @@ struct Spread {
   std::vector<double> key;       // sqrt(sum_j (w_j (v_jc - x_c) kr_j)^2): the weights' errors on out
   std::vector<double> wv;        // sqrt(sum_j (w_j v_jc)^2): the products of P V
   std::vector<double> partial;   // sqrt(sum_k P_k^2), P_k = sum_{j <= k} w_j v_jc: its sums
+  // The bias test (TOLERANCE.md, "P's roundings: the bias test"): per direction d, the roots of
+  // the proxies of sum_k s_dk (P's roundings' part of out_k's error), s_0 = 1, s_1 = sign(x),
+  // over the even bins (p_bias[2 d]) and the odd ones (p_bias[2 d + 1])
+  double p_bias[4] = {0, 0, 0, 0};
 };
 Spread weight_spread(const Case& c, const Profile& p);
 
@@ -62,6 +68,11 @@ struct RowWeightScale {
 };
 RowWeightScale row_weight_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L,
                                 double u_out, std::size_t row);
+
+// The scale of out's error without P's roundings and the final rounding (the bias test's rest,
+// whose elements within a row may depend on each other).
+double out_rest_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, std::size_t row,
+                      std::size_t k, double x, double bound, double vsum);
 
 // The failure probability of each test, for a correct implementation under the model.
 inline constexpr double kFailureProbability = 1e-6;
@@ -113,6 +124,69 @@ struct Sample {
   double row_sq_ = 0, row_rest_ = 0;
 };
 
+// The root of a sum of squares, scaled as it goes (no overflow, no underflow: LAPACK's dnrm2).
+struct RootSumSquares {
+  double scale = 0, sum = 0;
+  void add(double c) {
+    const double a = std::fabs(c);
+    if (std::isinf(a)) {  // an overflowed bound: the root is infinite (the test says nothing)
+      scale = a;
+      sum = 1;
+    } else if (a > scale) {
+      sum = 1 + sum * (scale / a) * (scale / a);
+      scale = a;
+    } else if (a > 0) {
+      sum += (a / scale) * (a / scale);
+    }
+  }
+  double root() const { return scale * std::sqrt(sum); }
+};
+
+// The bias test's sums over out (TOLERANCE.md, "P's roundings: the bias test"): per direction
+// d the observed T_d = sum_k s_dk (y_k - x_k); each element's final rounding, max(u_out |x_k|,
+// s_out / 2) / sqrt 3 (s_out the output's smallest subnormal) by the bin of |x_k| in the output
+// format (values within a bin may round alike); the rest of each row added linearly. Rows are
+// added one after the other.
+struct BiasSample {
+  double t[2] = {0, 0};
+  RootSumSquares rest;  // over the closed rows of (sum over the row of rest)
+  std::int64_t n = 0;
+  std::vector<std::pair<std::uint64_t, double>> finals;  // (bin of |x|, its final rounding's bound / sqrt 3)
+  void add(std::int64_t row, double err, double x, double rest_k, double u_out, double sub_out, int precision) {
+    if (row != last_row_) {
+      close();
+      last_row_ = row;
+    }
+    ++n;
+    t[0] += err;
+    t[1] += x > 0 ? err : (x < 0 ? -err : 0);
+    row_rest_ += rest_k;
+    finals.emplace_back(value_bin(x, precision), std::max(u_out * std::fabs(x), sub_out / 2) / std::sqrt(3.0));
+  }
+  void close() {
+    rest.add(row_rest_);
+    row_rest_ = 0;
+  }
+  // Bins of |x| of relative width 2 to 4 u (u = 2^-precision), at least an ulp of the format:
+  // the bits of the double |x| above its top precision - 2 bits of significand.
+  static std::uint64_t value_bin(double x, int precision) {
+    std::uint64_t b;
+    const double a = std::fabs(x);
+    std::memcpy(&b, &a, sizeof b);
+    return b >> (52 - (precision - 2));
+  }
+
+ private:
+  std::int64_t last_row_ = -1;
+  double row_rest_ = 0;
+};
+// The root of the proxy of a sum of groups of values in bins: the coefficients of a bin add (its
+// values may round alike), bins two apart are independent, neighbours may not be: the sums over
+// the even bins and over the odd ones each have independent terms, and their roots add.
+// Sorts `bins` (bin, coefficient), in place; the two roots (even, odd), and their sum.
+std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins);
+double binned_root(std::vector<std::pair<std::uint64_t, double>>& bins);
+
 // The share of scale^2 that is the final rounding u_out |x| / sqrt 3.
 inline double final_share(double u_out, double x, double scale) {
   const double f = u_out * std::fabs(x) / std::sqrt(3.0) / scale;
@@ -124,6 +198,11 @@ struct Tier {
   // observed; rms over the rows of each row's mean z^2 (the plain one for rows of equal size)
   double rms = 0, q99 = 0, mean = 0;
   double rms_limit = 0, q99_limit = 0, mean_limit = 0;
+  // the bias test (out of sdpa): T_d over its scale, the larger of the two directions (d = 1:
+  // away from zero), and the limit sqrt(2 ln(2 / delta))
+  double bias = 0, bias_limit = 0;
+  int bias_direction = 0;
+  bool bias_tested = false;
   double headroom = 0;  // min over the tests of limit / observed (infinite when every error is 0)
   bool tested = false;  // at least kMinSample elements
   bool ok = true;
@@ -135,5 +214,7 @@ struct Tier {
 //   |mean z| <= sqrt(2 ln(2 / delta)) (sqrt(sum share) + sqrt(sum_rows (sum_row sqrt(1 - share))^2)) / n
 // Closes the sample's last row; leaves s.z as the magnitudes |z|, in another order.
 Tier judge(Sample& s);
+// judge, with the bias test on `b` (P's part from `sp`) when it has kMinSample elements.
+Tier judge(Sample& s, BiasSample& b, const Spread& sp);
 
 }  // namespace attnoracle::conformance
