@@ -241,7 +241,12 @@ Spread weight_spread(const Case& c, const Profile& p) {
   const double p_min_normal = up > 0 ? min_normal(p.p) : 0, p_sub = up > 0 ? min_subnormal(p.p) : 0;
   std::unordered_map<std::uint64_t, std::size_t> classes;
   std::vector<std::array<double, 4>> class_roots;
-  std::vector<std::pair<std::uint64_t, double>> bins[2];
+  struct KeyBin {
+    std::uint64_t bin;
+    double c[2];  // the coefficients of both directions
+  };
+  std::vector<KeyBin> bins;
+  std::vector<double> sign(static_cast<std::size_t>(Dv));  // of x_c: -1, 0, 1
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
@@ -338,10 +343,14 @@ Spread weight_spread(const Case& c, const Profile& p) {
         // delta_j (H_dj - theta X_d), H_dj = sum_c s_dc v_jc, X_d = sum_c s_dc x_c, theta 0 when l
         // sums the unrounded P, 1 when the rounded: the larger of both
         double X[2] = {0, 0};
-        for (std::int64_t e = 0; e < Dv; ++e) X[0] += x[static_cast<std::size_t>(e)], X[1] += std::fabs(x[static_cast<std::size_t>(e)]);
+        for (std::int64_t e = 0; e < Dv; ++e) {
+          const double xe = x[static_cast<std::size_t>(e)];
+          sign[static_cast<std::size_t>(e)] = xe > 0 ? 1.0 : (xe < 0 ? -1.0 : 0.0);
+          X[0] += xe;
+          X[1] += std::fabs(xe);
+        }
         const double wmax = *std::max_element(w.begin(), w.end());
-        bins[0].clear();
-        bins[1].clear();
+        bins.clear();
         std::uint64_t hash = 14695981039346656037ull;  // FNV-1a of the weights' bits
         for (std::size_t j = 0; j < keys.size(); ++j) {
           std::uint64_t wb;
@@ -349,27 +358,36 @@ Spread weight_spread(const Case& c, const Profile& p) {
           hash = (hash ^ wb) * 1099511628211ull;
           if (w[j] == 0) continue;
           const double* v = vrow(keys[j]);
-          double h0 = 0, h1 = 0;
-          for (std::int64_t e = 0; e < Dv; ++e) {
-            const double xe = x[static_cast<std::size_t>(e)];
-            h0 += v[e];
-            h1 += xe > 0 ? v[e] : (xe < 0 ? -v[e] : 0);
-          }
+          double h0[4] = {0, 0, 0, 0}, h1[4] = {0, 0, 0, 0};  // four sums of every fourth element
+          std::int64_t e = 0;
+          for (; e + 4 <= Dv; e += 4)
+            for (int l = 0; l < 4; ++l) {
+              h0[l] += v[e + l];
+              h1[l] += sign[static_cast<std::size_t>(e + l)] * v[e + l];
+            }
+          for (; e < Dv; ++e) h0[0] += v[e], h1[0] += sign[static_cast<std::size_t>(e)] * v[e];
+          const double H0 = (h0[0] + h0[1]) + (h0[2] + h0[3]), H1 = (h1[0] + h1[1]) + (h1[2] + h1[3]);
           const double pj = w[j] / wmax, beta = std::max(up * w[j], p_sub / 2);
           // relative bins of at least an ulp of P; below its smallest normal, absolute ones of two
           // subnormal spacings (the top bit set: apart from the others)
           const std::uint64_t bin = pj >= p_min_normal ? BiasSample::value_bin(w[j], p_precision)
                                                        : (1ull << 63) | static_cast<std::uint64_t>(pj / (2 * p_sub));
-          bins[0].emplace_back(bin, beta * std::max(std::fabs(h0), std::fabs(h0 - X[0])));
-          bins[1].emplace_back(bin, beta * std::max(std::fabs(h1), std::fabs(h1 - X[1])));
+          bins.push_back({bin, {beta * std::max(std::fabs(H0), std::fabs(H0 - X[0])),
+                                beta * std::max(std::fabs(H1), std::fabs(H1 - X[1]))}});
+        }
+        // the bins in order, each bin's coefficients added, by parity (binned_parts, both directions)
+        std::sort(bins.begin(), bins.end(), [](const KeyBin& lhs, const KeyBin& rhs) { return lhs.bin < rhs.bin; });
+        RootSumSquares parity[4];  // direction d: even bins at 2 d, odd at 2 d + 1
+        for (std::size_t a = 0; a < bins.size();) {
+          double sum[2] = {0, 0};
+          std::size_t e = a;
+          for (; e < bins.size() && bins[e].bin == bins[a].bin; ++e) sum[0] += bins[e].c[0], sum[1] += bins[e].c[1];
+          for (int d = 0; d < 2; ++d) parity[2 * d + (bins[a].bin & 1)].add(sum[d]);
+          a = e;
         }
         const auto [at, fresh] = classes.try_emplace(hash, class_roots.size());
         if (fresh) class_roots.push_back({0, 0, 0, 0});
-        for (int d = 0; d < 2; ++d) {
-          const auto [even, odd] = binned_parts(bins[d]);
-          class_roots[at->second][2 * d] += even;
-          class_roots[at->second][2 * d + 1] += odd;
-        }
+        for (int k = 0; k < 4; ++k) class_roots[at->second][static_cast<std::size_t>(k)] += parity[k].root();
       }
     }
   for (int k = 0; k < 4; ++k) {
