@@ -2,7 +2,8 @@
 // element's error divided by its scale under a probabilistic model of the declared arithmetic
 // (independent roundings, sqrt(n) u in place of n u), and three tests per tensor on those
 // normalised errors: the root mean square, the 99th percentile of their magnitude and their
-// signed mean, each failing a correct implementation with probability below kFailureProbability.
+// signed mean, each failing a correct implementation with probability below kFailureProbability;
+// for out of sdpa the bias test besides (BiasSample), with P's roundings independent per value.
 #pragma once
 
 #include <algorithm>
