@@ -112,6 +112,12 @@ CaseReport case_of(const J& c) {
       tr.tier.mean = number_of(s, "mean");
       tr.tier.mean_limit = number_of(s, "mean_limit");
       tr.tier.headroom = number_of(s, "headroom");
+      // the bias test ran where its limit is given (always finite)
+      if (const auto b = s.find("bias_limit"); b != s.end() && b->is_number()) {
+        tr.tier.bias_tested = true;
+        tr.tier.bias_limit = b->get<double>();
+        tr.tier.bias = number_of(s, "bias");
+      }
     }
     if (const auto it = t.find("worst"); it != t.end() && it->is_object()) tr.worst = element_of(*it);
     r.tensors.push_back(std::move(tr));
