@@ -17,6 +17,7 @@ the size, the entries least recently used (by modification time, renewed at each
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 import sys
@@ -133,10 +134,16 @@ def _load(k):
     path = _path(k)
     try:
         with open(path, "rb") as f:
-            blob = memoryview(f.read())
+            try:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file
+                return None, True
     except OSError:
         return None, False
-    entry = _parse(blob, k)
+    with mapped:
+        blob = memoryview(mapped)
+        entry = _parse(blob, k)  # copies the tensors out of the mapping
+        blob.release()
     if entry is None:
         return None, True
     try:

@@ -200,3 +200,35 @@ def test_profile_json_is_the_gates_json_form():
     j = json.loads(p.json("BF16"))
     assert j == {"name": "mine", "base": "bf16", "qk_accum": "F32", "pv_accum": "F32", "p": "BF16", "key_block": 64}
     assert json.loads(attnoracle.Profile("flash-fp16").json("BF16"))["base"] == "flash-fp16"
+
+
+def test_flash_attention_example_passes_both_ways(tmp_path):
+    """python/examples/test_flash_attention.py on a slice of its grid: the classic comparison and
+    assert_close both pass the kernel, forward and backward, MHA and MQA, F16 and BF16, causal
+    with fully masked rows (Nq > Nk, bottom right)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, ATTNORACLE_CACHE=str(tmp_path / "cache"), PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(ROOT, "python", "examples", "test_flash_attention.py"),
+                        "-k", "64-113-203-mqa-1 or bf16-causal-128-200-64-mha-2"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0 and "10 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_kind_mha_by_its_inputs():
+    rng = np.random.default_rng(12)
+    f = lambda *s: rng.standard_normal(s).astype(np.float64)  # noqa: E731
+    x = f(1, 5, 6)
+    mha = dict(x_q=x, x_kv=x, w_q=f(2, 6, 3), w_k=f(2, 6, 3), w_v=f(2, 6, 4), w_o=f(8, 6))
+    out = np.array(attnoracle.evaluate(**mha, causal=True)["out"])
+    assert attnoracle.assert_close(out, **mha, causal=True, profile="fp64").passed
+    out[0, 4, 5] += 1e-6
+    with pytest.raises(AssertionError, match=r"worst: out\[0,4,5\]"):
+        attnoracle.assert_close(out, **mha, causal=True, profile="fp64")
+    with pytest.raises(attnoracle.InputError, match=r"^<arrays>: w_k: dtype F32 differs from x_q's F64"):
+        attnoracle.assert_close(out, **dict(mha, w_k=mha["w_k"].astype(np.float32)), causal=True, profile="fp64")
