@@ -232,3 +232,22 @@ def test_kind_mha_by_its_inputs():
         attnoracle.assert_close(out, **mha, causal=True, profile="fp64")
     with pytest.raises(attnoracle.InputError, match=r"^<arrays>: w_k: dtype F32 differs from x_q's F64"):
         attnoracle.assert_close(out, **dict(mha, w_k=mha["w_k"].astype(np.float32)), causal=True, profile="fp64")
+
+
+def test_profile_json_text_refusals():
+    q, k, v = inputs((1, 1, 3, 4))
+    tensors, meta = attnoracle._case_tensors(dict(q=q, k=k, v=v), scale=None, causal=None, window=None, softcap=None,
+                                             masked_rows=None, outputs=("out",), input_dtype=None, output_dtype=None,
+                                             round_values=False, file="<arrays>")
+    golden, gmeta, _ = attnoracle._native.evaluate(tensors, meta, "<arrays>", 1, 2048)
+    result = [t for t in golden if t[0] == "out"]
+
+    def check(text):
+        return attnoracle._native.check("c", [], tensors + golden, gmeta, "ok", "output", "", result, "", "", "", text)
+
+    assert '"status": "pass"' in check('{"base": "fp32"}')[0].replace('":"', '": "')
+    for text, what in (("{", r"^profile: not JSON: "), ("[" * 70 + "]" * 70, r"^profile: not JSON: nested deeper than 64"),
+                       ("[]", r"^profile: a profile is a JSON object$"), ('{"base": "fp99"}', r"unknown profile 'fp99'"),
+                       ('{"p": "F8_E5M2"}', r"^profile: p: must be one of F64, F32, F16, BF16, F8_E4M3$")):
+        with pytest.raises(attnoracle.InputError, match=what):
+            check(text)
