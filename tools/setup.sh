@@ -16,6 +16,7 @@ if ! $gate_only; then
     libgtest-dev librapidcheck-dev
     python3 python3-numpy
     pybind11-dev python3-dev python3-pytest  # python/: import attnoracle, the pytest plugin, their tests
+    python3-venv python3-pip python3-setuptools python3-wheel  # python_pip_install_test: pip install . offline
     libbenchmark-dev python3-mpmath time  # bench/: Google Benchmark, the mpmath reference, GNU time
     libtorch-dev  # the libtorch plugin (conformance/plugins/libtorch)
     python3-torch  # the PyTorch adapter (conformance/adapters/torch) and its tests

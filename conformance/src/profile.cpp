@@ -86,15 +86,20 @@ Profile load_profile(const std::string& name_or_path, const std::string& what) {
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  const std::vector<unsigned char> bytes = read_regular_file(path, limits::kManifestBytes);
-  if (limits::json_depth({reinterpret_cast<const char*>(bytes.data()), bytes.size()}) > limits::kJsonDepth)
+// JSON text; `path` names it in errors.
+nlohmann::json parse_json(std::string_view text, const std::string& path) {
+  if (limits::json_depth(text) > limits::kJsonDepth)
     throw InputError(path, "", "not JSON: nested deeper than " + std::to_string(limits::kJsonDepth) + " levels");
   try {
-    return nlohmann::json::parse(bytes.begin(), bytes.end());
+    return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number past double
     throw InputError(path, "", std::string("not JSON: ") + e.what());
   }
+}
+
+nlohmann::json read_json(const std::string& path) {
+  const std::vector<unsigned char> bytes = read_regular_file(path, limits::kManifestBytes);
+  return parse_json({reinterpret_cast<const char*>(bytes.data()), bytes.size()}, path);
 }
 
 // The string field `key` of object `j`, or `absent` when it has none.
@@ -209,6 +214,11 @@ Profile profile_from_json(const std::string& path) {
   if (j.is_object() && j.contains("profiles"))
     throw InputError(path, "profiles", "a profile family: give it to run or check, one profile here");
   return profile_from_object(j, path);
+}
+
+Profile profile_from_json_text(std::string_view text, const std::string& what) {
+  if (text.size() > limits::kManifestBytes) throw InputError(what, "", "not JSON: longer than the limit of a JSON file");
+  return profile_from_object(parse_json(text, what), what);
 }
 
 bool Profile::covers(DType t) const {

@@ -25,8 +25,9 @@ from . import _attnoracle as _native
 
 __version__ = _native.__version__
 
-__all__ = ["evaluate", "load_case", "write_case", "Suite", "Case", "SuiteEntry", "Result", "Verdict",
-           "InputError", "InvariantViolation", "Refused", "Unsupported", "parametrize_suite", "FEATURES"]
+__all__ = ["evaluate", "assert_close", "Profile", "clear_cache", "load_case", "write_case", "Suite", "Case",
+           "SuiteEntry", "Result", "Verdict", "InputError", "InvariantViolation", "Refused", "Unsupported",
+           "parametrize_suite", "vector_set", "FEATURES"]
 
 
 class InputError(ValueError):
@@ -482,7 +483,7 @@ class Case:
 
         outputs: {"out": array, "weights": ..., "lse": ..., "scores": ...} (each converted to the
         case's output dtype, rounded to nearest-even like a final cast; uint16 arrays are bit
-        patterns of a BF16 or F16 output; gradients are accepted, not judged yet), or a Refused
+        patterns of a BF16 or F16 output; the gradients a case asks for are judged too), or a Refused
         or Unsupported exception (any other exception counts as a refusal). profile as for `attnoracle check --profile` (fp32, fp16, a list, a
         family, a JSON file); masked_rows and returns as its --masked-rows and --returns."""
         outcome, reason, result = "output", "", []
@@ -608,3 +609,22 @@ def parametrize_suite(path, profile="fp32", *, tags=None, ids=None, unsupported=
 
     return p(path, profile=profile, tags=tags, ids=ids, unsupported=unsupported, masked_rows=masked_rows,
              returns=returns)
+
+
+def clear_cache():
+    """Removes every entry of the golden cache (attnoracle.cache); returns (entries, bytes) removed."""
+    return cache.clear()
+
+
+def vector_set(name="core"):
+    """The path of a vector set installed with the package (`pip install`: core), or of the source
+    tree's vectors/<name> beside a build; InputError when there is none."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "vectors", name),):
+        if os.path.isfile(os.path.join(d, "manifest.json")):
+            return d
+    raise _error(name, "", "no vector set of this name is installed with the package (pip install puts core there)")
+
+
+from . import cache  # noqa: E402 - after the definitions it uses
+from ._assert_close import Profile, assert_close  # noqa: E402

@@ -2,6 +2,8 @@
 
     pytest -p attnoracle.pytest_plugin --attnoracle-suite vectors/core --attnoracle-profile fp16
 
+(a pip installation registers it by its `pytest11` entry point: no -p needed)
+
 or, per test, `@attnoracle.parametrize_suite("vectors/core", profile="fp32", unsupported=("mha",))`
 (the same as `@pytest.mark.attnoracle(suite=..., profile=..., unsupported=...)`). One item per case,
 its id the case id; a case using a feature the test declares unsupported (attnoracle.FEATURES) is

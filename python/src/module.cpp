@@ -197,20 +197,37 @@ conformance::Outcome outcome_of(const std::string& name) {
   throw InputError("<check>", "outcome", "unknown outcome '" + printable(name) + "'");
 }
 
+// The profile set `profile` (as --profile names one), or the one profile of the JSON object
+// `profile_json` when it is not empty, with the declarations of `check --masked-rows, --returns`.
+conformance::ProfileSet profile_set_of(const std::string& profile, const std::string& profile_json,
+                                       const std::string& masked_rows, const std::string& returns) {
+  if (profile_json.empty()) return conformance::declared_profile_set(profile, masked_rows, returns, "profile", "masked_rows");
+  conformance::ProfileSet set;
+  set.members.push_back(conformance::profile_from_json_text(profile_json, "profile"));
+  set.name = set.members.front().name;
+  conformance::Profile& p = set.members.front();
+  if (!masked_rows.empty()) {
+    const auto rows = conformance::convention_from_name(masked_rows);
+    if (!rows) throw InputError("masked_rows", "", "must be error, zero, nan or mean");
+    p.masked_rows = *rows;
+  }
+  if (!returns.empty()) conformance::declare_returns(p, returns);
+  return set;
+}
+
 // The gate's verdict on one case: compare_case under the member of the profile set for the
 // case's input dtype, as `attnoracle check` computes it. Returns (JSON report of that one case,
 // the text report's lines for it).
 py::tuple py_check(const std::string& id, const std::vector<std::string>& tags, const std::vector<PyTensor>& golden_tensors,
                 const Metadata& golden_metadata, const std::string& expect, const std::string& outcome,
                 const std::string& reason, const std::vector<PyTensor>& result_tensors, const std::string& profile,
-                const std::string& masked_rows, const std::string& returns) {
+                const std::string& masked_rows, const std::string& returns, const std::string& profile_json) {
   const SafeTensorsFile golden = file_of(golden_tensors, golden_metadata, id);
   conformance::JobResult result;
   result.outcome = outcome_of(outcome);
   result.reason = reason;
   if (result.outcome == conformance::Outcome::Output) result.output = file_of(result_tensors, {}, id + " (result)");
-  const conformance::ProfileSet set =
-      conformance::declared_profile_set(profile, masked_rows, returns, "profile", "masked_rows");
+  const conformance::ProfileSet set = profile_set_of(profile, profile_json, masked_rows, returns);
   conformance::GateReport rep;
   rep.implementation = "python";
   rep.profile = set.name;
@@ -266,7 +283,9 @@ PYBIND11_MODULE(_attnoracle, m) {
   m.def("write_file", &py_write_file);
   m.def("read_manifest", &py_read_manifest);
   m.def("read_set_case", &py_read_set_case);
-  m.def("check", &py_check);
+  m.def("check", &py_check, py::arg("id"), py::arg("tags"), py::arg("golden_tensors"), py::arg("golden_metadata"),
+        py::arg("expect"), py::arg("outcome"), py::arg("reason"), py::arg("result_tensors"), py::arg("profile"),
+        py::arg("masked_rows"), py::arg("returns"), py::arg("profile_json") = std::string());
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

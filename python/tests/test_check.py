@@ -65,7 +65,9 @@ def test_check_agrees_with_attnoracle_check_case_by_case(core, tmp_path, variant
     for c in gate["cases"]:
         v = verdicts[c["id"]]
         c.pop("pictures", None)  # the HTML report's data, which --json adds for failing cases
-        assert v.report == c, c["id"]  # status, reason, every tensor's figures, worst, diagnosis
+        # the case's place in the manifest, which a one-case verdict does not have
+        assert c.pop("position") == [e.id for e in core].index(c["id"])
+        assert {k: x for k, x in v.report.items() if k != "position"} == c, c["id"]  # status, reason, every tensor's figures, worst, diagnosis
         assert v.status == c["status"] and v.worst == c.get("worst")
         assert v.findings == [f["text"] for f in c.get("diagnosis", {}).get("findings", [])]
         # the lines `check --all` prints for the case
@@ -146,10 +148,19 @@ def test_check_judges_scores_and_accepts_gradients(core, tmp_path):
     v = case.check(bad)
     assert v.failed and v.worst["tensor"] == "scores" and v.worst["index"] == [0, 0, 0, 0]
     assert case.check({"out": outputs["out"]}).reason == "the result has no tensor 'scores'"
-    # gradients: the gate does not judge them yet, and an implementation may return them
+    # gradients are judged like the outputs
     from test_evaluate import gradient_case
 
     path, _, _ = gradient_case(tmp_path)
     assert run_cli("eval", path, "-o", str(tmp_path / "g.safetensors"), "-q").returncode == 0
     grad = attnoracle.load_case(tmp_path / "g.safetensors")
-    assert grad.check({n: grad.golden[n] for n in grad.outputs}).passed
+    outputs = {n: grad.golden[n] for n in grad.outputs}
+    assert grad.check(outputs).passed
+    grads = [n for n in grad.outputs if n.startswith("d")]
+    for name in grads:
+        bad = dict(outputs, **{name: np.array(outputs[name], np.float64)})
+        flat = bad[name].reshape(-1)
+        flat[0] += 1 + abs(flat[0])
+        v = grad.check(bad)
+        assert v.failed and v.worst["tensor"] == name, name
+    assert {"dq", "dk", "dv"} <= set(grads)

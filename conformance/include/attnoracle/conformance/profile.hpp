@@ -53,6 +53,8 @@ std::vector<std::string> builtin_profile_names();
 // A profile from a JSON file: {"name", "base" (a built-in to start from), and any field above
 // by its name, dtypes as names, "masked_rows" as error|zero|nan|mean}.
 Profile profile_from_json(const std::string& path);
+// The same from the text of one profile object; `what` names it in errors.
+Profile profile_from_json_text(std::string_view text, const std::string& what);
 
 // What `--profile P` means for `invariants`: a JSON file when P ends in ".json", else a
 // built-in name.
