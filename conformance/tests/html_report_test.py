@@ -100,6 +100,10 @@ class Pictures(unittest.TestCase):
         others = [v for k, v in enumerate(cells) if k != 127 * 4 + 3]
         self.assertTrue(all(v is not None and v <= 1 for v in others), max(others))
         self.assertAlmostEqual(m["worst_limit_ratio"], ratio, delta=ratio * 5e-3)
+        # the means: cell 127 holds row 128 alone (cell 0 rows 0 and 1), so its mean is the element's
+        self.assertEqual(len(m["means"]), 128 * 4)
+        self.assertAlmostEqual(m["means"][127 * 4 + 3], ratio, delta=ratio * 5e-3)
+        self.assertTrue(all(v <= c for v, c in zip(m["means"], cells)))
         self.assertNotIn("weights", [x["tensor"] for x in c["pictures"]["maps"]])  # the case returns none
 
     def test_rows_carry_keys_and_magnitudes(self):
@@ -198,6 +202,19 @@ class Report(unittest.TestCase):
         self.assertEqual(r.stdout, "")
         self.assertEqual(self.page(again), self.page())
 
+    def test_a_report_without_means_is_drawn(self):
+        # what run --json wrote before the cells' means: the field is optional
+        with open(self.json) as f:
+            j = json.load(f)
+        for c in j["cases"]:
+            for m in c.get("pictures", {}).get("maps", []):
+                del m["means"]
+        src = os.path.join(self.tmp, "no-means.json")
+        with open(src, "w") as f:
+            json.dump(j, f)
+        r = cli("report", src, "--html", os.path.join(self.tmp, "no-means.html"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_a_report_without_pictures_is_drawn(self):
         # what run --json wrote before the pictures: the fields are optional
         with open(self.json) as f:
@@ -246,6 +263,9 @@ class Report(unittest.TestCase):
                      f"{at}.maps[0].cells: {n - 1} values, cell_rows x cell_cols is {n}")
         self.refused(self.edited(lambda j: pictures(j)["maps"][0]["cells"].__setitem__(0, -1)),
                      f"{at}.maps[0].cells: a value neither a non-negative number nor null")
+        self.refused(self.edited(lambda j: pictures(j)["maps"][0]["means"].pop()),
+                     f"{at}.maps[0].means: {n - 1} values, cell_rows x cell_cols is {n}")
+        self.refused(self.edited(lambda j: pictures(j)["maps"][0].update(means="x")), f"{at}.maps[0].means: not an array")
         self.refused(self.edited(lambda j: pictures(j)["maps"][0].update(cell_rows=200)),
                      f"{at}.maps[0].cell_rows: must be 1 to min(rows, 128)")
         self.refused(self.edited(lambda j: pictures(j)["rows"][0]["points"][0].pop()),
