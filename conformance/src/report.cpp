@@ -180,7 +180,9 @@ std::string text_report(const GateReport& r, bool all_cases) {
       for (const CaseReport* x : e) ids.push_back(x->id);
       os << verdict_word(c.status) << "  " << e.size()
          << " cases: " << (c.reason.empty() ? "no reason given" : c.reason) << "\n";
-      os << "      " << short_list(ids, kFoldedIds) << "\n";
+      // under --require-all every skipped case is named: each is a failure
+      const bool every = c.status == CaseStatus::Skip && r.require_all;
+      os << "      " << short_list(ids, every ? ids.size() : kFoldedIds) << "\n";
       if (c.status == CaseStatus::Skip && r.require_all) os << "      failures under --require-all\n";
       continue;
     }
