@@ -63,12 +63,14 @@ std::string worst_brief(const ElementReport& w) {
   if (!(w.limit > 0)) return "worst: error " + g3(w.error) + ", limit 0";
   return "worst " + g3(w.limit_ratio) + " x limit (" + g3(w.ulp) + " ulp)";
 }
-// The statistical finding of a case that fails on its statistics alone, or "".
+// The statistical finding of a case that fails on its statistics alone, or "": its reason (the
+// first statistical test failed) after the test's kind. From the report's fields alone, as a
+// merged report has them.
 std::string statistical_finding(const CaseReport& c) {
   if (c.status != CaseStatus::Fail || c.failed_elements > 0) return "";
   for (const auto& t : c.tensors) {
-    if (t.tier.tested && !t.tier.ok) return "statistical tier, " + t.tensor + ": " + t.tier.note;
-    if (!t.statistics_ok) return "rounding statistics, " + t.tensor + ": " + t.statistics_note;
+    if (!t.statistics_ok) return "rounding statistics, " + c.reason;  // judged before the tier
+    if (t.tier.tested && !t.tier.ok) return "statistical tier, " + c.reason;
   }
   return "";
 }
@@ -188,8 +190,7 @@ std::string text_report(const GateReport& r, bool all_cases) {
     }
     const std::string head = head_text(c), stat = statistical_finding(c);
     os << head << "\n";
-    // the reason, unless the first line says it already
-    if (!c.reason.empty() && (stat.empty() || !stat.ends_with(c.reason))) os << "      " << c.reason << "\n";
+    if (!c.reason.empty() && stat.empty()) os << "      " << c.reason << "\n";  // else the first line says it
     if (!stat.empty() && c.worst) os << "      every element within its limit: " << worst_brief(*c.worst) << "\n";
     if (c.status == CaseStatus::Skip && r.require_all) os << "      a failure under --require-all\n";
     if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
