@@ -11,6 +11,7 @@
 #include <iostream>
 #include <thread>
 
+#include "attnoracle/conformance/text.hpp"
 #include "attnoracle/reference/error.hpp"
 
 namespace attnoracle::cli {
@@ -43,15 +44,6 @@ Progress::Progress(std::string what, bool shown)
 
 Progress::~Progress() { clear(); }
 
-namespace {
-std::string duration_text(double s) {
-  char buf[32];
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.1f s", s);
-  else std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
-  return buf;
-}
-}  // namespace
-
 void Progress::update(std::size_t done, std::size_t total, const std::string& unit) {
   if (!shown_) return;
   std::lock_guard<std::mutex> g(m_);
@@ -66,10 +58,10 @@ void Progress::update(std::size_t done, std::size_t total, const std::string& un
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double unit_elapsed = std::chrono::duration<double>(now - unit_start_).count();
   std::string line = what_ + ": " + std::to_string(done) + "/" + std::to_string(total) + " " + unit + ", " +
-                     duration_text(elapsed);
+                     conformance::duration_text(elapsed);
   // the rate of this unit so far, carried over what is left of it
   if (done > unit_done0_ && done < total && unit_elapsed > 0)
-    line += ", about " + duration_text(unit_elapsed * static_cast<double>(total - done) / static_cast<double>(done - unit_done0_)) + " left";
+    line += ", about " + conformance::duration_text(unit_elapsed * static_cast<double>(total - done) / static_cast<double>(done - unit_done0_)) + " left";
   const std::size_t w = line.size();
   if (w < width_) line.append(width_ - w, ' ');  // cover the longer line before
   width_ = w;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "attnoracle/conformance/text.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/vectors/generate.hpp"
 #include "attnoracle/vectors/verify.hpp"
@@ -50,7 +51,8 @@ int run_gen(const GenArgs& a) {
       const char* what = e.what == vectors::CaseEvent::Present  ? " present"
                          : e.what == vectors::CaseEvent::Failed ? " FAILED"
                                                                 : "";
-      std::fprintf(stderr, "[%zu/%zu] %s  %.2f s%s\n", e.done, e.total, e.spec->id.c_str(), e.seconds, what);
+      std::fprintf(stderr, "[%zu/%zu] %s  %s%s\n", e.done, e.total, e.spec->id.c_str(),
+                   conformance::duration_text(e.seconds).c_str(), what);
       std::fflush(stderr);
     };
   const vectors::GenSummary s = vectors::generate(o, cb);

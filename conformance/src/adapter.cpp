@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnoracle/conformance/text.hpp"
 #include "attnoracle/reference/error.hpp"
 
 extern char** environ;
@@ -79,12 +80,6 @@ std::optional<std::string> signal_name(int sig) {
   for (const auto& [number, name] : kNames)
     if (number == sig) return std::string(name);
   return std::nullopt;
-}
-
-std::string seconds_text(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", s);
-  return buf;
 }
 
 // Length of the valid UTF-8 sequence at b[i], or 0.
@@ -439,7 +434,7 @@ JobResult make_result(Outcome o, std::string reason) {
 JobResult no_output(const AdapterRun& run, double timeout_seconds) {
   if (run.timed_out)
     return make_result(Outcome::TimedOut, "no output: the run timed out after " +
-                                              seconds_text(timeout_seconds) + " s and was killed");
+                                              duration_text(timeout_seconds) + " and was killed");
   if (run.signaled) {
     const auto name = signal_name(run.signal);
     return make_result(Outcome::Crashed, "no output: the implementation was killed by " +

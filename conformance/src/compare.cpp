@@ -817,10 +817,15 @@ struct Comparer {
     if (c.wants_gradients()) gradients();
 
     if (rep.failed_elements > 0 && rep.worst) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "%lld element%s beyond the limit; worst %.3g times the limit",
-                    static_cast<long long>(rep.failed_elements), rep.failed_elements == 1 ? "" : "s",
-                    rep.worst->limit_ratio);
+      char buf[200];
+      const ElementReport& we = *rep.worst;
+      if (exact_is_normal(we) || !std::isfinite(we.error))
+        std::snprintf(buf, sizeof buf, "%lld element%s beyond the limit; worst %.3g times the limit",
+                      static_cast<long long>(rep.failed_elements), rep.failed_elements == 1 ? "" : "s", we.limit_ratio);
+      else
+        std::snprintf(buf, sizeof buf, "%lld element%s beyond the limit; worst: error %.3g where the exact value is %.3g (limit %.3g)",
+                      static_cast<long long>(rep.failed_elements), rep.failed_elements == 1 ? "" : "s", we.error, we.expected,
+                      we.limit);
       // the elements beyond their limits say more than the statistics that follow from them
       const std::string earlier = rep.reason;
       rep.reason.clear();
@@ -831,6 +836,8 @@ struct Comparer {
 };
 
 }  // namespace
+
+bool exact_is_normal(const ElementReport& w) { return std::isfinite(w.expected) && std::fabs(w.expected) >= min_normal(w.dtype); }
 
 CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
                         const JobResult& result, const Profile& profile, bool pictures) {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "attnoracle/conformance/adapter.hpp"
+#include "attnoracle/conformance/text.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/manifest.hpp"
 #include "attnoracle/reference/file.hpp"
@@ -251,7 +252,7 @@ AdapterRun run_jobs(const GateOptions& opt, const std::vector<AdapterJob>& jobs,
       left = opt.timeout - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (left <= 0) {
         for (std::size_t k = begin; k < jobs.size(); ++k)
-          run.results[k] = {Outcome::TimedOut, "no output: the run timed out after " + std::to_string(opt.timeout) + " s", {}};
+          run.results[k] = {Outcome::TimedOut, "no output: the run timed out after " + duration_text(opt.timeout), {}};
         run.timed_out = true;
         break;
       }
@@ -354,7 +355,7 @@ GateReport run_gate(const GateOptions& opt) {
   }
   for (const auto& n : notes) rep.adapter_note += (rep.adapter_note.empty() ? "" : "; ") + n;
   std::string end;
-  if (run.timed_out) end = "the implementation timed out after " + std::to_string(opt.timeout) + " s";
+  if (run.timed_out) end = "the implementation timed out after " + duration_text(opt.timeout);
   else if (run.signaled) end = "the implementation was killed by signal " + std::to_string(run.signal);
   else if (run.exit_status != 0) end = "the implementation exited with status " + std::to_string(run.exit_status);
   if (!end.empty()) rep.adapter_note += (rep.adapter_note.empty() ? "" : "; ") + end;

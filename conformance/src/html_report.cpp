@@ -74,11 +74,15 @@ struct Checker {
       if (cc == 0 || cc > cols || cc > static_cast<std::uint64_t>(Pictures::kMaxCells))
         bad(mw + "cell_cols", "must be 1 to min(cols, " + std::to_string(Pictures::kMaxCells) + ")");
       number(get(m, mw, "worst_limit_ratio"), mw + "worst_limit_ratio");
-      const J& cells = array(m, mw, "cells");
-      if (cells.size() != cr * cc)
-        bad(mw + "cells", std::to_string(cells.size()) + " values, cell_rows x cell_cols is " + std::to_string(cr * cc));
-      for (const J& v : cells)
-        if (!(v.is_null() || (v.is_number() && v.get<double>() >= 0))) bad(mw + "cells", "a value neither a non-negative number nor null");
+      // cells, and means where the report has them (those written before means have not)
+      for (const char* key : {"cells", "means"}) {
+        if (std::string(key) == "means" && !m.contains(key)) continue;
+        const J& cells = array(m, mw, key);
+        if (cells.size() != cr * cc)
+          bad(mw + key, std::to_string(cells.size()) + " values, cell_rows x cell_cols is " + std::to_string(cr * cc));
+        for (const J& v : cells)
+          if (!(v.is_null() || (v.is_number() && v.get<double>() >= 0))) bad(mw + key, "a value neither a non-negative number nor null");
+      }
     }
     const J& rows = array(p, w, "rows");
     for (std::size_t k = 0; k < rows.size(); ++k) {

@@ -16,6 +16,8 @@ int tensor_index(const std::string& name) { return name == "out" ? 0 : name == "
 
 // The cell of index x of n along a side of m cells: floor(x m / n), within [0, m).
 std::int64_t cell_of(std::int64_t x, std::int64_t n, std::int64_t m) { return x * m / n; }
+// The first index whose cell is c: ceil(c n / m) (n at c = m).
+std::int64_t first_of(std::int64_t c, std::int64_t n, std::int64_t m) { return (c * n + m - 1) / m; }
 
 }  // namespace
 
@@ -39,6 +41,7 @@ void PictureCollector::record(const std::string& name, std::size_t k, double rat
   if (!x.seen) {
     x.seen = true;
     x.grids.resize(static_cast<std::size_t>(c_.B * x.heads));
+    x.sums.resize(x.grids.size());
     x.row_worst.assign(static_cast<std::size_t>(c_.B * x.heads * c_.Nq), 0.0f);
   }
   const auto kk = static_cast<std::int64_t>(k);
@@ -51,9 +54,14 @@ void PictureCollector::record(const std::string& name, std::size_t k, double rat
   rw = std::max(rw, v);
   if (t < 2) {
     auto& g = x.grids[static_cast<std::size_t>(bh)];
-    if (g.empty()) g.assign(static_cast<std::size_t>(x.cell_rows * x.cell_cols), 0.0f);
-    float& cell = g[static_cast<std::size_t>(cell_of(i, c_.Nq, x.cell_rows) * x.cell_cols + cell_of(j, x.cols, x.cell_cols))];
-    cell = std::max(cell, v);
+    auto& sum = x.sums[static_cast<std::size_t>(bh)];
+    if (g.empty()) {
+      g.assign(static_cast<std::size_t>(x.cell_rows * x.cell_cols), 0.0f);
+      sum.assign(g.size(), 0.0);
+    }
+    const auto at = static_cast<std::size_t>(cell_of(i, c_.Nq, x.cell_rows) * x.cell_cols + cell_of(j, x.cols, x.cell_cols));
+    g[at] = std::max(g[at], v);
+    sum[at] += v;
   }
   Histogram& h = x.hist;
   if (v == 0) ++h.zero;
@@ -103,6 +111,16 @@ Pictures PictureCollector::finish(const std::vector<RowMagnitudes>& mags, const 
         m.worst = w;
         m.cells = bh < x.grids.size() && !x.grids[bh].empty() ? x.grids[bh]
                                                               : std::vector<float>(static_cast<std::size_t>(x.cell_rows * x.cell_cols), 0.0f);
+        m.means.assign(m.cells.size(), 0.0f);
+        if (bh < x.sums.size() && !x.sums[bh].empty())
+          for (std::int64_t r = 0; r < x.cell_rows; ++r)
+            for (std::int64_t q = 0; q < x.cell_cols; ++q) {
+              // the elements of a cell: the rows and columns whose cell it is (cell_of inverted)
+              const std::int64_t n = (first_of(r + 1, c_.Nq, x.cell_rows) - first_of(r, c_.Nq, x.cell_rows)) *
+                                     (first_of(q + 1, x.cols, x.cell_cols) - first_of(q, x.cols, x.cell_cols));
+              const auto at = static_cast<std::size_t>(r * x.cell_cols + q);
+              m.means[at] = static_cast<float>(x.sums[bh][at] / static_cast<double>(n));
+            }
         p.maps.push_back(std::move(m));
       }
     }

@@ -10,9 +10,12 @@
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/conformance/gate.hpp"
+#include "attnoracle/conformance/text.hpp"
 
 namespace attnoracle::conformance {
 namespace {
+
+constexpr std::size_t kFoldedIds = 8;  // ids named in a folded entry
 
 std::string hex_bits(std::uint64_t bits, DType t) {
   char buf[32];
@@ -32,15 +35,60 @@ std::string index_text(const std::vector<std::int64_t>& ix) {
   }
   return s + "]";
 }
+// The figures of an element's error that mean something (exact_is_normal): ulps, the bound
+// error and the error over the limit; at an exact 0 or subnormal, the error, limit and bound error.
+std::string error_figures(const ElementReport& w) {
+  if (!std::isfinite(w.error)) return "infinite error (a NaN or an infinity where none is exact)";
+  if (!exact_is_normal(w)) return "error " + num(w.error) + ", limit " + num(w.limit) + ", bound error " + num(w.bound_error);
+  if (!(w.limit > 0)) return "error " + num(w.error) + " beyond a limit of 0";
+  return num(w.ulp) + " ulp, bound error " + num(w.bound_error) + ", " + num(w.limit_ratio) + " x limit";
+}
 std::string worst_text(const ElementReport& w) {
   return w.tensor + index_text(w.index) + ": expected " + num(w.expected) + " (" + hex_bits(w.expected_bits, w.dtype) +
-         "), got " + num(w.actual) + " (" + hex_bits(w.actual_bits, w.dtype) + "); " + num(w.ulp) + " ulp, bound error " +
-         num(w.bound_error) + ", " + num(w.limit_ratio) + " x limit";
+         "), got " + num(w.actual) + " (" + hex_bits(w.actual_bits, w.dtype) + "); " + error_figures(w);
 }
-double worst_of(const CaseReport& c, double TensorReport::*field) {
-  double w = 0;
-  for (const auto& t : c.tensors) w = std::max(w, t.*field);
-  return w;
+std::string g3(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+// The worst element in a few words for a case's first line: its error over its limit and its
+// ulps, or where these say nothing its error, limit and bound error.
+std::string worst_brief(const ElementReport& w) {
+  if (w.error == 0) return "no error";
+  if (!std::isfinite(w.error)) return "worst: infinite error";
+  if (!exact_is_normal(w))
+    return "worst: error " + g3(w.error) + " at exact " + g3(w.expected) + " (limit " + g3(w.limit) + "), bound error " +
+           g3(w.bound_error);
+  if (!(w.limit > 0)) return "worst: error " + g3(w.error) + ", limit 0";
+  return "worst " + g3(w.limit_ratio) + " x limit (" + g3(w.ulp) + " ulp)";
+}
+// The statistical finding of a case that fails on its statistics alone, or "": its reason (the
+// first statistical test failed) after the test's kind. From the report's fields alone, as a
+// merged report has them.
+std::string statistical_finding(const CaseReport& c) {
+  if (c.status != CaseStatus::Fail || c.failed_elements > 0) return "";
+  for (const auto& t : c.tensors) {
+    if (!t.statistics_ok) return "rounding statistics, " + c.reason;  // judged before the tier
+    if (t.tier.tested && !t.tier.ok) return "statistical tier, " + c.reason;
+  }
+  return "";
+}
+const char* verdict_word(CaseStatus s) { return s == CaseStatus::Pass ? "PASS" : s == CaseStatus::Fail ? "FAIL" : "SKIP"; }
+// A case's first line: verdict, id, input dtype, then what decided it. Nothing compared (a
+// crash, a timeout, no output, a refusal): no figures.
+std::string head_text(const CaseReport& c) {
+  char head[256];
+  std::snprintf(head, sizeof head, "%-4s  %-40s %-4s", verdict_word(c.status), c.id.c_str(),
+                std::string(dtype_name(c.dtype)).c_str());
+  std::string s = head;
+  if (c.tensors.empty()) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+  }
+  const std::string stat = statistical_finding(c);
+  if (!stat.empty()) return s + "  " + stat;
+  return s + "  " + (c.worst ? worst_brief(*c.worst) : std::string("no error"));
 }
 
 // The statistical tier of each tensor tested: headroom, then observed / limit of each test.
@@ -76,11 +124,12 @@ nlohmann::ordered_json pictures_json(const Pictures& p) {
   auto head = [](std::int64_t h) { return h < 0 ? J(nullptr) : J(h); };
   J maps = J::array();
   for (const auto& m : p.maps) {
-    J cells = J::array();
+    J cells = J::array(), means = J::array();
     for (float v : m.cells) cells.push_back(ratio_json(v));
+    for (float v : m.means) means.push_back(ratio_json(v));
     maps.push_back({{"tensor", m.tensor}, {"batch", m.b}, {"head", head(m.h)}, {"kv_head", head(m.kv)},
                     {"rows", m.rows}, {"cols", m.cols}, {"cell_rows", m.cell_rows}, {"cell_cols", m.cell_cols},
-                    {"worst_limit_ratio", ratio_json(m.worst)}, {"cells", std::move(cells)}});
+                    {"worst_limit_ratio", ratio_json(m.worst)}, {"cells", std::move(cells)}, {"means", std::move(means)}});
   }
   J rows = J::array();
   for (const auto& s : p.rows) {
@@ -109,17 +158,40 @@ std::string text_report(const GateReport& r, bool all_cases) {
   std::map<std::string, std::size_t> skips;  // reason -> count, when skips are not listed
   // Under --require-all a skip is a failure: each one is listed with its reason.
   const bool list_skips = all_cases || r.require_all;
+  // Cases that compared nothing and failed (or were listed) for the same reason: one entry with
+  // their count and ids, where the first of them stands.
+  std::vector<std::vector<const CaseReport*>> entries;
+  std::map<std::pair<CaseStatus, std::string>, std::size_t> folded;  // (status, reason) -> entry
   for (const auto& c : r.cases) {
     if (!list_skips && c.status == CaseStatus::Skip) ++skips[c.reason];
     if (!all_cases && c.status == CaseStatus::Pass) continue;
     if (!list_skips && c.status == CaseStatus::Skip) continue;
-    char head[256];
-    std::snprintf(head, sizeof head, "%-4s  %-40s %-4s  worst %10.3g ulp  %10.3g bound", 
-                  c.status == CaseStatus::Pass ? "PASS" : c.status == CaseStatus::Fail ? "FAIL" : "SKIP", c.id.c_str(),
-                  std::string(dtype_name(c.dtype)).c_str(), worst_of(c, &TensorReport::worst_ulp),
-                  worst_of(c, &TensorReport::worst_bound_error));
+    if (c.tensors.empty() && c.diagnosis.findings.empty()) {
+      const auto [it, fresh] = folded.try_emplace({c.status, c.reason}, entries.size());
+      if (!fresh) {
+        entries[it->second].push_back(&c);
+        continue;
+      }
+    }
+    entries.push_back({&c});
+  }
+  for (const auto& e : entries) {
+    const CaseReport& c = *e.front();
+    if (e.size() > 1) {
+      std::vector<std::string> ids;
+      for (const CaseReport* x : e) ids.push_back(x->id);
+      os << verdict_word(c.status) << "  " << e.size()
+         << " cases: " << (c.reason.empty() ? "no reason given" : c.reason) << "\n";
+      // under --require-all every skipped case is named: each is a failure
+      const bool every = c.status == CaseStatus::Skip && r.require_all;
+      os << "      " << short_list(ids, every ? ids.size() : kFoldedIds) << "\n";
+      if (c.status == CaseStatus::Skip && r.require_all) os << "      failures under --require-all\n";
+      continue;
+    }
+    const std::string head = head_text(c), stat = statistical_finding(c);
     os << head << "\n";
-    if (!c.reason.empty()) os << "      " << c.reason << "\n";
+    if (!c.reason.empty() && stat.empty()) os << "      " << c.reason << "\n";  // else the first line says it
+    if (!stat.empty() && c.worst) os << "      every element within its limit: " << worst_brief(*c.worst) << "\n";
     if (c.status == CaseStatus::Skip && r.require_all) os << "      a failure under --require-all\n";
     if (c.status == CaseStatus::Fail && c.worst && c.worst->limit_ratio > 1) os << "      worst: " << worst_text(*c.worst) << "\n";
     if (c.status != CaseStatus::Skip) os << tier_text(c);
@@ -142,8 +214,8 @@ std::string text_report(const GateReport& r, bool all_cases) {
     }
   }
   char tail[200];
-  std::snprintf(tail, sizeof tail, "%zu cases in %.2f s: %zu passed, %zu failed, %zu skipped%s\n", r.cases.size(), r.seconds,
-                r.passed, r.failed, r.skipped,
+  std::snprintf(tail, sizeof tail, "%zu cases in %s: %zu passed, %zu failed, %zu skipped%s\n", r.cases.size(),
+                duration_text(r.seconds).c_str(), r.passed, r.failed, r.skipped,
                 r.require_all && r.skipped > 0 ? " (failures under --require-all)" : "");
   os << tail;
   return os.str();
@@ -178,7 +250,8 @@ std::string json_report(const GateReport& r) {
              {"bound_error", finite(w.bound_error)},
              {"limit_ratio", finite(w.limit_ratio)},
              {"error", finite(w.error)},
-             {"limit", finite(w.limit)}};
+             {"limit", finite(w.limit)},
+             {"exact_normal", exact_is_normal(w)}};
   };
   auto tier_json = [&](const Tier& s) {
     return J{{"tested", s.tested}, {"ok", s.ok},       {"elements", s.n},

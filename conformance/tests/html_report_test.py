@@ -100,6 +100,10 @@ class Pictures(unittest.TestCase):
         others = [v for k, v in enumerate(cells) if k != 127 * 4 + 3]
         self.assertTrue(all(v is not None and v <= 1 for v in others), max(others))
         self.assertAlmostEqual(m["worst_limit_ratio"], ratio, delta=ratio * 5e-3)
+        # the means: cell 127 holds row 128 alone (cell 0 rows 0 and 1), so its mean is the element's
+        self.assertEqual(len(m["means"]), 128 * 4)
+        self.assertAlmostEqual(m["means"][127 * 4 + 3], ratio, delta=ratio * 5e-3)
+        self.assertTrue(all(v <= c for v, c in zip(m["means"], cells)))
         self.assertNotIn("weights", [x["tensor"] for x in c["pictures"]["maps"]])  # the case returns none
 
     def test_rows_carry_keys_and_magnitudes(self):
@@ -198,6 +202,19 @@ class Report(unittest.TestCase):
         self.assertEqual(r.stdout, "")
         self.assertEqual(self.page(again), self.page())
 
+    def test_a_report_without_means_is_drawn(self):
+        # what run --json wrote before the cells' means: the field is optional
+        with open(self.json) as f:
+            j = json.load(f)
+        for c in j["cases"]:
+            for m in c.get("pictures", {}).get("maps", []):
+                del m["means"]
+        src = os.path.join(self.tmp, "no-means.json")
+        with open(src, "w") as f:
+            json.dump(j, f)
+        r = cli("report", src, "--html", os.path.join(self.tmp, "no-means.html"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_a_report_without_pictures_is_drawn(self):
         # what run --json wrote before the pictures: the fields are optional
         with open(self.json) as f:
@@ -246,6 +263,9 @@ class Report(unittest.TestCase):
                      f"{at}.maps[0].cells: {n - 1} values, cell_rows x cell_cols is {n}")
         self.refused(self.edited(lambda j: pictures(j)["maps"][0]["cells"].__setitem__(0, -1)),
                      f"{at}.maps[0].cells: a value neither a non-negative number nor null")
+        self.refused(self.edited(lambda j: pictures(j)["maps"][0]["means"].pop()),
+                     f"{at}.maps[0].means: {n - 1} values, cell_rows x cell_cols is {n}")
+        self.refused(self.edited(lambda j: pictures(j)["maps"][0].update(means="x")), f"{at}.maps[0].means: not an array")
         self.refused(self.edited(lambda j: pictures(j)["maps"][0].update(cell_rows=200)),
                      f"{at}.maps[0].cell_rows: must be 1 to min(rows, 128)")
         self.refused(self.edited(lambda j: pictures(j)["rows"][0]["points"][0].pop()),
@@ -288,26 +308,37 @@ class Chromium(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def chromium(self, *args):
+    def chromium(self, *args, page=None, address=""):
         profile = tempfile.mkdtemp(prefix="attnoracle-chromium-")
         try:
             return subprocess.run([self.browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                                    "--no-first-run", f"--user-data-dir={profile}", *args,
-                                   "file://" + os.path.abspath(self.html)],
+                                   "file://" + os.path.abspath(page or self.html) + address],
                                   capture_output=True, text=True, timeout=180)
         finally:
             shutil.rmtree(profile, ignore_errors=True)
 
-    def test_page_runs_and_draws(self):
-        r = self.chromium("--dump-dom")
+    def dom(self, page=None, address=""):
+        r = self.chromium("--dump-dom", page=page, address=address)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
-        dom = r.stdout
+        self.assertIn('data-report-status="ok"', r.stdout)
+        return r.stdout
+
+    def test_page_runs_and_draws(self):
+        dom = self.dom()
         with open(os.path.join(ARTEFACTS, "html_report.dom.html"), "w") as f:
             f.write(dom)
-        self.assertIn('data-report-status="ok"', dom)
         self.assertIsNone(re.search(r'<pre id="script-errors"[^>]*>[^<]', dom), "script errors in the page")
-        # the summary table: a row per case
-        self.assertEqual(len(re.findall(r'<tr data-status="', dom)), len(self.report["cases"]))
+        # the summary table opens on the failing cases, the worst first
+        failing = [c for c in self.report["cases"] if c["status"] == "fail"]
+        self.assertEqual(re.findall(r'<tr data-status="(\w+)"', dom), ["fail"] * len(failing))
+        shown = re.findall(r'<tr data-status="fail" data-id="([^"]+)"', dom)
+        worst = {c["id"]: c["worst"]["limit_ratio"] for c in failing}
+        self.assertEqual(shown, sorted(worst, key=lambda i: -worst[i]))
+        self.assertIn(f"{len(failing)} of {len(self.report['cases'])} cases shown", dom)
+        # the failing cases in the same order, each with the address its link gives
+        self.assertEqual(re.findall(r'<details class="case" id="case-([^"]+)"', dom), shown)
+        self.assertEqual(re.findall(r'<a href="#case-([^"]+)" class="case-link"', dom), shown)
         # the first failing case, opened and drawn
         first = [c for c in self.report["cases"] if c["status"] == "fail"][0]
         at = dom.index(f'data-id="{first["id"]}"', dom.index('id="failing"'))
@@ -322,6 +353,56 @@ class Chromium(unittest.TestCase):
         self.assertEqual(len(hists), 3)  # out, weights, lse
         self.assertTrue(all(int(n) > 0 for n in hists))
         self.assertIn("masked_weight", section)  # the finding, in words
+
+    def test_an_address_opens_and_shows_its_case(self):
+        last = re.findall(r'<details class="case" id="(case-[^"]+)"', self.dom())[-1]
+        dom = self.dom(address="#" + last)
+        self.assertIn(f'data-shown="{last}"', dom)
+        self.assertIsNotNone(re.search(f'<details class="case" id="{last}"[^>]* open=""', dom))
+
+    def test_large_maps_are_binned_and_small_ones_readable(self):
+        """A map of 2048 x 2048 elements in 128 x 128 cells, as a kernel-sized case gives, and one of
+        5 x 8 elements: the first fits in about 512 pixels and says what a cell covers, the second
+        has cells of 32 pixels."""
+        with open(self.json) as f:
+            j = json.load(f)
+        c = [c for c in j["cases"] if c.get("pictures") and any(m["tensor"] == "weights" for m in c["pictures"]["maps"])][0]
+        maps = c["pictures"]["maps"]
+        big = [m for m in maps if m["tensor"] == "weights"][0]
+        small = [m for m in maps if m["tensor"] == "out"][0]
+        big.update(rows=2048, cols=2048, cell_rows=128, cell_cols=128, worst_limit_ratio=40.0,
+                   cells=[40.0 if r == c else 0.5 for r in range(128) for c in range(128)],
+                   means=[2.5 if r == c else 0.01 for r in range(128) for c in range(128)])
+        small.update(rows=5, cols=8, cell_rows=5, cell_cols=8, worst_limit_ratio=3.0,
+                     cells=[3.0] + [0.25] * 39, means=[3.0] + [0.25] * 39)
+        for m in maps:
+            if m is not big and m is not small:
+                m.update(worst_limit_ratio=0)
+        for other in j["cases"]:
+            if other is not c and other["status"] == "fail":
+                other["status"] = "pass"
+        src, page = os.path.join(self.tmp, "sizes.json"), os.path.join(self.tmp, "sizes.html")
+        with open(src, "w") as f:
+            json.dump(j, f)
+        r = cli("report", src, "--html", page)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        dom = self.dom(page)
+        canvases = {re.search(r'data-tensor="(\w+)"', x).group(1): x for x in re.findall(r'<canvas class="heatmap"[^>]*>', dom)}
+        width = lambda x: int(re.search(r'width="(\d+)"', x).group(1))
+        height = lambda x: int(re.search(r'height="(\d+)"', x).group(1))
+        # 128 cells of 4 pixels, the axes' margins (52 + 16 across, 8 + 40 down)
+        self.assertEqual((width(canvases["weights"]), height(canvases["weights"])), (52 + 512 + 16, 8 + 512 + 40))
+        self.assertIn('data-mode="max"', canvases["weights"])
+        self.assertIn('data-over="128"', canvases["weights"])  # the diagonal
+        self.assertIn("2048 x 2048 elements in 128 x 128 cells of 16 query rows x 16 keys, each the largest ratio of its elements", dom)
+        # 5 x 8 cells of 32 pixels
+        self.assertEqual((width(canvases["out"]), height(canvases["out"])), (52 + 8 * 32 + 16, 8 + 5 * 32 + 40))
+        self.assertIn("5 x 8 elements, one cell each", dom)
+        self.assertEqual(dom.count('<select class="mode-select">'), 2)
+        shot = os.path.join(ARTEFACTS, "html_report_sizes.png")
+        r = self.chromium(f"--screenshot={shot}", "--window-size=1280,1600", page=page)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        print(f"screenshot kept: {shot}")
 
     def test_screenshot(self):
         shot = os.path.join(ARTEFACTS, "html_report.png")

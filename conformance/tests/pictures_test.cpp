@@ -65,6 +65,32 @@ const ErrorMap* map_of(const Pictures& p, const std::string& tensor, std::int64_
   return nullptr;
 }
 
+// A map's means: each cell's sum of ratios over its elements (every row and column whose cell it
+// is), where the cells keep the largest.
+TEST(Pictures, MeansAverageOverTheCellsElements) {
+  const auto golden = golden_case(1, 1, 1, 200, 6, {{"attn.outputs", "out,weights"}});
+  JobResult r = golden_result(golden);
+  // 200 queries in 128 cell rows: cell 96 holds queries 150 and 151 (ceil(96 * 200 / 128) = 150,
+  // ceil(97 * 200 / 128) = 152), cell 95 query 149 alone
+  scale(r, "weights", 151 * 6 + 5, 1.5f);
+  scale(r, "weights", 149 * 6 + 0, 1.5f);
+  const CaseReport rep = compare(golden, r);
+  ASSERT_EQ(rep.status, CaseStatus::Fail) << rep.reason;
+  const ErrorMap* m = map_of(rep.pictures, "weights", 0);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->means.size(), m->cells.size());
+  const std::size_t two = 96 * 6 + 5, one = 95 * 6 + 0;
+  EXPECT_GT(m->cells[two], 1);
+  EXPECT_FLOAT_EQ(m->means[two], m->cells[two] / 2);  // the other element of the cell is golden
+  EXPECT_GT(m->cells[one], 1);
+  EXPECT_FLOAT_EQ(m->means[one], m->cells[one]);
+  for (std::size_t k = 0; k < m->cells.size(); ++k)
+    if (k != two && k != one) {
+      EXPECT_EQ(m->cells[k], 0) << k;
+      EXPECT_EQ(m->means[k], 0) << k;
+    }
+}
+
 TEST(Pictures, AWeightLandsInItsCellOfItsHead) {
   // GQA: 4 query heads on 2 kv heads; 200 queries are more than 128 cells
   const auto golden = golden_case(1, 4, 2, 200, 6, {{"attn.outputs", "out,weights,lse"}});

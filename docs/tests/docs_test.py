@@ -195,7 +195,8 @@ class CoreFigures(unittest.TestCase):
 
     def test_readme_console_run(self):
         text = read("README.md")
-        m = re.search(r"^(\d+) cases in [\d.]+ s: (\d+) passed, (\d+) failed, (\d+) skipped$",
+        # the time as the report writes durations: "660 ms", "1.5 s", "2 min 5 s"
+        m = re.search(r"^(\d+) cases in (?:[\d.]+ m?s|\d+ min(?: \d+ s)?): (\d+) passed, (\d+) failed, (\d+) skipped$",
                       text, re.M)
         self.assertIsNotNone(m, "README.md: no run summary of vectors/core")
         n, passed, failed, skipped = map(int, m.groups())

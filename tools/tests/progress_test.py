@@ -95,10 +95,12 @@ def in_pipe(args, ci=False):
     return r.returncode, r.stderr
 
 
-# "verify: 12/514 cases, 0.3 s, about 9.1 s left" (the estimate once a case is done)
-LINE = re.compile(rb"\r(gen|verify|run|check): \d+/\d+ (cases|results|compared), [0-9.]+ s")
-# "eval: 20/36 rows, 0.1 s": the units of each pass of one evaluation
-EVAL_LINE = re.compile(rb"\reval: \d+/\d+ ([a-z]+ )*(rows|keys|columns|heads)( of oracle twin \d+)?, [0-9.]+ s")
+# A duration as the command writes it: "250 ms", "1.5 s", "2 min 5 s", "1 h 5 min".
+DURATION = rb"(?:[0-9.]+ (?:ms|s)|\d+ min(?: \d+ s)?|\d+ h(?: \d+ min)?)"
+# "verify: 12/514 cases, 300 ms, about 9.1 s left" (the estimate once a case is done)
+LINE = re.compile(rb"\r(gen|verify|run|check): \d+/\d+ (cases|results|compared), " + DURATION)
+# "eval: 20/36 rows, 100 ms": the units of each pass of one evaluation
+EVAL_LINE = re.compile(rb"\reval: \d+/\d+ ([a-z]+ )*(rows|keys|columns|heads)( of oracle twin \d+)?, " + DURATION)
 # A case with every pass: rows, then the gradients' rows, keys, dbias columns and dsinks heads.
 EVAL_CASE = "bwd_sinks-000"
 

@@ -50,6 +50,12 @@ struct TensorReport {
   std::optional<ElementReport> worst;  // the element of largest ratio; none when every error is 0
 };
 
+// Whether the ulp error and the limit ratio of an element say something: its exact value is a
+// normal number. At 0 and below the smallest normal every value has the ulp of the smallest
+// subnormal and the limit may be little more than the underflow floors (a masked weight's): both
+// figures are then huge and say nothing, the absolute error, the limit and the bound error do.
+bool exact_is_normal(const ElementReport& w);
+
 enum class CaseStatus { Pass, Fail, Skip };
 
 struct CaseReport {

@@ -20,6 +20,7 @@ struct ErrorMap {
   std::int64_t rows = 0, cols = 0;             // the tensor's extent: Nq x (Dv, Dout or Nk)
   std::int64_t cell_rows = 0, cell_cols = 0;   // at most kMaxCells each
   std::vector<float> cells;                    // row-major: the largest ratio in each cell (inf: a NaN or infinite error)
+  std::vector<float> means;                    // row-major: the mean ratio over each cell's elements
   double worst = 0;
 };
 
@@ -69,6 +70,7 @@ class PictureCollector {
   struct Tensor {
     std::int64_t heads = 1, cols = 1, cell_rows = 1, cell_cols = 1;
     std::vector<std::vector<float>> grids;  // per b * heads + h: empty until an element is recorded
+    std::vector<std::vector<double>> sums;  // per b * heads + h, beside grids: each cell's sum of ratios
     std::vector<float> row_worst;           // per (b * heads + h) * Nq + i
     Histogram hist;
     std::int64_t recorded = 0;
