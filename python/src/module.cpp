@@ -197,6 +197,18 @@ conformance::Outcome outcome_of(const std::string& name) {
   throw InputError("<check>", "outcome", "unknown outcome '" + printable(name) + "'");
 }
 
+// The metadata of the case an implementation judged by `profile` (its member for the case's input
+// dtype) is given, as the gate writes it: with the output dtypes the profile declares.
+Metadata py_declared_metadata(const std::vector<PyTensor>& golden_tensors, const Metadata& golden_metadata,
+                              const std::string& profile) {
+  const SafeTensorsFile golden = file_of(golden_tensors, golden_metadata, "<case>");
+  const conformance::ProfileSet set = conformance::load_profile_set(profile, "profile");
+  const RawTensor* q = golden.find("q");
+  if (!q) q = golden.find("x_q");
+  const conformance::Profile* p = q ? set.for_dtype(q->dtype) : nullptr;
+  return p ? conformance::case_for(golden, *p).metadata : golden_metadata;
+}
+
 // The gate's verdict on one case: compare_case under the member of the profile set for the
 // case's input dtype, as `attnoracle check` computes it. Returns (JSON report of that one case,
 // the text report's lines for it).
@@ -267,6 +279,7 @@ PYBIND11_MODULE(_attnoracle, m) {
   m.def("read_manifest", &py_read_manifest);
   m.def("read_set_case", &py_read_set_case);
   m.def("check", &py_check);
+  m.def("declared_metadata", &py_declared_metadata);
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
