@@ -7,6 +7,7 @@
 
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/round.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
 
 namespace attnoracle::conformance {
@@ -32,10 +33,35 @@ SafeTensorsFile inputs_of(const SafeTensorsFile& golden) {
   return f;
 }
 
+// Where the profile returns lse in a dtype of its own and the case asks for lse in another,
+// attn.output_dtypes of `md` (the case's metadata) gives lse that dtype; false when nothing changes.
+bool declare_output_dtypes(const Case& c, const Profile& p, std::map<std::string, std::string>& md) {
+  if (!p.lse_dtype || !c.want_lse || c.dtype_of("lse") == *p.lse_dtype) return false;
+  std::string list;
+  for (const auto& [name, t] : c.output_dtypes)
+    if (name != "lse") list += name + ":" + std::string(dtype_name(t)) + ",";
+  md["attn.output_dtypes"] = list + "lse:" + std::string(dtype_name(*p.lse_dtype));
+  return true;
+}
+
+// The case as the implementation is given it (case_for), read.
+Case declared_case(const std::string& id, const SafeTensorsFile& golden, const Profile& p) {
+  Case c = case_from_file(id, inputs_of(golden));
+  SafeTensorsFile f = c.file;
+  if (declare_output_dtypes(c, p, f.metadata)) c = case_from_file(id, std::move(f));
+  return c;
+}
+
 }  // namespace
 
 SafeTensorsFile strip_golden(const SafeTensorsFile& golden) {
   return case_from_file("golden", inputs_of(golden)).file;  // golden tensors and reference keys dropped
+}
+
+SafeTensorsFile case_for(const SafeTensorsFile& golden, const Profile& profile) {
+  Case c = case_from_file("golden", inputs_of(golden));
+  declare_output_dtypes(c, profile, c.file.metadata);
+  return std::move(c.file);
 }
 
 namespace {
@@ -263,14 +289,15 @@ struct Comparer {
       fail("the result has no tensor '" + name + "'");
       return nullptr;
     }
-    if (t->dtype != c.output_dtype || t->shape != shape) {
+    const DType want = c.dtype_of(name);
+    if (t->dtype != want || t->shape != shape) {
       std::string s;
       // Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict on "," + std::string&&.
       for (auto d : t->shape) (s.empty() ? s : s += ',') += std::to_string(d);
       std::string w;
       for (auto d : shape) (w.empty() ? w : w += ',') += std::to_string(d);
       fail(name + " is " + std::string(dtype_name(t->dtype)) + " [" + s + "], expected " +
-           std::string(dtype_name(c.output_dtype)) + " [" + w + "]");
+           std::string(dtype_name(want)) + " [" + w + "]");
       return nullptr;
     }
     return t;
@@ -282,7 +309,13 @@ struct Comparer {
 
   // The statistical tier's scale of element k of out, in row `row` (of row_magnitudes).
   double out_scale_at(std::size_t row, std::size_t k, double x, double bound, double vsum) const {
-    return out_scale(profile, spread, scales[row], limits[row], unit_roundoff(c.output_dtype), row, k, x, bound, vsum);
+    return out_scale(profile, spread, scales[row], limits[row], unit_roundoff(c.dtype_of("out")), row, k, x, bound, vsum);
+  }
+  // A row's limits for a tensor of dtype t: the floor in t's subnormal spacing, not out's.
+  RowLimits limits_in(std::size_t row, DType t) const {
+    RowLimits L = limits[row];
+    L.floor += 2 * (min_subnormal(t) - min_subnormal(c.dtype_of("out")));
+    return L;
   }
 
   // Per-tensor accumulation.
@@ -331,9 +364,14 @@ struct Comparer {
     const double y = decode_value(t, got.data.data() + k * w);
     std::uint64_t yb = 0;
     std::memcpy(&yb, got.data.data() + k * w, w);
-    const std::uint64_t gb = bits_of(gold, k);
+    // The golden element when it is in t; else (a tensor judged in a dtype of its own, against
+    // its .ref) t's rounding of the F64 reference, shown in reports only.
+    const bool same = gold.dtype == t;
+    std::uint64_t gb = 0;
+    if (same) gb = bits_of(gold, k);
+    else if (std::isfinite(x_hi)) encode_float(t, round_double(x_hi, t), reinterpret_cast<unsigned char*>(&gb));
     // the golden value (or its other candidate) has error 0
-    const double d = yb == gb || (alt && yb == *alt) ? 0 : abs_error(y, x_hi, x_lo, t);
+    const double d = (same && yb == gb) || (alt && yb == *alt) ? 0 : abs_error(y, x_hi, x_lo, t);
     const double ratio = d == 0 ? 0 : (lim > 0 ? d / lim : INFINITY);
     // ulp_error and bound_error of d, with t's constants looked up once
     const double ulp = d == 0 || std::isinf(d) ? d : d / ulp_of(x_hi, x_lo, fmt_emin, fmt_precision);
@@ -410,6 +448,7 @@ struct Comparer {
         if (!t.statistics_ok) fail(t.tensor + ": " + t.statistics_note);
       }
     }
+    if (const RawTensor* r = result.find(t.tensor)) t.dtype = r->dtype;
     t.tier = judge(acc.sample, acc.bias, spread);
     if (t.tier.tested && !t.tier.ok) fail(t.tensor + ": " + t.tier.note);
     rep.tensors.push_back(t);
@@ -473,8 +512,6 @@ struct Comparer {
     }
     const GradientErrors ge = gradient_errors(profile, c, mags, limits, xr, br, vsum, os);
     const double ug = unit_roundoff(profile.grad_accum);
-    const double uo = unit_roundoff(c.output_dtype);
-    const double floor = 2 * min_subnormal(c.output_dtype);
     const double group = static_cast<double>(c.Hq / c.Hkv);
     // dq of padding rows is not compared (as their out); their contributions to dk, dv and
     // dbias are, through those tensors.
@@ -486,10 +523,13 @@ struct Comparer {
     // The statistical tier's groups: elements of different groups depend on disjoint rows.
     auto judge = [&](const std::string& name, bool wanted, const std::vector<std::int64_t>& shape,
                      const std::vector<double>& err, const GradientSpread& sp, std::size_t group_size,
-                     auto terms_of, double extra) {
+                     auto terms_of, double partials) {
       if (!wanted) return;
       const RawTensor* got = returned(name, shape);
       if (!got) return;
+      // in the gradient's own dtype: its rounding, its floor, and GQA's `partials` roundings
+      const double uo = unit_roundoff(got->dtype), floor = 2 * min_subnormal(got->dtype);
+      const double extra = partials * uo;
       const RawTensor *gg = gold(name), *gref = gold(name + ".ref"), *gb = gold(name + ".bound");
       const Undecided u = undecided(name);
       AltCursor u_at{u};
@@ -515,7 +555,7 @@ struct Comparer {
     judge("dq", c.want_dq, c.q.shape, ge.dq, ge.dq_spread, static_cast<std::size_t>(c.Dk), [&](std::size_t k) {
       return limits[k / static_cast<std::size_t>(c.Dk)].keys; }, 0.0);
     const double rows = group * static_cast<double>(c.Nq);
-    const double gqa = group > 1 ? group * uo : 0;
+    const double gqa = group > 1 ? group : 0;
     const auto head = static_cast<std::size_t>(c.Nk);
     judge("dk", c.want_dk, c.k.shape, ge.dk, ge.dk_spread, head * static_cast<std::size_t>(c.Dk),
           [&](std::size_t) { return rows; }, gqa);
@@ -539,16 +579,16 @@ struct Comparer {
   void mha_gradients() {
     const MhaGradientErrors ge = mha_gradient_errors(profile, c, limits);
     const bool self = c.self_attention;
-    const double uo = unit_roundoff(c.output_dtype), ug = unit_roundoff(profile.grad_accum);
+    const double ug = unit_roundoff(profile.grad_accum);
     // each head's gradients, rounded to `projection` before the chain rule: u_proj on G.bound
     const double up = unit_roundoff(profile.projection);
-    const double floor = 2 * min_subnormal(c.output_dtype);
     const double H = static_cast<double>(c.Hq), Dk = static_cast<double>(c.Dk), Dv = static_cast<double>(c.Dv);
     auto judge = [&](const std::string& name, bool wanted, const std::vector<std::int64_t>& shape, const std::vector<double>& err,
                      const GradientSpread& sp, std::size_t group_size, double n, double extra, auto skip) {
       if (!wanted || err.empty()) return;
       const RawTensor* got = returned(name, shape);
       if (!got) return;
+      const double uo = unit_roundoff(got->dtype), floor = 2 * min_subnormal(got->dtype);  // the gradient's own
       const RawTensor *gg = gold(name), *gref = gold(name + ".ref"), *gb = gold(name + ".bound");
       const Undecided u = undecided(name);
       AltCursor u_at{u};
@@ -605,14 +645,14 @@ struct Comparer {
     for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
     const std::vector<double> vsum = underflows ? out_value_sum(c) : std::vector<double>{};
     auto vsum_at = [&](std::size_t k) { return underflows ? vsum[k] : 0.0; };
-    const FloatFormat fmt = float_format(c.output_dtype);
+    const FloatFormat fmt = float_format(c.dtype_of("out"));
     emin = 1 - fmt.bias;
     precision = fmt.precision;
     const RawTensor* valid = gold("row.valid");
     auto head_valid = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
       return valid->data[static_cast<std::size_t>((b * H + h) * c.Nq + i)] != 0;
     };
-    const double uo = unit_roundoff(c.output_dtype), S = profile.safety;
+    const double uo = unit_roundoff(c.dtype_of("out")), S = profile.safety;
     const MaskedRowConvention conv = profile.masked_rows;
 
     // out
@@ -712,7 +752,11 @@ struct Comparer {
       const RawTensor* got = returned(name, shape);
       if (!got) return;
       const RawTensor *gg = gold(name), *gref = gold(name + ".ref");
-      const Undecided u = undecided(name);
+      // Judged in its own dtype (that of the case given to the implementation): against the
+      // golden tensor when that is in the same dtype, else against the .ref alone.
+      const DType t = got->dtype;
+      const double u_t = unit_roundoff(t);
+      const Undecided u = gg->dtype == t ? undecided(name) : Undecided{};
       AltCursor u_at{u};
       const std::size_t n_el = got->data.size() / dtype_size(got->dtype);
       const bool blocks = gg->dtype == got->dtype && gg->data.size() == got->data.size() &&
@@ -730,9 +774,9 @@ struct Comparer {
             const bool masked = !head_valid(b, h, i);
             const auto lrow = static_cast<std::size_t>(mha ? b * c.Nq + i : (b * H + h) * c.Nq + i);
             const auto hrow = static_cast<std::size_t>((b * H + h) * c.Nq + i);
-            const RowLimits& L = limits[lrow];
+            const RowLimits L = limits_in(lrow, t);
             const auto row0 = static_cast<std::size_t>(((b * H + h) * c.Nq + i) * per);
-            const RowWeightScale ws = weights ? row_weight_scale(profile, spread, scales[lrow], L, uo, hrow)
+            const RowWeightScale ws = weights ? row_weight_scale(profile, spread, scales[lrow], L, u_t, hrow)
                                               : RowWeightScale{};
             auto slow = [&](std::size_t k) {  // one element, as it has always been compared
               const double y = value_of(*got, k);
@@ -745,9 +789,9 @@ struct Comparer {
               if (masked && conv == MaskedRowConvention::Mean) return;   // 1/Nk or log Nk + S: not compared
               if (masked && conv == MaskedRowConvention::Error) return;  // reported on out
               const double x = value_of(*gref, k);
-              const double lim = weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x);
+              const double lim = weights ? weight_limit(profile, L, u_t, x) : lse_limit(profile, L, u_t, x);
               const RowScales& R = scales[lrow];
-              const double sc = weights ? ws.at(x) : lse_scale(profile, spread, R, L, uo, hrow, x);
+              const double sc = weights ? ws.at(x) : lse_scale(profile, spread, R, L, u_t, hrow, x);
               element(a, *got, *gg, k, x, 0, weights ? 1.0 : std::max(1.0, std::fabs(x)), lim, -1, sc,
                       static_cast<std::int64_t>(hrow), u_at.find(k));
             };
@@ -775,10 +819,10 @@ struct Comparer {
               for (std::size_t e = k; e < k + n; ++e) {
                 double x;
                 std::memcpy(&x, rd + 8 * e, 8);
-                a.t.largest_limit = std::max(a.t.largest_limit, weights ? weight_limit(profile, L, uo, x) : lse_limit(profile, L, uo, x));
+                a.t.largest_limit = std::max(a.t.largest_limit, weights ? weight_limit(profile, L, u_t, x) : lse_limit(profile, L, u_t, x));
                 if (slowed[e - k]) continue;
-                const double sc = weights ? ws.at(x) : lse_scale(profile, spread, R, L, uo, hrow, x);
-                a.sample.add(static_cast<std::int64_t>(hrow), 0, final_share(uo, x, sc));
+                const double sc = weights ? ws.at(x) : lse_scale(profile, spread, R, L, u_t, hrow, x);
+                a.sample.add(static_cast<std::int64_t>(hrow), 0, final_share(u_t, x, sc));
               }
               j += static_cast<std::int64_t>(n);
             }
@@ -794,7 +838,8 @@ struct Comparer {
     if (c.want_scores && profile.returns_scores)
       if (const RawTensor* got = returned("scores", {c.B, H, c.Nq, c.Nk})) {
         const RawTensor *gg = gold("scores"), *gref = gold("scores.ref");
-        const Undecided u = undecided("scores");
+        const double u_t = unit_roundoff(got->dtype);
+        const Undecided u = gg->dtype == got->dtype ? undecided("scores") : Undecided{};
         AltCursor u_at{u};
         Acc a;
         a.t.tensor = "scores";
@@ -808,7 +853,7 @@ struct Comparer {
                 const auto k = static_cast<std::size_t>(hrow * c.Nk + j);
                 const double x = value_of(*gref, k);
                 element(a, *got, *gg, k, x, 0, std::max(1.0, std::fabs(x)),
-                        score_limit(profile, limits[lrow], uo, x), -1, -1, hrow, u_at.find(k));
+                        score_limit(profile, limits_in(lrow, got->dtype), u_t, x), -1, -1, hrow, u_at.find(k));
               }
             }
         finish(a);
@@ -843,7 +888,7 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
                         const JobResult& result, const Profile& profile, bool pictures) {
   CaseReport rep;
   rep.id = id;
-  const Case c = case_from_file(id, inputs_of(golden));
+  const Case c = declared_case(id, golden, profile);
   rep.dtype = c.input_dtype;
   if (!profile.covers(c.input_dtype)) {
     rep.status = CaseStatus::Skip;
@@ -880,9 +925,9 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
     // No golden values: only the declared treatment of the fully masked rows can be checked.
     const RawTensor* out = result.output.find("out");
     const bool mha = c.kind == Kind::Mha;
-    if (!out || out->dtype != c.output_dtype) {
+    if (!out || out->dtype != c.dtype_of("out")) {
       rep.status = CaseStatus::Fail;
-      rep.reason = "the result has no out of dtype " + std::string(dtype_name(c.output_dtype));
+      rep.reason = "the result has no out of dtype " + std::string(dtype_name(c.dtype_of("out")));
       return rep;
     }
     const std::int64_t W = mha ? c.Dout : c.Dv;

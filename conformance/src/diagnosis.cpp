@@ -458,7 +458,7 @@ struct Patterns {
     const double s = (smin + smax) / 2;
     // one shift within 1% over the failing elements (or within the output's rounding: 4 u of
     // the largest value, for a shift smaller than the values)
-    if (smax - smin <= std::max(1e-2 * std::fabs(s), 4 * unit_roundoff(c.output_dtype) * big) && s != 0) {
+    if (smax - smin <= std::max(1e-2 * std::fabs(s), 4 * unit_roundoff(c.dtype_of("out")) * big) && s != 0) {
       add(name + "_shift",
           name + " is the exact value plus a constant " + fmt("%+.4g", s) + " (" + g4(smin) + ".." + g4(smax) + " over " +
               plural(static_cast<std::int64_t>(es.size()), "failing element", "failing elements") + ")",

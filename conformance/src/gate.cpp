@@ -339,9 +339,10 @@ GateReport run_gate(const GateOptions& opt) {
     if (!chosen[k] || uncovered_case[k]) continue;
     const std::string in = (work / "inputs" / (cases[k].mc.id + ".safetensors")).string();
     if (kept.files[k]) {
-      write_file_atomic(in, serialize_safetensors(strip_golden(*kept.files[k])));
+      write_file_atomic(in, serialize_safetensors(case_for(*kept.files[k], *profile_for(opt, *kept.files[k]))));
     } else {
-      write_file_atomic(in, serialize_safetensors(strip_golden(golden_of(cases[k]))));
+      const SafeTensorsFile golden = golden_of(cases[k]);
+      write_file_atomic(in, serialize_safetensors(case_for(golden, *profile_for(opt, golden))));
     }
     job_of[k] = jobs.size();
     jobs.push_back({cases[k].mc.id, in, (work / "outputs" / (cases[k].mc.id + ".safetensors")).string()});

@@ -25,7 +25,7 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
   const double us = unit_roundoff(p.softmax), ug = unit_roundoff(p.grad_accum);
   const double u_dp = unit_roundoff(p.grad_dp), u_ds = unit_roundoff(p.grad_ds);
-  const double u_out = unit_roundoff(c.output_dtype);
+  const double u_out = unit_roundoff(c.dtype_of("out"));
   GradientErrors g;
   g.dq.assign(static_cast<std::size_t>(c.B * H * Nq * Dk), 0);
   g.dk.assign(static_cast<std::size_t>(c.B * Hk * Nk * Dk), 0);
@@ -283,6 +283,7 @@ MhaGradientErrors mha_gradient_errors(const Profile& p, const Case& c, const std
   s.path = c.path;
   s.input_dtype = c.input_dtype;
   s.output_dtype = c.output_dtype;
+  s.output_dtypes = c.output_dtypes;
   s.scale = c.scale;
   s.softcap = c.softcap;
   s.causal = c.causal;

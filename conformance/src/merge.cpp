@@ -89,6 +89,7 @@ CaseReport case_of(const J& c) {
   for (const J& t : c["tensors"]) {
     TensorReport tr;
     tr.tensor = string_of(t, "tensor");
+    if (const auto d = dtype_from_name(string_of(t, "dtype"))) tr.dtype = *d;
     tr.compared = integer_of(t, "compared");
     tr.worst_ulp = number_of(t, "worst_ulp");
     tr.worst_bound_error = number_of(t, "worst_bound_error");

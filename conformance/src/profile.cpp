@@ -30,16 +30,25 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
   } else if (name == "fp16" || name == "flash-fp16") {
     p.input_dtypes = {DType::F16};
     p.projection = DType::F16;
-    if (name == "flash-fp16") p.p = p.grad_ds = DType::F16;  // FlashAttention 2 rounds P and dS for the products
+    if (name == "flash-fp16") {
+      p.p = p.grad_ds = DType::F16;  // FlashAttention 2 rounds P and dS for the products
+      p.lse_dtype = DType::F32;      // and returns its softmax statistics in F32
+    }
   } else if (name == "bf16" || name == "flash-bf16") {
     p.input_dtypes = {DType::BF16};
     p.projection = DType::BF16;
-    if (name == "flash-bf16") p.p = p.grad_ds = DType::BF16;
+    if (name == "flash-bf16") {
+      p.p = p.grad_ds = DType::BF16;
+      p.lse_dtype = DType::F32;
+    }
   } else if (name == "fp8" || name == "flash-fp8") {
     // FP8 inputs (exact), descales applied, Q K^T, softmax and P V in F32; flash-fp8 rounds P
     // to E4M3 for the P V product, as FlashAttention 3's FP8 kernel does.
     p.input_dtypes = {DType::F8_E4M3, DType::F8_E5M2};
-    if (name == "flash-fp8") p.p = DType::F8_E4M3;
+    if (name == "flash-fp8") {
+      p.p = DType::F8_E4M3;
+      p.lse_dtype = DType::F32;
+    }
   } else if (name == "torch-cpu-bf16") {
     // BF16 matmuls (an F32 sum rounded to BF16), scale, softcap and bias in BF16, softmax rounding
     // P to BF16, P V a BF16 matmul again.
@@ -142,7 +151,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     static const char* known[] = {"name", "base", "input_dtypes", "projection", "qk_accum", "softmax", "p",
                                   "pv_accum", "exp_ulps", "safety", "masked_rows", "returns_weights",
                                   "returns_lse", "returns_scores", "returns_gradients", "bias", "key_block",
-                                  "grad_dp", "grad_ds", "grad_accum"};
+                                  "grad_dp", "grad_ds", "grad_accum", "lse_dtype"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     if (!ok) throw InputError(path, printable(key), "unknown profile field");
@@ -169,6 +178,15 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     DType t = DType::F64;
     dtype("bias", t);
     p.bias = t;
+  }
+  if (j.contains("lse_dtype")) {  // null: lse in the case's dtype
+    if (j["lse_dtype"].is_null()) {
+      p.lse_dtype.reset();
+    } else {
+      DType t = DType::F32;
+      dtype("lse_dtype", t);
+      p.lse_dtype = t;
+    }
   }
   number("exp_ulps", p.exp_ulps, 0);
   number("safety", p.safety, 1);

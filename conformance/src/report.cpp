@@ -283,6 +283,7 @@ std::string json_report(const GateReport& r) {
           heads.push_back({{"batch", h.b}, {"head", h.h < 0 ? J(nullptr) : J(h.h)}, {"failed", h.failed},
                            {"worst_limit_ratio", finite(h.worst_ratio)}});
       cj["tensors"].push_back({{"tensor", t.tensor},
+                               {"dtype", std::string(dtype_name(t.dtype))},
                                {"compared", t.compared},
                                {"worst_ulp", finite(t.worst_ulp)},
                                {"worst_bound_error", finite(t.worst_bound_error)},

@@ -597,7 +597,7 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   const double upv = unit_roundoff(p.pv_accum);
   const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
   const double n = static_cast<double>(std::max<std::int64_t>(m.keys, 1));
-  const DType out = c.output_dtype;
+  const DType out = c.dtype_of("out");
   RowLimits r;
   // (1) a score: Dk products and sums (gamma_Dk), the scale and softcap (2 more roundings) on
   // the dot's magnitude A, then rounding into the softmax dtype and the bias addition.

@@ -170,6 +170,9 @@ MUTANTS = {
                                  tags=("basic",)),
     "flash:lse_without_max": flash("lse_without_max", "every case returning lse", tags=("basic",)),
     "flash:lse_log2": flash("lse_log2", "every case returning lse with lse != 0", tags=("basic",)),
+    "flash:lse_bf16_rounded": flash("lse_bf16_rounded", "every case returning lse not exact in BF16: lse "
+                                    "is judged in F32 (fp32, and the flash profiles' lse_dtype)",
+                                    tags=("basic",)),
     "flash:weights_stale": flash("weights_stale", "weights of rows of more than 16 keys",
                                  tags=("group:normal",)),
     "flash:weights_no_softcap": flash("weights_no_softcap", "weights of softcap cases",

@@ -175,6 +175,13 @@ std::vector<Problem> good_problems() {
   p.dtype = DType::F64;
   p.meta = {{"attn.output_dtype", "BF16"}, {"attn.outputs", "out,lse"}};
   ps.push_back(p);
+
+  p = Problem{};  // a dtype per output: BF16 out, F32 lse, F64 weights
+  p.id = "bf16_out_f32_lse";
+  p.meta = {{"attn.output_dtype", "BF16"},
+            {"attn.outputs", "out,weights,lse"},
+            {"attn.output_dtypes", "lse:F32,weights:F64"}};
+  ps.push_back(p);
   return ps;
 }
 

@@ -116,6 +116,26 @@ TEST_F(Profiles, BackwardFields) {
             std::string::npos);
 }
 
+// lse_dtype: the flash profiles (and so the flash family) return lse in F32; a JSON profile sets
+// it by name, or clears it with null.
+TEST_F(Profiles, LseDtype) {
+  for (const char* n : {"flash-fp16", "flash-bf16", "flash-fp8"})
+    EXPECT_EQ(conformance::builtin_profile(n).lse_dtype, DType::F32) << n;
+  for (const char* n : {"fp64", "fp32", "fp16", "bf16", "torch-cpu-bf16", "fp8"})
+    EXPECT_FALSE(conformance::builtin_profile(n).lse_dtype) << n;
+  const auto flash = conformance::load_profile_set("flash");
+  EXPECT_EQ(flash.for_dtype(DType::BF16)->lse_dtype, DType::F32);
+  EXPECT_FALSE(flash.for_dtype(DType::F64)->lse_dtype);
+  file("l.json", R"({"name": "l", "base": "bf16", "lse_dtype": "F32"})");
+  EXPECT_EQ(conformance::profile_from_json((dir_ / "l.json").string()).lse_dtype, DType::F32);
+  file("l2.json", R"({"name": "l2", "base": "flash-bf16", "lse_dtype": null})");
+  EXPECT_FALSE(conformance::profile_from_json((dir_ / "l2.json").string()).lse_dtype);
+  file("l3.json", R"({"name": "l3", "lse_dtype": "I32"})");
+  EXPECT_NE(refusal([&] { conformance::profile_from_json((dir_ / "l3.json").string()); })
+                .find("l3.json: lse_dtype: must be one of F64, F32, F16, BF16"),
+            std::string::npos);
+}
+
 TEST_F(Profiles, JsonFamilyWithNamesFilesAndObjects) {
   file("f16.json", R"({"name": "my-f16", "base": "fp16", "softmax": "F16", "bias": "F16"})");
   const std::string fam = file("fam.json", R"({"name": "mine", "profiles": ["fp32", "f16.json",

@@ -8,6 +8,7 @@
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/evaluate.hpp"
+#include "attnoracle/reference/round.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
 
 namespace attnoracle::conformance {
@@ -174,6 +175,84 @@ TEST(Tolerance, SeqlensInRowMagnitudesAndPadding) {
   EXPECT_EQ(r.status, CaseStatus::Pass) << r.reason;
   encode_float(DType::F32, 3.5, j.output.find("out")->data.data());  // query 0 is compared
   EXPECT_EQ(compare_case("t", golden, "ok", j, builtin_profile("fp32")).status, CaseStatus::Fail);
+}
+
+// lse in its own dtype (TOLERANCE.md, "Each output in its own dtype"): flash-bf16 declares lse
+// in F32, so a BF16 case asking for lse is given to the implementation with lse:F32, and lse is
+// judged in F32 against lse.ref: an lse kept in BF16 (within a BF16 ulp, many F32 ulps off) fails
+// there, and passes where lse is judged in BF16.
+TEST(Tolerance, LseInF32UnderFlashBf16) {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.outputs", "out,lse"}};
+  auto put = [&](const char* name, std::vector<std::int64_t> shape, std::vector<double> v) {
+    RawTensor t{name, DType::BF16, shape, {}};
+    t.data.resize(v.size() * 2);
+    for (std::size_t k = 0; k < v.size(); ++k) encode_float(DType::BF16, v[k], t.data.data() + 2 * k);
+    f.put(std::move(t));
+  };
+  put("q", {1, 1, 2, 2}, {1.5, -0.75, 2.25, 1});
+  put("k", {1, 1, 3, 2}, {1, 2, -0.5, 1.25, 3, -1});
+  put("v", {1, 1, 3, 2}, {0.5, 1, -2, 0.25, 1.5, -1});
+  const Case c = case_from_file("t", f);
+  const SafeTensorsFile golden = golden_file(c, evaluate(c, {}));
+  ASSERT_EQ(golden.find("lse")->dtype, DType::BF16);
+  const Profile flash = builtin_profile("flash-bf16");
+  ASSERT_EQ(flash.lse_dtype, DType::F32);
+  EXPECT_EQ(case_for(golden, flash).metadata.at("attn.output_dtypes"), "lse:F32");
+  Profile own = flash;  // lse in the case's dtype
+  own.lse_dtype.reset();
+  EXPECT_EQ(case_for(golden, own).metadata.count("attn.output_dtypes"), 0u);
+  EXPECT_EQ(case_for(golden, own).metadata, strip_golden(golden).metadata);
+
+  const RawTensor& ref = *golden.find("lse.ref");
+  auto result = [&](DType t, DType through) {  // lse.ref rounded through `through`, stored in t
+    JobResult j;
+    j.outcome = Outcome::Output;
+    j.output.put(*golden.find("out"));
+    RawTensor lse{"lse", t, ref.shape, std::vector<unsigned char>(2 * dtype_size(t))};
+    for (std::size_t k = 0; k < 2; ++k)
+      encode_float(t, round_double(decode_float(DType::F64, ref.data.data() + 8 * k), through),
+                   lse.data.data() + k * dtype_size(t));
+    j.output.put(lse);
+    return j;
+  };
+  CaseReport r = compare_case("t", golden, "ok", result(DType::F32, DType::F32), flash);
+  EXPECT_EQ(r.status, CaseStatus::Pass) << r.reason;
+  ASSERT_EQ(r.tensors.size(), 2u);
+  EXPECT_EQ(r.tensors[1].tensor, "lse");
+  EXPECT_EQ(r.tensors[1].dtype, DType::F32);
+  EXPECT_EQ(r.tensors[0].dtype, DType::BF16);
+  r = compare_case("t", golden, "ok", result(DType::BF16, DType::BF16), flash);
+  EXPECT_EQ(r.status, CaseStatus::Fail);
+  EXPECT_EQ(r.reason, "lse is BF16 [1,1,2], expected F32 [1,1,2]");
+  r = compare_case("t", golden, "ok", result(DType::F32, DType::BF16), flash);
+  EXPECT_EQ(r.status, CaseStatus::Fail) << r.reason;
+  ASSERT_TRUE(r.worst);
+  EXPECT_EQ(r.worst->tensor, "lse");
+  EXPECT_EQ(r.worst->dtype, DType::F32);
+  EXPECT_GT(r.worst->limit_ratio, 10);
+  EXPECT_EQ(compare_case("t", golden, "ok", result(DType::BF16, DType::BF16), own).status, CaseStatus::Pass);
+}
+
+// TOLERANCE.md's worked lse limit in F32: the page's row (Dk = 4, A = 2, M = 3, n = 8) has
+// lse_abs = 18u + 46u + 9u + 16u = 89u under flash-bf16 as under fp32 (u = 2^-24), so lse = 3.5
+// has the limit 4 (89 + 3.5) u in F32, against 4 (89u + 3.5 2^-8) in BF16.
+TEST(Tolerance, LseLimitInF32OfTheDocs) {
+  Case c;
+  c.Dk = 4;
+  c.output_dtype = DType::BF16;
+  const RowMagnitudes m{2.0, 3.0, 8};
+  const Profile p = builtin_profile("flash-bf16");
+  const RowLimits L = row_limits(p, c, m);
+  const double u = 0x1p-24;
+  EXPECT_DOUBLE_EQ(L.lse_abs, 89 * u);
+  EXPECT_DOUBLE_EQ(L.lse_abs, row_limits(builtin_profile("fp32"), c, m).lse_abs);
+  RowLimits f32 = L;
+  f32.floor = 2 * 0x1p-149 + 8 * 0x1p-126;  // the floor in F32's spacing
+  EXPECT_NEAR(lse_limit(p, f32, u, 3.5), 4 * 92.5 * u, 1e-15);
+  EXPECT_NEAR(lse_limit(p, L, 0x1p-8, 3.5), 4 * (89 * u + 3.5 * 0x1p-8), 1e-15);
+  EXPECT_GT(3.5e-4, 15 * lse_limit(p, f32, u, 3.5));  // 1e-4 relative: 16 times the F32 limit
+  EXPECT_LT(3.5e-4, lse_limit(p, L, 0x1p-8, 3.5) / 100);  // and within 1% of the BF16 one
 }
 
 TEST(Tolerance, UlpErrorFollowsTosa) {

@@ -62,6 +62,7 @@ inline Case options_only(const Case& c) {
   t.kind = c.kind;
   t.input_dtype = c.input_dtype;
   t.output_dtype = c.output_dtype;
+  t.output_dtypes = c.output_dtypes;
   t.scale = c.scale;
   t.softcap = c.softcap;
   t.causal = c.causal;

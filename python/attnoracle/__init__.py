@@ -184,7 +184,7 @@ def _input_dtype_of(x, file, name):
 
 
 def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, outputs, input_dtype, output_dtype,
-                  round_values, file, metadata=None):
+                  round_values, file, metadata=None, output_dtypes=None):
     """The tensors and metadata of a case file from arrays and options."""
     arrays = {n: a for n, a in arrays.items() if a is not None}
     kind = "mha" if "x_q" in arrays else "sdpa"
@@ -225,6 +225,9 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
         meta["attn.masked_rows"] = str(masked_rows)
     if output_dtype is not None:
         meta["attn.output_dtype"] = str(output_dtype).upper()
+    if output_dtypes is not None:  # {"lse": "F32"} or "lse:F32"
+        meta["attn.output_dtypes"] = output_dtypes if isinstance(output_dtypes, str) else \
+            ",".join(f"{name}:{str(t).upper()}" for name, t in dict(output_dtypes).items())
     if outputs is not None:
         names = [outputs] if isinstance(outputs, str) else list(outputs)
         meta["attn.outputs"] = ",".join(names)
@@ -305,7 +308,8 @@ def _threads(threads):
 def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, seqlens_q=None, seqlens_k=None,
              sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None, causal=None,
              window=None, softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None,
-             threads=None, max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None):
+             output_dtypes=None, threads=None, max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
+             w_o=None):
     """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
     file these arrays make, bit for bit (a Result).
 
@@ -318,16 +322,17 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
     "dv", "dbias", "dsinks" (dout given; dsinks with sinks). input_dtype: by default the dtype of q (float64, float32,
     float16; a PyTorch bfloat16 tensor is BF16); "BF16" takes float arrays whose values BF16
     holds exactly (refused otherwise) or uint16 bit patterns, "F8_E4M3" and "F8_E5M2" float
-    arrays of values they hold or uint8 bit patterns (output_dtype then required). Every value
-    must be exactly representable in its dtype: nothing is rounded silently. Raises InputError
-    with the command line's message."""
+    arrays of values they hold or uint8 bit patterns (output_dtype then required). output_dtypes
+    gives outputs dtypes of their own ({"lse": "F32"} or "lse:F32", attn.output_dtypes). Every
+    value must be exactly representable in its dtype: nothing is rounded silently. Raises
+    InputError with the command line's message."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, dout=dout)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
                                   input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
-                                  file=_ARRAYS)
+                                  file=_ARRAYS, output_dtypes=output_dtypes)
     return _evaluate(tensors, meta, _ARRAYS, threads, max_precision)
 
 
@@ -340,7 +345,7 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
                seqlens_k=None, sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None,
                causal=None, window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None,
                output_dtype=None, round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
-               w_o=None):
+               w_o=None, output_dtypes=None):
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
     eval` checks it, written atomically. Arguments as for evaluate(); the float values are
     rounded to nearest-even into their dtype (F8_E4M3 saturating at +-448; round_inputs=False:
@@ -351,7 +356,8 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
     path = os.fspath(path)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
-                                  output_dtype=output_dtype, round_values=round_inputs, file=path, metadata=metadata)
+                                  output_dtype=output_dtype, round_values=round_inputs, file=path, metadata=metadata,
+                                  output_dtypes=output_dtypes)
     _native.write_case(path, tensors, meta)
     return path
 
@@ -481,12 +487,18 @@ class Case:
         """The gate's verdict on what an implementation returned for this case, computed by the
         conformance library as `attnoracle check` computes it (a Verdict).
 
-        outputs: {"out": array, "weights": ..., "lse": ..., "scores": ...} (each converted to the
-        case's output dtype, rounded to nearest-even like a final cast; uint16 arrays are bit
+        outputs: {"out": array, "weights": ..., "lse": ..., "scores": ...} (each converted to its
+        dtype: attn.output_dtypes, a profile's lse dtype (flash profiles: F32), else the case's
+        output dtype; rounded to nearest-even like a final cast; uint16 arrays are bit
         patterns of a BF16 or F16 output; the gradients a case asks for are judged too), or a Refused
         or Unsupported exception (any other exception counts as a refusal). profile as for `attnoracle check --profile` (fp32, fp16, a list, a
         family, a JSON file); masked_rows and returns as its --masked-rows and --returns."""
         outcome, reason, result = "output", "", []
+        # each output's dtype in the case as the profile's implementation is given it (a flash
+        # profile's lse in F32, say)
+        given = _native.declared_metadata(self._tensors, self.metadata, str(profile))
+        own = dict(e.split(":", 1) for e in given["attn.output_dtypes"].split(",")) \
+            if "attn.output_dtypes" in given else {}
         if isinstance(outputs, Unsupported):
             outcome, reason = "unsupported", str(outputs)
         elif isinstance(outputs, BaseException):
@@ -495,7 +507,7 @@ class Case:
             for name, a in dict(outputs).items():
                 if a is None:
                     continue
-                result.append(_float_tensor(name, a, self.output_dtype, True, self.id + " (result)"))
+                result.append(_float_tensor(name, a, own.get(name, self.output_dtype), True, self.id + " (result)"))
         if returns is not None and not isinstance(returns, str):
             returns = ",".join(returns)
         report, text = _native.check(self.id, list(self.tags), self._tensors, self.metadata, self.expect, outcome,

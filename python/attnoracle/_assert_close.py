@@ -68,9 +68,11 @@ def _own_dtype(x, name, file, pkg):
     return a, bits or pkg._DTYPE_OF_NUMPY.get(a.dtype)
 
 
-def _results(actual, output_dtype, input_dtype, file, pkg):
-    """(output dtype, {name: array}) of what the kernel returned. One output dtype per case: that of
-    out, or the one given; another output in another dtype is refused."""
+def _results(actual, output_dtype, output_dtypes, input_dtype, file, pkg):
+    """(out's dtype, {name: dtype} of the outputs in another dtype, {name: array}) of what the
+    kernel returned. Without output_dtype, each output is judged in the dtype it comes in
+    (attn.output_dtypes for those other than out's: a BF16 out beside an F32 lse, say); with it,
+    every output is in output_dtype but those output_dtypes names."""
     if not isinstance(actual, dict):
         actual = {"out": actual}
     actual = {str(n): a for n, a in actual.items() if a is not None}
@@ -89,19 +91,22 @@ def _results(actual, output_dtype, input_dtype, file, pkg):
             raise pkg._error(file, n, f"an array of {arr.dtype} is not an output of attention "
                                       "(float64, float32, float16, bfloat16)")
         dtypes[n] = own
-    out_dtype = _dtype_name(output_dtype) if output_dtype is not None else dtypes["out"]
-    if output_dtype is None:
-        for n, d in dtypes.items():
-            if d != out_dtype:
-                raise pkg._error(file, n, f"dtype {d} differs from out's {out_dtype}: a case has one output "
-                                          "dtype (attn.output_dtype); give the output in it")
-    return out_dtype, actual
+    named = {str(n): _dtype_name(d) for n, d in dict(output_dtypes or {}).items()}
+    for n in named:
+        if n not in actual:
+            raise pkg._error(file, "output_dtypes", f"{n}: not an output the kernel returned")
+    out_dtype = named.get("out") or (_dtype_name(output_dtype) if output_dtype is not None else dtypes["out"])
+    if output_dtype is not None:
+        dtypes = {n: _dtype_name(output_dtype) for n in dtypes}
+    dtypes.update(named)
+    others = {n: d for n, d in dtypes.items() if n != "out" and d != out_dtype}
+    return out_dtype, others, actual
 
 
 def assert_close(actual, q=None, k=None, v=None, *, profile, causal=False, window=None, softcap=None, scale=None,
                  bias=None, mask=None, query_mask=None, sinks=None, seqlens_q=None, seqlens_k=None, dout=None,
                  q_descale=None, k_descale=None, v_descale=None, masked_rows="zero", input_dtype=None,
-                 output_dtype=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None, cache=True,
+                 output_dtype=None, output_dtypes=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None, w_o=None, cache=True,
                  threads=None, max_precision=2048):
     """Judges what an attention kernel returned for these inputs with the gate: raises
     AssertionError with the gate's verdict (the worst element, its value against the golden one
@@ -110,8 +115,10 @@ def assert_close(actual, q=None, k=None, v=None, *, profile, causal=False, windo
 
     actual: the output (an array or tensor), or a dict of the outputs the kernel returns: out,
     weights, lse, scores, and the gradients dq, dk, dv, dbias, dsinks (dout given). The case asks
-    for exactly those. Their dtype is the case's output dtype (output_dtype to give it): one for
-    all of them. Inputs and options as for evaluate(); q, k and v in one dtype (a mix is refused,
+    for exactly those. Each is judged in the dtype it comes in (an F32 lse beside a BF16 out, as
+    FlashAttention returns them, in F32: attn.output_dtypes); output_dtype, when given, is the
+    dtype of every output but those that output_dtypes ({"lse": "F32"}) names.
+    Inputs and options as for evaluate(); q, k and v in one dtype (a mix is refused,
     nothing is rounded). profile: a name or list as for `attnoracle check --profile` ("flash-bf16",
     "fp32,bf16", a JSON file), a Profile, or a dict of a profile's JSON fields. masked_rows: the
     kernel's convention for rows with no allowed key: "zero" (FlashAttention's), "nan", "mean",
@@ -138,7 +145,7 @@ def assert_close(actual, q=None, k=None, v=None, *, profile, causal=False, windo
         dtype = first[1] if first else None
     else:
         dtype = _dtype_name(input_dtype)
-    out_dtype, actual = _results(actual, output_dtype, dtype, file, pkg)
+    out_dtype, other_dtypes, actual = _results(actual, output_dtype, output_dtypes, dtype, file, pkg)
     if masked_rows not in ("error", "zero", "nan", "mean"):
         raise pkg._error(file, "masked_rows", f"{masked_rows!r} is not error, zero, nan or mean")
     outputs = ["out"] + [n for n in actual if n != "out"]
@@ -146,7 +153,8 @@ def assert_close(actual, q=None, k=None, v=None, *, profile, causal=False, windo
     tensors, meta = pkg._case_tensors(
         arrays, scale=scale, causal=causal, window=window, softcap=None if no_softcap else softcap,
         masked_rows=None if masked_rows == "error" else "zero", outputs=outputs, input_dtype=input_dtype,
-        output_dtype=out_dtype if out_dtype != dtype else None, round_values=False, file=file)
+        output_dtype=out_dtype if out_dtype != dtype else None, round_values=False, file=file,
+        output_dtypes=other_dtypes or None)
 
     def evaluate():
         return _native.evaluate(tensors, meta, file, pkg._threads(threads), int(max_precision))
@@ -155,7 +163,7 @@ def assert_close(actual, q=None, k=None, v=None, *, profile, causal=False, windo
         golden, golden_meta, _, _ = _cache.golden(tensors, meta, max_precision, evaluate)
     else:
         golden, golden_meta, _ = evaluate()
-    result = [pkg._float_tensor(n, a, out_dtype, False, "actual") for n, a in actual.items()]
+    result = [pkg._float_tensor(n, a, other_dtypes.get(n, out_dtype), False, "actual") for n, a in actual.items()]
     returns = ",".join(outputs[1:] + (["gradients"] if set(outputs) & set(_GRADIENTS) else [])) or "out"
     profile_json = ""
     if isinstance(profile, dict):

@@ -215,6 +215,18 @@ conformance::ProfileSet profile_set_of(const std::string& profile, const std::st
   return set;
 }
 
+// The metadata of the case an implementation judged by `profile` (its member for the case's input
+// dtype) is given, as the gate writes it: with the output dtypes the profile declares.
+Metadata py_declared_metadata(const std::vector<PyTensor>& golden_tensors, const Metadata& golden_metadata,
+                              const std::string& profile) {
+  const SafeTensorsFile golden = file_of(golden_tensors, golden_metadata, "<case>");
+  const conformance::ProfileSet set = conformance::load_profile_set(profile, "profile");
+  const RawTensor* q = golden.find("q");
+  if (!q) q = golden.find("x_q");
+  const conformance::Profile* p = q ? set.for_dtype(q->dtype) : nullptr;
+  return p ? conformance::case_for(golden, *p).metadata : golden_metadata;
+}
+
 // The gate's verdict on one case: compare_case under the member of the profile set for the
 // case's input dtype, as `attnoracle check` computes it. Returns (JSON report of that one case,
 // the text report's lines for it).
@@ -286,6 +298,7 @@ PYBIND11_MODULE(_attnoracle, m) {
   m.def("check", &py_check, py::arg("id"), py::arg("tags"), py::arg("golden_tensors"), py::arg("golden_metadata"),
         py::arg("expect"), py::arg("outcome"), py::arg("reason"), py::arg("result_tensors"), py::arg("profile"),
         py::arg("masked_rows"), py::arg("returns"), py::arg("profile_json") = std::string());
+  m.def("declared_metadata", &py_declared_metadata);
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

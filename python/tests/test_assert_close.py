@@ -143,6 +143,25 @@ def test_outputs_and_gradients_in_a_dict():
         attnoracle.assert_close({"out": g["out"], "dq": g["dq"]}, q, k, v, causal=True, profile="fp64")
 
 
+def test_an_f32_lse_beside_a_bf16_out_is_judged_in_f32():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.as_tensor(x).to(torch.bfloat16) for x in inputs((1, 2, 64, 64), seed=10))
+    g = attnoracle.evaluate(q, k, v, outputs=("out", "lse"), output_dtypes={"lse": "F32"})
+    out, lse = torch.as_tensor(np.asarray(g["out"], np.float32)).to(torch.bfloat16), torch.as_tensor(g["lse"])
+    assert lse.dtype == torch.float32
+    verdict = attnoracle.assert_close({"out": out, "lse": lse}, q, k, v, profile="flash-bf16")
+    assert verdict.passed and {t["tensor"]: t["dtype"] for t in verdict.report["tensors"]}["lse"] == "F32"
+    # an lse that went through BF16: within a BF16 ulp, hundreds of F32 ulps off
+    coarse = lse.to(torch.bfloat16).float()
+    assert (coarse != lse).any()
+    with pytest.raises(AssertionError, match=r"lse"):
+        attnoracle.assert_close({"out": out, "lse": coarse}, q, k, v, profile="flash-bf16")
+    # the same values given as float32 arrays, their dtypes named
+    named = attnoracle.assert_close({"out": out.float().numpy(), "lse": lse.numpy()}, q, k, v, profile="flash-bf16",
+                                    output_dtype="BF16", output_dtypes={"lse": "F32"})
+    assert named.passed
+
+
 def test_fully_masked_rows_under_the_kernels_convention():
     q, k, v = inputs((1, 1, 6, 8), nk=3, seed=8)  # bottom_right with Nq > Nk: rows 0..2 see no key
     g = attnoracle.evaluate(q, k, v, causal="bottom_right", masked_rows="zero")
@@ -177,8 +196,8 @@ def test_refusals():
     out = attnoracle.evaluate(q, k, v)["out"]
     with pytest.raises(attnoracle.InputError, match=r"^<arrays>: k: dtype F16 differs from q's F32"):
         attnoracle.assert_close(out, q, k.astype(np.float16), v, profile="fp32")
-    with pytest.raises(attnoracle.InputError, match=r"^<arrays>: lse: dtype F64 differs from out's F32"):
-        attnoracle.assert_close({"out": out, "lse": np.zeros((1, 2, 6))}, q, k, v, profile="fp32")
+    with pytest.raises(attnoracle.InputError, match=r"^<arrays>: output_dtypes: lse: not an output the kernel returned"):
+        attnoracle.assert_close(out, q, k, v, profile="fp32", output_dtypes={"lse": "F32"})
     with pytest.raises(attnoracle.InputError, match=r"^<arrays>: output: unknown output"):
         attnoracle.assert_close({"out": out, "output": out}, q, k, v, profile="fp32")
     with pytest.raises(attnoracle.InputError, match=r"^<arrays>: out: missing"):

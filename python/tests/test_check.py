@@ -105,6 +105,21 @@ def test_verdict_of_a_failing_case_names_the_worst_element_and_its_limit(core):
     assert full.check({"out": full.golden["out"]}, profile="standard", returns=("out",)).passed
 
 
+def test_check_gives_lse_the_dtype_the_profile_returns_it_in(core):
+    # flash-bf16 declares lse in F32: lse is converted to F32 and judged there against lse.ref;
+    # under bf16 it is converted to BF16, the case's dtype, as before
+    case = next(c for c in (e.load() for e in core) if c.expect == "ok" and c.kind == "sdpa" and c.input_dtype == "BF16"
+                and "lse" in c.outputs and not c.outputs.count("weights"))
+    outputs = {"out": case.golden.bits["out"], "lse": case.golden["lse.ref"]}
+    for profile, dtype in (("flash-bf16", "F32"), ("bf16", "BF16")):
+        v = case.check(outputs, profile=profile)
+        assert v.passed, (profile, v.reason)
+        assert [t["dtype"] for t in v.report["tensors"] if t["tensor"] == "lse"] == [dtype]
+    # an lse kept in BF16 is many F32 ulps off
+    v = case.check({"out": outputs["out"], "lse": case.golden["lse"]}, profile="flash-bf16")
+    assert v.failed and v.worst["tensor"] == "lse"
+
+
 def test_skip_when_the_profile_does_not_cover_the_dtype_and_unsupported(core):
     case = next(e for e in core if e.expect == "ok" and e.load().input_dtype == "F64").load()
     v = case.check(golden_outputs(case), profile="fp32")

@@ -102,6 +102,26 @@ def test_result_holds_the_golden_tensors():
     assert np.allclose(out, r["out.ref"], rtol=1e-12, atol=1e-14)
 
 
+def test_output_dtypes_give_an_output_its_own_dtype(tmp_path):
+    # BF16 out with an F32 lse (attn.output_dtypes), as a dict or as the metadata's text
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 2)))
+    kw = dict(outputs=("out", "lse"), output_dtype="BF16", threads=1)
+    r = attnoracle.evaluate(q, k, v, output_dtypes={"lse": "F32"}, **kw)
+    assert r.tensors == attnoracle.evaluate(q, k, v, output_dtypes="lse:F32", **kw).tensors
+    dtypes = {name: dtype for name, dtype, *_ in r.tensors}
+    assert dtypes["out"] == "BF16" and dtypes["lse"] == "F32" and dtypes["lse.ref"] == "F64"
+    assert r.metadata["attn.output_dtypes"] == "lse:F32"
+    plain = attnoracle.evaluate(q, k, v, **kw)
+    assert np.array_equal(r["out"], plain["out"]) and np.array_equal(r["lse.ref"], plain["lse.ref"])
+    assert r["lse"].dtype == np.float32 and not np.array_equal(r["lse"], plain["lse"])
+    path = attnoracle.write_case(tmp_path / "c.safetensors", q, k, v, output_dtypes={"lse": "F32"}, outputs=("out", "lse"),
+                                 output_dtype="BF16")
+    assert attnoracle.load_case(path).metadata["attn.output_dtypes"] == "lse:F32"
+    with pytest.raises(attnoracle.InputError, match="attn.output_dtypes: value \"lse:F8_E4M3\" is not"):
+        attnoracle.evaluate(q, k, v, output_dtypes="lse:F8_E4M3", **kw)
+
+
 def test_bf16_from_float32_values_from_bits_and_from_torch():
     import torch
 

@@ -21,9 +21,9 @@ namespace {
 
 using Shape = std::vector<std::int64_t>;
 
-constexpr std::array<std::string_view, 9> kMetadataKeys = {
-    "attn.format",  "attn.kind",        "attn.scale",        "attn.causal", "attn.window",
-    "attn.softcap", "attn.masked_rows", "attn.output_dtype", "attn.outputs"};
+constexpr std::array<std::string_view, 10> kMetadataKeys = {
+    "attn.format",  "attn.kind",        "attn.scale",        "attn.causal",        "attn.window",
+    "attn.softcap", "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs"};
 // Written by the reference beside golden tensors; dropped on reading, like those tensors.
 constexpr std::array<std::string_view, 2> kReferenceKeys = {"attn.reference", "attn.undecided"};
 
@@ -163,8 +163,9 @@ class CaseReader {
       if (!t || !is_float_format(*t)) bad("attn.output_dtype", *v, "F64, F32, F16 or BF16");
       output_dtype_ = *t;
     }
+    std::set<std::string> listed = {"out"};
     if ((v = get("attn.outputs"))) {
-      std::set<std::string> listed;
+      listed.clear();
       std::string_view rest = *v;
       while (true) {
         const auto comma = rest.find(',');
@@ -204,6 +205,33 @@ class CaseReader {
           fail("attn.outputs", "value " + quoted(*v) + " asks for " + g +
                                    ", a gradient of kind mha; kind sdpa has dq, dk and dv");
     }
+    listed.insert("out");  // out is always written
+    if ((v = get("attn.output_dtypes"))) output_dtypes(*v, listed);
+  }
+
+  // attn.output_dtypes: a comma list of name:DTYPE, each name an output that attn.outputs asks
+  // for, once.
+  void output_dtypes(const std::string& v, const std::set<std::string>& asked) {
+    std::string_view rest = v;
+    while (true) {
+      const auto comma = rest.find(',');
+      const std::string_view entry = rest.substr(0, comma);
+      const auto colon = entry.find(':');
+      if (colon == std::string_view::npos)
+        bad("attn.output_dtypes", v, "a comma list of name:DTYPE, e.g. lse:F32 (" + quoted(entry) + "?)");
+      const std::string name(entry.substr(0, colon)), type(entry.substr(colon + 1));
+      if (!asked.count(name))
+        fail("attn.output_dtypes", "value " + quoted(v) + " gives a dtype to " + quoted(name) +
+                                       ", which is not an output attn.outputs asks for");
+      const auto t = dtype_from_name(type);
+      if (!t || !is_float_format(*t))
+        bad("attn.output_dtypes", v, "a list of name:DTYPE with DTYPE F64, F32, F16 or BF16 (" + quoted(type) + "?)");
+      for (const auto& [n, _] : c_.output_dtypes)
+        if (n == name) bad("attn.output_dtypes", v, "a list without repeats (" + quoted(name) + " twice)");
+      c_.output_dtypes.emplace_back(name, *t);
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
   }
 
   void tensors(const SafeTensorsFile& file) {
@@ -238,6 +266,10 @@ class CaseReader {
         fail("attn.output_dtype", "missing (required for " + in + " inputs: F32, F16 or BF16)");
       if (*output_dtype_ == DType::F64)
         bad("attn.output_dtype", "F64", "F32, F16 or BF16 (the output dtypes of " + in + " inputs)");
+      for (const auto& [n, t] : c_.output_dtypes)
+        if (t == DType::F64)
+          fail("attn.output_dtypes", "gives " + n + " dtype F64, which is not F32, F16 or BF16 (the output dtypes of " +
+                                         in + " inputs)");
     }
     c_.output_dtype = output_dtype_.value_or(c_.input_dtype);
     if (is_sdpa) apply_descales(file);
@@ -802,28 +834,27 @@ std::vector<std::int64_t> Case::out_shape() const {
 }
 
 std::vector<GoldenSpec> Case::golden_tensors() const {
-  const DType o = output_dtype;
   const std::vector<std::int64_t> out = out_shape(), rows = row_shape(), w{B, Hq, Nq, Nk};
-  std::vector<GoldenSpec> g = {{"out", o, out}, {"out.ref", DType::F64, out}};
-  if (o == DType::F64) g.push_back({"out.ref_lo", DType::F64, out});
+  std::vector<GoldenSpec> g = {{"out", dtype_of("out"), out}, {"out.ref", DType::F64, out}};
+  if (dtype_of("out") == DType::F64) g.push_back({"out.ref_lo", DType::F64, out});
   g.push_back({"out.bound", DType::F64, out});
   g.push_back({"row.valid", DType::BOOL, rows});
   if (want_weights) {
-    g.push_back({"weights", o, w});
+    g.push_back({"weights", dtype_of("weights"), w});
     g.push_back({"weights.ref", DType::F64, w});
   }
   if (want_lse) {
-    g.push_back({"lse", o, rows});
+    g.push_back({"lse", dtype_of("lse"), rows});
     g.push_back({"lse.ref", DType::F64, rows});
   }
   if (want_scores) {
-    g.push_back({"scores", o, w});
+    g.push_back({"scores", dtype_of("scores"), w});
     g.push_back({"scores.ref", DType::F64, w});
   }
   // Gradients (CONTRACT section 7): G, G.ref and G.bound, in the shape of the input.
   auto gradient = [&](bool want, const char* name, std::vector<std::int64_t> shape) {
     if (!want) return;
-    g.push_back({name, o, shape});
+    g.push_back({name, dtype_of(name), shape});
     g.push_back({std::string(name) + ".ref", DType::F64, shape});
     g.push_back({std::string(name) + ".bound", DType::F64, shape});
   };

@@ -62,7 +62,7 @@ struct Buffers {
 mpfr_prec_t start_precision(const Case& c) {
   auto lg = [](std::int64_t n) { return static_cast<mpfr_prec_t>(std::ceil(std::log2(static_cast<double>(n) + 1.0))); };
   mpfr_prec_t p = 96 + 2 * lg(c.Nk) + lg(c.Dk) + lg(c.Dv);
-  if (c.output_dtype == DType::F64) p += 64;
+  if (c.dtype_of("out") == DType::F64) p += 64;
   return p;
 }
 

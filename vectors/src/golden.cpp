@@ -62,7 +62,6 @@ class Checker {
     const Values w = values(f_, "weights"), wr = values(f_, "weights.ref");
     const Values lse = values(f_, "lse"), lser = values(f_, "lse.ref");
     const Values sc = values(f_, "scores"), scr = values(f_, "scores.ref");
-    const DType o = c_.output_dtype;
     const bool mha = c_.kind == Kind::Mha;
     const std::int64_t width = mha ? c_.Dout : c_.Dv;
 
@@ -96,7 +95,7 @@ class Checker {
           if (auto p = weights_row(w, wr, lser, row, h, keys)) return p;
           if (auto p = scores_row(scr, row, keys)) return p;
           if (!lser.v.empty() && c_.sinks && keys.empty()) {
-            if (!(lser[row] == c_.sink(h) && lse[row] == round_double(c_.sink(h), o)))
+            if (!(lser[row] == c_.sink(h) && lse[row] == round_double(c_.sink(h), c_.dtype_of("lse"))))
               return at("lse.ref", row, hexf(lser[row]) + " on a row with only its sink, not the sink " +
                                             hexf(c_.sink(h)));
           } else if (!lser.v.empty()) {
@@ -124,10 +123,10 @@ class Checker {
         }
       }
     // Each rounded tensor against its F64 companion, after the checks that say more.
-    if (auto p = pairs("out", out, ref, o)) return p;
-    if (auto p = pairs("weights", w, wr, o)) return p;
-    if (auto p = pairs("lse", lse, lser, o)) return p;
-    if (auto p = pairs("scores", sc, scr, o)) return p;
+    if (auto p = pairs("out", out, ref, c_.dtype_of("out"))) return p;
+    if (auto p = pairs("weights", w, wr, c_.dtype_of("weights"))) return p;
+    if (auto p = pairs("lse", lse, lser, c_.dtype_of("lse"))) return p;
+    if (auto p = pairs("scores", sc, scr, c_.dtype_of("scores"))) return p;
     return std::nullopt;
   }
 
@@ -235,7 +234,7 @@ class Checker {
       if (!(mn <= r && r <= mx))
         return at("out.ref", base + col,
                   hexf(r) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
-      const DType o = c_.output_dtype;
+      const DType o = c_.dtype_of("out");
       if (!(round_double(mn, o) <= y && y <= round_double(mx, o)))
         return at("out", base + col,
                   hexf(y) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");

@@ -406,6 +406,33 @@ void poison_unused(SafeTensorsFile& f) {
         for (std::int64_t h = 0; h < c.Hq; ++h) fill("q", (b * c.Hq + h) * c.Nq + i, c.Dk);
 }
 
+namespace {
+
+// output_dtypes: name:DTYPE entries, each an output the problem asks for (out always), once, in
+// F64, F32, F16 or BF16 (not F64 for FP8 inputs).
+std::optional<std::string> output_dtypes_error(const ProblemSpec& p) {
+  if (p.output_dtypes.empty()) return std::nullopt;
+  const std::string asked = outputs_text(p) + ",";
+  std::string rest = p.output_dtypes + ",", seen = ",";
+  for (std::size_t comma; (comma = rest.find(',')) != std::string::npos; rest.erase(0, comma + 1)) {
+    const std::string entry = rest.substr(0, comma);
+    const auto colon = entry.find(':');
+    const std::string name = entry.substr(0, colon);
+    const auto t = colon == std::string::npos ? std::nullopt : dtype_from_name(entry.substr(colon + 1));
+    if (!t || !is_float_format(*t) || (is_fp8(p.dtype) && *t == DType::F64))
+      return "output_dtypes must be a comma list of name:DTYPE, DTYPE F64, F32, F16 or BF16 (F32, F16 or BF16 for "
+             "FP8 inputs), not \"" + printable(p.output_dtypes) + "\"";
+    if (("," + asked).find("," + name + ",") == std::string::npos)
+      return "output_dtypes gives a dtype to \"" + printable(name) + "\", which is not among outputs " + outputs_text(p);
+    if (seen.find("," + name + ",") != std::string::npos)
+      return "output_dtypes names \"" + printable(name) + "\" twice";
+    seen += name + ",";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> problem_error(const ProblemSpec& p) {
   const bool mha = p.kind == Kind::Mha;
   for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
@@ -425,6 +452,7 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   if (!is_input_format(p.dtype)) return "dtype must be F64, F32, F16, BF16, F8_E4M3 or F8_E5M2";
   if (p.output_dtype && !is_float_format(*p.output_dtype))
     return "output_dtype must be F64, F32, F16 or BF16";
+  if (auto e = output_dtypes_error(p)) return e;
   if (is_fp8(p.dtype)) {
     if (mha) return "FP8 dtypes need kind sdpa";
     if (!p.output_dtype || *p.output_dtype == DType::F64)
@@ -532,6 +560,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   f.metadata["attn.masked_rows"] = std::string(masked_rows_name(p.masked_rows));
   f.metadata["attn.output_dtype"] = std::string(dtype_name(p.output_dtype.value_or(p.dtype)));
   f.metadata["attn.outputs"] = outputs_text(p);
+  if (!p.output_dtypes.empty()) f.metadata["attn.output_dtypes"] = p.output_dtypes;
   f.metadata["gen.generator"] = p.generator;
   f.metadata["gen.seed"] = std::to_string(seed);
 

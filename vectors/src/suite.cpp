@@ -22,11 +22,12 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 24> kOptions = {
+constexpr std::array<std::string_view, 25> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
-    "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout"};
+    "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
+    "output_dtypes"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -205,6 +206,9 @@ class SpecReader {
         p.output_dtype.reset();
       else
         p.output_dtype = dtype(v, path);
+    } else if (key == "output_dtypes") {  // "lse:F32,..."; "none": none
+      const std::string s = string(v, path);
+      p.output_dtypes = s == "none" ? "" : s;
     } else if (key == "shape") {
       if (!v.is_array() || v.size() < 7 || v.size() > 8)
         fail(path, "must be [B,Hq,Hkv,Nq,Nk,Dk,Dv] (sdpa) or [B,H,Nq,Nk,D,Dk,Dv,Dout] (mha), not " +
@@ -501,6 +505,14 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   if (p.descales) t.push_back("descales");
   if (p.output_dtype && *p.output_dtype != p.dtype)
     t.push_back("out_" + lower(dtype_name(*p.output_dtype)));
+  // an output in a dtype of its own: "lse_f32" for lse:F32
+  for (std::size_t from = 0; !p.output_dtypes.empty() && from <= p.output_dtypes.size();) {
+    const std::size_t comma = std::min(p.output_dtypes.find(',', from), p.output_dtypes.size());
+    std::string entry = lower(p.output_dtypes.substr(from, comma - from));
+    std::replace(entry.begin(), entry.end(), ':', '_');
+    t.push_back(entry);
+    from = comma + 1;
+  }
   if (p.kind == Kind::Mha) t.push_back("mha");
   if (p.self_attention) t.push_back("self_attention");
   if (p.Hkv > 1 && p.Hq > p.Hkv) t.push_back("gqa");

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/manifest.hpp"
 
@@ -60,6 +62,34 @@ TEST(VectorsSuite, ExpansionOrderIdsAndOptions) {
   EXPECT_EQ(s.cases[2].tags, (std::vector<std::string>{"t", "normal", "f32", "mqa",
                                                        "causal_top_left", "nq_lt_nk", "dv_ne_dk",
                                                        "head_dim_5_6"}));
+}
+
+// output_dtypes: BF16 out with an F32 lse, tagged lse_f32; "none" clears it.
+TEST(VectorsSuite, OutputDtypesOption) {
+  const Suite s = parse_suite("spec.json", R"({"suite": "s", "seed": 1, "families": [
+    {"name": "a", "generator": "normal",
+     "cross": {"output_dtypes": ["lse:F32", "none", "lse:F32,out:F32"]},
+     "fixed": {"dtype": "BF16", "outputs": "out,lse", "shape": [1, 2, 2, 3, 4, 8, 8]}}]})");
+  ASSERT_EQ(s.cases.size(), 3u);
+  EXPECT_EQ(s.cases[0].problem.output_dtypes, "lse:F32");
+  EXPECT_EQ(s.cases[1].problem.output_dtypes, "");
+  const auto& tags = s.cases[0].tags;
+  EXPECT_NE(std::find(tags.begin(), tags.end(), "lse_f32"), tags.end());
+  const auto& both = s.cases[2].tags;
+  EXPECT_NE(std::find(both.begin(), both.end(), "out_f32"), both.end());
+  for (const auto& t : s.cases[1].tags) EXPECT_EQ(t.find("lse_"), std::string::npos) << t;
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"outputs": "out", "output_dtypes": "lse:F32"}}]})"),
+            "spec.json: families[0]: case a-000: output_dtypes gives a dtype to \"lse\", which is not among outputs out");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"outputs": "out,lse", "output_dtypes": "lse:F12"}}]})"),
+            "spec.json: families[0]: case a-000: output_dtypes must be a comma list of name:DTYPE, DTYPE F64, F32, F16 "
+            "or BF16 (F32, F16 or BF16 for FP8 inputs), not \"lse:F12\"");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"outputs": "out,lse", "output_dtypes": "lse:F32,lse:F16"}}]})"),
+            "spec.json: families[0]: case a-000: output_dtypes names \"lse\" twice");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
+      "fixed": {"output_dtypes": 3}}]})").rfind("spec.json: families[0].fixed.output_dtypes: ", 0), 0u);
 }
 
 TEST(VectorsSuite, SeedsDependOnSuiteFamilyAndIndexOnly) {

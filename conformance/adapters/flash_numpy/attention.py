@@ -40,6 +40,9 @@ BUGS = {
     "exp2_no_log2e": "exp2 for exp, without folding log2(e) into the scale (the softmax of s ln 2)",
     "lse_without_max": "lse = log l, without adding the running maximum m",
     "lse_log2": "lse returned in base 2 (m log2(e) + log2 l), as an exp2-based kernel keeps it",
+    "lse_bf16_rounded": "the returned lse rounded through BF16 (a BF16 buffer; the backward keeps its "
+                        "own) before it is written in the dtype asked (F32 under attn.output_dtypes "
+                        "lse:F32): within a BF16 ulp, many F32 ulps off",
     "weights_stale": "the weights of each block written from the running m and l of that block, "
                      "not from the final lse",
     "weights_no_softcap": "the second pass (weights) forgets the softcap",
@@ -278,7 +281,7 @@ class Kernel:
         return np.where(ok, s, acc.type(masked))
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None):
+                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
         self.lq = None if seqlens_q is None else seqlens_q.astype(np.int64)
@@ -401,7 +404,8 @@ class Kernel:
                                  f"(attn.masked_rows=error)")
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             one = np.where(live, l, 1).astype(acc)
-            out = np.where(live[..., None], stat_divide(bug, o, one, meta.get("attn.output_dtype", in_dtype)),
+            out_dtype = nx.output_dtypes(meta, ["out"], meta.get("attn.output_dtype", in_dtype))["out"]
+            out = np.where(live[..., None], stat_divide(bug, o, one, out_dtype),
                            0).astype(acc)
             if ftz:
                 out = flush(out, np.finfo(np.float32).tiny)
@@ -431,6 +435,8 @@ class Kernel:
                 lse = np.where(live, np.log(one), -np.inf).astype(acc)
             if bug == "lse_log2":              # BUG: base 2
                 lse = (lse / acc(math.log(2))).astype(acc)
+            if bug == "lse_bf16_rounded" and returned:   # BUG: the returned lse through a BF16 buffer
+                lse = round_bf16(lse).astype(acc)
         return out, weights, lse, scores
 
     def gradients(self, q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
@@ -446,7 +452,8 @@ class Kernel:
         bug = self.bug
         forward = dict(meta, **{"attn.outputs": "out,lse"})
         out, _, lse, _ = self(q, k, v, forward, None, mask=mask, bias=bias, query_mask=query_mask,
-                              in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks)
+                              in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks,
+                              returned=False)
         acc = np.float64 if in_dtype == "F64" else np.float32
         rnd = self.rnd or (lambda a: a)
         B, Hq, Nq, Dk = q.shape

@@ -53,6 +53,27 @@ class FlashGateTest(unittest.TestCase):
             with self.subTest(block=block):
                 self.check(["--block", str(block), "--arith", "fp16"], "flash-fp16")
 
+    def test_lse_bf16_rounded_fails_where_lse_is_judged_in_f32(self):
+        # flash-bf16 declares lse in F32: the gate asks for lse:F32 and judges it there, where an
+        # lse kept in BF16 is many ulps off; judged in BF16 (lse_dtype null) the same lse passes.
+        flags = ADAPTER + ["--arith", "bf16", "--bug", "lse_bf16_rounded"]
+        status, report = gate.run(flags, "flash-bf16", "--dtype", "BF16")
+        self.assertEqual(status, 1)
+        fails = gate.failed(report)
+        lse_cases = [c for c in report["cases"] if any(t["tensor"] == "lse" for t in c["tensors"])]
+        self.assertGreater(len(fails), len(lse_cases) // 2, fails)
+        for c in report["cases"]:
+            if c["status"] == "fail":
+                self.assertEqual(c["worst"]["tensor"], "lse", c["id"])
+                self.assertEqual([t["dtype"] for t in c["tensors"] if t["tensor"] == "lse"], ["F32"], c["id"])
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = os.path.join(tmp, "bf16-lse.json")
+            with open(profile, "w") as f:
+                f.write('{"name": "flash-bf16-lse-bf16", "base": "flash-bf16", "lse_dtype": null}')
+            status, report = gate.run(flags, profile, "--dtype", "BF16")
+        self.assertEqual(gate.failed(report), {})
+        self.assertEqual(status, 0)
+
     def test_no_rescale_is_caught_at_block_16(self):
         status, report = gate.run(ADAPTER + ["--block", "16", "--bug", "no_rescale"], "fp32")
         self.assertEqual(status, 1)
@@ -160,6 +181,14 @@ class PlantedBugTest(unittest.TestCase):
         right, wrong = self.both("lse_without_max", t([1.0]), t([3.0], [3.0]), t([1.0], [2.0]))
         self.assertAlmostEqual(right[2].item(), 3 + math.log(2), places=6)
         self.assertAlmostEqual(wrong[2].item(), math.log(2), places=6)
+        np.testing.assert_array_equal(right[0], wrong[0])
+
+    def test_bug_lse_bf16_rounded(self):
+        # lse = 3 + log 2 = 3.693..., which BF16 holds only to 2^-6
+        right, wrong = self.both("lse_bf16_rounded", t([1.0]), t([3.0], [3.0]), t([1.0], [2.0]))
+        self.assertAlmostEqual(right[2].item(), 3 + math.log(2), places=6)
+        self.assertEqual(wrong[2].item(), attention.round_bf16(right[2]).item())
+        self.assertGreater(abs(wrong[2].item() - right[2].item()), 1e-4)
         np.testing.assert_array_equal(right[0], wrong[0])
 
     def test_bug_lse_log2(self):

@@ -68,7 +68,7 @@ MHA_GRADIENTS = ("dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o")
 GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
-        "attn.masked_rows", "attn.output_dtype", "attn.outputs"}
+        "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs"}
 FLOATS = {"F64", "F32", "F16", "BF16"}
 FP8 = {"F8_E4M3", "F8_E5M2"}
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -394,6 +394,17 @@ def truncate(a, dtype):
     return np.where(finite, np.clip(t, -big, big), a)
 
 
+def output_dtypes(meta, outputs, out_dtype):
+    """{output: its dtype}: attn.output_dtypes (name:DTYPE,...) over attn.output_dtype."""
+    own = {}
+    for entry in meta["attn.output_dtypes"].split(",") if "attn.output_dtypes" in meta else []:
+        name, _, dtype = entry.partition(":")
+        if dtype not in FLOATS:
+            raise Unsupported(f"attn.output_dtypes: dtype {dtype!r} of {name!r}")
+        own[name] = dtype
+    return {name: own.get(name, out_dtype) for name in outputs}
+
+
 def run_case(path, compute, bug=None):
     """Evaluates one case file -> (tensors, dtypes) to write."""
     try:
@@ -418,6 +429,7 @@ def run_case(path, compute, bug=None):
     if (in_dtype not in FLOATS and (in_dtype not in FP8 or kind != "sdpa")) or out_dtype not in FLOATS:
         raise Unsupported(f"dtype {in_dtype} -> {out_dtype}")
     outputs = meta.get("attn.outputs", "out").split(",")
+    dtype_of = output_dtypes(meta, outputs + ["out"], out_dtype)
 
     if bug == "truncate_output":        # BUG (with the truncation below): computed in float64
         compute = np.dtype(np.float64)
@@ -456,19 +468,19 @@ def run_case(path, compute, bug=None):
     result = {"out": out, "weights": w, "lse": lse, "scores": scores}
     if grads:                           # from the stored inputs, exact in float64
         f64 = {name: tensors[name].astype(np.float64) for name in tensors if dtypes[name] in FLOATS}
-        extra64 = dict(extra, bias=f64.get("bias"), sinks=f64.get("sinks"), out_dtype=out_dtype)
+        extra64 = dict(extra, bias=f64.get("bias"), sinks=f64.get("sinks"), out_dtype=dtype_of["out"])
         if kind == "sdpa":
             result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
         else:
             result.update(mha_gradients(f64, f64["dout"], meta, bug, grads, **extra64))
-    result = {name: result[name] for name in outputs}
+    result = {name: result[name] for name in outputs + ["out"] * ("out" not in outputs)}  # out always
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
-        result = {name: truncate(a, out_dtype) for name, a in result.items()}
-    if out_dtype != "BF16":           # BF16 is rounded by the writer
-        numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}[out_dtype]
-        with np.errstate(over="ignore"):
-            result = {name: a.astype(numpy_type) for name, a in result.items()}
-    return result, {name: out_dtype for name in result}
+        result = {name: truncate(a, dtype_of[name]) for name, a in result.items()}
+    numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
+    with np.errstate(over="ignore"):    # each output into its dtype; BF16 is rounded by the writer
+        result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] != "BF16" else a
+                  for name, a in result.items()}
+    return result, {name: dtype_of[name] for name in result}
 
 
 def write_text(path, text):

@@ -124,6 +124,24 @@ class AdapterTest(unittest.TestCase):
         expect = (st.bf16_bits(f32).astype(np.uint32) << 16).view(F32)
         np.testing.assert_array_equal(b16["out"], expect)
 
+    def test_output_dtypes_one_per_output(self):
+        # BF16 inputs and out with an F32 lse (attn.output_dtypes), as FlashAttention returns them
+        rng = np.random.default_rng(3)
+        t = {"q": rng.normal(size=(1, 2, 3, 4)).astype(F32), "k": rng.normal(size=(1, 2, 5, 4)).astype(F32),
+             "v": rng.normal(size=(1, 2, 5, 3)).astype(F32)}
+        bf16 = {name: "BF16" for name in t}
+        plain = self.run_one(self.case(t, meta(outputs="out,weights,lse"), bf16))
+        _, r, dtypes = self.run_adapter([self.case(t, meta(outputs="out,weights,lse", output_dtypes="lse:F32"), bf16)])[0]
+        self.assertEqual(dtypes, {"out": "BF16", "weights": "BF16", "lse": "F32"})
+        np.testing.assert_array_equal(r["out"], plain["out"])
+        self.assertEqual(r["lse"].dtype, F32)
+        np.testing.assert_array_equal(st.bf16_bits(r["lse"]), st.bf16_bits(plain["lse"]))  # the same value
+        _, r, dtypes = self.run_adapter([self.case(t, meta(outputs="lse,weights", output_dtype="F16",
+                                                           output_dtypes="out:F64,weights:F32"), bf16)])[0]
+        self.assertEqual(dtypes, {"out": "F64", "weights": "F32", "lse": "F16"})
+        kind, text = self.run_adapter([self.case(t, meta(outputs="out,lse", output_dtypes="lse:F8_E4M3"), bf16)])[0]
+        self.assertEqual((kind, text.strip()), ("unsupported", "attn.output_dtypes: dtype 'F8_E4M3' of 'lse'"))
+
     def test_scale_softcap_bias(self):
         # Dk = 1, q = 2, keys 1 and 0: T = scale * [2, 0] with scale = 0.75 (given in hex).
         q = np.array([[[[2.0]]]])

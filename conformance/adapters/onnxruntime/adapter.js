@@ -31,7 +31,7 @@ const st = require('./safetensors');
 const onnx = require('./onnx_model');
 
 const KEYS = new Set(['attn.format', 'attn.kind', 'attn.scale', 'attn.causal', 'attn.window',
-  'attn.softcap', 'attn.masked_rows', 'attn.output_dtype', 'attn.outputs',
+  'attn.softcap', 'attn.masked_rows', 'attn.output_dtype', 'attn.output_dtypes', 'attn.outputs',
   'attn.reference', 'attn.undecided']);   // the last two: added by eval to golden files, ignored
 // Dtypes ONNX Runtime's CPU Attention kernel is registered for (float, MLFloat16).
 const KERNEL_TYPES = { F32: { elem: onnx.FLOAT, name: 'float32' }, F16: { elem: onnx.FLOAT16, name: 'float16' } };
@@ -129,20 +129,22 @@ function broadcastStrides(shape, target, name) {
 }
 
 /**
- * The graph's outputs: finish(name, shape, resultName) adds a node output (cast to the output
- * dtype when it differs from the input's) and the result it becomes.
+ * The graph's outputs: finish(name, shape, resultName) adds a node output (cast to that result's
+ * dtype, types[resultName], when it differs from the input's) and the result it becomes.
  */
-function graphOutputs(nodes, inType, outType, O) {
+function graphOutputs(nodes, inType, types) {
   const outputs = [];
   const results = [];
   const finish = (name, shape, resultName) => {
     let final = name;
-    if (outType !== inType) {
+    const dtype = types[resultName];
+    const elem = ORT_TYPES[dtype].elem;
+    if (dtype !== inType) {
       final = `${name}_cast`;
-      nodes.push(onnx.node('Cast', [name], [final], { to: { i: O.elem } }, `cast_${name}`));
+      nodes.push(onnx.node('Cast', [name], [final], { to: { i: elem } }, `cast_${name}`));
     }
-    outputs.push(onnx.valueInfo(final, O.elem, shape));
-    results.push({ ort: final, name: resultName });
+    outputs.push(onnx.valueInfo(final, elem, shape));
+    results.push({ ort: final, name: resultName, dtype });
   };
   return { outputs, results, finish };
 }
@@ -266,8 +268,17 @@ function plan(tensors, meta) {
     throw new Unsupported(`ONNX Runtime CPU ${OP_NAMES[OP]}: ${inType} inputs not supported (float and float16 kernels only`
       + `${inType === 'F64' && OP === 'attention' ? '; --f64 runs the operator\'s function body in double' : ''})`);
   }
-  if (!(outType in ORT_TYPES)) {
-    throw new Unsupported(`output dtype ${outType}: this adapter writes ${Object.keys(ORT_TYPES).join(' or ')} only`);
+  // Each written output's dtype: attn.output_dtypes (name:DTYPE,...) over attn.output_dtype.
+  const types = { out: outType, weights: outType };
+  for (const entry of meta['attn.output_dtypes'] !== undefined ? meta['attn.output_dtypes'].split(',') : []) {
+    const [name, dtype] = entry.split(':');
+    if (name in types) types[name] = dtype;
+  }
+  for (const [name, dtype] of Object.entries(types)) {
+    if ((name === 'out' || asked.includes(name)) && !(dtype in ORT_TYPES)) {
+      throw new Unsupported(`${name === 'out' && dtype === outType ? 'output dtype' : `attn.output_dtypes: ${name} in`} ${dtype}: `
+        + `this adapter writes ${Object.keys(ORT_TYPES).join(' or ')} only`);
+    }
   }
   for (const name of ['seqlens_q', 'seqlens_k']) {
     const t = tensors[name];
@@ -313,7 +324,6 @@ function plan(tensors, meta) {
   if (wantWeights) attrs.qk_matmul_output_mode = { i: 3 };
 
   const T = ORT_TYPES[inType];
-  const O = ORT_TYPES[outType];
   const shapeOf = (name) => tensors[name].shape;
   const nodes = [];
   const inputs = [];
@@ -371,7 +381,7 @@ function plan(tensors, meta) {
   }
 
   if (OP !== 'attention') {
-    return contribPlan({ tensors, meta, kind, inType, outType, T, O, attrs, wantWeights, dims, Dv,
+    return contribPlan({ tensors, meta, kind, inType, types, T, attrs, wantWeights, dims, Dv,
       names: [qName, kName, vName], dk: kind === 'sdpa' ? shapeOf('q')[3] : shapeOf('w_q')[2],
       nodes, inputs, feeds, initializers });
   }
@@ -405,12 +415,12 @@ function plan(tensors, meta) {
     nodes.push(onnx.node('MatMul', ['concat', 'w_o'], ['y'], {}, 'project_out'));
     outName = 'y';
   }
-  const { outputs, results, finish } = graphOutputs(nodes, inType, outType, O);
+  const { outputs, results, finish } = graphOutputs(nodes, inType, types);
   finish(outName, outShape, 'out');
   if (wantWeights) finish('w', dims, 'weights');
 
   const model = onnx.model({ nodes, inputs, outputs, initializers }, { opset: nonpad ? 24 : 23 });
-  return { model, feeds, results, outType };
+  return { model, feeds, results };
 }
 
 // ---- the contrib operators (--op mha, --op gqa) ----------------------------------------------
@@ -434,7 +444,7 @@ function plan(tensors, meta) {
 //        element, the results concatenated.
 
 function contribPlan(c) {
-  const { tensors, meta, kind, inType, outType, O, wantWeights, nodes, inputs, feeds, initializers } = c;
+  const { tensors, meta, kind, inType, types, wantWeights, nodes, inputs, feeds, initializers } = c;
   const [B, Hq, Nq, Nk] = c.dims;
   const Dk = c.dk;
   const { Dv } = c;
@@ -557,11 +567,11 @@ function contribPlan(c) {
     nodes.push(onnx.node('MatMul', ['y_bsd', 'w_o'], ['y'], {}, 'project_out'));
     [outName, outShape] = ['y', [B, Nq, tensors.w_o.shape[1]]];
   }
-  const { outputs, results, finish } = graphOutputs(nodes, inType, outType, O);
+  const { outputs, results, finish } = graphOutputs(nodes, inType, types);
   finish(outName, outShape, 'out');
   if (OP === 'gqa' && wantWeights) finish('w', c.dims, 'weights');
   const model = onnx.model({ nodes, inputs, outputs, initializers }, { contrib: true });
-  return { model, feeds, results, outType };
+  return { model, feeds, results };
 }
 
 // ---- running --------------------------------------------------------------------------------
@@ -600,10 +610,10 @@ async function runCase(ort, input, options) {
   for (const r of p.results) {
     const t = got[r.ort];
     let data = t.data;
-    if (p.outType === 'F16' && !(data instanceof Uint16Array)) {     // a Float16Array: its bits
+    if (r.dtype === 'F16' && !(data instanceof Uint16Array)) {       // a Float16Array: its bits
       data = new Uint16Array(data.buffer, data.byteOffset, data.length);
     }
-    out[r.name] = { dtype: p.outType, shape: Array.from(t.dims), data };
+    out[r.name] = { dtype: r.dtype, shape: Array.from(t.dims), data };
   }
   return out;
 }

@@ -367,6 +367,20 @@ ortTest('output dtypes: F32 -> F16 and F16 -> F32 through a Cast node', (w) => {
   close(b.out.v, [0.7 / 3], 2 ** -10, 'F16->F32');
 });
 
+ortTest('attn.output_dtypes: each output cast to its own dtype, or unsupported naming it', (w) => {
+  const base = { q: T('F32', [1, 1, 1, 1], [0]), k: T('F32', [1, 1, 3, 1], [0, 0, 0]), v: T('F32', [1, 1, 3, 1], [0.1, 0.2, 0.4]) };
+  const a = w.one(base, meta({ outputs: 'out,weights,lse', output_dtypes: 'weights:F16,lse:F32' }));
+  assert.equal(a.out.dtype, 'F32');
+  assert.equal(a.weights.dtype, 'F16');
+  close(a.weights.v, [1 / 3, 1 / 3, 1 / 3], 2 ** -12, 'weights in F16');
+  const b = w.one(base, meta({ output_dtype: 'F16', output_dtypes: 'out:F32' }));
+  assert.equal(b.out.dtype, 'F32');
+  close(b.out.v, [0.7 / 3], 1e-7, 'out in F32');
+  const res = w.run([w.case(base, meta({ outputs: 'out,weights', output_dtypes: 'weights:BF16' }))]);
+  assert.equal(res[0].kind, 'unsupported');
+  assert.match(res[0].text, /attn\.output_dtypes: weights in BF16/);
+});
+
 ortTest('weights are returned when asked, lse is not written', (w) => {
   const r = w.one({ q: T('F32', [1, 1, 1, 1], [1]), k: T('F32', [1, 1, 2, 1], [0, 1]), v: T('F32', [1, 1, 2, 1], [0, 1]) },
     meta({ outputs: 'out,weights,lse', scale: '1' }));

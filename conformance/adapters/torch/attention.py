@@ -253,11 +253,12 @@ def mha_case(path, compute=None, bug=None):
         result[g] = t.grad.reshape(bias.shape) if g == "dbias" else t.grad
     if self_attn and "dx_kv" in grads:            # the case reader refuses it; no second tensor here
         raise nx.Refused(f"{path}: attn.outputs: dx_kv in self-attention (dx_q holds the gradient of x)")
-    numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}.get(out_dtype)
+    dtype_of = nx.output_dtypes(meta, list(result), out_dtype)   # attn.output_dtypes over out_dtype
+    numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
     result = {name: t.double().numpy() for name, t in result.items()}
-    if numpy_type is not None:                    # BF16 is rounded by the writer
-        result = {name: a.astype(numpy_type) for name, a in result.items()}
-    return result, {name: out_dtype for name in result}
+    result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] in numpy_type else a
+              for name, a in result.items()}          # BF16 is rounded by the writer
+    return result, dtype_of
 
 
 def main(argv=None):

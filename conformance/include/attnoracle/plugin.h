@@ -65,7 +65,10 @@ typedef struct attnoracle_case {
 
 /* Where results go. The plugin calls emit(ctx, &t) once per output tensor attn.outputs names
  * ("out", "weights", "lse", "scores", and the gradients "dq", "dk", "dv", "dbias", shaped as q,
- * k, v and bias: docs/CONTRACT.md section 7), in the output dtype of the case.
+ * k, v and bias: docs/CONTRACT.md section 7), each in its dtype: its entry in the metadata key
+ * attn.output_dtypes ("lse:F32", say) when it has one, else attn.output_dtype (else the input
+ * dtype). A plugin that does not read attn.output_dtypes returns ATTNORACLE_UNSUPPORTED naming
+ * it when a case holds it, as for any metadata key it does not know (ABI 1 unchanged).
  * emit returns 0 when the tensor is taken, nonzero when it is rejected (unknown dtype, nbytes
  * not matching the shape, NULL name or data, a name given twice): the case then fails with a
  * message naming the problem, whatever the plugin returns. Tensors emitted are written only

@@ -196,9 +196,10 @@ Result mha(const Inputs& in, std::map<std::string, torch::Tensor> x = {}) {
   return r;
 }
 
-const char* const kKnownKeys[] = {"attn.format",      "attn.kind",         "attn.scale",
-                                  "attn.causal",      "attn.window",       "attn.softcap",
-                                  "attn.masked_rows", "attn.output_dtype", "attn.outputs"};
+const char* const kKnownKeys[] = {"attn.format",       "attn.kind",          "attn.scale",
+                                  "attn.causal",       "attn.window",        "attn.softcap",
+                                  "attn.masked_rows",  "attn.output_dtype",  "attn.output_dtypes",
+                                  "attn.outputs"};
 
 void check_metadata(const Inputs& in) {
   for (const auto& [key, value] : in.meta) {
@@ -270,6 +271,17 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
   const auto out_type = torch_dtype(in.meta_or("attn.output_dtype", dtype_name(in_type)));
   if (!out_type || *out_type == torch::kBool)
     throw Unsupported("attn.output_dtype " + in.meta_or("attn.output_dtype", ""));
+  // attn.output_dtypes (name:DTYPE,...): an output's own dtype, over the output dtype
+  std::map<std::string, torch::Dtype> own;
+  const std::string listed = in.meta_or("attn.output_dtypes", "");
+  for (const auto& entry : listed.empty() ? std::vector<std::string>{} : output_names(listed)) {
+    const auto colon = entry.find(':');
+    const auto t = colon == std::string::npos ? std::nullopt : torch_dtype(entry.substr(colon + 1));
+    if (!t || *t == torch::kBool || *t == torch::kInt32 || *t == torch::kInt64)
+      throw Unsupported("attn.output_dtypes " + listed);
+    own[entry.substr(0, colon)] = *t;
+  }
+  const auto type_of = [&](const std::string& name) { return own.count(name) ? own.at(name) : *out_type; };
   for (const auto& [name, t] : in.tensors)
     if (name != "mask" && name != "query_mask" && name != "bias" && name != "seqlens_q" &&
         name != "seqlens_k" && name != "dout" && t.scalar_type() != in_type)
@@ -328,16 +340,16 @@ int run(const attnoracle_case& c, const attnoracle_sink& sink) {
   torch::NoGradGuard no_grad;
   for (const auto& name : names) {
     if (name == "out")
-      emit(sink, "out", r.out, *out_type);
+      emit(sink, "out", r.out, type_of(name));
     else if (name == "weights")
-      emit(sink, "weights", r.weights, *out_type);
+      emit(sink, "weights", r.weights, type_of(name));
     else if (name == "lse")
-      emit(sink, "lse", r.lse, *out_type);
+      emit(sink, "lse", r.lse, type_of(name));
     else if (!grads.count(name))
       throw std::runtime_error(name + (name == "dx_kv" ? " asked for in self-attention (dx_q holds it)"
                                                        : " asked for, but the case has no bias"));
     else
-      emit(sink, name.c_str(), grads.at(name), *out_type);
+      emit(sink, name.c_str(), grads.at(name), type_of(name));
   }
   return ATTNORACLE_OK;
 }

@@ -40,6 +40,7 @@ typedef struct problem {
   const void* dout;                 /* [B, Hq, Nq, Dv], NULL: no gradient asked */
   int dout_f64;
   int out_dtype;                    /* OUT_* */
+  const char* output_dtypes;        /* attn.output_dtypes (name:DTYPE,...), "" when absent */
   const unsigned char* mask;        /* NULL: no mask */
   int64_t mask_stride[4];
   const void* bias;                 /* NULL: no bias */
@@ -183,7 +184,7 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
 {
   static const char* known[] = {"attn.format", "attn.kind", "attn.scale", "attn.causal",
                                 "attn.window", "attn.softcap", "attn.masked_rows",
-                                "attn.output_dtype", "attn.outputs"};
+                                "attn.output_dtype", "attn.output_dtypes", "attn.outputs"};
   const attnoracle_tensor *q, *k, *v, *mask, *bias, *qmask;
   const char *causal, *window, *rows, *out_dtype, *outputs;
   size_t m, n, t;
@@ -289,6 +290,15 @@ static int read_problem(const attnoracle_case* c, problem* p, char* msg, size_t 
   for (p->out_dtype = 0; p->out_dtype < 4; ++p->out_dtype)
     if (!strcmp(out_dtype, kOutNames[p->out_dtype])) break;
   if (p->out_dtype == 4) return unsupported(msg, size, "output dtype ", out_dtype);
+  p->output_dtypes = find_meta(c, "attn.output_dtypes", "");
+  for (outputs = p->output_dtypes; *outputs;) {  /* each entry's dtype one of kOutNames */
+    size_t len = strcspn(outputs, ","), colon = strcspn(outputs, ":");
+    int listed = 0;
+    for (n = 0; n < 4 && colon < len; ++n)
+      listed = listed || (len - colon - 1 == strlen(kOutNames[n]) && !strncmp(outputs + colon + 1, kOutNames[n], len - colon - 1));
+    if (!listed) return unsupported(msg, size, "attn.output_dtypes ", p->output_dtypes);
+    outputs += len + (outputs[len] == ',');
+  }
 
   /* attn.outputs: a comma list of out, weights, lse and the gradients dq, dk, dv, dbias. */
   outputs = find_meta(c, "attn.outputs", "out");
@@ -351,7 +361,23 @@ static uint16_t bf16_bits(double x)
   return (uint16_t)(sign | (e + 126) << 7 | (uint16_t)(sig - 128));
 }
 
-/* Emits `count` values of the compute type, rounded to the output dtype. */
+/* The dtype of output `name` (OUT_*): its entry in attn.output_dtypes, else the output dtype. */
+static int dtype_of(const problem* p, const char* name)
+{
+  const char* s = p->output_dtypes;
+  size_t n = strlen(name);
+  int d;
+  while (*s) {
+    size_t len = strcspn(s, ",");
+    if (len > n && s[n] == ':' && !strncmp(s, name, n))
+      for (d = 0; d < 4; ++d)
+        if (len - n - 1 == strlen(kOutNames[d]) && !strncmp(s + n + 1, kOutNames[d], len - n - 1)) return d;
+    s += len + (s[len] == ',');
+  }
+  return p->out_dtype;
+}
+
+/* Emits `count` values of the compute type, rounded to the output's dtype. */
 static int emit(const attnoracle_sink* sink, const problem* p, const char* name, const void* values,
                 int64_t count, int32_t ndim, const int64_t* shape)
 {
@@ -359,12 +385,13 @@ static int emit(const attnoracle_sink* sink, const problem* p, const char* name,
   void* converted = NULL;
   int64_t e;
   int rejected;
-  if (p->out_dtype != (p->f64 ? OUT_F64 : OUT_F32)) {
-    converted = malloc((size_t)count * kOutSizes[p->out_dtype] + 1);
+  const int dtype = dtype_of(p, name);
+  if (dtype != (p->f64 ? OUT_F64 : OUT_F32)) {
+    converted = malloc((size_t)count * kOutSizes[dtype] + 1);
     if (!converted) return -1;
     for (e = 0; e < count; ++e) {
       double x = p->f64 ? ((const double*)values)[e] : ((const float*)values)[e];
-      switch (p->out_dtype) {
+      switch (dtype) {
         case OUT_F64: ((double*)converted)[e] = x; break;
         case OUT_F32: ((float*)converted)[e] = (float)x; break;
         case OUT_F16: ((uint16_t*)converted)[e] = f16_bits(x); break;
@@ -374,11 +401,11 @@ static int emit(const attnoracle_sink* sink, const problem* p, const char* name,
     values = converted;
   }
   t.name = name;
-  t.dtype = kOutNames[p->out_dtype];
+  t.dtype = kOutNames[dtype];
   t.ndim = ndim;
   t.shape = shape;
   t.data = values;
-  t.nbytes = (uint64_t)count * kOutSizes[p->out_dtype];
+  t.nbytes = (uint64_t)count * kOutSizes[dtype];
   rejected = sink->emit(sink->ctx, &t);
   free(converted);
   return rejected;

@@ -25,8 +25,9 @@ namespace {
 bool decide_out(const Case& c, const FastRow& fr, std::size_t e, DecidedRow& d) {
   DD lo, hi;
   ends(fr.out[e], lo, hi, fr.vmin[e], fr.vmax[e]);
-  if (!decide(lo, hi, c.output_dtype, d.out) || !decide(lo, hi, DType::F64, d.out_ref)) return false;
-  if (c.output_dtype == DType::F64) {  // exact - ref: x.hi - ref is exact (Sterbenz) or we give up
+  const DType t = c.dtype_of("out");
+  if (!decide(lo, hi, t, d.out) || !decide(lo, hi, DType::F64, d.out_ref)) return false;
+  if (t == DType::F64) {  // exact - ref: x.hi - ref is exact (Sterbenz) or we give up
     const double ref = d.out_ref.back();
     const DD dl = two_sum(lo.hi, -ref), dh = two_sum(hi.hi, -ref);
     if (dl.lo != 0 || dh.lo != 0) return false;
@@ -46,7 +47,7 @@ bool decide_scores(const Case& c, const FastRow& fr, DecidedRow& d) {
       continue;
     }
     const DD lo = lower(fr.scores[j]), hi = upper(fr.scores[j]);
-    if (!decide(lo, hi, c.output_dtype, d.scores) || !decide(lo, hi, DType::F64, d.scores_ref))
+    if (!decide(lo, hi, c.dtype_of("scores"), d.scores) || !decide(lo, hi, DType::F64, d.scores_ref))
       return false;
   }
   return true;
@@ -61,7 +62,7 @@ bool decide_weights(const Case& c, const FastRow& fr, DecidedRow& d) {
     }
     DD lo, hi;
     ends(fr.weights[j], lo, hi, 0, 1);
-    if (!decide(lo, hi, c.output_dtype, d.weights) || !decide(lo, hi, DType::F64, d.weights_ref))
+    if (!decide(lo, hi, c.dtype_of("weights"), d.weights) || !decide(lo, hi, DType::F64, d.weights_ref))
       return false;
   }
   return true;
@@ -135,7 +136,7 @@ bool decide_row(const Case& c, const FastRow& fr, const Enclosure& lse, DecidedR
   if (weights && !decide_weights(c, fr, d)) return false;
   if (c.want_scores && !decide_scores(c, fr, d)) return false;
   if (with_lse)
-    for (auto [t, into] : {std::pair{c.output_dtype, &d.lse}, std::pair{DType::F64, &d.lse_ref}}) {
+    for (auto [t, into] : {std::pair{c.dtype_of("lse"), &d.lse}, std::pair{DType::F64, &d.lse_ref}}) {
       const RoundedEnclosure re = round_enclosure(lse.lo, lse.hi, t);
       if (!re.decided) return false;
       into->push_back(re.value);

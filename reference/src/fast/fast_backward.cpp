@@ -90,7 +90,7 @@ struct FastBackward::Impl {
   bool decide_element(const char* name, std::int64_t flat, const Ball& v, const Ball& bd, DecidedGrad& g) const {
     if (!finite(v) || !finite(bd)) return false;
     const DD lo = lower(v), hi = upper(v);
-    if (!decide(lo, hi, c.output_dtype, g.value) || !decide(lo, hi, DType::F64, g.ref)) return false;
+    if (!decide(lo, hi, c.dtype_of(name), g.value) || !decide(lo, hi, DType::F64, g.ref)) return false;
     // The bound's upper end rounded up, as the MPFR path gives it once it is decided there:
     // accepted when both ends round up alike (the smallest F64 at or above the exact bound).
     const double up = round_up_dd(upper(bd)) + 0.0, down = round_up_dd(lower(bd)) + 0.0;

@@ -34,6 +34,7 @@ struct ElementReport {
 
 struct TensorReport {
   std::string tensor;
+  DType dtype = DType::F32;       // the dtype it is judged in (the case's for that output)
   std::int64_t compared = 0;
   double worst_ulp = 0, worst_bound_error = 0, worst_ratio = 0;
   // Over the elements where the final rounding dominates, in ulps of the output: the mean and
@@ -83,5 +84,9 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
 
 // The case file an implementation receives: inputs and the case's own metadata only.
 SafeTensorsFile strip_golden(const SafeTensorsFile& golden);
+// The same for an implementation judged by `profile`: where it declares an lse dtype
+// (lse_dtype) and the case asks for lse, attn.output_dtypes gives lse that dtype. compare_case
+// expects the outputs of this case.
+SafeTensorsFile case_for(const SafeTensorsFile& golden, const Profile& profile);
 
 }  // namespace attnoracle::conformance

@@ -34,6 +34,9 @@ struct Profile {
   bool returns_lse = true;
   bool returns_scores = true;
   bool returns_gradients = true;  // dq, dk, dv, dbias when a case asks for them
+  // The dtype it returns lse in, whatever the case's output dtype (FlashAttention: F32); none:
+  // the case's. The runner then asks for it in attn.output_dtypes and lse is judged in it.
+  std::optional<DType> lse_dtype;
   // backward (TOLERANCE.md, "Gradients"): dP = dout V^T is rounded to grad_dp; P (as the forward
   // gave it or recomputed from lse) and dS are rounded to grad_ds before the products giving
   // dq, dk, dv; those products and D = rowsum(dout out) are accumulated in grad_accum.
@@ -45,7 +48,8 @@ struct Profile {
 };
 
 // fp64, fp32, fp16 and bf16 (inputs in that dtype, fp32 accumulation and softmax), flash-fp16
-// and flash-bf16 (as fp16/bf16, with P rounded to that dtype before P V), torch-cpu-bf16
+// and flash-bf16 (as fp16/bf16, with P rounded to that dtype before P V, lse returned in F32),
+// torch-cpu-bf16
 // (PyTorch's CPU BF16 arithmetic: scores, softmax, P and P V in BF16). Throws InputError naming
 // `what` for an unknown name.
 Profile builtin_profile(const std::string& name, const std::string& what = "--profile");

@@ -71,6 +71,15 @@ struct Case {
   Kind kind = Kind::Sdpa;
   DType input_dtype = DType::F32;
   DType output_dtype = DType::F32;
+  // attn.output_dtypes: outputs given their own dtype, overriding output_dtype for them.
+  std::vector<std::pair<std::string, DType>> output_dtypes;
+  // The dtype of output `name` (out, weights, lse, scores or a gradient): its own, else
+  // output_dtype.
+  DType dtype_of(std::string_view name) const {
+    for (const auto& [n, t] : output_dtypes)
+      if (n == name) return t;
+    return output_dtype;
+  }
   std::optional<std::string> scale;    // attn.scale text; empty = 1/sqrt(Dk)
   std::optional<std::string> softcap;  // attn.softcap text when nonzero
   Causal causal = Causal::None;

@@ -54,6 +54,9 @@ struct ProblemSpec {
   Kind kind = Kind::Sdpa;
   DType dtype = DType::F32;
   std::optional<DType> output_dtype;  // empty: the input dtype
+  // attn.output_dtypes text (name:DTYPE,..., e.g. "lse:F32"): outputs in dtypes of their own;
+  // empty: none
+  std::string output_dtypes;
   // sdpa sizes; for mha Hq = Hkv = H, and D, Dout are set as well
   std::int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, Dk = 1, Dv = 1, D = 0, Dout = 0;
   bool self_attention = false;  // mha: x_kv = x_q (needs Nq = Nk)
