@@ -334,7 +334,7 @@ struct Comparer {
                 double vsum) const {
     acc.bias.add(static_cast<std::int64_t>(row), (y - x_hi) - x_lo, x_hi,
                  out_rest_scale(profile, spread, scales[row], limits[row], row, k, x_hi, bound, vsum),
-                 unit_roundoff(c.output_dtype), min_subnormal(c.output_dtype), precision);
+                 unit_roundoff(c.dtype_of("out")), min_subnormal(c.dtype_of("out")), precision);
   }
 
   // The constants of element()'s dtype (that of the returned tensors), looked up when it changes.

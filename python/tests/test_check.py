@@ -179,3 +179,27 @@ def test_check_judges_scores_and_accepts_gradients(core, tmp_path):
         v = grad.check(bad)
         assert v.failed and v.worst["tensor"] == name, name
     assert {"dq", "dk", "dv"} <= set(grads)
+
+
+def test_out_in_a_dtype_of_its_own_is_judged_as_out_in_that_dtype(tmp_path):
+    """out given F32 by attn.output_dtypes beside a BF16 output_dtype gets the verdict, statistical
+    tier and bias test included, of the same case with output_dtype F32."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    q, k, v = (torch.as_tensor(rng.standard_normal((1, 2, 32, 64)).astype(np.float32)).to(torch.bfloat16)
+               for _ in range(3))
+    cases = {}
+    for name, kw in (("plain", dict(output_dtype="F32")), ("own", dict(output_dtype="BF16", output_dtypes="out:F32"))):
+        attnoracle.write_case(tmp_path / f"{name}.safetensors", q, k, v, **kw)
+        r = run_cli("eval", str(tmp_path / f"{name}.safetensors"), "-o", str(tmp_path / f"{name}.golden.safetensors"))
+        assert r.returncode == 0, r.stderr
+        cases[name] = attnoracle.load_case(tmp_path / f"{name}.golden.safetensors")
+    out = np.array(cases["plain"].golden["out"], np.float32)
+    biased = np.nextafter(out, np.float32(np.inf))  # one F32 ulp up everywhere: biased, within every limit
+    tiers = {}
+    for name, case in cases.items():
+        verdict = case.check({"out": biased}, profile="bf16")
+        tiers[name] = [t["tier"] for t in verdict.report["tensors"] if t["tensor"] == "out"][0]
+        tiers[name].pop("note", None)
+    assert tiers["own"] == tiers["plain"]
+    assert tiers["own"]["bias"] is not None and tiers["own"]["bias"] != 0
