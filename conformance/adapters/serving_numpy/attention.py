@@ -3,7 +3,7 @@
 sections 5 and 8).
 
     /usr/bin/python3 attention.py [--structure splitkv|pagewise] [--split N] [--chunk 16|64]
-                                  [--partials f32|bf16] [--log2] [--arith fp32|fp16|bf16]
+                                  [--partials f32|bf16] [--log2] [--arith fp32|fp16|bf16|input]
                                   [--bug NAME] JOBS.jsonl
 
 splitkv (flash-decoding): each batch row's keys, read through its block table chunk by chunk, are
@@ -66,6 +66,7 @@ KEYS = set(nx.KEYS) | {"attn.kv_layout", "attn.kv_split_size", "attn.lse_posinf"
 OUTPUTS = ("out", "lse", "out_partial", "lse_partial")
 NUMPY_TYPE = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
 SENTINEL = -5e4                          # bug mask_sentinel_5e4
+INPUT_ARITH = {"F64": "fp32", "F32": "fp32", "F16": "fp16", "BF16": "bf16"}   # --arith input
 
 
 def finite(a, dt):
@@ -200,7 +201,8 @@ class Kernel:
 
         acc = np.float64 if in_dtype == "F64" else np.float32
         self.acc = acc
-        self.rnd = rnd = fx.ROUND[self.arith] if in_dtype != "F64" else None
+        arith = INPUT_ARITH[in_dtype] if self.arith == "input" else self.arith
+        self.rnd = rnd = fx.ROUND[arith] if in_dtype != "F64" else None
         ident = rnd or (lambda a: a)
         # Q in the P format; K, V rounded as the chunks are read (unused slots never touched).
         self.qs = ident(finite(q, acc))
@@ -472,9 +474,10 @@ def main(argv=None):
     parser.add_argument("--partials", choices=["f32", "bf16"], default="f32",
                         help="splitkv: each split's O_s kept in F32 or rounded to BF16")
     parser.add_argument("--log2", action="store_true", help="the merge in base 2 (exp2, log2)")
-    parser.add_argument("--arith", choices=["fp32", "fp16", "bf16"], default="fp32",
-                        help="fp16, bf16: Q, K, V and P rounded to F16 / BF16 before the products "
-                             "(F64 inputs: float64 throughout)")
+    parser.add_argument("--arith", choices=["fp32", "fp16", "bf16", "input"], default=None,
+                        help="fp16, bf16: Q, K, V and P rounded to F16 / BF16 before the products; "
+                             "input: to the case's input format (F16, BF16; F32 unchanged); F64 "
+                             "inputs: float64 throughout. Default: fp32 for splitkv, input for pagewise")
     parser.add_argument("--bug", choices=sorted(BUGS), default=None,
                         help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items())
                         .replace("%", "%%"))
@@ -482,7 +485,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.split < 1:
         parser.error("--split must be at least 1")
-    kernel = Kernel(args.structure, args.split, args.chunk, args.partials, args.log2, args.arith, args.bug)
+    arith = args.arith or ("input" if args.structure == "pagewise" else "fp32")
+    kernel = Kernel(args.structure, args.split, args.chunk, args.partials, args.log2, arith, args.bug)
     nx.run_case = kernel.run_case
     return nx.main(["--dtype", "float64", args.jobs])
 

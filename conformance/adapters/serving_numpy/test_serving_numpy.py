@@ -268,9 +268,9 @@ def ratio(case, got, flags):
     """The worst |got - ref| / limit over the compared elements (inf for NaN or a wrong zero)."""
     ref, bounds, rows = reference(case)
     tensors, dtypes = got
-    arith = flags[flags.index("--arith") + 1] if "--arith" in flags else "fp32"
     merge_kind = case.meta.get("attn.kind") == "merge"
     ins = case.dtypes["o_partial" if merge_kind else "q"]
+    arith = arith_of(flags, ins)
     u_acc = U["F64"] * 64 if ins == "F64" else U["F32"] * 64     # F32 sums of at most ~64 terms
     u_p = 0 if ins == "F64" else ARITH_U[arith]
     u_part = 2.0 ** -8 if "bf16" in flags and "--partials" in flags else 0
@@ -345,13 +345,21 @@ CONFIGS = [
     ["--structure", "splitkv", "--split", "16", "--chunk", "16", "--arith", "bf16"],
     ["--structure", "pagewise", "--chunk", "16"],
     ["--structure", "pagewise", "--chunk", "64", "--arith", "fp16"],
+    ["--structure", "pagewise", "--chunk", "16", "--arith", "fp32"],
 ]
+
+
+def arith_of(flags, ins):
+    """The P format of a run: --arith, default fp32 (splitkv) or the input's format (pagewise)."""
+    arith = flags[flags.index("--arith") + 1] if "--arith" in flags else \
+        "input" if "pagewise" in flags else "fp32"
+    return attention.INPUT_ARITH[ins] if arith == "input" else arith
 
 
 def arith_fits(flags, case):
     """--arith fp16 / bf16 runs on cases of that input dtype (F32 inputs would be rounded too)."""
-    arith = flags[flags.index("--arith") + 1] if "--arith" in flags else "fp32"
     ins = case.dtypes.get("q", case.dtypes.get("o_partial"))
+    arith = arith_of(flags, ins)
     return arith == "fp32" or ins == {"fp16": "F16", "bf16": "BF16"}[arith] or ins == "F64"
 
 
