@@ -155,15 +155,17 @@ class Kernel:
             if kc.shape[3] != Dk:
                 raise nx.Refused(f"{path}: k_cache: Dk {kc.shape[3]} != q's {Dk}")
             Nk, Dv = table.shape[1] * P, vc.shape[3]
-            if dtypes["k_cache"] != in_dtype or dtypes["v_cache"] != in_dtype:
-                raise nx.Refused(f"{path}: k_cache, v_cache: dtype must be q's ({in_dtype})")
+            for name in ("k_cache", "v_cache"):
+                if dtypes[name] != in_dtype:
+                    raise nx.Refused(f"{path}: {name}: dtype {dtypes[name]} is not q's ({in_dtype})")
         else:
             if "k" not in tensors or "v" not in tensors:
                 raise nx.Refused(f"{path}: k: missing (neither k nor k_cache given)")
             k, v = tensors["k"], tensors["v"]
             Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
-            if dtypes["k"] != in_dtype or dtypes["v"] != in_dtype:
-                raise nx.Refused(f"{path}: k, v: dtype must be q's ({in_dtype})")
+            for name in ("k", "v"):
+                if dtypes[name] != in_dtype:
+                    raise nx.Refused(f"{path}: {name}: dtype {dtypes[name]} is not q's ({in_dtype})")
         if Hkv == 0 or Hq % Hkv:
             raise nx.Refused(f"{path}: k: Hkv = {Hkv} does not divide Hq = {Hq}")
         lk = np.full(B, Nk, np.int64)

@@ -437,6 +437,49 @@ class RefusalTest(unittest.TestCase):
         c = merge_case("o_nan", rng)
         c.tensors["o_partial"][2, 0, 0, 0, 3] = np.nan
         bad["o_nan"] = (c, "o_partial[2, 0, 0, 0, 3]")
+        for name in ("v_cache", "block_table"):
+            c = sdpa_case("no_" + name, rng, P=3, lk=(6, 6))
+            del c.tensors[name]
+            bad["no_" + name] = (c, name + ": missing")
+        c = sdpa_case("k_and_cache", rng, P=3, lk=(6, 6))
+        c.tensors["k"], c.dtypes["k"] = np.zeros((2, 1, 6, 8)), "F32"
+        bad["k_and_cache"] = (c, "k: given beside k_cache")
+        c = sdpa_case("table_i64", rng, P=3, lk=(6, 6))
+        c.dtypes["block_table"] = "I64"
+        bad["table_i64"] = (c, "block_table: must be I32")
+        c = sdpa_case("cache_3d", rng, P=3, lk=(6, 6))
+        c.tensors["k_cache"] = c.tensors["k_cache"][:, :, 0]
+        bad["cache_3d"] = (c, "k_cache: must have 4 dimensions")
+        c = sdpa_case("v_pages", rng, P=3, lk=(6, 6))
+        c.tensors["v_cache"] = c.tensors["v_cache"][:-1]
+        bad["v_pages"] = (c, "v_cache: shape")
+        c = sdpa_case("cache_dk", rng, P=3, lk=(6, 6))
+        c.tensors["k_cache"] = c.tensors["k_cache"][..., :4]
+        bad["cache_dk"] = (c, "k_cache: Dk 4")
+        c = sdpa_case("cache_dtype", rng, P=3, lk=(6, 6))
+        c.dtypes["v_cache"] = "F16"
+        bad["cache_dtype"] = (c, "v_cache: dtype F16 is not q's (F32)")
+        c = sdpa_case("no_k", rng, paged=False, lk=(6, 6), poison=False)
+        del c.tensors["k"]
+        bad["no_k"] = (c, "k: missing")
+        c = sdpa_case("hkv", rng, P=3, lk=(6, 6), Hq=3, Hkv=2)
+        bad["hkv"] = (c, "k: Hkv = 2 does not divide Hq = 3")
+        c = sdpa_case("seqlens_shape", rng, P=3, lk=(6, 6))
+        c.tensors["seqlens_k"] = c.tensors["seqlens_k"][:1]
+        bad["seqlens_shape"] = (c, "seqlens_k: shape")
+        c = merge_case("no_o", rng)
+        del c.tensors["o_partial"]
+        bad["no_o"] = (c, "o_partial: missing")
+        c = merge_case("lse_shape", rng)
+        c.tensors["lse_partial"] = c.tensors["lse_partial"][:, :1]
+        bad["lse_shape"] = (c, "lse_partial: shape")
+        c = merge_case("sinks_shape", rng, sinks=[0.0, 1.0, 2.0])
+        bad["sinks_shape"] = (c, "sinks: shape")
+        c = merge_case("sinks_nan", rng, sinks=[0.0, np.nan])
+        bad["sinks_nan"] = (c, "sinks[1]: not finite")
+        c = merge_case("posinf_value", rng)
+        c.meta["attn.lse_posinf"] = "nan"
+        bad["posinf_value"] = (c, "attn.lse_posinf")
         for flags in (CONFIGS[0], CONFIGS[3]):
             res = run(flags, [c for c, _ in bad.values()])
             for name, (c, words) in bad.items():
@@ -495,6 +538,25 @@ class PlantedBugTest(unittest.TestCase):
                 status, got = run(flags + ["--bug", bug], [case])[case.name]
                 self.assertEqual(status, "ok", got)
                 self.assertGreater(ratio(case, got, flags), 1.0, f"--bug {bug} not seen on {case.name}")
+
+    def test_sentinel_and_merge_nan_on_fully_masked_rows(self):
+        # Policy zero, batch row 1 masked out by a key padding mask: a -5e4 sentinel gives it the
+        # mean of V (and under policy error nothing is refused); the unguarded merge gives it NaN.
+        rng = np.random.default_rng(6)
+        mask = np.arange(2)[:, None, None, None] == 0
+        zero = sdpa_case("masked_zero", rng, P=3, lk=(7, 5), mask=mask)
+        error = sdpa_case("masked_error", rng, P=3, lk=(7, 5), mask=mask, masked_rows="error")
+        flags = ["--structure", "splitkv"]
+        right = run(flags, [zero, error])
+        self.assertEqual(right["masked_error"][0], "error")
+        self.assertTrue((right["masked_zero"][1][0]["out"][1] == 0).all())
+        wrong = run(flags + ["--bug", "mask_sentinel_5e4"], [zero, error])
+        self.assertEqual(wrong["masked_error"][0], "ok")
+        self.assertTrue((wrong["masked_zero"][1][0]["out"][1] != 0).all())
+        self.assertGreater(ratio(zero, wrong["masked_zero"][1], flags), 1.0)
+        (status, got), = run(flags + ["--bug", "merge_nan_on_neginf"], [zero]).values()
+        self.assertTrue(np.isnan(got[0]["out"][1]).all())
+        self.assertEqual(ratio(zero, got, flags), np.inf)
 
     def test_pagewise_paging_bugs_seen(self):
         cases = bug_cases()
