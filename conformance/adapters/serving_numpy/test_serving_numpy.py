@@ -379,6 +379,25 @@ class CorrectKernelTest(unittest.TestCase):
                     self.assertEqual(status, "ok", got)
                     self.assertLessEqual(ratio(c, got, flags), 1.0)
 
+    def test_reference_agrees_with_the_numpy_adapter(self):
+        # The float64 evaluation here against the NumPy adapter's (float64) on the gathered k, v
+        # (Nk = 0 left out: the NumPy adapter's row maximum has no identity there).
+        nx = attention.nx
+        for c in random_cases(np.random.default_rng(1)):
+            k, v, lk = gather(c)
+            if k.shape[2] == 0:
+                continue
+            with self.subTest(case=c.name):
+                ref, _, rows = reference(c)
+                t = c.tensors
+                out, _, lse, _ = nx.attention(t["q"], k, v, c.meta, None, mask=t.get("mask"),
+                                              bias=t.get("bias"), seqlens_q=t.get("seqlens_q"),
+                                              seqlens_k=lk, sinks=t.get("sinks"))
+                sel = rows[:, None, :]
+                np.testing.assert_allclose(np.where(sel[..., None], out, 0), np.where(sel[..., None], ref["out"], 0),
+                                           rtol=1e-12, atol=1e-14)
+                np.testing.assert_allclose(np.where(sel, lse, 0), np.where(sel, ref["lse"], 0), rtol=1e-12)
+
     def test_masked_rows_exact(self):
         # A fully masked row (policy zero) and an empty split: out 0, lse -inf, O_s 0, lse_s -inf.
         rng = np.random.default_rng(2)
