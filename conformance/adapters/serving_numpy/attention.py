@@ -63,7 +63,7 @@ BUGS = {
 }
 
 KEYS = set(nx.KEYS) | {"attn.kv_layout", "attn.kv_split_size", "attn.lse_posinf"}
-OUTPUTS = ("out", "lse", "out_partial", "lse_partial")
+OUTPUTS = ("out", "lse", "out_partial", "lse_partial", "weights", "scores")
 NUMPY_TYPE = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
 SENTINEL = -5e4                          # bug mask_sentinel_5e4
 INPUT_ARITH = {"F64": "fp32", "F32": "fp32", "F16": "fp16", "BF16": "bf16"}   # --arith input
@@ -264,7 +264,26 @@ class Kernel:
         if self.bug != "merge_nan_on_neginf":    # BUG: the merge's NaN on such rows kept
             out = np.where(live[..., None], out, 0)
             lse = np.where(live, lse, -np.inf)
-        return {"out": out, "lse": lse, "out_partial": o_parts, "lse_partial": l_parts}, out_dtype
+        result = {"out": out, "lse": lse, "out_partial": o_parts, "lse_partial": l_parts}
+        if "weights" in outputs or "scores" in outputs:
+            result.update(self.second_pass(lse, live))
+        return result, out_dtype
+
+    def second_pass(self, lse, live):
+        """weights = exp(S - lse) from the final lse (sink included), and the scores S, -inf
+        where not allowed, chunk by chunk through the block table again; 0 and -inf past Lk."""
+        weights = np.zeros((self.B, self.Hq, self.Nq, self.Nk), self.acc)
+        scores = np.full(weights.shape, -np.inf, self.acc)
+        lse = np.where(live, lse, np.inf).astype(self.acc)    # rows with no key: exp(-inf) = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for b in range(self.B):
+                for j0 in range(0, self.lk[b], self.chunk):
+                    j1 = min(j0 + self.chunk, self.Nk)
+                    kb, _ = self.keys(b, j0, j1)
+                    s = self.scores(b, kb, j0, j1)
+                    scores[b, :, :, j0:j1] = s
+                    weights[b, :, :, j0:j1] = np.exp(s - lse[b][..., None])
+        return {"weights": weights, "scores": scores}
 
     # ---- reading keys through the block table
 
@@ -435,24 +454,26 @@ def merge(o, lse, sink, log2, bug, f32=np.float32):
     """out, lse of partial states o [S, ..., Dv], lse [S, ...] (natural log) and a sink
     broadcastable to lse[0], all float32: M = max(lse_s, sink); w_s = exp(lse_s - M), 0 for
     -inf splits; lse = M + log(sum w_s + exp(sink - M)); out = sum w_s O_s / that sum.
-    --log2: the same in base 2 (lse_s log2(e), exp2, log2), lse converted back at the end.
+    --log2: the exponentials in base 2 with log2(e) folded in, w_s = exp2((lse_s - M) log2(e)),
+    lse = M + log2(sum) ln(2): M stays natural (the maximum itself is not rescaled).
     `f32`: the merge's dtype (float64 for F64 inputs)."""
     if bug == "merge_ignores_sink":              # BUG: no sink term
         sink = None
-    ln2 = f32(math.log(2))
-    to2 = (lambda x: x / ln2) if log2 else (lambda x: x)
-    exp, log = (np.exp2, np.log2) if log2 else (np.exp, np.log)
-    lse = to2(lse)
+    if log2:
+        log2e, ln2 = f32(1 / math.log(2)), f32(math.log(2))
+        exp, log = (lambda x: np.exp2(x * log2e)), (lambda x: np.log2(x) * ln2)
+    else:
+        exp, log = np.exp, np.log
     live = lse != -np.inf
     top = lse.max(axis=0, initial=-np.inf)
     if sink is not None:
-        sink = np.broadcast_to(to2(sink), top.shape)
+        sink = np.broadcast_to(sink, top.shape)
         top = np.maximum(top, sink)
     if bug == "merge_nan_on_neginf":             # BUG: every split weighed, unguarded
         w = exp(lse - top)
         z = w.sum(axis=0) + (exp(sink - top) if sink is not None else f32(0))
         out = (w[..., None] * o).sum(axis=0) / z[..., None]
-        return out, (top + log(z)) * (ln2 if log2 else 1)
+        return out, top + log(z)
     base = np.where(top == -np.inf, f32(0), top)
     w = np.where(live, exp(lse - base), f32(0))
     z = w.sum(axis=0, dtype=f32)
@@ -462,7 +483,7 @@ def merge(o, lse, sink, log2, bug, f32=np.float32):
     one = np.where(z > 0, z, f32(1))
     out = np.where((z > 0)[..., None], acc / one[..., None], f32(0))
     lse_out = np.where(z > 0, base + log(one), -np.inf)
-    return out.astype(f32), (lse_out * (ln2 if log2 else 1)).astype(f32)
+    return out.astype(f32), lse_out.astype(f32)
 
 
 def main(argv=None):

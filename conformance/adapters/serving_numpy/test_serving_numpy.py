@@ -198,6 +198,7 @@ def softmax_ref(case, q, k, v, ok, sinks):
     z = e.sum(axis=-1) + (np.exp(sinks[None, :, None] - base) if sinks is not None else 0)
     a = e / np.where(z > 0, z, 1)[..., None]
     lse = np.where(z > 0, base + np.log(np.where(z > 0, z, 1)), -np.inf)
+    softmax_ref.last = a, s                  # the weights and scores of the latest call
     return a @ v, lse, a @ np.abs(v)
 
 
@@ -224,6 +225,7 @@ def reference(case):
     sinks = t.get("sinks")
     out, lse, bound = softmax_ref(case, t["q"], k, v, ok, sinks)
     ref, bounds = {"out": out, "lse": lse}, {"out": bound}
+    ref["weights"], ref["scores"] = softmax_ref.last
     if "attn.kv_split_size" in meta:
         n, Nk = int(meta["attn.kv_split_size"]), k.shape[2]
         parts = []
@@ -271,7 +273,7 @@ def ratio(case, got, flags):
     merge_kind = case.meta.get("attn.kind") == "merge"
     ins = case.dtypes["o_partial" if merge_kind else "q"]
     arith = arith_of(flags, ins)
-    u_acc = U["F64"] * 64 if ins == "F64" else U["F32"] * 64     # F32 sums of at most ~64 terms
+    u_acc = U["F64"] * 64 if ins == "F64" else U["F32"] * 64     # sums of at most ~64 terms
     u_p = 0 if ins == "F64" else ARITH_U[arith]
     u_part = 2.0 ** -8 if "bf16" in flags and "--partials" in flags else 0
     worst = 0.0
@@ -281,9 +283,19 @@ def ratio(case, got, flags):
         a = tensors[name]
         assert a.shape == want.shape, (case.name, name, a.shape, want.shape)
         u_out = U[dtypes[name]]
-        sel = rows[:, None, :] if name in ("out", "lse") else rows[None, :, None, :]
-        sel = np.broadcast_to(sel[..., None] if name.startswith("out") else sel, a.shape)
-        if name.startswith("lse"):
+        sel = rows[None, :, None, :] if name.endswith("_partial") else rows[:, None, :]
+        sel = np.broadcast_to(sel[..., None] if name.startswith("out") or name in ("weights", "scores") else sel,
+                              a.shape)
+        if name == "weights":
+            # exp(S - lse): S and lse each within u_acc (1 + |value|) of their exact values
+            lim = 4 * (u_out + u_acc * (1 + np.abs(ref["lse"])[..., None] + np.abs(np.where(
+                want > 0, ref["scores"], 0)))) * want + 1e-300
+            err = np.abs(a - want)
+        elif name == "scores":
+            fin = np.isfinite(want)
+            lim = np.where(fin, 4 * (u_out + u_acc) * (1 + np.abs(np.where(fin, want, 0))), 0)
+            err = np.where(fin, np.abs(a - np.where(fin, want, 0)), np.where(a == want, 0, np.inf))
+        elif name.startswith("lse"):
             # lse = m + log l: m exact in the scores' format, log l with relative u_acc
             lim = 4 * (u_out + u_acc + u_p) * np.maximum(1, np.abs(want)) + 1e-12
             lim = np.where(want == -np.inf, 0, lim)
@@ -303,21 +315,22 @@ def random_cases(rng):
     """The correctness set: paged (P 1, 3, 16; NHD and HND; shuffled, shared pages; NaN slots; -1
     entries), contiguous, split outputs, GQA 2 and 3, causal, window, mask, bias, sinks, padding."""
     c = []
-    c.append(sdpa_case("p3_nhd_shared", rng, P=3, lk=(7, 5), share=True))
+    c.append(sdpa_case("p3_nhd_shared", rng, P=3, lk=(7, 5), share=True, outputs="out,lse,weights,scores"))
     c.append(sdpa_case("p1_hnd", rng, P=1, lk=(4, 6), layout="HND", Hq=4, Hkv=2))
     c.append(sdpa_case("p16_gqa3_causal", rng, P=16, lk=(40, 17), Hq=3, Hkv=1, Nq=5, causal="bottom_right",
                        Mpages=4))
     c.append(sdpa_case("p3_window_sinks", rng, P=3, lk=(11, 9), Hq=2, Hkv=2, Nq=4, window="3,1",
-                       causal="bottom_right", sinks=np.array([0.5, -1.0])))
+                       causal="bottom_right", sinks=np.array([0.5, -1.0]), outputs="out,lse,weights,scores"))
     c.append(sdpa_case("p16_mask_bias", rng, B=2, P=16, lk=(33, 20), Nq=4, Hq=2,
                        mask=rng.random((2, 1, 4, 48)) < 0.8, bias=rng.standard_normal((1, 2, 4, 48)),
-                       Mpages=3))
+                       Mpages=3, outputs="out,lse,weights,scores"))
     c.append(sdpa_case("p3_padding_rows", rng, P=3, lk=(8, 2), Nq=4, seqlens_q=[4, 2], causal="top_left"))
-    c.append(sdpa_case("p3_bf16", rng, P=3, lk=(20, 13), dtype="BF16", Hq=4, Hkv=2, causal="bottom_right"))
+    c.append(sdpa_case("p3_bf16", rng, P=3, lk=(20, 13), dtype="BF16", Hq=4, Hkv=2, causal="bottom_right",
+                       outputs="out,lse,weights"))
     c.append(sdpa_case("p16_f16_sinks", rng, P=16, lk=(50, 31), dtype="F16", Hq=6, Hkv=2,
                        sinks=np.array([0.0, 1.0, -2.0, 0.5, 3.0, -1.0])))
     c.append(sdpa_case("split_contig", rng, paged=False, lk=(70, 45), split=16, Nq=3, causal="bottom_right",
-                       outputs="out,lse,out_partial,lse_partial"))
+                       outputs="out,lse,out_partial,lse_partial,weights"))
     c.append(sdpa_case("split_paged_masked_rows", rng, P=3, lk=(10, 0), split=4, Nq=3, Hq=3, Hkv=3,
                        outputs="out,lse,out_partial,lse_partial", causal="top_left"))
     c.append(sdpa_case("split_sinks_bf16", rng, P=16, lk=(64, 33), split=32, dtype="BF16",
@@ -421,6 +434,33 @@ class CorrectKernelTest(unittest.TestCase):
                                                           "(attn.masked_rows=error)\n"))
             self.assertIn("b=1, h=0, i=1", res["merge_row"][1])
             self.assertEqual(res["nk0"][0], "error")
+
+
+sys.path.insert(0, os.path.join(HERE, "..", "flash_numpy"))
+import gate  # noqa: E402
+
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class CoreGateTest(unittest.TestCase):
+    """The contiguous cases of vectors/core through `attnoracle run` (no paged or split cases there)."""
+
+    def test_both_structures_pass_core(self):
+        for flags, profile in ((["--structure", "splitkv", "--split", "16", "--chunk", "16", "--log2"], "fp32"),
+                               (["--structure", "pagewise", "--arith", "fp32"], "fp32"),
+                               (["--structure", "splitkv", "--split", "16", "--arith", "bf16"], "flash-bf16"),
+                               (["--structure", "pagewise"], "flash-fp16")):
+            with self.subTest(flags=" ".join(flags), profile=profile):
+                status, report = gate.run(KERNEL + flags, profile)
+                self.assertEqual(gate.failed(report), {})
+                self.assertGreater(report["passed"], 120)
+
+    def test_split_bugs_fail_core(self):
+        flags = ["--structure", "splitkv", "--split", "16", "--chunk", "16"]
+        for bug, least in (("split_off_by_one", 30), ("partials_bf16_undeclared", 40), ("empty_split_nan", 10)):
+            with self.subTest(bug=bug):
+                status, report = gate.run(KERNEL + flags + ["--bug", bug], "fp32")
+                self.assertEqual(status, 1)
+                self.assertGreaterEqual(len(gate.failed(report)), least)
 
 
 class RefusalTest(unittest.TestCase):
