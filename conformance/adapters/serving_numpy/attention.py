@@ -11,7 +11,7 @@ cut into splits of N keys; each split runs an online softmax over chunks and kee
 state (O_s, lse_s); a merge in F32 combines the splits and adds the sink. pagewise: one online
 softmax pass, one page per key block, no splits. Kind `merge` cases run the merge alone. The job
 loop, case reader, writer and .error / .unsupported files are the NumPy adapter's
-(../numpy/attention.py), loaded by path; the rounding helpers and the causal/window rule are the
+(../numpy/attention.py), loaded by path; the rounding functions and the causal/window rule are the
 FlashAttention-style kernel's (../flash_numpy/attention.py).
 """
 import argparse
