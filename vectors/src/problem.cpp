@@ -219,6 +219,16 @@ std::vector<double> make_bias(const ProblemSpec& p, const BoolGrid& mask, Rng& r
   if (p.bias == BiasKind::Fill) return make_fill_bias(p, mask, rng, shape);
   if (p.bias == BiasKind::Scalar || p.bias == BiasKind::PerKey)
     return make_broadcast_bias(p, rng, shape);
+  if (p.bias == BiasKind::RowOffset) {
+    shape = {B, H, Nq, 1};
+    bias.resize(sz(B * H * Nq));
+    for (double& x : bias) {
+      const std::uint64_t pick = rng.below(3);
+      const double u = rng.uniform();
+      x = pick == 0 ? 0.0 : round_into((pick == 1 ? -1e5 : -1e31) * (1 + u), p.bias_dtype);
+    }
+    return bias;
+  }
   if (p.bias == BiasKind::Alibi) {
     shape = {1, H, Nq, Nk};
     bias.resize(sz(H * Nq * Nk));
@@ -322,7 +332,8 @@ std::string outputs_text(const ProblemSpec& p) {
   return std::string("out") + (p.want_weights ? ",weights" : "") + (p.want_lse ? ",lse" : "") +
          (p.want_scores ? ",scores" : "") + (p.want_dq ? ",dq" : "") + (p.want_dk ? ",dk" : "") +
          (p.want_dv ? ",dv" : "") + mha_outputs(p) + (p.want_dbias ? ",dbias" : "") +
-         (p.want_dsinks ? ",dsinks" : "");
+         (p.want_dsinks ? ",dsinks" : "") + (p.want_out_partial ? ",out_partial" : "") +
+         (p.want_lse_partial ? ",lse_partial" : "");
 }
 
 }  // namespace
@@ -344,7 +355,8 @@ constexpr std::pair<SeqlensKind, std::string_view> kSeqlensKindNames[] = {
     {SeqlensKind::Chunked, "chunked"}, {SeqlensKind::Keys, "keys"}};
 constexpr std::pair<BiasKind, std::string_view> kBiasKindNames[] = {
     {BiasKind::None, "none"}, {BiasKind::Alibi, "alibi"}, {BiasKind::Random, "random"},
-    {BiasKind::Fill, "fill"}, {BiasKind::Scalar, "scalar"}, {BiasKind::PerKey, "per_key"}};
+    {BiasKind::Fill, "fill"}, {BiasKind::Scalar, "scalar"}, {BiasKind::PerKey, "per_key"},
+    {BiasKind::RowOffset, "row_offset"}};
 
 }  // namespace
 
@@ -464,6 +476,8 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
       (p.bias_dtype != p.dtype || is_fp8(p.dtype)))
     return "bias_dtype must be F64, F32 or the input dtype (F64 or F32 for FP8 inputs)";
   if (!p.bias_fill.empty() && p.bias != BiasKind::Fill) return "bias_fill needs bias fill";
+  if (p.bias == BiasKind::RowOffset && p.bias_dtype != DType::F64 && p.bias_dtype != DType::F32)
+    return "bias row_offset needs bias_dtype F64 or F32 (its offsets reach -2e31)";
   if (p.bias == BiasKind::Fill)
     if (auto f = bias_fill_value(p); !f.error.empty()) return f.error;
   if (p.seqlens_dtype != DType::I32 && p.seqlens_dtype != DType::I64)
@@ -475,6 +489,15 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
       !parse_text_number(p.sinks))
     return "sinks \"" + printable(p.sinks) + "\" is not near, dominant, negligible or a finite number";
   if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
+  if (p.page_size > 0) {
+    if (mha) return "page_size needs kind sdpa";
+    if (p.seqlens == SeqlensKind::None) return "page_size needs seqlens (a paged cache has seqlens_k)";
+    if (p.Nk % p.page_size != 0) return "page_size must divide Nk (Nk = pages per row x page size)";
+    if (p.wants_gradients()) return "paged cases have no gradients";
+  }
+  if (p.kv_split_size > 0 && mha) return "kv_split_size needs kind sdpa";
+  if ((p.want_out_partial || p.want_lse_partial) && p.kv_split_size <= 0)
+    return "out_partial and lse_partial need kv_split_size";
   if (p.wants_gradients()) {
     if (mha && (p.want_dq || p.want_dk || p.want_dv)) return "dq, dk and dv are gradients of kind sdpa (kind mha: dx_q ... dw_o)";
     if (!mha && p.wants_mha_gradients()) return "dx_q, dx_kv, dw_q, dw_k, dw_v and dw_o are gradients of kind mha";
@@ -643,7 +666,10 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     f.put(float_tensor("dout", p.dtype, mha ? std::vector<std::int64_t>{p.B, p.Nq, p.Dout}
                                             : std::vector<std::int64_t>{p.B, p.Hq, p.Nq, p.Dv}, g));
   }
+  share_prefix(p, f);
   if (p.poison) poison_unused(f);
+  page_kv_cache(p, f, mix64(seed, 7));
+  if (p.kv_split_size > 0) f.metadata["attn.kv_split_size"] = std::to_string(p.kv_split_size);
   return f;
 }
 

@@ -22,12 +22,12 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 25> kOptions = {
+constexpr std::array<std::string_view, 29> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
     "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
-    "output_dtypes"};
+    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -243,7 +243,7 @@ class SpecReader {
     } else if (key == "bias") {
       p.bias = named(v, path, bias_kind_from_name, bias_kind_name,
                      {BiasKind::None, BiasKind::Alibi, BiasKind::Random, BiasKind::Fill, BiasKind::Scalar,
-                      BiasKind::PerKey});
+                      BiasKind::PerKey, BiasKind::RowOffset});
     } else if (key == "bias_dtype") {
       p.bias_dtype = dtype(v, path);
     } else if (key == "bias_fill") {
@@ -281,10 +281,11 @@ class SpecReader {
           names.push_back(string(v[a], path + "[" + std::to_string(a) + "]"));
       } else {
         fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, "
-                   "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, not " + brief(v));
+                   "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, out_partial, lse_partial, not " + brief(v));
       }
       p.want_weights = p.want_lse = p.want_scores = false;
       p.want_dq = p.want_dk = p.want_dv = p.want_dbias = p.want_dsinks = false;
+      p.want_out_partial = p.want_lse_partial = false;
       p.want_mha = {};
       for (const auto& n : names) {
         const auto mha = std::find_if(kMhaGradients.begin(), kMhaGradients.end(), [&](const char* g) { return n == g; });
@@ -306,10 +307,25 @@ class SpecReader {
           p.want_dbias = true;
         else if (n == "dsinks")
           p.want_dsinks = true;
+        else if (n == "out_partial")
+          p.want_out_partial = true;
+        else if (n == "lse_partial")
+          p.want_lse_partial = true;
         else if (n != "out")
           fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, "
-                     "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o");
+                     "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, out_partial, lse_partial");
       }
+    } else if (key == "page_size") {  // 0: contiguous k and v
+      p.page_size = integer(v, path, 0, 1 << 24);
+    } else if (key == "kv_layout") {
+      p.kv_layout_hnd = choice(v, path, {"NHD", "HND"}) == "HND";
+    } else if (key == "pages") {
+      const std::string c = choice(v, path, {"ordered", "shuffled", "shared"});
+      p.pages = c == "ordered"    ? ProblemSpec::Pages::Ordered
+                : c == "shuffled" ? ProblemSpec::Pages::Shuffled
+                                  : ProblemSpec::Pages::Shared;
+    } else if (key == "kv_split_size") {  // 0: none
+      p.kv_split_size = integer(v, path, 0, 1 << 24);
     } else if (key == "self") {
       p.self_attention = boolean(v, path);
     } else if (key == "sinks") {
@@ -543,6 +559,15 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
     t.push_back("dout_" + p.dout);
   }
   if (!p.sinks.empty()) t.push_back("sinks");
+  if (p.page_size > 0) {
+    t.push_back("paged");
+    t.push_back("page_size_" + std::to_string(p.page_size));
+    t.push_back(p.kv_layout_hnd ? "kv_layout_hnd" : "kv_layout_nhd");
+    if (p.pages != ProblemSpec::Pages::Ordered)
+      t.push_back(p.pages == ProblemSpec::Pages::Shared ? "pages_shared" : "pages_shuffled");
+  }
+  if (p.kv_split_size > 0) t.push_back("split_kv");
+  if (p.want_out_partial || p.want_lse_partial) t.push_back("partials");
   if (p.Nk >= 4096) t.push_back("long_rows");
   return t;
 }

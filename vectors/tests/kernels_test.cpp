@@ -6,72 +6,20 @@
 #include <set>
 
 #include "attnoracle/reference/case_file.hpp"
-#include "attnoracle/reference/manifest.hpp"
-#include "attnoracle/vectors/generate.hpp"
-#include "attnoracle/vectors/suite.hpp"
-#include "cli_run.hpp"
+#include "committed_set.hpp"
 
 namespace attnoracle::testing {
 namespace {
-
-using vectors::Manifest;
-using vectors::ManifestCase;
-using vectors::parse_manifest;
-using vectors::sha256_hex;
 
 const fs::path kSource = ATTNORACLE_SOURCE_DIR;
 const fs::path kSpec = kSource / "vectors/suites/kernels.json";
 const fs::path kSet = kSource / "vectors/kernels";
 const char* kRegenerate = "regenerate with: attnoracle gen vectors/suites/kernels.json -o DIR, then copy DIR/manifest.json";
 
-Manifest committed() {
-  std::string problem;
-  const Manifest m = parse_manifest("manifest.json", read_text(kSet / "manifest.json"), problem);
-  EXPECT_EQ(problem, "");
-  return m;
-}
-
-bool has(const std::vector<std::string>& tags, const std::string& tag) {
-  return std::find(tags.begin(), tags.end(), tag) != tags.end();
-}
-
-TEST(VectorsKernels, ManifestListsTheSpecsCases) {
-  const Manifest m = committed();
-  const std::string spec = read_text(kSpec);
-  EXPECT_EQ(m.spec_sha256.value_or(""), sha256_hex(std::string_view(spec))) << kRegenerate;
-  EXPECT_EQ(m.generator, vectors::generator_name()) << kRegenerate;
-  const vectors::Suite s = vectors::parse_suite(kSpec.string(), spec);
-  ASSERT_EQ(m.cases.size(), s.cases.size()) << kRegenerate;
-  for (std::size_t k = 0; k < s.cases.size(); ++k) {
-    EXPECT_EQ(m.cases[k].id, s.cases[k].id);
-    std::vector<std::string> tags = m.cases[k].tags;
-    if (!tags.empty() && tags.back() == "fully_masked" && !has(s.cases[k].tags, "fully_masked"))
-      tags.pop_back();
-    EXPECT_EQ(tags, s.cases[k].tags) << m.cases[k].id;
-  }
-}
+TEST(VectorsKernels, ManifestListsTheSpecsCases) { expect_manifest_lists_spec(kSpec, kSet, kRegenerate); }
 
 TEST(VectorsKernels, SampleRegeneratesWithTheManifestsHashes) {
-  const Manifest m = committed();
-  std::map<std::string, std::string> hash;
-  for (const auto& c : m.cases) hash[c.id] = c.sha256;
-  const auto sample = tree(kSet / "sample");
-  ASSERT_GE(sample.size(), 10u);
-  std::string ids;
-  std::set<std::string> families;
-  for (const auto& [name, bytes] : sample) {
-    ASSERT_EQ(fs::path(name).extension(), ".safetensors") << name;
-    const std::string id = fs::path(name).stem().string();
-    ASSERT_TRUE(hash.count(id)) << id << " is not in the manifest";
-    EXPECT_EQ(sha256_hex(std::string_view(bytes)), hash[id]) << id;
-    ids += (ids.empty() ? "" : ",") + id;
-    families.insert(id.substr(0, id.rfind('-')));
-  }
-  EXPECT_GE(families.size(), 10u);
-  TempDir d;
-  const CliResult r = run_cli({"gen", kSpec.string(), "-o", (d / "k").string(), "--case", ids, "--jobs", "2", "--quiet"});
-  ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(differences(tree(d / "k/cases"), sample), std::vector<std::string>{}) << kRegenerate;
+  expect_sample_regenerates(kSpec, kSet, 10, 10, kRegenerate);
 }
 
 // out of row (b, h, i) in double, with the keys of the last 64-key block from `tail` on all
@@ -131,7 +79,8 @@ TEST(VectorsKernels, TailMasksMoveEveryRowThatSeesTheLastBlock) {
 // A BF16 kernel with head dims 64 and 128 alone: `run --dtype BF16 --tag head_dim_64,head_dim_128`.
 TEST(VectorsKernels, ABf16KernelOfHeadDims64And128Runs300Cases) {
   int n = 0;
-  for (const auto& c : committed().cases) n += has(c.tags, "bf16") && (has(c.tags, "head_dim_64") || has(c.tags, "head_dim_128"));
+  for (const auto& c : committed_manifest(kSet).cases)
+    n += has_tag(c.tags, "bf16") && (has_tag(c.tags, "head_dim_64") || has_tag(c.tags, "head_dim_128"));
   EXPECT_GE(n, 300);
 }
 

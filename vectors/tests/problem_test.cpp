@@ -771,3 +771,128 @@ TEST(VectorsMhaGradients, DoutAndRefusals) {
 
 }  // namespace
 }  // namespace attnoracle::testing
+
+namespace attnoracle::testing {
+namespace {
+
+using namespace attnoracle::vectors;
+
+std::vector<std::int64_t> int_tensor_values(const RawTensor& t) {
+  std::vector<std::int64_t> out;
+  const std::size_t size = dtype_size(t.dtype);
+  for (std::size_t e = 0; e * size < t.data.size(); ++e) {
+    std::uint64_t u = 0;
+    for (std::size_t byte = 0; byte < size; ++byte) u |= std::uint64_t{t.data[e * size + byte]} << (8 * byte);
+    out.push_back(size == 4 ? static_cast<std::int32_t>(u) : static_cast<std::int64_t>(u));
+  }
+  return out;
+}
+
+// A paged case holds, at every key a row uses, the bytes of k and v of its contiguous twin (the
+// same spec and seed without page_size), through its block table, in both layouts; unused table
+// entries hold -1, 0 or an index past the cache; with poison a slot past a row's length is NaN
+// (unshared pages).
+TEST(VectorsPaging, PagedCaseHoldsTheContiguousTwinsKeys) {
+  for (const bool hnd : {false, true})
+    for (const auto pages : {ProblemSpec::Pages::Ordered, ProblemSpec::Pages::Shuffled, ProblemSpec::Pages::Shared})
+      for (const std::int64_t P : {1, 3, 4, 12}) {
+        ProblemSpec p;
+        p.dtype = DType::BF16;
+        p.B = 4, p.Hq = 4, p.Hkv = 2, p.Nq = 3, p.Nk = 24, p.Dk = 8, p.Dv = 4;
+        p.seqlens = SeqlensKind::Chunked;
+        p.page_size = P, p.kv_layout_hnd = hnd, p.pages = pages, p.poison = true;
+        const SafeTensorsFile f = make_problem(p, 11);
+        ProblemSpec twin = p;
+        twin.page_size = 0;
+        SafeTensorsFile t = make_problem(twin, 11);
+        if (pages == ProblemSpec::Pages::Shared) share_prefix(p, t);  // the twin's keys shared too
+        ASSERT_EQ(f.find("k"), nullptr);
+        const RawTensor& kc = *f.find("k_cache");
+        const RawTensor& vc = *f.find("v_cache");
+        const std::vector<std::int64_t> bt = int_tensor_values(*f.find("block_table"));
+        const std::vector<std::int64_t> lk = int_tensor_values(*f.find("seqlens_k"));
+        const std::int64_t M = p.Nk / P, pages_n = kc.shape[0];
+        EXPECT_EQ(f.metadata.at("attn.kv_layout"), hnd ? "HND" : "NHD");
+        EXPECT_EQ(kc.shape, (hnd ? std::vector<std::int64_t>{pages_n, 2, P, 8} : std::vector<std::int64_t>{pages_n, P, 2, 8}));
+        const Case c = case_from_file("twin", t);
+        bool nan_seen = false;
+        for (std::int64_t b = 0; b < p.B; ++b)
+          for (std::int64_t m = 0; m < M; ++m) {
+            const std::int64_t id = bt[static_cast<std::size_t>(b * M + m)];
+            if (m * P >= lk[static_cast<std::size_t>(b)]) {
+              EXPECT_TRUE(id == -1 || id == 0 || id >= pages_n) << id;
+              continue;
+            }
+            ASSERT_GE(id, 0);
+            ASSERT_LT(id, pages_n);
+            for (std::int64_t s = 0; s < P; ++s)
+              for (std::int64_t g = 0; g < p.Hkv; ++g) {
+                const std::int64_t j = m * P + s;
+                const std::int64_t slot = hnd ? (id * p.Hkv + g) * P + s : (id * P + s) * p.Hkv + g;
+                for (std::int64_t e = 0; e < p.Dk; ++e) {
+                  const double x = decode_float(kc.dtype, kc.data.data() + static_cast<std::size_t>(slot * p.Dk + e) * 2);
+                  const double y = c.k.values[static_cast<std::size_t>(((b * p.Hkv + g) * p.Nk + j) * p.Dk + e)];
+                  if (j < lk[static_cast<std::size_t>(b)] && std::isfinite(y)) {
+                    EXPECT_EQ(x, y) << "b " << b << " j " << j << " P " << P;
+                  }
+                  nan_seen = nan_seen || (j >= lk[static_cast<std::size_t>(b)] && std::isnan(x));
+                }
+                for (std::int64_t e = 0; e < p.Dv; ++e) {
+                  const double x = decode_float(vc.dtype, vc.data.data() + static_cast<std::size_t>(slot * p.Dv + e) * 2);
+                  const double y = c.v.values[static_cast<std::size_t>(((b * p.Hkv + g) * p.Nk + j) * p.Dv + e)];
+                  if (j < lk[static_cast<std::size_t>(b)] && std::isfinite(y)) {
+                    EXPECT_EQ(x, y);
+                  }
+                }
+              }
+          }
+        if (P > 1 && pages != ProblemSpec::Pages::Shared) {  // shared pages hold batch 0's keys there
+          EXPECT_TRUE(nan_seen) << "P " << P;
+        }
+      }
+}
+
+TEST(VectorsPaging, RefusesWhatItCannotPage) {
+  ProblemSpec p;
+  p.B = 2, p.Nk = 10, p.page_size = 4;
+  EXPECT_EQ(problem_error(p).value_or(""), "page_size needs seqlens (a paged cache has seqlens_k)");
+  p.seqlens = SeqlensKind::Keys;
+  EXPECT_EQ(problem_error(p).value_or(""), "page_size must divide Nk (Nk = pages per row x page size)");
+  p.Nk = 12;
+  EXPECT_EQ(problem_error(p), std::nullopt);
+  p.want_dq = true;
+  EXPECT_EQ(problem_error(p).value_or(""), "paged cases have no gradients");
+  p.want_dq = false;
+  p.want_lse_partial = true;
+  EXPECT_EQ(problem_error(p).value_or(""), "out_partial and lse_partial need kv_split_size");
+  p.kv_split_size = 5;
+  EXPECT_EQ(problem_error(p), std::nullopt);
+  p.bias = BiasKind::RowOffset;
+  p.bias_dtype = DType::F16;
+  p.dtype = DType::F16;
+  EXPECT_EQ(problem_error(p).value_or(""), "bias row_offset needs bias_dtype F64 or F32 (its offsets reach -2e31)");
+}
+
+// Every row offset is 0 or far below -5e4.
+TEST(VectorsPaging, RowOffsetsLieFarBelowFiniteSentinels) {
+  ProblemSpec p;
+  p.B = 2, p.Hq = 2, p.Hkv = 1, p.Nq = 30, p.Nk = 8, p.Dk = 4, p.Dv = 4;
+  p.bias = BiasKind::RowOffset;
+  const SafeTensorsFile f = make_problem(p, 3);
+  const RawTensor& bias = *f.find("bias");
+  EXPECT_EQ(bias.shape, (std::vector<std::int64_t>{2, 2, 30, 1}));
+  int zero = 0, far = 0, farther = 0;
+  for (std::int64_t e = 0; e < bias.numel(); ++e) {
+    const double x = decode_float(bias.dtype, bias.data.data() + static_cast<std::size_t>(e) * 4);
+    zero += x == 0;
+    far += x <= -1e5 && x > -2.1e5;
+    farther += x <= -1e31;
+  }
+  EXPECT_EQ(zero + far + farther, 120);
+  EXPECT_GT(zero, 10);
+  EXPECT_GT(far, 10);
+  EXPECT_GT(farther, 10);
+}
+
+}  // namespace
+}  // namespace attnoracle::testing

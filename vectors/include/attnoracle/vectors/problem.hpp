@@ -36,6 +36,9 @@ enum class BiasKind {
   Fill,    // a mask written as a bias: 0, or bias_fill on about a quarter of keys; [B,Hq,Nq,Nk]
   Scalar,  // one value uniform in [-2,2) for every score; []
   PerKey,  // uniform [-2,2) per batch and key; [B,1,1,Nk]
+  // one offset per row, 0, -1e5 (1 + U) or -1e31 (1 + U) in turn at random: every allowed score
+  // of the row far below a finite mask sentinel (-5e4, -1e30); [B,Hq,Nq,1]
+  RowOffset,
 };
 // Sequence lengths seqlens_q, seqlens_k [B] (padded varlen). Batch 0 is full (Lk = Nk), batch 1
 // has few keys (Lk = min(2, Nk)), the others distinct random key counts.
@@ -97,6 +100,15 @@ struct ProblemSpec {
   // FP8 inputs: q_descale, k_descale, v_descale [B, Hkv] (F32), distinct per batch and kv head,
   // none equal to 1, so that a kernel that drops them or reads one kv head's for all fails
   bool descales = false;
+  // Paged KV cache (k_cache, v_cache, block_table in place of k and v): page size, 0 for a
+  // contiguous k and v; HND layout ([Npages, Hkv, P, D]) instead of NHD; pages in order,
+  // shuffled, or shuffled with batch rows >= 1 sharing batch 0's leading pages (prefix sharing).
+  std::int64_t page_size = 0;
+  bool kv_layout_hnd = false;
+  enum class Pages { Ordered, Shuffled, Shared } pages = Pages::Ordered;
+  // Split-KV: attn.kv_split_size (0: none), and the partial states among the outputs.
+  std::int64_t kv_split_size = 0;
+  bool want_out_partial = false, want_lse_partial = false;
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
 };
@@ -133,6 +145,14 @@ std::optional<std::string> problem_error(const ProblemSpec& p);
 // Throws std::invalid_argument when a value cannot be represented (a generator parameter too
 // large for the dtype, say).
 SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed);
+
+// Replaces k and v of a generated sdpa case by a paged cache (CONTRACT section 8) holding the
+// same keys: the golden values do not change. Unused block-table entries get -1, 0 or an index
+// past the cache; one spare page and the slots past each row's length hold what the unused rows
+// of k and v held (NaN, inf with `poison`). Deterministic in (spec, seed).
+void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed);
+// Batch rows >= 1 take batch 0's keys and values on the pages they will share with it.
+void share_prefix(const ProblemSpec& p, SafeTensorsFile& f);
 
 // True when some row (padding or not) has no allowed key, whatever the policy; whether
 // evaluation refuses the case is Case::first_refused_row.
