@@ -75,3 +75,20 @@ def test_empty_shapes():
     e = attnoracle.evaluate(np.ones((0, 2, 3, 4), np.float32), np.ones((0, 1, 5, 4), np.float32),
                             np.ones((0, 1, 5, 2), np.float32))
     assert e["out"].shape == (0, 2, 3, 2)
+
+
+def test_fp8_paged_with_descales_through_eval(tmp_path):
+    """Descales apply to the gathered keys and values as to contiguous ones; eval's oracle
+    re-gathers the FP8 caches (descales applied) and passes."""
+    paged, twin = paged_problem(hnd=True)
+    d = dict(q_descale=np.array([[0.5, 2], [1, 0.25]], np.float32), k_descale=np.array([[2, 0.5], [0.125, 1]], np.float32),
+             v_descale=np.array([[1, 3], [0.5, 2]], np.float32))
+    o = dict(input_dtype="F8_E4M3", output_dtype="BF16", causal="bottom_right", outputs=("out", "lse"))
+    a = attnoracle.evaluate(**paged, kv_layout="HND", **d, **o)
+    b = attnoracle.evaluate(**twin, **d, **o)
+    for name in ("out", "out.ref", "lse"):
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    path = attnoracle.write_case(tmp_path / "fp8.safetensors", **paged, kv_layout="HND", **d, **o)
+    r = run_cli("eval", path, "-o", str(tmp_path / "fp8.out.safetensors"), "-q")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(attnoracle.load_case(tmp_path / "fp8.out.safetensors").golden["out"], a["out"])
