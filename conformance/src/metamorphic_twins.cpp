@@ -169,6 +169,8 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
   const Case c = case_from_file(path, base);
   SafeTensorsFile inputs = c.file;  // golden tensors dropped
   std::vector<TwinPair> out;
+  // The twins edit k and v in the file: a paged case (caches and a table) has none to edit.
+  if (c.paged) return out;
 
   // Permuted keys and values (and mask and bias columns).
   if (c.Nk > 1) {

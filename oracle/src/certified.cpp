@@ -94,6 +94,7 @@ std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
 }
 
 EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const CheckOptions& check) {
+  if (auto v = check_paged(c); !v.empty()) throw InvariantViolation(std::move(v));
   EvalOptions opt = eval;
   auto outer = eval.row_check;
   opt.row_check = [&c, outer](std::int64_t b, std::int64_t h, std::int64_t i,

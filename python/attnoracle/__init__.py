@@ -63,6 +63,7 @@ _DTYPE_OF_NUMPY = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.
 _INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o")
 _OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k", "sinks", "dout")
 _DESCALES = ("q_descale", "k_descale", "v_descale")
+_CACHES = ("k_cache", "v_cache")  # a paged KV cache (CONTRACT section 8), with block_table
 _ARRAYS = "<arrays>"  # the file name in messages about arrays given in memory
 
 
@@ -161,6 +162,16 @@ def _length_tensor(name, x, file):
     return (name, dtype, [int(n) for n in a.shape], np.ascontiguousarray(a, _NUMPY_OF[dtype]).tobytes())
 
 
+def _block_table_tensor(x, file):
+    """block_table [B, Mpages]: page indices, stored as I32 (the reader checks the used ones)."""
+    a, _ = _as_array(x, "block_table", file)
+    if a.dtype.kind not in "iu":
+        raise _error(file, "block_table", f"page indices are integers, not {a.dtype}")
+    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+        raise _error(file, "block_table", "page indices beyond I32's range")
+    return ("block_table", "I32", [int(n) for n in a.shape], np.ascontiguousarray(a, "<i4").tobytes())
+
+
 def _number_text(x, field, file):
     """attn.scale and attn.softcap: a str is the exact value of its text ("0.1" is 1/10); a
     float is the exact value of that double, written as a C hex float."""
@@ -184,7 +195,7 @@ def _input_dtype_of(x, file, name):
 
 
 def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, outputs, input_dtype, output_dtype,
-                  round_values, file, metadata=None, output_dtypes=None):
+                  round_values, file, metadata=None, output_dtypes=None, kv_layout=None):
     """The tensors and metadata of a case file from arrays and options."""
     arrays = {n: a for n, a in arrays.items() if a is not None}
     kind = "mha" if "x_q" in arrays else "sdpa"
@@ -206,8 +217,10 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
             tensors.append(_float_tensor(name, a, "F32", round_values, file))
         elif name in ("seqlens_q", "seqlens_k"):
             tensors.append(_length_tensor(name, a, file))
-        elif name in _INPUTS:
+        elif name in _INPUTS or name in _CACHES:
             tensors.append(_float_tensor(name, a, dtype, round_values, file))
+        elif name == "block_table":
+            tensors.append(_block_table_tensor(a, file))
         else:
             raise _error(file, name, "unknown tensor (expected q, k, v, and optionally " + ", ".join(_OPTIONAL) + ")")
     meta = {"attn.format": "1"}
@@ -228,6 +241,8 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
     if output_dtypes is not None:  # {"lse": "F32"} or "lse:F32"
         meta["attn.output_dtypes"] = output_dtypes if isinstance(output_dtypes, str) else \
             ",".join(f"{name}:{str(t).upper()}" for name, t in dict(output_dtypes).items())
+    if kv_layout is not None:
+        meta["attn.kv_layout"] = str(kv_layout).upper()
     if outputs is not None:
         names = [outputs] if isinstance(outputs, str) else list(outputs)
         meta["attn.outputs"] = ",".join(names)
@@ -309,7 +324,7 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
              sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None, causal=None,
              window=None, softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None,
              output_dtypes=None, threads=None, max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
-             w_o=None):
+             w_o=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None):
     """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
     file these arrays make, bit for bit (a Result).
 
@@ -323,16 +338,19 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
     float16; a PyTorch bfloat16 tensor is BF16); "BF16" takes float arrays whose values BF16
     holds exactly (refused otherwise) or uint16 bit patterns, "F8_E4M3" and "F8_E5M2" float
     arrays of values they hold or uint8 bit patterns (output_dtype then required). output_dtypes
-    gives outputs dtypes of their own ({"lse": "F32"} or "lse:F32", attn.output_dtypes). Every
+    gives outputs dtypes of their own ({"lse": "F32"} or "lse:F32", attn.output_dtypes). A paged
+    KV cache replaces k and v: k_cache, v_cache [Npages, P, Hkv, D] (kv_layout "NHD", the default)
+    or [Npages, Hkv, P, D] ("HND") and block_table [B, Mpages] integers, with seqlens_k. Every
     value must be exactly representable in its dtype: nothing is rounded silently. Raises
     InputError with the command line's message."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
-                  k_descale=k_descale, v_descale=v_descale, dout=dout)
+                  k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,
+                  block_table=block_table)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
                                   input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
-                                  file=_ARRAYS, output_dtypes=output_dtypes)
+                                  file=_ARRAYS, output_dtypes=output_dtypes, kv_layout=kv_layout)
     return _evaluate(tensors, meta, _ARRAYS, threads, max_precision)
 
 
@@ -345,19 +363,20 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
                seqlens_k=None, sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None,
                causal=None, window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None,
                output_dtype=None, round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
-               w_o=None, output_dtypes=None):
+               w_o=None, output_dtypes=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None):
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
     eval` checks it, written atomically. Arguments as for evaluate(); the float values are
     rounded to nearest-even into their dtype (F8_E4M3 saturating at +-448; round_inputs=False:
     refused unless exact); `metadata` adds keys (e.g. "gen.note"). Returns the path."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
-                  k_descale=k_descale, v_descale=v_descale, dout=dout)
+                  k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,
+                  block_table=block_table)
     path = os.fspath(path)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
                                   output_dtype=output_dtype, round_values=round_inputs, file=path, metadata=metadata,
-                                  output_dtypes=output_dtypes)
+                                  output_dtypes=output_dtypes, kv_layout=kv_layout)
     _native.write_case(path, tensors, meta)
     return path
 
@@ -424,13 +443,19 @@ class Case:
         dk = (self.inputs["q"].shape[-1] if self.kind == "sdpa" else self.inputs["w_q"].shape[-1])
         return 1.0 / float(np.sqrt(dk))
 
+    def _kv_heads(self):
+        """Hkv, from k or from a paged k_cache ([Npages, P, Hkv, D] or, HND, [Npages, Hkv, P, D])."""
+        if "k" in self.inputs:
+            return self.inputs["k"].shape[1]
+        return self.inputs["k_cache"].shape[1 if self.metadata.get("attn.kv_layout") == "HND" else 2]
+
     @property
     def features(self):
         """The features this case uses, among FEATURES."""
         f = {self.input_dtype}
         if self.kind == "mha":
             f.add("mha")
-        elif self.inputs["k"].shape[1] != self.inputs["q"].shape[1]:
+        elif self._kv_heads() != self.inputs["q"].shape[1]:
             f.add("gqa")
         f.update(n for n in ("mask", "bias", "query_mask", "sinks") if n in self.inputs)
         if self.input_dtype in FP8_DTYPES:

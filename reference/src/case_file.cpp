@@ -94,6 +94,7 @@ class CaseReader {
   void metadata(const std::map<std::string, std::string>& md) {
     for (const auto& [key, value] : md) {
       if (key.rfind("attn.", 0) != 0) continue;
+      if (key == kKvLayoutKey) continue;
       if (std::find(kMetadataKeys.begin(), kMetadataKeys.end(), key) != kMetadataKeys.end() ||
           std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end())
         continue;
@@ -245,8 +246,11 @@ class CaseReader {
     const auto& theirs = is_sdpa ? mha : sdpa;
     for (const auto& t : file.tensors) {
       consistent(t);
-      if (mine.count(t.name) || optional.count(t.name) || (is_sdpa && descales.count(t.name)))
+      if (mine.count(t.name) || optional.count(t.name) || (is_sdpa && descales.count(t.name)) ||
+          (is_sdpa && is_paged_tensor_name(t.name)))
         continue;
+      if (is_paged_tensor_name(t.name))
+        fail(t.name, "is an input of kind sdpa (a paged KV cache) but attn.kind is mha");
       if (theirs.count(t.name))
         fail(t.name, std::string("is an input of kind ") + (is_sdpa ? "mha" : "sdpa") +
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
@@ -259,6 +263,8 @@ class CaseReader {
       sdpa_inputs();
     else
       mha_inputs();
+    if (!c_.paged && file.metadata.count(std::string(kKvLayoutKey)))
+      fail(std::string(kKvLayoutKey), "given, but the case has no paged KV cache (k_cache, v_cache, block_table)");
     if (is_fp8(c_.input_dtype)) {
       const std::string in(dtype_name(c_.input_dtype));
       if (!is_sdpa) fail(first_input_, "dtype " + in + " is for attn.kind sdpa only");
@@ -314,6 +320,9 @@ class CaseReader {
       fail("attn.outputs", "dbias is asked but the case has no bias tensor");
     if (c_.want_dsinks && !c_.sinks)
       fail("attn.outputs", "dsinks is asked but the case has no sinks tensor");
+    if (c_.wants_gradients() && c_.paged)
+      fail("attn.outputs", "asks for gradients, which are not defined for a paged KV cache "
+                           "(k_cache, v_cache, block_table)");
     if (c_.wants_gradients() && is_fp8(c_.input_dtype))
       fail("attn.outputs", "asks for gradients, but gradients of " +
                                std::string(dtype_name(c_.input_dtype)) + " inputs are not supported");
@@ -370,7 +379,11 @@ class CaseReader {
   }
 
   // Checks dtype and shape of a required floating input; the first one fixes the input dtype.
-  const RawTensor& input(const std::string& name, std::size_t rank, const char* layout) {
+  // Axes 0 and 2 of [B,H,N,D]: B, Nq and Nk may be 0 (CONTRACT section 8, empty shapes).
+  static constexpr unsigned kBatchAndRows = 0b0101;
+
+  const RawTensor& input(const std::string& name, std::size_t rank, const char* layout,
+                         unsigned may_be_empty = 0) {
     const RawTensor& t = required(name);
     if (!is_input_format(t.dtype))
       fail(name, "dtype " + std::string(dtype_name(t.dtype)) +
@@ -382,7 +395,7 @@ class CaseReader {
       fail(name, "dtype " + std::string(dtype_name(t.dtype)) + " differs from " + first_input_ +
                      "'s " + std::string(dtype_name(c_.input_dtype)));
     }
-    expect_rank(t, rank, rank, layout);
+    expect_rank(t, rank, rank, layout, may_be_empty);
     return t;
   }
 
@@ -392,7 +405,9 @@ class CaseReader {
                        std::string(dtype_name(want)));
   }
 
-  void expect_rank(const RawTensor& t, std::size_t lo, std::size_t hi, const char* layout) const {
+  // Every dimension at least 1, but those of the axes set in `may_be_empty` (bit a: axis a).
+  void expect_rank(const RawTensor& t, std::size_t lo, std::size_t hi, const char* layout,
+                   unsigned may_be_empty = 0) const {
     const std::size_t r = t.shape.size();
     if (r < lo || r > hi) {
       const std::string want =
@@ -401,13 +416,15 @@ class CaseReader {
                        ", expected " + want + " " + layout);
     }
     for (std::size_t a = 0; a < r; ++a)
-      if (t.shape[a] < 1)
+      if (t.shape[a] < 1 && !(may_be_empty >> a & 1))
         fail(t.name, "shape " + shape_string(t.shape) + " has dimension " + std::to_string(a) +
                          " equal to 0; every dimension must be at least 1");
   }
 
   void expect_shape(const RawTensor& t, const Shape& want, const char* layout) const {
-    expect_rank(t, want.size(), want.size(), layout);
+    unsigned empty = 0;  // a dimension the case has as 0 (an empty shape) may be 0 here
+    for (std::size_t a = 0; a < want.size(); ++a) empty |= (want[a] == 0 ? 1u : 0u) << a;
+    expect_rank(t, want.size(), want.size(), layout, empty);
     if (t.shape != want)
       fail(t.name,
            "shape " + shape_string(t.shape) + " is not " + layout + " = " + shape_string(want));
@@ -433,8 +450,10 @@ class CaseReader {
   // full size.
   void expect_broadcast(const RawTensor& t, const std::array<std::int64_t, 4>& full) const {
     static constexpr std::array<const char*, 4> names = {"B", "Hq", "Nq", "Nk"};
-    expect_rank(t, 0, 4, "broadcastable to [B,Hq,Nq,Nk]");
     const std::size_t r = t.shape.size();
+    unsigned empty = 0;  // dimensions of an empty shape (B, Nq or Nk = 0)
+    for (std::size_t a = 0; a < r && r <= 4; ++a) empty |= (full[4 - r + a] == 0 ? 1u : 0u) << a;
+    expect_rank(t, 0, 4, "broadcastable to [B,Hq,Nq,Nk]", empty);
     for (std::size_t a = 0; a < r; ++a) {
       const std::size_t f = 4 - r + a;
       if (t.shape[a] != 1 && t.shape[a] != full[f])
@@ -518,9 +537,10 @@ class CaseReader {
   }
 
   void sdpa_inputs() {
-    const RawTensor& q = input("q", 4, "[B,Hq,Nq,Dk]");
-    const RawTensor& k = input("k", 4, "[B,Hkv,Nk,Dk]");
-    const RawTensor& v = input("v", 4, "[B,Hkv,Nk,Dv]");
+    const RawTensor& q = input("q", 4, "[B,Hq,Nq,Dk]", kBatchAndRows);
+    if (is_paged_file(*file_)) return paged_inputs(q);
+    const RawTensor& k = input("k", 4, "[B,Hkv,Nk,Dk]", kBatchAndRows);
+    const RawTensor& v = input("v", 4, "[B,Hkv,Nk,Dv]", kBatchAndRows);
     expect_same({{k, 0, "B", q, 0}, {k, 3, "Dk", q, 3}, {v, 0, "B", q, 0}, {v, 1, "Hkv", k, 1},
                  {v, 2, "Nk", k, 2}});
     if (q.shape[1] % k.shape[1] != 0)
@@ -531,9 +551,24 @@ class CaseReader {
     decode({{&q, &c_.q}, {&k, &c_.k}, {&v, &c_.v}}, true);
   }
 
+  // A paged KV cache: the caches gathered into k and v (their bytes, so that everything after
+  // reads them as it reads a contiguous case's), the layout kept for messages and the oracle.
+  void paged_inputs(const RawTensor& q) {
+    const auto& md = file_->metadata;
+    const auto layout = md.find(std::string(kKvLayoutKey));
+    PagedKv p = read_paged_layout(path_, *file_, q, layout == md.end() ? nullptr : &layout->second);
+    c_.B = q.shape[0], c_.Hq = q.shape[1], c_.Nq = q.shape[2], c_.Dk = q.shape[3];
+    c_.Hkv = p.Hkv, c_.Nk = p.Nk(), c_.Dv = p.Dv;
+    const std::vector<std::int64_t> lk = lengths(*file_->find("seqlens_k"), p.Nk(), "Nk");
+    gathered_ = gather_paged(path_, *file_, p, lk);
+    decode({{&q, &c_.q}, {&gathered_.k, &c_.k}, {&gathered_.v, &c_.v}}, true);
+    gathered_ = {};
+    c_.paged = std::move(p);
+  }
+
   void mha_inputs() {
-    const RawTensor& x_q = input("x_q", 3, "[B,Nq,D]");
-    const RawTensor& x_kv = input("x_kv", 3, "[B,Nk,D]");
+    const RawTensor& x_q = input("x_q", 3, "[B,Nq,D]", kBatchAndRows >> 1 | 1);
+    const RawTensor& x_kv = input("x_kv", 3, "[B,Nk,D]", kBatchAndRows >> 1 | 1);
     const RawTensor& w_q = input("w_q", 3, "[H,D,Dk]");
     const RawTensor& w_k = input("w_k", 3, "[H,D,Dk]");
     const RawTensor& w_v = input("w_v", 3, "[H,D,Dv]");
@@ -666,8 +701,17 @@ class CaseReader {
                 const std::size_t e =
                     *std::find_if(list.begin(), list.end(), [&](std::size_t x) { return x / width == key; });
                 const double x = (in_k ? c.k : c.v).values[e];
-                fail(in_k ? "k" : "v",
-                     at(e) + non_finite_name(x) + ", in key " + std::to_string(j) + " of b=" +
+                std::string field = in_k ? "k" : "v", where = at(e);
+                if (c.paged) {  // named in the cache the value came from
+                  const std::int64_t page = c.paged->page(b, j), slot = j % c.paged->page_size;
+                  field += "_cache";
+                  where = "element " +
+                          std::to_string(c.paged->cache_index(page, slot, c.kv_head(h), static_cast<std::int64_t>(width)) +
+                                         static_cast<std::int64_t>(e % width)) +
+                          " (page " + std::to_string(page) + ", slot " + std::to_string(slot) + ") is ";
+                }
+                fail(field,
+                     where + non_finite_name(x) + ", in key " + std::to_string(j) + " of b=" +
                          std::to_string(b) + ", kv head " + std::to_string(c.kv_head(h)) +
                          ", which query " + std::to_string(i) + " of head " + std::to_string(h) +
                          " attends" + rule);
@@ -696,6 +740,7 @@ class CaseReader {
   const std::string& path_;
   Case& c_;
   std::map<std::string, std::vector<std::size_t>> unchecked_;  // non-finite elements by tensor
+  Gathered gathered_;  // a paged case's k and v while they are decoded
   const SafeTensorsFile* file_ = nullptr;
   std::string first_input_;
   std::optional<DType> output_dtype_;

@@ -366,8 +366,11 @@ TEST(CaseTensors, Rank) {
 }
 
 TEST(CaseTensors, ZeroDimension) {
-  expect_refused(with(sdpa(), floats("k", {2, 2, 0, 2})), "k",
-                 "shape [2,2,0,2] has dimension 2 equal to 0");
+  // B, Nq and Nk may be 0 (empty shapes); heads and widths may not.
+  expect_refused(with(sdpa(), floats("k", {2, 0, 5, 2})), "k",
+                 "shape [2,0,5,2] has dimension 1 equal to 0");
+  expect_refused(with(sdpa(), floats("q", {2, 4, 3, 0})), "q",
+                 "shape [2,4,3,0] has dimension 3 equal to 0");
 }
 
 TEST(CaseTensors, SdpaShapes) {

@@ -550,5 +550,64 @@ class GradientTest(unittest.TestCase):
         self.assertIn("dsinks asked for, but the case has no sinks", got[1])
 
 
+# -- paged KV caches and empty shapes (CONTRACT section 8) -----------------------------------
+
+class PagedTest(unittest.TestCase):
+    """The kernel on a paged case (read through the NumPy adapter's gather) against its
+    contiguous twin, bit for bit, for blocks that split pages and for each layout; no keys."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="flash_paged_")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def run_cases(self, cases, block):
+        named = [gc.Case(name, self.save(name, t, m), {}) for name, (t, m) in cases.items()]
+        return gc.run_adapter(ADAPTER + ["--block", str(block)], named, self.dir, f"b{block}")
+
+    def save(self, name, tensors, metadata):
+        path = os.path.join(self.dir, name + ".safetensors")
+        gc.st.save(path, tensors, metadata)
+        return path
+
+    def test_paged_equals_contiguous(self):
+        rng = np.random.default_rng(3)
+        P, pages, Hkv, D = 4, 6, 1, 8
+        table = np.array([[5, 2, 0, -1], [2, 3, 1, 4]], np.int32)      # page 2 shared, one -1 unused
+        lk = np.array([11, 16], np.int32)
+        kc, vc = np.full((pages, P, Hkv, D), np.nan), np.full((pages, P, Hkv, D), np.nan)
+        k, v = np.zeros((2, Hkv, 16, D)), np.zeros((2, Hkv, 16, D))
+        for b in range(2):
+            for j in range(lk[b]):
+                page, slot = table[b, j // P], j % P
+                if np.isnan(kc[page, slot, 0, 0]):
+                    kc[page, slot], vc[page, slot] = rng.normal(size=(Hkv, D)), rng.normal(size=(Hkv, D))
+                k[b, :, j], v[b, :, j] = kc[page, slot], vc[page, slot]
+        q = rng.normal(size=(2, 2, 3, D))
+        m = {"attn.format": "1", "attn.causal": "bottom_right", "attn.outputs": "out,lse"}
+        hnd = dict(m, **{"attn.kv_layout": "HND"})
+        cases = {"nhd": ({"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "seqlens_k": lk}, m),
+                 "hnd": ({"q": q, "k_cache": np.swapaxes(kc, 1, 2).copy(), "v_cache": np.swapaxes(vc, 1, 2).copy(),
+                          "block_table": table, "seqlens_k": lk}, hnd),
+                 "twin": ({"q": q, "k": k, "v": v, "seqlens_k": lk}, m)}
+        for block in (3, 16):
+            got = self.run_cases(cases, block)
+            for name in ("nhd", "hnd"):
+                for out in ("out", "lse"):
+                    np.testing.assert_array_equal(got[name][out], got["twin"][out], err_msg=f"{name} {out} {block}")
+
+    def test_no_keys_and_empty_batches(self):
+        m = {"attn.format": "1", "attn.masked_rows": "zero", "attn.outputs": "out,lse"}
+        cases = {"nk0": ({"q": np.ones((2, 2, 3, 4)), "k": np.ones((2, 1, 0, 4)), "v": np.ones((2, 1, 0, 2))}, m),
+                 "b0": ({"q": np.ones((0, 2, 3, 4)), "k": np.ones((0, 1, 5, 4)), "v": np.ones((0, 1, 5, 2))}, m),
+                 "nq0": ({"q": np.ones((2, 2, 0, 4)), "k": np.ones((2, 1, 5, 4)), "v": np.ones((2, 1, 5, 2))}, m)}
+        got = self.run_cases(cases, 16)
+        np.testing.assert_array_equal(got["nk0"]["out"], np.zeros((2, 2, 3, 2)))
+        np.testing.assert_array_equal(got["nk0"]["lse"], np.full((2, 2, 3), -np.inf))
+        self.assertEqual(got["b0"]["out"].shape, (0, 2, 3, 2))
+        self.assertEqual(got["nq0"]["out"].shape, (2, 2, 0, 2))
+
+
 if __name__ == "__main__":
     unittest.main()

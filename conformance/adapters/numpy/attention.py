@@ -68,7 +68,7 @@ MHA_GRADIENTS = ("dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o")
 GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
-        "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs"}
+        "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs", "attn.kv_layout"}
 FLOATS = {"F64", "F32", "F16", "BF16"}
 FP8 = {"F8_E4M3", "F8_E5M2"}
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -206,7 +206,7 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
     scores = s
     if bug == "nan_from_masked":        # BUG: masked scores NaN, and np.max propagates NaN
         s = np.where(allowed, s, np.nan)
-    m = np.where(live, s.max(axis=-1), 0).astype(dt)[..., None]
+    m = np.where(live, s.max(axis=-1, initial=-np.inf), 0).astype(dt)[..., None]   # Nk = 0: no key
     if sinks is not None:               # the sink is one more term of the denominator (and of m)
         sink = np.broadcast_to(sinks.astype(dt)[None, :, None, None], m.shape)
         m = np.where(live[..., None], np.maximum(m, sink), sink)
@@ -405,6 +405,40 @@ def output_dtypes(meta, outputs, out_dtype):
     return {name: own.get(name, out_dtype) for name in outputs}
 
 
+def gather_paged(path, tensors, dtypes, meta):
+    """A paged KV cache (CONTRACT section 8) read into contiguous k and v [B, Hkv, Nk, D] in place
+    of k_cache, v_cache and block_table: key j of batch b is slot j % P of page
+    block_table[b, j // P] for j < seqlens_k[b], 0 past it (unused entries and slots never read)."""
+    if "k" in tensors or "v" in tensors:
+        raise Refused(f"{path}: k: given beside a paged KV cache")
+    for name in ("k_cache", "v_cache", "block_table", "seqlens_k"):
+        if name not in tensors:
+            raise Refused(f"{path}: {name}: missing (a paged KV cache needs k_cache, v_cache, block_table, seqlens_k)")
+    layout = meta.get("attn.kv_layout", "NHD")
+    if layout not in ("NHD", "HND"):
+        raise Refused(f"{path}: attn.kv_layout: {layout!r} is not NHD or HND")
+    table = tensors.pop("block_table").astype(np.int64)
+    lk = tensors["seqlens_k"].astype(np.int64)
+    for name in ("k", "v"):
+        cache = tensors.pop(name + "_cache")
+        if layout == "HND":                              # [Npages, Hkv, P, D] -> [Npages, P, Hkv, D]
+            cache = np.swapaxes(cache, 1, 2)
+        pages, P, Hkv, D = cache.shape
+        j = np.arange(table.shape[1] * P)
+        used = j[None, :] < lk[:, None]                  # [B, Nk]
+        page = table[:, j // P]
+        if ((page < 0) | (page >= pages))[used].any():
+            b, m = np.argwhere(used & ((page < 0) | (page >= pages)))[0]
+            raise Refused(f"{path}: block_table: entry [{b}, {m // P}] is outside [0, {pages})")
+        if pages == 0:
+            gathered = np.zeros((len(lk), len(j), Hkv, D), cache.dtype)
+        else:
+            gathered = cache[np.where(used, page, 0), j % P]             # [B, Nk, Hkv, D]
+            gathered = np.where(used[:, :, None, None], gathered, 0).astype(cache.dtype)
+        tensors[name] = np.ascontiguousarray(np.swapaxes(gathered, 1, 2))
+        dtypes[name] = dtypes.pop(name + "_cache")
+
+
 def run_case(path, compute, bug=None):
     """Evaluates one case file -> (tensors, dtypes) to write."""
     try:
@@ -424,6 +458,13 @@ def run_case(path, compute, bug=None):
         raise Unsupported(f"attn.causal {meta['attn.causal']}")
     if meta.get("attn.masked_rows", "error") not in ("error", "zero"):
         raise Unsupported(f"attn.masked_rows {meta['attn.masked_rows']}")
+    paged = "k_cache" in tensors
+    if paged:
+        if kind != "sdpa":
+            raise Refused(f"{path}: k_cache: a paged KV cache is for attn.kind sdpa")
+        gather_paged(path, tensors, dtypes, meta)
+    elif "attn.kv_layout" in meta:
+        raise Refused(f"{path}: attn.kv_layout: given, but the case has no paged KV cache")
     in_dtype = dtypes["q" if kind == "sdpa" else "x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
     if (in_dtype not in FLOATS and (in_dtype not in FP8 or kind != "sdpa")) or out_dtype not in FLOATS:
@@ -443,6 +484,8 @@ def run_case(path, compute, bug=None):
         extra["descales"] = descales
     grads = [name for name in outputs if name in GRADIENTS]
     if grads:
+        if paged:
+            raise Refused(f"{path}: attn.outputs: gradients are not defined for a paged KV cache")
         if in_dtype in FP8:
             raise Unsupported(f"attn.outputs {','.join(grads)}: gradients of {in_dtype} inputs are not supported")
         other = [name for name in grads if name not in GRADIENTS[:5] and kind == "sdpa" or

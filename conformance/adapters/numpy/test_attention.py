@@ -308,6 +308,75 @@ class AdapterTest(unittest.TestCase):
         v = np.array([1.0, 2.0]).reshape(1, 2, 1, 1)
         return self.case({"q": np.ones((1, 4, 1, 1)), "k": np.ones((1, 2, 1, 1)), "v": v}, meta())
 
+    # -- paged KV caches and empty shapes (CONTRACT section 8) ---------------------------------
+
+    def paged_problem(self, hnd=False):
+        """A paged case (pages shuffled, page 1 shared by both batch rows, NaN in unused slots, an
+        unused -1 entry) and its contiguous twin gathered by hand."""
+        rng = np.random.default_rng(7)
+        P, pages, Hkv, Dk, Dv = 3, 5, 2, 4, 2
+        table = np.array([[3, 1, 0], [1, 4, -1]], np.int32)
+        lk = np.array([8, 5], np.int32)
+        kc = np.full((pages, P, Hkv, Dk), np.nan)
+        vc = np.full((pages, P, Hkv, Dv), np.nan)
+        k = np.zeros((2, Hkv, 9, Dk))
+        v = np.zeros((2, Hkv, 9, Dv))
+        for b in range(2):
+            for j in range(lk[b]):
+                page, slot = table[b, j // P], j % P
+                if np.isnan(kc[page, slot, 0, 0]):
+                    kc[page, slot], vc[page, slot] = rng.normal(size=(Hkv, Dk)), rng.normal(size=(Hkv, Dv))
+                k[b, :, j], v[b, :, j] = kc[page, slot], vc[page, slot]
+        q = rng.normal(size=(2, 4, 3, Dk))
+        m = meta(causal="bottom_right", outputs="out,weights,lse")
+        if hnd:
+            kc, vc = np.swapaxes(kc, 1, 2).copy(), np.swapaxes(vc, 1, 2).copy()
+            m["attn.kv_layout"] = "HND"
+        paged = {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "seqlens_k": lk}
+        twin = {"q": q, "k": k, "v": v, "seqlens_k": lk}
+        return paged, twin, m
+
+    def test_paged_cache_gives_its_contiguous_twin(self):
+        for hnd in (False, True):
+            paged, twin, m = self.paged_problem(hnd)
+            a = self.run_one(self.case(paged, m), "--dtype", "float64")
+            m.pop("attn.kv_layout", None)
+            b = self.run_one(self.case(twin, m), "--dtype", "float64")
+            for name in ("out", "weights", "lse"):
+                np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}, hnd={hnd}")
+
+    def test_paged_cache_against_eval(self):
+        cli = find_cli()
+        if cli is None:
+            self.skipTest("no attnoracle binary")
+        paged, _, m = self.paged_problem(hnd=True)
+        path = self.case(paged, m)
+        golden = os.path.join(self.dir, "golden.safetensors")
+        subprocess.run([cli, "eval", path, "-o", golden, "-q"], check=True)
+        want = st.read(golden)[0]
+        got = self.run_one(path, "--dtype", "float64")
+        np.testing.assert_allclose(got["out"], want["out"], rtol=1e-13, atol=1e-15)
+
+    def test_paged_used_entry_outside_the_pages_is_refused(self):
+        paged, _, m = self.paged_problem()
+        paged["block_table"] = np.array([[3, 1, 0], [1, 9, -1]], np.int32)
+        kind, text = self.run_adapter([self.case(paged, m)], "--dtype", "float64")[0]
+        self.assertEqual(kind, "error")
+        self.assertIn("block_table", text)
+
+    def test_no_keys_and_empty_batches(self):
+        t = {"q": np.ones((2, 2, 3, 4)), "k": np.ones((2, 1, 0, 4)), "v": np.ones((2, 1, 0, 2))}
+        r = self.run_one(self.case(t, meta(masked_rows="zero", outputs="out,weights,lse")), "--dtype", "float64")
+        np.testing.assert_array_equal(r["out"], np.zeros((2, 2, 3, 2)))
+        self.assertEqual(r["weights"].shape, (2, 2, 3, 0))
+        np.testing.assert_array_equal(r["lse"], np.full((2, 2, 3), -np.inf))
+        kind, _ = self.run_adapter([self.case(t, meta(outputs="out"))], "--dtype", "float64")[0]
+        self.assertEqual(kind, "error")             # policy error: every row fully masked
+        for q in ((0, 2, 3, 4), (2, 2, 0, 4)):
+            t = {"q": np.ones(q), "k": np.ones((q[0], 1, 5, 4)), "v": np.ones((q[0], 1, 5, 2))}
+            r = self.run_one(self.case(t, meta(outputs="out,lse")), "--dtype", "float64")
+            self.assertEqual(r["out"].shape, (q[0], 2, q[2], 2))
+
     def test_gqa_mapping(self):
         out = self.run_one(self.gqa_case())["out"]
         np.testing.assert_array_equal(out.ravel(), [1, 1, 2, 2])

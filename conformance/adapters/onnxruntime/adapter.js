@@ -236,6 +236,15 @@ function roundInto(values, dtype) {
 
 /** Parses and checks what the adapter needs -> a plan: graph pieces, feeds, output names. */
 function plan(tensors, meta) {
+  // A paged KV cache (k_cache, v_cache, block_table): the graphs here take contiguous k and v only.
+  const paged = ['k_cache', 'v_cache', 'block_table'].filter((n) => tensors[n]);
+  if (paged.length) throw new Unsupported(`paged KV cache (${paged.join(', ')}): the ONNX graphs of this adapter take contiguous k and v`);
+  // Empty shapes (B, Nq or Nk = 0): not handed to ONNX Runtime, whose kernels are not known to accept them.
+  for (const [name, t] of Object.entries(tensors)) {
+    if (['q', 'k', 'v', 'x_q', 'x_kv'].includes(name) && t.shape.some((n) => n === 0)) {
+      throw new Unsupported(`empty shape: ${name} is [${t.shape.join(',')}]`);
+    }
+  }
   for (const key of Object.keys(meta)) {
     if (key.startsWith('attn.') && !KEYS.has(key)) throw new Unsupported(`metadata key ${key}`);
   }

@@ -257,6 +257,17 @@ ortTest('seqlens: keys past seqlens_k masked, bottom_right aligned per batch', (
   close(w.one(empty, meta({ masked_rows: 'zero' })).out.v, [0, 0, 15 / 4, 15 / 4], 1e-6, 'seqlens_k 0');
 });
 
+test('paged KV caches and empty shapes are unsupported, naming them', () => {
+  const a = require('./adapter.js');
+  const zeros = (n) => new Float32Array(n);
+  const paged = { q: T('F32', [1, 1, 1, 2], zeros(2)), k_cache: T('F32', [2, 2, 1, 2], zeros(8)),
+    v_cache: T('F32', [2, 2, 1, 2], zeros(8)), block_table: T('I32', [1, 2], Int32Array.from([1, 0])),
+    seqlens_k: T('I32', [1], Int32Array.from([3])) };
+  assert.throws(() => a.plan(paged, meta({})), /paged KV cache \(k_cache, v_cache, block_table\)/);
+  const empty = { q: T('F32', [1, 1, 1, 2], zeros(2)), k: T('F32', [1, 1, 0, 2], zeros(0)), v: T('F32', [1, 1, 0, 2], zeros(0)) };
+  assert.throws(() => a.plan(empty, meta({ masked_rows: 'zero' })), /empty shape: k is \[1,1,0,2\]/);
+});
+
 test('seqlens_k becomes nonpad_kv_seqlen (opset 24); the mask keeps only the rest', () => {
   const a = require('./adapter.js');
   const zeros = (n) => new Float32Array(n);

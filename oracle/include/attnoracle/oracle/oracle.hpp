@@ -33,6 +33,7 @@ enum class Invariant {
   GradientRowSum,    // each row of dbias (over the keys) sums to 0, as each row of dS does
   GradientLinearity,  // twice dout gives exactly twice every gradient
   GradientCausalDependence,  // queries that cannot see key j leave dk_j, dv_j unchanged
+  PagedGather,       // a paged case's k and v are its caches read through the block table
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -150,6 +151,10 @@ class GradientChecks {
 std::vector<std::int64_t> sample_units(std::int64_t units, std::int64_t n);
 std::int64_t unit_count(const Case& c);
 void unit_position(const Case& c, std::int64_t u, std::int64_t& b, std::int64_t& h, std::int64_t& i);
+
+// A paged case (CONTRACT section 8): the k and v it holds against the caches of its file,
+// gathered again here (h of a violation is the kv head); empty for any other case.
+std::vector<Violation> check_paged(const Case& c);
 
 // Every check on every row unit, and the twin checks on the sampled units, for any evaluation.
 std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,

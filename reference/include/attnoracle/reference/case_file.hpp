@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/paged.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle {
@@ -117,6 +118,9 @@ struct Case {
   std::optional<FloatTensor> sinks;  // [Hq], finite: one logit per query head in the denominator
   // The upstream gradient dL/d(out), in out's shape; 0 on padding rows that held non-finite values.
   std::optional<FloatTensor> dout;
+
+  // A paged KV cache (CONTRACT section 8): k and v above hold its gathered contents.
+  std::optional<PagedKv> paged;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;
