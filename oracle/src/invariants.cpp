@@ -20,6 +20,7 @@ std::string_view invariant_name(Invariant v) {
     case Invariant::GradientRowSum: return "gradient_row_sum";
     case Invariant::GradientLinearity: return "gradient_linearity";
     case Invariant::GradientCausalDependence: return "gradient_causal_dependence";
+    case Invariant::PartialMerge: return "partial_merge";
   }
   return "unknown";
 }
@@ -29,7 +30,7 @@ std::vector<Invariant> all_invariants() {
           Invariant::ConvexHull,      Invariant::EqualScores,      Invariant::MaskedRowPolicy,
           Invariant::ShiftInvariance, Invariant::CausalDependence, Invariant::KeyPermutation,
           Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum,
-          Invariant::GradientLinearity, Invariant::GradientCausalDependence};
+          Invariant::GradientLinearity, Invariant::GradientCausalDependence, Invariant::PartialMerge};
 }
 
 std::string Violation::message() const {

@@ -33,6 +33,7 @@ enum class Invariant {
   GradientRowSum,    // each row of dbias (over the keys) sums to 0, as each row of dS does
   GradientLinearity,  // twice dout gives exactly twice every gradient
   GradientCausalDependence,  // queries that cannot see key j leave dk_j, dv_j unchanged
+  PartialMerge,      // merging a row's golden partial states gives its whole out and lse
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -150,6 +151,12 @@ class GradientChecks {
 std::vector<std::int64_t> sample_units(std::int64_t units, std::int64_t n);
 std::int64_t unit_count(const Case& c);
 void unit_position(const Case& c, std::int64_t u, std::int64_t& b, std::int64_t& h, std::int64_t& i);
+
+// Split-KV partial states (a case with out_partial and lse_partial, evaluated as `res`): per row,
+// the merge of the golden partials (each F64 .ref within one unit in the last place of its exact
+// value) in interval arithmetic encloses a value within one unit of out.ref, and of lse.ref when
+// asked; a row without a key in a split has lse_partial -inf and out_partial 0 there.
+std::vector<Violation> check_partials(const Case& c, const EvalResult& res);
 
 // Every check on every row unit, and the twin checks on the sampled units, for any evaluation.
 std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
