@@ -102,7 +102,7 @@ int run_eval(const EvalArgs& a) {
   try {
     r = oracle::certified_evaluate(c, opt, check);
   } catch (const FullyMaskedRow& e) {
-    throw InputError(a.input, "mask", e.what());
+    throw InputError(a.input, c.kind == Kind::Merge ? "lse_partial" : "mask", e.what());
   } catch (const oracle::InvariantViolation& e) {
     line.clear();
     print_violations(a.input, e);

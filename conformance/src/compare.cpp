@@ -884,8 +884,8 @@ struct Comparer {
 
 bool exact_is_normal(const ElementReport& w) { return std::isfinite(w.expected) && std::fabs(w.expected) >= min_normal(w.dtype); }
 
-CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
-                        const JobResult& result, const Profile& profile, bool pictures) {
+CaseReport compare_plain_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
+                              const JobResult& result, const Profile& profile, bool pictures) {
   CaseReport rep;
   rep.id = id;
   const Case c = declared_case(id, golden, profile);

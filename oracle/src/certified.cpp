@@ -2,6 +2,7 @@
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/reference/detail/progress.hpp"
 #include "attnoracle/reference/parallel.hpp"
+#include "attnoracle/reference/split_kv.hpp"
 
 namespace attnoracle::oracle {
 
@@ -95,7 +96,26 @@ std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
 
 EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const CheckOptions& check) {
   if (auto v = check_paged(c); !v.empty()) throw InvariantViolation(std::move(v));
+  if (c.kind == Kind::Merge) {  // the sdpa case of the merge, under every check of sdpa
+    const Case inner = merge_sdpa_case(c);
+    try {
+      return merge_result(c, certified_evaluate(inner, eval, check));
+    } catch (const FullyMaskedRow& e) {
+      throw merge_row(c, e);
+    }
+  }
   EvalOptions opt = eval;
+  if (c.wants_partials())  // each split's rows under the row checks of its own case
+    opt.split_options = [](const Case& t, EvalOptions& o) {
+      o.row_check = [&t](std::int64_t b, std::int64_t h, std::int64_t i, const RowEnclosures& r) {
+        auto v = check_row(t, b, h, i, r);
+        if (!v.empty()) throw InvariantViolation(std::move(v));
+      };
+      o.row_check_fast = [&t](std::int64_t b, std::int64_t h, std::int64_t i, const RowIntervals& r) {
+        auto v = check_row_fast(t, b, h, i, r);
+        if (!v.empty()) throw InvariantViolation(std::move(v));
+      };
+    };
   auto outer = eval.row_check;
   opt.row_check = [&c, outer](std::int64_t b, std::int64_t h, std::int64_t i,
                               const RowEnclosures& r) {
@@ -121,6 +141,8 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   EvalResult res = evaluate(c, opt);
   if (grads)
     if (auto v = grads->finish(); !v.empty()) throw InvariantViolation(std::move(v));
+  if (c.wants_partials())
+    if (auto v = check_partials(c, res); !v.empty()) throw InvariantViolation(std::move(v));
 
   // The twin checks, spread over the same number of threads, on eval's tiers. Why they stay as
   // strict: a fast row is used only where its balls decide every rounding of out, weights and

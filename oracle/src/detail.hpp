@@ -42,6 +42,7 @@ inline bool positional(const Case& c, std::int64_t b, std::int64_t i, std::int64
   };
   const std::int64_t lq = at(c.seqlens_q, c.Nq), lk = at(c.seqlens_k, c.Nk);
   if (j >= lk) return false;  // past the sequence's keys
+  if (j < c.key_begin || j >= c.key_end) return false;  // outside the split evaluated
   const bool bottom = c.causal == Causal::BottomRight;
   const std::int64_t ip = bottom ? i + (lk - lq) : i;  // the query's aligned position
   if (c.causal != Causal::None && j > ip) return false;
@@ -70,6 +71,8 @@ inline Case options_only(const Case& c) {
   t.window_left = c.window_left;
   t.window_right = c.window_right;
   t.masked_rows = c.masked_rows;
+  t.key_begin = c.key_begin;
+  t.key_end = c.key_end;
   return t;
 }
 

@@ -21,6 +21,7 @@ std::string_view invariant_name(Invariant v) {
     case Invariant::GradientLinearity: return "gradient_linearity";
     case Invariant::GradientCausalDependence: return "gradient_causal_dependence";
     case Invariant::PagedGather: return "paged_gather";
+    case Invariant::PartialMerge: return "partial_merge";
   }
   return "unknown";
 }
@@ -30,7 +31,8 @@ std::vector<Invariant> all_invariants() {
           Invariant::ConvexHull,      Invariant::EqualScores,      Invariant::MaskedRowPolicy,
           Invariant::ShiftInvariance, Invariant::CausalDependence, Invariant::KeyPermutation,
           Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum,
-          Invariant::GradientLinearity, Invariant::GradientCausalDependence, Invariant::PagedGather};
+          Invariant::GradientLinearity, Invariant::GradientCausalDependence, Invariant::PagedGather,
+          Invariant::PartialMerge};
 }
 
 std::string Violation::message() const {

@@ -60,7 +60,7 @@ INPUT_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 _NUMPY_OF = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "|u1", "I64": "<i8",
              "I32": "<i4"}
 _DTYPE_OF_NUMPY = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
-_INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o")
+_INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o", "o_partial")
 _OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k", "sinks", "dout")
 _DESCALES = ("q_descale", "k_descale", "v_descale")
 _CACHES = ("k_cache", "v_cache")  # a paged KV cache (CONTRACT section 8), with block_table
@@ -195,11 +195,12 @@ def _input_dtype_of(x, file, name):
 
 
 def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, outputs, input_dtype, output_dtype,
-                  round_values, file, metadata=None, output_dtypes=None, kv_layout=None):
+                  round_values, file, metadata=None, output_dtypes=None, kv_layout=None, kv_split_size=None,
+                  lse_posinf=None):
     """The tensors and metadata of a case file from arrays and options."""
     arrays = {n: a for n, a in arrays.items() if a is not None}
-    kind = "mha" if "x_q" in arrays else "sdpa"
-    first = "x_q" if kind == "mha" else "q"
+    kind = "mha" if "x_q" in arrays else "merge" if "o_partial" in arrays else "sdpa"
+    first = {"mha": "x_q", "merge": "o_partial"}.get(kind, "q")
     if first not in arrays:
         raise _error(file, "q", "missing (give q, k and v, or x_q, x_kv and w_q, w_k, w_v, w_o)")
     dtype = input_dtype.upper() if isinstance(input_dtype, str) else None
@@ -213,6 +214,9 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
         elif name in ("bias", "sinks", "dout"):
             arr, bits_dtype = _as_array(a, name, file)
             tensors.append(_float_tensor(name, a, _side_dtype(arr, bits_dtype, dtype), round_values, file))
+        elif name == "lse_partial":  # kind merge: F64 when given float64, else F32
+            arr, _ = _as_array(a, name, file)
+            tensors.append(_float_tensor(name, a, "F64" if arr.dtype == np.float64 else "F32", round_values, file))
         elif name in _DESCALES:  # F32, the only dtype of a descale
             tensors.append(_float_tensor(name, a, "F32", round_values, file))
         elif name in ("seqlens_q", "seqlens_k"):
@@ -224,8 +228,12 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
         else:
             raise _error(file, name, "unknown tensor (expected q, k, v, and optionally " + ", ".join(_OPTIONAL) + ")")
     meta = {"attn.format": "1"}
-    if kind == "mha":
-        meta["attn.kind"] = "mha"
+    if kind != "sdpa":
+        meta["attn.kind"] = kind
+    if kv_split_size is not None:
+        meta["attn.kv_split_size"] = str(int(kv_split_size))
+    if lse_posinf is not None:
+        meta["attn.lse_posinf"] = str(lse_posinf)
     if scale is not None:
         meta["attn.scale"] = _number_text(scale, "attn.scale", file)
     if causal not in (None, False, "none"):
@@ -296,7 +304,8 @@ class Result(dict):
 
     def __init__(self, tensors, metadata=None, stats=None):
         values, bits = _tensor_arrays(tensors)
-        golden = [t for t in tensors if _is_golden(t[0])]
+        merge = (metadata or {}).get("attn.kind") == "merge"
+        golden = [t for t in tensors if _is_golden(t[0], merge)]
         super().__init__({n: values[n] for n, *_ in golden if not n.endswith((".undecided", ".alt"))})
         self.bits = {n: b for n, b in bits.items() if n in self}
         self.undecided = {n[: -len(".undecided")]: values[n] for n, *_ in golden if n.endswith(".undecided")}
@@ -310,10 +319,11 @@ class Result(dict):
         return self["out"]
 
 
-def _is_golden(name):
+def _is_golden(name, merge=False):
     """A tensor the reference adds (CONTRACT section 3 and 7, their .undecided and .alt included),
-    by the reader's own list."""
-    return _native.is_golden_tensor_name(name)
+    by the reader's own list; lse_partial, golden beside out_partial (an input only of kind merge,
+    whose golden tensors never hold it)."""
+    return _native.is_golden_tensor_name(name) or (name == "lse_partial" and not merge)
 
 
 def _threads(threads):
@@ -324,7 +334,8 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
              sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None, causal=None,
              window=None, softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None,
              output_dtypes=None, threads=None, max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
-             w_o=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None):
+             w_o=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None, kv_split_size=None,
+             o_partial=None, lse_partial=None, lse_posinf=None):
     """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
     file these arrays make, bit for bit (a Result).
 
@@ -342,15 +353,21 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
     KV cache replaces k and v: k_cache, v_cache [Npages, P, Hkv, D] (kv_layout "NHD", the default)
     or [Npages, Hkv, P, D] ("HND") and block_table [B, Mpages] integers, with seqlens_k. Every
     value must be exactly representable in its dtype: nothing is rounded silently. Raises
-    InputError with the command line's message."""
+    InputError with the command line's message.
+
+    Split-KV (CONTRACT section 8): kv_split_size n with outputs "out_partial", "lse_partial"
+    gives the partial states of the splits of n keys. Kind merge: o_partial [S, B, H, Nq, Dv]
+    and lse_partial [S, B, H, Nq] (float64: F64, else F32), sinks optional, instead of q, k, v;
+    lse_posinf="empty" reads +inf in lse_partial as -inf."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,
-                  block_table=block_table)
+                  block_table=block_table, o_partial=o_partial, lse_partial=lse_partial)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
                                   input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
-                                  file=_ARRAYS, output_dtypes=output_dtypes, kv_layout=kv_layout)
+                                  file=_ARRAYS, output_dtypes=output_dtypes, kv_layout=kv_layout,
+                                  kv_split_size=kv_split_size, lse_posinf=lse_posinf)
     return _evaluate(tensors, meta, _ARRAYS, threads, max_precision)
 
 
@@ -363,7 +380,8 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
                seqlens_k=None, sinks=None, q_descale=None, k_descale=None, v_descale=None, dout=None, scale=None,
                causal=None, window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None,
                output_dtype=None, round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
-               w_o=None, output_dtypes=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None):
+               w_o=None, output_dtypes=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None,
+               kv_split_size=None, o_partial=None, lse_partial=None, lse_posinf=None):
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
     eval` checks it, written atomically. Arguments as for evaluate(); the float values are
     rounded to nearest-even into their dtype (F8_E4M3 saturating at +-448; round_inputs=False:
@@ -371,12 +389,13 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,
-                  block_table=block_table)
+                  block_table=block_table, o_partial=o_partial, lse_partial=lse_partial)
     path = os.fspath(path)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
                                   output_dtype=output_dtype, round_values=round_inputs, file=path, metadata=metadata,
-                                  output_dtypes=output_dtypes, kv_layout=kv_layout)
+                                  output_dtypes=output_dtypes, kv_layout=kv_layout, kv_split_size=kv_split_size,
+                                  lse_posinf=lse_posinf)
     _native.write_case(path, tensors, meta)
     return path
 
@@ -410,14 +429,15 @@ class Case:
         self.expect = expect
         self.metadata = dict(metadata)
         self._tensors = tensors
-        values, bits = _tensor_arrays([t for t in tensors if not _is_golden(t[0])])
+        merge = dict(metadata).get("attn.kind") == "merge"
+        values, bits = _tensor_arrays([t for t in tensors if not _is_golden(t[0], merge)])
         self.inputs = values
         self.bits = bits
         self.dtypes = {n: d for n, d, *_ in tensors}
         self.golden = Result(tensors, metadata)
         m = self.metadata
         self.kind = m.get("attn.kind", "sdpa")
-        self.input_dtype = self.dtypes["x_q" if self.kind == "mha" else "q"]
+        self.input_dtype = self.dtypes[{"mha": "x_q", "merge": "o_partial"}.get(self.kind, "q")]
         self.output_dtype = m.get("attn.output_dtype", self.input_dtype)
         self.scale = m.get("attn.scale")
         self.softcap = m.get("attn.softcap")
@@ -504,7 +524,7 @@ class Case:
 
     def evaluate(self, threads=None, max_precision=2048):
         """The golden tensors of this case's inputs, as `attnoracle eval` computes them."""
-        inputs = [t for t in self._tensors if not _is_golden(t[0])]
+        inputs = [t for t in self._tensors if not _is_golden(t[0], self.kind == "merge")]
         meta = {k: v for k, v in self.metadata.items() if k not in ("attn.reference", "attn.undecided")}
         return _evaluate(inputs, meta, self.path, threads, max_precision)
 

@@ -24,6 +24,8 @@ using Shape = std::vector<std::int64_t>;
 constexpr std::array<std::string_view, 10> kMetadataKeys = {
     "attn.format",  "attn.kind",        "attn.scale",        "attn.causal",        "attn.window",
     "attn.softcap", "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs"};
+// Split-KV partial states and kind merge (CONTRACT section 8).
+constexpr std::array<std::string_view, 2> kSplitKvKeys = {"attn.kv_split_size", "attn.lse_posinf"};
 // Written by the reference beside golden tensors; dropped on reading, like those tensors.
 constexpr std::array<std::string_view, 2> kReferenceKeys = {"attn.reference", "attn.undecided"};
 
@@ -96,7 +98,8 @@ class CaseReader {
       if (key.rfind("attn.", 0) != 0) continue;
       if (key == kKvLayoutKey) continue;
       if (std::find(kMetadataKeys.begin(), kMetadataKeys.end(), key) != kMetadataKeys.end() ||
-          std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end())
+          std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end() ||
+          std::find(kSplitKvKeys.begin(), kSplitKvKeys.end(), key) != kSplitKvKeys.end())
         continue;
       std::string_view nearest;
       std::size_t distance = 3;  // suggest only keys within 2 edits
@@ -135,7 +138,8 @@ class CaseReader {
       if (!std::isfinite(n->value)) bad(key, *s, "a finite number");
       return n;
     };
-    named("attn.kind", kind_from_name, "sdpa or mha", c_.kind);
+    named("attn.kind", kind_from_name, "sdpa, mha or merge", c_.kind);
+    if (c_.kind == Kind::Merge) merge_metadata(get);
     if (number("attn.scale")) c_.scale = *get("attn.scale");
     named("attn.causal", causal_from_name, "none, top_left or bottom_right", c_.causal);
     if ((v = get("attn.window")) && *v != "none") {
@@ -173,11 +177,11 @@ class CaseReader {
         const std::string name(rest.substr(0, comma));
         static const std::set<std::string> known = {"out",  "weights", "lse",  "scores", "dq",   "dk",
                                                     "dv",   "dbias",   "dsinks", "dx_q", "dx_kv", "dw_q",
-                                                    "dw_k", "dw_v",    "dw_o"};
+                                                    "dw_k", "dw_v",    "dw_o", "out_partial", "lse_partial"};
         if (!known.count(name))
           bad("attn.outputs", *v,
               "a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, dx_q, dx_kv, dw_q, "
-              "dw_k, dw_v, dw_o (" + quoted(name) + "?)");
+              "dw_k, dw_v, dw_o, out_partial, lse_partial (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -197,6 +201,8 @@ class CaseReader {
       c_.want_dw_k = listed.count("dw_k") > 0;
       c_.want_dw_v = listed.count("dw_v") > 0;
       c_.want_dw_o = listed.count("dw_o") > 0;
+      c_.want_out_partial = listed.count("out_partial") > 0;
+      c_.want_lse_partial = listed.count("lse_partial") > 0;
       for (const char* g : {"dq", "dk", "dv"})
         if (listed.count(g) && c_.kind == Kind::Mha)
           fail("attn.outputs", "value " + quoted(*v) + " asks for " + g +
@@ -207,7 +213,50 @@ class CaseReader {
                                    ", a gradient of kind mha; kind sdpa has dq, dk and dv");
     }
     listed.insert("out");  // out is always written
+    split_kv(get, v);
     if ((v = get("attn.output_dtypes"))) output_dtypes(*v, listed);
+  }
+
+  // attn.kv_split_size and the partial outputs (CONTRACT section 8): a split size n >= 1 on an
+  // sdpa case; partials need it and come without gradients.
+  template <class Get>
+  void split_kv(const Get& get, const std::string* outputs) {
+    if (const std::string* s = get("attn.kv_split_size")) {
+      const auto n = parse_count(*s);
+      if (!n || *n < 1) bad("attn.kv_split_size", *s, "an integer >= 1 (at most 18 digits)");
+      if (c_.kind != Kind::Sdpa) fail("attn.kv_split_size", "is for attn.kind sdpa only");
+      c_.kv_split_size = *n;
+    }
+    if (get("attn.lse_posinf") && c_.kind != Kind::Merge)
+      fail("attn.lse_posinf", "is for attn.kind merge only");
+    if (!c_.wants_partials()) return;
+    const std::string asked = c_.want_out_partial ? "out_partial" : "lse_partial";
+    if (c_.kind != Kind::Sdpa)
+      fail("attn.outputs", "value " + quoted(*outputs) + " asks for " + asked + ", which kind " +
+                               std::string(kind_name(c_.kind)) + " does not have (kind sdpa only)");
+    if (!c_.kv_split_size)
+      fail("attn.outputs", "value " + quoted(*outputs) + " asks for " + asked +
+                               " but attn.kv_split_size is missing");
+    if (c_.wants_gradients())
+      fail("attn.outputs", "value " + quoted(*outputs) + " asks for " + asked +
+                               " and gradients; partial states have no gradients");
+  }
+
+  // Kind merge takes none of the options of attention itself; attn.lse_posinf says how +inf in
+  // lse_partial reads.
+  template <class Get>
+  void merge_metadata(const Get& get) {
+    for (const char* key : {"attn.scale", "attn.causal", "attn.window", "attn.softcap", "attn.kv_split_size"})
+      if (get(key)) fail(key, "is not an option of attn.kind merge");
+    if (const std::string* s = get("attn.lse_posinf")) {
+      if (*s != "empty" && *s != "error") bad("attn.lse_posinf", *s, "error or empty");
+      c_.lse_posinf_empty = *s == "empty";
+    }
+    if (const std::string* s = get("attn.outputs"))
+      for (const char* name : {"weights", "scores", "dq", "dk", "dv", "dbias", "dsinks", "out_partial", "lse_partial"})
+        if (("," + *s + ",").find(std::string(",") + name + ",") != std::string::npos)
+          fail("attn.outputs", "value " + quoted(*s) + " asks for " + name +
+                                   ", which kind merge does not have (out and lse only)");
   }
 
   // attn.output_dtypes: a comma list of name:DTYPE, each name an output that attn.outputs asks
@@ -241,6 +290,7 @@ class CaseReader {
     static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
                                                    "seqlens_k", "sinks", "dout"};
     static const std::set<std::string> descales = {"q_descale", "k_descale", "v_descale"};
+    if (c_.kind == Kind::Merge) return merge_inputs(file);
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
     const auto& theirs = is_sdpa ? mha : sdpa;
@@ -737,6 +787,58 @@ class CaseReader {
     c_.mask = std::move(m);
   }
 
+  // Kind merge (CONTRACT section 8): o_partial [S,B,H,Nq,Dv] (F32, F16, BF16), lse_partial
+  // [S,B,H,Nq] (F32, F64), sinks [H] (F32, F64). lse_partial is finite or -inf (+inf too with
+  // attn.lse_posinf empty, read as -inf); o_partial is finite where its lse_partial is not -inf,
+  // and holds 0 in the case where it is (anything in the file).
+  void merge_inputs(const SafeTensorsFile& file) {
+    for (const auto& t : file.tensors) {
+      consistent(t);
+      if (t.name != "o_partial" && t.name != "lse_partial" && t.name != "sinks")
+        fail(printable(t.name), "unknown tensor (expected o_partial, lse_partial, and optionally sinks, for attn.kind merge)");
+    }
+    file_ = &file;
+    const RawTensor& o = required("o_partial");
+    const RawTensor& l = required("lse_partial");
+    if (o.dtype != DType::F32 && o.dtype != DType::F16 && o.dtype != DType::BF16)
+      fail("o_partial", "dtype " + std::string(dtype_name(o.dtype)) + " is not F32, F16 or BF16");
+    if (l.dtype != DType::F32 && l.dtype != DType::F64)
+      fail("lse_partial", "dtype " + std::string(dtype_name(l.dtype)) + " is not F32 or F64");
+    expect_rank(o, 5, 5, "[S,B,H,Nq,Dv]");
+    expect_shape(l, Shape(o.shape.begin(), o.shape.end() - 1), "[S,B,H,Nq] (from o_partial)");
+    c_.input_dtype = o.dtype;
+    c_.output_dtype = output_dtype_.value_or(o.dtype);
+    const std::int64_t S = o.shape[0];
+    c_.B = o.shape[1], c_.Hq = c_.Hkv = o.shape[2], c_.Nq = o.shape[3], c_.Dv = o.shape[4];
+    c_.Nk = S, c_.Dk = 1;
+    c_.lse_partial = floats(l, true, true);
+    for (std::size_t e : unchecked_["lse_partial"]) {
+      double& x = c_.lse_partial.values[e];
+      if (std::isnan(x) || !c_.lse_posinf_empty)
+        fail("lse_partial", "element " + std::to_string(e) + " is " + non_finite_name(x) +
+                                " (only -infinity is allowed; attn.lse_posinf empty reads +infinity as -infinity)");
+      x = -std::numeric_limits<double>::infinity();
+    }
+    c_.o_partial = floats(o, false, true);
+    const auto row = static_cast<std::size_t>(c_.Dv);
+    for (std::size_t e : unchecked_["o_partial"]) {
+      const std::size_t r = e / row;  // ((s * B + b) * H + h) * Nq + i
+      if (c_.lse_partial.values[r] != -std::numeric_limits<double>::infinity())
+        fail("o_partial", "element " + std::to_string(e) + " is " + non_finite_name(c_.o_partial.values[e]) +
+                              ", in a split whose lse_partial (element " + std::to_string(r) +
+                              ") is not -infinity (non-finite values are allowed only in empty splits)");
+    }
+    for (std::size_t r = 0; r < c_.lse_partial.values.size(); ++r)
+      if (c_.lse_partial.values[r] == -std::numeric_limits<double>::infinity())
+        std::fill_n(c_.o_partial.values.begin() + static_cast<std::ptrdiff_t>(r * row), row, 0.0);
+    if (const RawTensor* t = file.find("sinks")) {
+      if (t->dtype != DType::F64 && t->dtype != DType::F32)
+        fail("sinks", "dtype " + std::string(dtype_name(t->dtype)) + " is not F32 or F64");
+      expect_shape(*t, {c_.Hq}, "[H]");
+      c_.sinks = floats(*t, false);
+    }
+  }
+
   const std::string& path_;
   Case& c_;
   std::map<std::string, std::vector<std::size_t>> unchecked_;  // non-finite elements by tensor
@@ -759,7 +861,8 @@ std::size_t broadcast_index(const Shape& shape, const std::array<std::int64_t, 4
 
 namespace {
 
-constexpr std::pair<Kind, std::string_view> kKindNames[] = {{Kind::Sdpa, "sdpa"}, {Kind::Mha, "mha"}};
+constexpr std::pair<Kind, std::string_view> kKindNames[] = {
+    {Kind::Sdpa, "sdpa"}, {Kind::Mha, "mha"}, {Kind::Merge, "merge"}};
 constexpr std::pair<Causal, std::string_view> kCausalNames[] = {
     {Causal::None, "none"}, {Causal::TopLeft, "top_left"}, {Causal::BottomRight, "bottom_right"}};
 constexpr std::pair<MaskedRows, std::string_view> kMaskedRowsNames[] = {
@@ -772,7 +875,9 @@ constexpr std::string_view kGoldenNames[] = {
     "dk",       "dk.ref",      "dk.bound",   "dv",         "dv.ref",    "dv.bound",    "dbias",
     "dbias.ref", "dbias.bound", "dsinks", "dsinks.ref", "dsinks.bound", "dx_q", "dx_q.ref", "dx_q.bound",
     "dx_kv", "dx_kv.ref", "dx_kv.bound", "dw_q", "dw_q.ref", "dw_q.bound", "dw_k", "dw_k.ref", "dw_k.bound",
-    "dw_v", "dw_v.ref", "dw_v.bound", "dw_o", "dw_o.ref", "dw_o.bound"};
+    "dw_v", "dw_v.ref", "dw_v.bound", "dw_o", "dw_o.ref", "dw_o.bound",
+    "out_partial", "out_partial.ref", "out_partial.ref_lo", "out_partial.bound", "lse_partial.ref"};
+// lse_partial: golden in kind sdpa, an input of kind merge (case_from_file drops it by kind).
 
 }  // namespace
 
@@ -792,14 +897,20 @@ bool is_golden_tensor_name(const std::string& name) {
   for (std::string_view suffix : {".undecided", ".alt"}) {
     const std::string_view n = name;
     if (n.size() > suffix.size() && n.substr(n.size() - suffix.size()) == suffix &&
-        golden.count(n.substr(0, n.size() - suffix.size())))
+        (golden.count(n.substr(0, n.size() - suffix.size())) ||
+         n.substr(0, n.size() - suffix.size()) == "lse_partial"))
       return true;
   }
   return false;
 }
 
 Case case_from_file(const std::string& path, SafeTensorsFile file) {
-  std::erase_if(file.tensors, [](const RawTensor& t) { return is_golden_tensor_name(t.name); });
+  // lse_partial is an input of kind merge, a golden tensor of the others.
+  const auto kind = file.metadata.find("attn.kind");
+  const bool merge = kind != file.metadata.end() && kind->second == "merge";
+  std::erase_if(file.tensors, [merge](const RawTensor& t) {
+    return is_golden_tensor_name(t.name) || (!merge && t.name == "lse_partial");
+  });
   for (auto key : kReferenceKeys) file.metadata.erase(std::string(key));
   Case c;
   c.path = path;
@@ -844,7 +955,7 @@ bool Case::query_valid(std::int64_t b, std::int64_t i) const {
 }
 
 bool Case::position_allowed(std::int64_t b, std::int64_t i, std::int64_t j) const {
-  if (j >= key_length(b)) return false;
+  if (j >= key_length(b) || j < key_begin || j >= key_end) return false;
   // The window follows the causal alignment.
   const std::int64_t d = j - aligned_position(b, i);  // |d| < Nq + Nk: no overflow
   if (causal != Causal::None && d > 0) return false;
@@ -854,7 +965,7 @@ bool Case::position_allowed(std::int64_t b, std::int64_t i, std::int64_t j) cons
 
 Case::KeyRange Case::key_range(std::int64_t b, std::int64_t i) const {
   const std::int64_t a = aligned_position(b, i);
-  KeyRange r{0, key_length(b) - 1};
+  KeyRange r{key_begin, std::min(key_length(b), key_end) - 1};
   if (causal != Causal::None) r.last = std::min(r.last, a);
   if (window) {
     // a - L and a + R stay far from overflow: L, R have at most 18 digits, |a| < Nq + Nk.
@@ -914,6 +1025,17 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
   gradient(want_dw_o, "dw_o", {Hq * Dv, Dout});
   gradient(want_dbias, "dbias", bias ? bias->shape : std::vector<std::int64_t>{});
   gradient(want_dsinks, "dsinks", {Hq});
+  // Split-KV partial states (CONTRACT section 8), last: evaluated after the whole case. Both
+  // come when either is asked (a pair, as out comes with lse): the gate judges a split as a case.
+  const std::vector<std::int64_t> po = partial_out_shape(), pr = partial_row_shape();
+  if (wants_partials()) {
+    g.push_back({"out_partial", dtype_of("out_partial"), po});
+    g.push_back({"out_partial.ref", DType::F64, po});
+    if (dtype_of("out_partial") == DType::F64) g.push_back({"out_partial.ref_lo", DType::F64, po});
+    g.push_back({"out_partial.bound", DType::F64, po});
+    g.push_back({"lse_partial", dtype_of("lse_partial"), pr});
+    g.push_back({"lse_partial.ref", DType::F64, pr});
+  }
   return g;
 }
 

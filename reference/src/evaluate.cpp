@@ -20,6 +20,7 @@
 #include "fast/fast_row.hpp"
 #include "golden_buffer.hpp"
 #include "backward.hpp"
+#include "attnoracle/reference/split_kv.hpp"
 
 namespace attnoracle {
 namespace {
@@ -39,6 +40,7 @@ struct Buffers {
   explicit Buffers(const Case& c) {
     for (const GoldenSpec& g : c.golden_tensors()) {
       if (is_gradient_golden(g.name)) continue;  // filled by the backward evaluation
+      if (is_partial_golden(g.name)) continue;   // filled split by split (split_kv.cpp)
       if (g.name == "row.valid") {
         row_valid_spec = g;
         row_valid.assign(static_cast<std::size_t>(c.B * c.Hq * c.Nq), 0);
@@ -296,6 +298,7 @@ EvalResult Driver::finish(double seconds) {
 }  // namespace
 
 EvalResult evaluate(const Case& c, const EvalOptions& opt) {
+  if (c.kind == Kind::Merge) return evaluate_merge(c, opt);
   const auto t0 = std::chrono::steady_clock::now();
   // Refuse before any work, naming the first fully masked row in (b, h, i) order.
   if (const auto r = c.first_refused_row()) throw FullyMaskedRow(r->b, r->h, r->i);
@@ -315,6 +318,12 @@ EvalResult evaluate(const Case& c, const EvalOptions& opt) {
     RawTensor row_valid = std::move(res.golden.back());
     res.golden.pop_back();
     evaluate_gradients(c, opt, res);
+    res.golden.push_back(std::move(row_valid));
+  }
+  if (c.wants_partials()) {  // after the gradients, before row.valid
+    RawTensor row_valid = std::move(res.golden.back());
+    res.golden.pop_back();
+    evaluate_partials(c, opt, res);
     res.golden.push_back(std::move(row_valid));
   }
   res.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -489,5 +489,55 @@ TEST_F(EvalRefusal, DbiasWithoutBias) {
   expect_refused(bytes_of(f), "attn.outputs", "dbias is asked but the case has no bias tensor");
 }
 
+// Split-KV partial states and kind merge (CONTRACT section 8).
+TEST_F(EvalRefusal, SplitKv) {
+  SafeTensorsFile f = valid_case();
+  f.metadata["attn.outputs"] = "out,out_partial";
+  expect_refused(bytes_of(f), "attn.outputs", "asks for out_partial but attn.kv_split_size is missing");
+  f.metadata["attn.kv_split_size"] = "0";
+  expect_refused(bytes_of(f), "attn.kv_split_size", "value \"0\" is not an integer >= 1");
+  f.metadata["attn.kv_split_size"] = "2.5";
+  expect_refused(bytes_of(f), "attn.kv_split_size", "value \"2.5\" is not an integer >= 1");
+  f.metadata["attn.kv_split_size"] = "2";
+  f.put(floats("dout", {1, 4, 3, 2}, small));
+  f.metadata["attn.outputs"] = "lse_partial,dq";
+  expect_refused(bytes_of(f), "attn.outputs", "partial states have no gradients");
+}
+
+SafeTensorsFile merge_case() {  // S=2, B=1, H=2, Nq=1, Dv=2
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.kind", "merge"}};
+  f.put(floats("o_partial", {2, 1, 2, 1, 2}, small));
+  f.put(floats("lse_partial", {2, 1, 2, 1}, small));
+  return f;
+}
+
+TEST_F(EvalRefusal, Merge) {
+  SafeTensorsFile f = merge_case();
+  f.put(floats("lse_partial", {2, 1, 2, 1}, [](std::size_t e) { return e == 3 ? INFINITY : 0.5; }));
+  expect_refused(bytes_of(f), "lse_partial", "element 3 is +infinity (only -infinity is allowed");
+  f.put(floats("lse_partial", {2, 1, 2, 1}, [](std::size_t e) { return e == 1 ? std::nan("") : 0.5; }));
+  f.metadata["attn.lse_posinf"] = "empty";
+  expect_refused(bytes_of(f), "lse_partial", "element 1 is NaN");
+  f = merge_case();
+  f.put(floats("o_partial", {2, 1, 2, 1, 2}, [](std::size_t e) { return e == 6 ? std::nan("") : 1.0; }));
+  expect_refused(bytes_of(f), "o_partial", "element 6 is NaN, in a split whose lse_partial (element 3) is not -infinity");
+  f = merge_case();  // row h=1 of b=0, i=0: every split -inf, policy error
+  f.put(floats("lse_partial", {2, 1, 2, 1}, [](std::size_t e) { return e % 2 ? -INFINITY : 0.5; }));
+  expect_refused(bytes_of(f), "lse_partial", "fully masked row at b=0, h=1, i=0");
+  f = merge_case();
+  f.put(floats("q", {1, 1, 1, 1}, small));
+  expect_refused(bytes_of(f), "q", "unknown tensor (expected o_partial, lse_partial, and optionally sinks");
+  f = merge_case();
+  f.metadata["attn.causal"] = "top_left";
+  expect_refused(bytes_of(f), "attn.causal", "is not an option of attn.kind merge");
+  f = merge_case();
+  f.metadata["attn.outputs"] = "out,weights";
+  expect_refused(bytes_of(f), "attn.outputs", "asks for weights, which kind merge does not have");
+  f = merge_case();
+  f.put(floats("lse_partial", {2, 1, 2, 2}, small));
+  expect_refused(bytes_of(f), "lse_partial", "is not [S,B,H,Nq] (from o_partial) = [2,1,2,1]");
+}
+
 }  // namespace
 }  // namespace attnoracle::testing

@@ -82,6 +82,12 @@ std::string_view status_name(CaseStatus s);
 CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
                         const JobResult& result, const Profile& profile, bool pictures = false);
 
+// compare_case without the serving kernels (CONTRACT section 8): a case of kind merge is judged
+// as its sdpa case, and each split of out_partial, lse_partial as a case of its own
+// (split_kv_compare.cpp); this judges the rest.
+CaseReport compare_plain_case(const std::string& id, const SafeTensorsFile& golden, const std::string& expect,
+                              const JobResult& result, const Profile& profile, bool pictures = false);
+
 // The case file an implementation receives: inputs and the case's own metadata only.
 SafeTensorsFile strip_golden(const SafeTensorsFile& golden);
 // The same for an implementation judged by `profile`: where it declares an lse dtype

@@ -34,6 +34,7 @@ enum class Invariant {
   GradientLinearity,  // twice dout gives exactly twice every gradient
   GradientCausalDependence,  // queries that cannot see key j leave dk_j, dv_j unchanged
   PagedGather,       // a paged case's k and v are its caches read through the block table
+  PartialMerge,      // merging a row's golden partial states gives its whole out and lse
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -155,6 +156,11 @@ void unit_position(const Case& c, std::int64_t u, std::int64_t& b, std::int64_t&
 // A paged case (CONTRACT section 8): the k and v it holds against the caches of its file,
 // gathered again here (h of a violation is the kv head); empty for any other case.
 std::vector<Violation> check_paged(const Case& c);
+// Split-KV partial states (a case with out_partial and lse_partial, evaluated as `res`): per row,
+// the merge of the golden partials (each F64 .ref within one unit in the last place of its exact
+// value) in interval arithmetic encloses a value within one unit of out.ref, and of lse.ref when
+// asked; a row without a key in a split has lse_partial -inf and out_partial 0 there.
+std::vector<Violation> check_partials(const Case& c, const EvalResult& res);
 
 // Every check on every row unit, and the twin checks on the sampled units, for any evaluation.
 std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,

@@ -15,7 +15,7 @@
 
 namespace attnoracle {
 
-enum class Kind { Sdpa, Mha };
+enum class Kind { Sdpa, Mha, Merge };
 enum class Causal { None, TopLeft, BottomRight };
 enum class MaskedRows { Error, Zero };
 
@@ -102,6 +102,19 @@ struct Case {
   // Kind mha with x_kv of x_q's shape and values: dx_q is then the whole gradient of x.
   bool self_attention = false;
 
+  // Split-KV partial states (CONTRACT section 8): attn.kv_split_size (0: none), and whether
+  // out_partial, lse_partial are asked.
+  std::int64_t kv_split_size = 0;
+  bool want_out_partial = false, want_lse_partial = false;
+  bool wants_partials() const { return want_out_partial || want_lse_partial; }
+  std::int64_t splits() const { return kv_split_size > 0 ? (Nk + kv_split_size - 1) / kv_split_size : 0; }
+  // Keys outside [key_begin, key_end) are not allowed: one split of a case, as evaluated.
+  std::int64_t key_begin = 0, key_end = INT64_MAX;
+  // Kind merge (CONTRACT section 8): S partial states o_partial [S,B,H,Nq,Dv] and lse_partial
+  // [S,B,H,Nq] (Hq = Hkv = H, Nk = S); +inf in lse_partial read as -inf (attn.lse_posinf empty).
+  FloatTensor o_partial, lse_partial;
+  bool lse_posinf_empty = false;
+
   // Problem sizes. For kind mha: Hq = Hkv = H, and D, Dout are set.
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0, D = 0, Dout = 0;
 
@@ -155,6 +168,9 @@ struct Case {
     std::int64_t first = 0, last = -1;
   };
   KeyRange key_range(std::int64_t b, std::int64_t i) const;
+  // The shape of out_partial [S, B, Hq, Nq, Dv] and lse_partial [S, B, Hq, Nq].
+  std::vector<std::int64_t> partial_out_shape() const { return {splits(), B, Hq, Nq, Dv}; }
+  std::vector<std::int64_t> partial_row_shape() const { return {splits(), B, Hq, Nq}; }
   // allowed() for a key j of key_range(b, i), where the position allows it: the mask and a
   // bias other than -inf decide (each looked up only when the case has one).
   bool allowed_in_range(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {

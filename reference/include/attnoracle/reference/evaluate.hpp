@@ -46,6 +46,9 @@ struct EvalOptions {
   // Called from the worker threads after each unit of each pass, one call at a time; it only
   // reports: the golden bytes do not depend on it.
   EvalProgress progress;
+  // Split-KV partial states: each split is evaluated as a case of its own (split_case) with
+  // options holding none of the hooks above; when set, this wires its own into them first.
+  std::function<void(const Case& split, EvalOptions& opt)> split_options;
 };
 
 struct EvalStats {
