@@ -446,6 +446,24 @@ std::optional<std::string> output_dtypes_error(const ProblemSpec& p) {
 }  // namespace
 
 std::optional<std::string> problem_error(const ProblemSpec& p) {
+  if (p.kind == Kind::Merge) {
+    if (p.Hkv != p.Hq || p.Dk != 1) return "kind merge has the shape [S, B, H, Nq, Dv]";
+    if (p.dtype != DType::F32 && p.dtype != DType::F16 && p.dtype != DType::BF16)
+      return "kind merge needs dtype F32, F16 or BF16 (o_partial's)";
+    if (p.causal != Causal::None || p.window || !p.softcap.empty() || !p.scale.empty() ||
+        p.mask != MaskKind::None || p.bias != BiasKind::None || p.query_mask ||
+        p.seqlens != SeqlensKind::None || p.poison || p.descales || p.page_size > 0 ||
+        p.kv_split_size > 0 || p.want_weights || p.want_scores || p.wants_gradients() ||
+        p.want_out_partial || p.want_lse_partial)
+      return "kind merge takes no option of attention itself (out and lse, sinks, masked_rows only)";
+    if (!p.sinks.empty() && p.sinks != "near" && p.sinks != "dominant" && p.sinks != "negligible")
+      return "kind merge takes sinks near, dominant or negligible";
+    if (p.lse_partial != "normal" && p.lse_partial != "wide" && p.lse_partial != "neg_inf" &&
+        p.lse_partial != "pos_inf" && p.lse_partial != "all_neg_inf")
+      return "lse_partial \"" + printable(p.lse_partial) + "\" is not normal, wide, neg_inf, pos_inf or all_neg_inf";
+  } else if (p.lse_partial != "normal") {
+    return "lse_partial needs kind merge";
+  }
   const bool mha = p.kind == Kind::Mha;
   for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
     if (d < 1) return "every size must be at least 1";
@@ -567,6 +585,7 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
 
 SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   if (auto e = problem_error(p)) throw std::invalid_argument(*e);
+  if (p.kind == Kind::Merge) return make_merge_problem(p, seed);
   // Independent streams: changing the mask kind does not change the data, and so on.
   Rng data_rng(mix64(seed, 1)), mask_rng(mix64(seed, 2)), bias_rng(mix64(seed, 3)),
       query_rng(mix64(seed, 4)), sinks_rng(mix64(seed, 5));

@@ -22,12 +22,12 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 29> kOptions = {
+constexpr std::array<std::string_view, 30> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
     "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
-    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size"};
+    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -198,7 +198,7 @@ class SpecReader {
   void apply(ProblemSpec& p, std::string_view key, const json& v, const std::string& path,
              std::vector<std::int64_t>& shape, std::string& shape_path) const {
     if (key == "kind") {
-      p.kind = named(v, path, kind_from_name, kind_name, {Kind::Sdpa, Kind::Mha});
+      p.kind = named(v, path, kind_from_name, kind_name, {Kind::Sdpa, Kind::Mha, Kind::Merge});
     } else if (key == "dtype") {
       p.dtype = dtype(v, path);
     } else if (key == "output_dtype") {
@@ -210,8 +210,8 @@ class SpecReader {
       const std::string s = string(v, path);
       p.output_dtypes = s == "none" ? "" : s;
     } else if (key == "shape") {
-      if (!v.is_array() || v.size() < 7 || v.size() > 8)
-        fail(path, "must be [B,Hq,Hkv,Nq,Nk,Dk,Dv] (sdpa) or [B,H,Nq,Nk,D,Dk,Dv,Dout] (mha), not " +
+      if (!v.is_array() || v.size() < 5 || v.size() > 8 || v.size() == 6)
+        fail(path, "must be [B,Hq,Hkv,Nq,Nk,Dk,Dv] (sdpa), [B,H,Nq,Nk,D,Dk,Dv,Dout] (mha) or [S,B,H,Nq,Dv] (merge), not " +
                        brief(v));
       shape.clear();
       for (std::size_t a = 0; a < v.size(); ++a)
@@ -324,6 +324,8 @@ class SpecReader {
       p.pages = c == "ordered"    ? ProblemSpec::Pages::Ordered
                 : c == "shuffled" ? ProblemSpec::Pages::Shuffled
                                   : ProblemSpec::Pages::Shared;
+    } else if (key == "lse_partial") {
+      p.lse_partial = choice(v, path, {"normal", "wide", "neg_inf", "pos_inf", "all_neg_inf"});
     } else if (key == "kv_split_size") {  // 0: none
       p.kv_split_size = integer(v, path, 0, 1 << 24);
     } else if (key == "self") {
@@ -484,7 +486,10 @@ class SpecReader {
 
   void set_shape(ProblemSpec& p, const std::vector<std::int64_t>& s,
                  const std::string& path) const {
-    if (p.kind == Kind::Sdpa) {
+    if (p.kind == Kind::Merge) {
+      if (s.size() != 5) fail(path, "kind merge needs 5 sizes [S,B,H,Nq,Dv]");
+      p.Nk = s[0], p.B = s[1], p.Hq = p.Hkv = s[2], p.Nq = s[3], p.Dk = 1, p.Dv = s[4];
+    } else if (p.kind == Kind::Sdpa) {
       if (s.size() != 7) fail(path, "kind sdpa needs 7 sizes [B,Hq,Hkv,Nq,Nk,Dk,Dv]");
       p.B = s[0], p.Hq = s[1], p.Hkv = s[2], p.Nq = s[3], p.Nk = s[4], p.Dk = s[5], p.Dv = s[6];
       if (p.Hq % p.Hkv != 0)
@@ -530,13 +535,21 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
     from = comma + 1;
   }
   if (p.kind == Kind::Mha) t.push_back("mha");
+  if (p.kind == Kind::Merge) {
+    t.push_back("merge");
+    t.push_back("splits_" + std::to_string(p.Nk));
+    t.push_back("lse_partial_" + p.lse_partial);
+    t.push_back("head_dim_" + std::to_string(p.Dv));
+  }
   if (p.self_attention) t.push_back("self_attention");
   if (p.Hkv > 1 && p.Hq > p.Hkv) t.push_back("gqa");
   if (p.Hkv == 1 && p.Hq > 1 && p.kind == Kind::Sdpa) t.push_back("mqa");
   if (p.causal != Causal::None) t.push_back("causal_" + std::string(causal_name(p.causal)));
-  if (p.Nq < p.Nk) t.push_back("nq_lt_nk");
-  if (p.Nq > p.Nk) t.push_back("nq_gt_nk");
-  if (p.Dv != p.Dk) t.push_back("dv_ne_dk");
+  if (p.kind != Kind::Merge) {  // a merge's Nk is its split count, its Dk 1
+    if (p.Nq < p.Nk) t.push_back("nq_lt_nk");
+    if (p.Nq > p.Nk) t.push_back("nq_gt_nk");
+    if (p.Dv != p.Dk) t.push_back("dv_ne_dk");
+  }
   if (p.kind == Kind::Sdpa)  // head_dim_128, or head_dim_192_128 (Dk, Dv) where they differ
     t.push_back("head_dim_" + std::to_string(p.Dk) + (p.Dv != p.Dk ? "_" + std::to_string(p.Dv) : ""));
   if (p.window) t.push_back("window");

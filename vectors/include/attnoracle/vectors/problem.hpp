@@ -109,6 +109,12 @@ struct ProblemSpec {
   // Split-KV: attn.kv_split_size (0: none), and the partial states among the outputs.
   std::int64_t kv_split_size = 0;
   bool want_out_partial = false, want_lse_partial = false;
+  // Kind merge (shape [S, B, H, Nq, Dv]: Nk holds S, Dk is 1): lse_partial per row a level in
+  // [-4, 12) plus, per split, "normal" 2 N(0,1) or "wide" U[-90, 10); "neg_inf" about a quarter
+  // of the splits empty (-inf, one split of each row kept), "pos_inf" the same written +inf
+  // (attn.lse_posinf empty), "all_neg_inf" a quarter of the rows with every split empty. An
+  // empty split's o_partial holds NaN, inf and 0.
+  std::string lse_partial = "normal";
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
 };
@@ -145,6 +151,9 @@ std::optional<std::string> problem_error(const ProblemSpec& p);
 // Throws std::invalid_argument when a value cannot be represented (a generator parameter too
 // large for the dtype, say).
 SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed);
+
+// The inputs of a case of kind merge.
+SafeTensorsFile make_merge_problem(const ProblemSpec& p, std::uint64_t seed);
 
 // Replaces k and v of a generated sdpa case by a paged cache (CONTRACT section 8) holding the
 // same keys: the golden values do not change. Unused block-table entries get -1, 0 or an index
