@@ -11,13 +11,8 @@
 #include <limits>
 #include <unordered_map>
 
-// Every sum is rounded as written (no fused multiply-adds), so the faster loops below give the
-// scalar loops' results bit for bit.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#else
-#pragma GCC optimize("fp-contract=off")
-#endif
+// (no fused multiply-adds: the faster loops below give the scalar loops' results bit for bit)
+#include "no_contraction.hpp"
 
 namespace attnoracle::conformance {
 
