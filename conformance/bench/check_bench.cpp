@@ -10,6 +10,8 @@
 //                 directory: manifest, reading and hashing the golden file, reading the result
 //   row_magnitudes  the part of compare_case that is O(Nq Nk Dk) (time only)
 //
+// With --write-set (main, below) it writes a larger one-case set instead, for timing the process.
+//
 // Times are CPU times (the rates too): the machine may be shared. tools/bench_check.sh builds in
 // Release and prints the medians in MB/s.
 #include <benchmark/benchmark.h>
@@ -37,7 +39,11 @@ using namespace attnoracle;
 using namespace attnoracle::conformance;
 namespace fs = std::filesystem;
 
-constexpr std::int64_t kB = 1, kH = 8, kN = 1024, kD = 64;
+// The benchmarks' case, and the larger one --write-set writes for timing the whole process.
+struct Shape {
+  std::int64_t B, H, N, D;
+};
+constexpr Shape kBench{1, 8, 1024, 64}, kProcess{2, 4, 1024, 128};
 
 // x rounded to nearest-even in F16 or F32 (x finite, in range), as a double.
 double round_to(DType t, double x) {
@@ -86,7 +92,8 @@ struct Synthetic {
   double result_bytes = 0;
 };
 
-Synthetic make_case(DType dt) {
+Synthetic make_case(DType dt, const Shape& shape = kBench) {
+  const std::int64_t kB = shape.B, kH = shape.H, kN = shape.N, kD = shape.D;
   Synthetic s;
   s.id = std::string("large_") + std::string(dtype_name(dt));
   s.dtype = dt;
@@ -227,7 +234,21 @@ void BM_CompareCase(benchmark::State& state) {
   state.SetLabel(s.id);
 }
 
-// A one-case vector set and its results directory, removed at exit.
+// A one-case vector set (DIR/set) and its results directory (DIR/results).
+void write_set(const Synthetic& s, const fs::path& root) {
+  fs::create_directories(root / "set" / "cases");
+  fs::create_directories(root / "results");
+  const std::vector<unsigned char> bytes = serialize_safetensors(s.golden);
+  write_file_atomic((root / "set" / vectors::case_file_name(s.id)).string(), bytes);
+  vectors::Manifest m;
+  m.suite = "bench";
+  m.generator = "check_bench";
+  m.cases.push_back({s.id, vectors::case_file_name(s.id), vectors::sha256_hex(bytes), "ok", {"bench"}});
+  std::ofstream(root / "set" / "manifest.json") << vectors::manifest_text(m);
+  write_file_atomic((root / "results" / (s.id + ".safetensors")).string(), serialize_safetensors(s.result.output));
+}
+
+// write_set's set in a temporary directory, removed at exit.
 struct TempSet {
   fs::path root;
   GateOptions opt;
@@ -235,16 +256,7 @@ struct TempSet {
   explicit TempSet(const Synthetic& s) {
     root = fs::temp_directory_path() /
            ("attnoracle-check-bench-" + std::to_string(::getpid()) + "-" + std::string(dtype_name(s.dtype)));
-    fs::create_directories(root / "set" / "cases");
-    fs::create_directories(root / "results");
-    const std::vector<unsigned char> bytes = serialize_safetensors(s.golden);
-    write_file_atomic((root / "set" / vectors::case_file_name(s.id)).string(), bytes);
-    vectors::Manifest m;
-    m.suite = "bench";
-    m.generator = "check_bench";
-    m.cases.push_back({s.id, vectors::case_file_name(s.id), vectors::sha256_hex(bytes), "ok", {"bench"}});
-    std::ofstream(root / "set" / "manifest.json") << vectors::manifest_text(m);
-    write_file_atomic((root / "results" / (s.id + ".safetensors")).string(), serialize_safetensors(s.result.output));
+    write_set(s, root);
     opt.dir = (root / "set").string();
     opt.results = (root / "results").string();
     opt.profiles = {profile_for(s.dtype).name, {profile_for(s.dtype)}};
@@ -292,4 +304,18 @@ BENCHMARK(BM_RowMagnitudes)->Arg(32)->Arg(16)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// --write-set DIR [32|16]: writes the one-case set of B = 2, H = 4, Nq = Nk = 1024, D = 128 (F32,
+// or F16 with 16) to DIR/set and its result to DIR/results, for timing `attnoracle check` as a
+// whole process (tools/bench_check.sh); no benchmark runs.
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--write-set") {
+    const DType dt = argc >= 4 && std::string(argv[3]) == "16" ? DType::F16 : DType::F32;
+    write_set(make_case(dt, kProcess), argv[2]);
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -11,13 +11,8 @@
 #include <limits>
 #include <unordered_map>
 
-// Every sum is rounded as written (no fused multiply-adds), so the faster loops below give the
-// scalar loops' results bit for bit.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#else
-#pragma GCC optimize("fp-contract=off")
-#endif
+// (no fused multiply-adds: the faster loops below give the scalar loops' results bit for bit)
+#include "no_contraction.hpp"
 
 namespace attnoracle::conformance {
 
@@ -184,6 +179,41 @@ SumsFn sums_kernel() {
   if (__builtin_cpu_supports("avx512f")) return sums_avx512;
   return __builtin_cpu_supports("avx2") ? sums_avx2 : sums_sse;
 }
+
+// sum_e s_e v_e over e in [0, Dv), as four sums of every fourth element added pairwise at the end
+// ((h_0 + h_1) + (h_2 + h_3)), the elements past the last multiple of four into h_0; s null: all
+// ones. For four value rows at a time (independent sums in flight), the same operations per row.
+double lane_sum(const double* s, const double* v, std::int64_t Dv) {
+  double h[4] = {0, 0, 0, 0};
+  std::int64_t e = 0;
+  for (; e + 4 <= Dv; e += 4)
+    for (int l = 0; l < 4; ++l) h[l] += s ? s[e + l] * v[e + l] : v[e + l];
+  for (; e < Dv; ++e) h[0] += s ? s[e] * v[e] : v[e];
+  return (h[0] + h[1]) + (h[2] + h[3]);
+}
+// (lanes 0, 1 and 2, 3 of each row in two SSE2 registers: eight sums held in registers)
+void lane_sums4(const double* s, const double* const v[4], std::int64_t Dv, double out[4]) {
+  v2d lo[4] = {}, hi[4] = {};
+  std::int64_t e = 0;
+  for (; e + 4 <= Dv; e += 4) {
+    v2d s0, s1;
+    std::memcpy(&s0, s + e, sizeof s0);
+    std::memcpy(&s1, s + e + 2, sizeof s1);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      v2d v0, v1;
+      std::memcpy(&v0, v[r] + e, sizeof v0);
+      std::memcpy(&v1, v[r] + e + 2, sizeof v1);
+      lo[r] += s0 * v0;
+      hi[r] += s1 * v1;
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    double t = lo[r][0];
+    for (std::int64_t k = e; k < Dv; ++k) t += s[k] * v[r][k];
+    out[r] = (t + lo[r][1]) + (hi[r][0] + hi[r][1]);
+  }
+}
 }  // namespace
 
 std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
@@ -247,6 +277,9 @@ Spread weight_spread(const Case& c, const Profile& p) {
   };
   std::vector<KeyBin> bins;
   std::vector<double> sign(static_cast<std::size_t>(Dv));  // of x_c: -1, 0, 1
+  // per key of the current kv head: H0_j = sum_c v_jc (the same for every row); per allowed key
+  // of the current row: H1_j = sum_c sign(x_c) v_jc
+  std::vector<double> h0s(static_cast<std::size_t>(Nk)), h1s;
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t g = c.kv_head(h);
@@ -257,6 +290,8 @@ Spread weight_spread(const Case& c, const Profile& p) {
           for (std::int64_t d = 0; d < Dk; ++d) {
             kt[static_cast<std::size_t>(j / kKeyBlock * kKeyBlock * Dk + d * kKeyBlock + j % kKeyBlock)] = c.k.values[static_cast<std::size_t>((packed * Nk + j) * Dk + d)];
           }
+        if (up != 0)
+          for (std::int64_t j = 0; j < Nk; ++j) h0s[static_cast<std::size_t>(j)] = lane_sum(nullptr, vrow(j), Dv);
       }
       for (std::int64_t i = 0; i < c.Nq; ++i) {
         const auto row = static_cast<std::size_t>((b * H + h) * c.Nq + i);
@@ -350,6 +385,13 @@ Spread weight_spread(const Case& c, const Profile& p) {
           X[1] += std::fabs(xe);
         }
         const double wmax = *std::max_element(w.begin(), w.end());
+        h1s.resize(keys.size());
+        std::size_t a4 = 0;
+        for (; a4 + 4 <= keys.size(); a4 += 4) {
+          const double* v4[4] = {vrow(keys[a4]), vrow(keys[a4 + 1]), vrow(keys[a4 + 2]), vrow(keys[a4 + 3])};
+          lane_sums4(sign.data(), v4, Dv, &h1s[a4]);
+        }
+        for (; a4 < keys.size(); ++a4) h1s[a4] = lane_sum(sign.data(), vrow(keys[a4]), Dv);
         bins.clear();
         std::uint64_t hash = 14695981039346656037ull;  // FNV-1a of the weights' bits
         for (std::size_t j = 0; j < keys.size(); ++j) {
@@ -357,16 +399,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
           std::memcpy(&wb, &w[j], sizeof wb);
           hash = (hash ^ wb) * 1099511628211ull;
           if (w[j] == 0) continue;
-          const double* v = vrow(keys[j]);
-          double h0[4] = {0, 0, 0, 0}, h1[4] = {0, 0, 0, 0};  // four sums of every fourth element
-          std::int64_t e = 0;
-          for (; e + 4 <= Dv; e += 4)
-            for (int l = 0; l < 4; ++l) {
-              h0[l] += v[e + l];
-              h1[l] += sign[static_cast<std::size_t>(e + l)] * v[e + l];
-            }
-          for (; e < Dv; ++e) h0[0] += v[e], h1[0] += sign[static_cast<std::size_t>(e)] * v[e];
-          const double H0 = (h0[0] + h0[1]) + (h0[2] + h0[3]), H1 = (h1[0] + h1[1]) + (h1[2] + h1[3]);
+          const double H0 = h0s[static_cast<std::size_t>(keys[j])], H1 = h1s[j];
           const double pj = w[j] / wmax, beta = std::max(up * w[j], p_sub / 2);
           // relative bins of at least an ulp of P; below its smallest normal, absolute ones of two
           // subnormal spacings (the top bit set: apart from the others)

@@ -1,0 +1,87 @@
+// The forward error analysis of one row (TOLERANCE.md, steps 1 to 5): row_limits.
+#include <algorithm>
+#include <cmath>
+
+#include "attnoracle/conformance/tolerance.hpp"
+#include "no_contraction.hpp"
+
+namespace attnoracle::conformance {
+
+double unit_roundoff(DType t) { return std::ldexp(1.0, -float_format(t).precision); }
+double min_normal(DType t) { return std::ldexp(1.0, 1 - float_format(t).bias); }
+double min_subnormal(DType t) {
+  const FloatFormat f = float_format(t);
+  return std::ldexp(1.0, 2 - f.bias - f.precision);
+}
+
+RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) {
+  // A sink is one more term exp(sink - m) of Z, with no value vector: n + 1 terms, and m the
+  // maximum over the scores and the sink, so max |S| covers |sink| too. The kernel keeps the
+  // sink in its dtype or rounds it once into the softmax dtype (u_s |sink|, within the 2 u_s
+  // max|S| of (1)); every step below then holds with these n and max |S|.
+  RowMagnitudes m = row;
+  if (c.sinks) {
+    m.keys += 1;
+    for (double s : c.sinks->values) m.score_abs = std::max(m.score_abs, std::fabs(s));
+  }
+  const double uq = unit_roundoff(p.qk_accum), us = unit_roundoff(p.softmax);
+  const double upv = unit_roundoff(p.pv_accum);
+  const double up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const double n = static_cast<double>(std::max<std::int64_t>(m.keys, 1));
+  const DType out = c.dtype_of("out");
+  RowLimits r;
+  // (1) a score: Dk products and sums (gamma_Dk), the scale and softcap (2 more roundings) on
+  // the dot's magnitude A, then rounding into the softmax dtype and the bias addition.
+  double proj = 0;
+  if (c.kind == Kind::Mha)  // q and k each carry (D + 1) u_qk + u_proj relative error first
+    proj = 2 * ((static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection));
+  r.score = (static_cast<double>(c.Dk) + 2) * uq * m.dot_abs + proj * m.dot_abs + 2 * us * m.score_abs;
+  // a bias rounded to its dtype first: |fl(b) - b| <= u_b |b| where fl(b) is normal, and at most
+  // half the smallest spacing below (so the sum of both bounds it everywhere).
+  if (p.bias) r.score += unit_roundoff(*p.bias) * m.bias_abs + min_subnormal(*p.bias) / 2;
+  // FP8 descales applied in the qk dtype: q and k each rounded once after scaling (a product off
+  // by (1 + u)^2 - 1 <= 3u), or dq dk formed and multiplied into the score (two roundings, 2u):
+  // 3u on the dot's magnitude covers both. v's descale: one rounding of each v (or of the
+  // output), u_pv on the bound, added in (4).
+  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale");
+  if (descaled) r.score += 3 * uq * m.dot_abs;
+  // (2) exp(S_j - m): both S_j and the row maximum m are off by `score`, the subtraction rounds
+  // (us |S_j - m| <= 2 us max|S|), exp adds exp_ulps: a relative error of e_j of
+  double e_rel = 2 * r.score + 2 * us * m.score_abs + p.exp_ulps * us;
+  // (2b) an online softmax over nb key blocks rescales the earlier blocks' partial sums by
+  // alpha = exp(m_old - m_new) up to nb - 1 times: an error of alpha scales those blocks' weights
+  // like one of exp (exp_ulps each), and the arguments' roundings add up to u_sm sum |dm| <= 2 u_sm M.
+  const double nb = p.key_block > 0 ? std::ceil(n / static_cast<double>(p.key_block)) : 1;
+  if (nb > 1) e_rel += (nb - 1) * p.exp_ulps * us + 2 * us * m.score_abs;
+  // (3) a weight e_j / Z: Z carries e_rel plus the sum's gamma_n; the division rounds; P is
+  // rounded to its dtype.
+  // A term's sum sees at most n + nb - 1 roundings: those of its block, then a product by alpha
+  // and an addition per later block (gamma_{n+nb-1} <= (n + nb) u; n + 1 for one pass).
+  r.weight_rel = 2 * e_rel + (n + nb) * us + up;
+  // (4) the output: P V over n terms (gamma_n of the accumulation) on sum_j A_j |v_j| = bound;
+  // mha adds the projection of V and the output projection over H Dv terms.
+  r.out_coef = r.weight_rel + (n + nb) * upv;
+  if (c.file.find("v_descale")) r.out_coef += 2 * upv;  // one rounding of v or of the output
+  if (c.kind == Kind::Mha)
+    r.out_coef += (static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
+                  (static_cast<double>(c.Hq * c.Dv) + 1) * upv;
+  // (5) lse = m + log Z: the score error, Z's relative error, log's own.
+  r.lse_abs = r.score + e_rel + (n + nb) * us + p.exp_ulps * us * (1 + m.score_abs);
+  // underflow: the output format's subnormal spacing, and flushed tiny weights in P V.
+  r.floor = 2 * min_subnormal(out) + n * min_normal(p.pv_accum);
+  // (4b) P's underflow (Higham (2.8)): a weight rounded to p below its smallest normal m_p is
+  // off by up to s_p / 2 absolutely. Every computed score is in [-M - score, M + score] and so
+  // is any maximum of them (running or final), so s_j - m' >= -(2M + 2 score); the weights
+  // rounded are exp(s_j - m') or those over Z <= n, so none is below exp(-reach) (the 1 covers
+  // the subtraction's and exp's roundings): when that is at least m_p, or the row has one key
+  // (its weight is 1), no weight underflows and the term is 0.
+  r.keys = n;
+  const double reach = 2 * m.score_abs + 2 * r.score + 1 + std::log(n);
+  r.p_sub = n > 1 && !(reach < -std::log(min_normal(p.p))) ? min_subnormal(p.p) / 2 : 0;
+  // lse when l sums the rounded weights: l >= 1 (the maximum's weight is exp(0) = 1, exact in
+  // every format), so n absolute errors of s_p / 2 are a relative n s_p / 2 of l, in log l.
+  r.lse_abs += n * r.p_sub;
+  return r;
+}
+
+}  // namespace attnoracle::conformance
