@@ -303,6 +303,28 @@ TEST(EmptyShapes, NoBatchAndNoQueries) {
   }
 }
 
+TEST(EmptyShapes, GradientsAndKindMha) {
+  // No keys: dq 0 (every row fully masked, policy zero), dk and dv [B, Hkv, 0, D]; no batch:
+  // every gradient empty.
+  for (auto [B, Nk] : {std::pair<std::int64_t, std::int64_t>{2, 0}, {0, 4}}) {
+    SafeTensorsFile f = contiguous(B, 3, Nk, "zero");
+    f.metadata["attn.outputs"] = "out,dq,dk,dv";
+    f.put(floats("dout", DType::F32, {B, 2, 3, 3}, std::vector<double>(static_cast<std::size_t>(B * 2 * 3 * 3), 1)));
+    const EvalResult r = eval(f);
+    EXPECT_EQ(golden(r, "dk").shape, (Shape{B, 1, Nk, 2}));
+    for (double x : values(golden(r, "dq"))) EXPECT_EQ(x, 0);
+  }
+  SafeTensorsFile m;
+  m.metadata = {{"attn.format", "1"}, {"attn.kind", "mha"}, {"attn.masked_rows", "zero"}, {"attn.outputs", "out,lse"}};
+  m.put(floats("x_q", DType::F32, {1, 2, 3}, std::vector<double>(6, 1)));
+  m.put(floats("x_kv", DType::F32, {1, 0, 3}, {}));
+  for (const char* w : {"w_q", "w_k", "w_v"}) m.put(floats(w, DType::F32, {2, 3, 2}, std::vector<double>(12, 1)));
+  m.put(floats("w_o", DType::F32, {4, 3}, std::vector<double>(12, 1)));
+  const EvalResult r = eval(m);
+  EXPECT_EQ(values(golden(r, "out")), std::vector<double>(6, 0));
+  for (double x : values(golden(r, "lse"))) EXPECT_EQ(x, -INFINITY);
+}
+
 TEST(EmptyShapes, PagedWithoutUsedPages) {
   // Every seqlens_k 0: no entry used, the table may hold anything, the caches no page at all.
   Paged p = tiny(2, 1);

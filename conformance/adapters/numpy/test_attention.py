@@ -377,6 +377,45 @@ class AdapterTest(unittest.TestCase):
             r = self.run_one(self.case(t, meta(outputs="out,lse")), "--dtype", "float64")
             self.assertEqual(r["out"].shape, (q[0], 2, q[2], 2))
 
+    def test_gate_on_empty_shapes_and_a_paged_case(self):
+        """`attnoracle run` over a set of empty-shape and paged cases: golden files with zero-size
+        tensors are compared (and reported) without trouble; the error case is refused."""
+        import hashlib
+        cli = find_cli()
+        if cli is None:
+            self.skipTest("no attnoracle binary")
+        ones = lambda *shape: np.ones(shape, F32)
+        zero = meta(masked_rows="zero", outputs="out,weights,lse")
+        paged, _, m = self.paged_problem()
+        cases = {"nk0": ({"q": ones(2, 2, 3, 4), "k": ones(2, 1, 0, 4), "v": ones(2, 1, 0, 2)}, zero, "ok"),
+                 "b0": ({"q": ones(0, 2, 3, 4), "k": ones(0, 1, 5, 4), "v": ones(0, 1, 5, 2)}, zero, "ok"),
+                 "nq0": ({"q": ones(2, 2, 0, 4), "k": ones(2, 1, 5, 4), "v": ones(2, 1, 5, 2)}, zero, "ok"),
+                 "nk0_error": ({"q": ones(2, 2, 3, 4), "k": ones(2, 1, 0, 4), "v": ones(2, 1, 0, 2)}, meta(), "error"),
+                 "paged": (paged, m, "ok")}
+        root = os.path.join(self.dir, "set")
+        os.makedirs(os.path.join(root, "cases"))
+        entries = []
+        for cid, (t, md, expect) in cases.items():
+            path = os.path.join(root, "cases", cid + ".safetensors")
+            if expect == "ok":
+                subprocess.run([find_cli(), "eval", self.case(t, md), "-o", path, "-q"], check=True)
+            else:
+                st.save(path, t, md)
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            entries.append({"id": cid, "file": f"cases/{cid}.safetensors", "sha256": digest, "expect": expect, "tags": []})
+        with open(os.path.join(root, "manifest.json"), "w") as f:
+            json.dump({"format": "attnoracle-vectors/1", "suite": "empty", "generator": "test", "seed": 0,
+                       "cases": entries}, f)
+        report = os.path.join(self.dir, "report.json")
+        p = subprocess.run([cli, "run", root, "--profile", "fp64,fp32", "--impl", f"{sys.executable} {ADAPTER} --dtype float64",
+                            "--json", report, "--html", os.path.join(self.dir, "report.html")],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        with open(report) as f:
+            r = json.load(f)
+        self.assertEqual(r["passed"], 5, json.dumps(r)[:2000])
+
     def test_gqa_mapping(self):
         out = self.run_one(self.gqa_case())["out"]
         np.testing.assert_array_equal(out.ravel(), [1, 1, 2, 2])
