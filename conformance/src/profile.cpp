@@ -151,7 +151,7 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     static const char* known[] = {"name", "base", "input_dtypes", "projection", "qk_accum", "softmax", "p",
                                   "pv_accum", "exp_ulps", "safety", "masked_rows", "returns_weights",
                                   "returns_lse", "returns_scores", "returns_gradients", "bias", "key_block",
-                                  "grad_dp", "grad_ds", "grad_accum", "lse_dtype"};
+                                  "grad_dp", "grad_ds", "grad_accum", "lse_dtype", "partials"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     if (!ok) throw InputError(path, printable(key), "unknown profile field");
@@ -186,6 +186,15 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
       DType t = DType::F32;
       dtype("lse_dtype", t);
       p.lse_dtype = t;
+    }
+  }
+  if (j.contains("partials")) {  // null: no split-KV merge
+    if (j["partials"].is_null()) {
+      p.partials.reset();
+    } else {
+      DType t = DType::F32;
+      dtype("partials", t);
+      p.partials = t;
     }
   }
   number("exp_ulps", p.exp_ulps, 0);

@@ -67,6 +67,16 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
                   (static_cast<double>(c.Hq * c.Dv) + 1) * upv;
   // (5) lse = m + log Z: the score error, Z's relative error, log's own.
   r.lse_abs = r.score + e_rel + (n + nb) * us + p.exp_ulps * us * (1 + m.score_abs);
+  // (5c) a split-KV merge: out = sum_s w_s fl(O_s) / W, w_s = exp(lse_s - M). Each O_s rounded to
+  // `partials` is off by u |O_s| <= u bound_s, and sum_s w_s bound_s / W = bound; lse_s is off by
+  // at most lse_abs (its split has fewer keys), the subtraction rounds (2 u_sm M) and exp adds
+  // exp_ulps: a relative error of w_s; W and out's sums are over S <= n splits (gamma_n), the
+  // division rounds. lse = M + log W: W's error and log's own again.
+  if (p.partials) {
+    const double w_rel = 2 * r.lse_abs + 2 * us * m.score_abs + p.exp_ulps * us;
+    r.out_coef += unit_roundoff(*p.partials) + 2 * w_rel + (n + 2) * (us + upv);
+    r.lse_abs += w_rel + (n + 1) * us + p.exp_ulps * us * (1 + m.score_abs);
+  }
   // underflow: the output format's subnormal spacing, and flushed tiny weights in P V.
   r.floor = 2 * min_subnormal(out) + n * min_normal(p.pv_accum);
   // (4b) P's underflow (Higham (2.8)): a weight rounded to p below its smallest normal m_p is

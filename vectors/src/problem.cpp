@@ -603,6 +603,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   f.metadata["attn.output_dtype"] = std::string(dtype_name(p.output_dtype.value_or(p.dtype)));
   f.metadata["attn.outputs"] = outputs_text(p);
   if (!p.output_dtypes.empty()) f.metadata["attn.output_dtypes"] = p.output_dtypes;
+  if (p.kv_split_size > 0) f.metadata["attn.kv_split_size"] = std::to_string(p.kv_split_size);
   f.metadata["gen.generator"] = p.generator;
   f.metadata["gen.seed"] = std::to_string(seed);
 
@@ -688,7 +689,6 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   share_prefix(p, f);
   if (p.poison) poison_unused(f);
   page_kv_cache(p, f, mix64(seed, 7));
-  if (p.kv_split_size > 0) f.metadata["attn.kv_split_size"] = std::to_string(p.kv_split_size);
   return f;
 }
 

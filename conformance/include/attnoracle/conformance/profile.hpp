@@ -37,6 +37,9 @@ struct Profile {
   // The dtype it returns lse in, whatever the case's output dtype (FlashAttention: F32); none:
   // the case's. The runner then asks for it in attn.output_dtypes and lse is judged in it.
   std::optional<DType> lse_dtype;
+  // A split-KV kernel: the dtype it stores each split's partial output O_s in before the merge
+  // (lse_s in `softmax`); none: one pass over the keys, or partials exact enough to leave out.
+  std::optional<DType> partials;
   // backward (TOLERANCE.md, "Gradients"): dP = dout V^T is rounded to grad_dp; P (as the forward
   // gave it or recomputed from lse) and dS are rounded to grad_ds before the products giving
   // dq, dk, dv; those products and D = rowsum(dout out) are accumulated in grad_accum.
