@@ -550,5 +550,25 @@ class GradientTest(unittest.TestCase):
         self.assertIn("dsinks asked for, but the case has no sinks", got[1])
 
 
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class FlashSplitKvTest(unittest.TestCase):
+    """Partial states from the blockwise kernel and the F32 combine of kind merge, at the gate;
+    the combine reading a -inf split's NaN fails."""
+
+    def test_partials_and_merge(self):
+        sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
+        import splitkv_cases
+        with tempfile.TemporaryDirectory(prefix="attn_flash_splitkv_") as tmp:
+            suite = splitkv_cases.write(gate.cli(), tmp)
+            for flags in (["--block", "2"], ["--block", "64"]):
+                status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + flags, "fp32")
+                self.assertEqual((status, report["passed"]), (0, 3), report["cases"])
+            status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + ["--arith", "bf16"], "flash-bf16")
+            self.assertEqual((status, report["passed"]), (0, 1), report["cases"])
+            status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + ["--bug", "merge_nan_empty"], "fp32")
+            self.assertEqual(gate.failed(report).keys(), {"merge_f32_sinks"})
+
+
 if __name__ == "__main__":
     unittest.main()
