@@ -19,7 +19,7 @@ FORBIDDEN = (".." + "/shared", "shared" + "/spec")
 SKIP_DIRS = {".git", "node_modules", "__pycache__"}
 NOT_YET = "not in this release"
 SECTIONS = ["Semantics", "Case file", "Golden tensors", "Vector set (manifest)",
-            "Adapter protocol", "Command line", "Gradients"]
+            "Adapter protocol", "Command line", "Gradients", "Serving kernels"]
 
 
 def repo_files(*suffixes):

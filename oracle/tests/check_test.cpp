@@ -791,7 +791,7 @@ TEST(Oracle, GradientChecksWithSinks) {
 TEST(Oracle, InvariantNamesAreDistinct) {
   std::set<std::string_view> seen;
   for (auto v : all_invariants()) EXPECT_TRUE(seen.insert(invariant_name(v)).second);
-  EXPECT_EQ(seen.size(), 14u);
+  EXPECT_EQ(seen.size(), 15u);
 }
 
 // A row allowing every key reads its values' range from the groups (once per kv head): the
