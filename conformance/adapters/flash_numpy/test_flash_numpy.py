@@ -111,6 +111,16 @@ class PlantedBugTest(unittest.TestCase):
     def both(self, bug, *args, **kw):
         return kernel(None, *args, **kw), kernel(bug, *args, **kw)
 
+    # Kind merge: splits of lse -inf (O NaN), 0, 0 with O 1 and 3: out 2, lse log 2.
+    def test_bug_merge_nan_empty(self):
+        o = np.array([np.nan, 1.0, 3.0]).reshape(3, 1, 1, 1, 1)
+        lse = np.array([-np.inf, 0.0, 0.0]).reshape(3, 1, 1, 1)
+        out, l = attention.Kernel(16, "fp32", None).merge(o, lse, {"attn.masked_rows": "zero"}, None)
+        self.assertEqual(out.item(), 2.0)
+        self.assertAlmostEqual(l.item(), math.log(2), places=6)
+        bad, _ = attention.Kernel(16, "fp32", "merge_nan_empty").merge(o, lse, {"attn.masked_rows": "zero"}, None)
+        self.assertTrue(np.isnan(bad.item()))
+
     # Online softmax. Scores [0, 10] in blocks of 1 key, V = [0, 1]: out = e^10 / (1 + e^10).
     def rising(self, bug):
         return self.both(bug, t([1.0]), t([0.0], [10.0]), t([0.0], [1.0]), block=1)
