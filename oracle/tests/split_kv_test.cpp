@@ -166,6 +166,30 @@ TEST(SplitKv, Refusals) {
   EXPECT_NE(field({{"attn.lse_posinf", "empty"}}).find("attn.lse_posinf"), std::string::npos);
 }
 
+// partial_merge catches golden partials off by one part in 10^12, and a split without a key made finite.
+TEST(SplitKv, PartialMergeCatchesBrokenPartials) {
+  const SafeTensorsFile f = file({tensor("q", DType::F32, {1, 1, 2, 2}, {1, 0.5, -1, 2}),
+                                  tensor("k", DType::F32, {1, 1, 3, 2}, {0.25, 1, -2, 0.5, 1, 1}),
+                                  tensor("v", DType::F32, {1, 1, 3, 1}, {2, 4, 8})},
+                                 {{"attn.kv_split_size", "2"}, {"attn.causal", "top_left"},
+                                  {"attn.outputs", "out,lse,out_partial,lse_partial"}});
+  const Case c = case_from_file("case", f);
+  const EvalResult r = certified(f);
+  EXPECT_TRUE(oracle::check_partials(c, r).empty());
+  auto broken = [&](const std::string& name, std::size_t e, double x) {
+    EvalResult b = r;
+    for (RawTensor& t : b.golden)
+      if (t.name == name) std::memcpy(t.data.data() + 8 * e, &x, 8);
+    const auto v = oracle::check_partials(c, b);
+    return !v.empty() && v.front().invariant == oracle::Invariant::PartialMerge;
+  };
+  const double o0 = values(golden(r, "out_partial.ref"))[0], l0 = values(golden(r, "lse_partial.ref"))[0];
+  // each weight is known to about an ulp of lse_s (relative): one part in 10^12 stands out
+  EXPECT_TRUE(broken("out_partial.ref", 0, o0 * (1 + 1e-12)));
+  EXPECT_TRUE(broken("lse_partial.ref", 0, l0 + 1e-12));
+  EXPECT_TRUE(broken("lse_partial.ref", 2, 0.0));  // split 1 of query 0 (causal): no key, lse -inf
+}
+
 // ---------------------------------------------------------------------------------------------
 // The independent evaluation: plain formulas at 320 bits, rounded by int_round.
 

@@ -475,7 +475,7 @@ class Case:
         f = {self.input_dtype}
         if self.kind == "mha":
             f.add("mha")
-        elif self._kv_heads() != self.inputs["q"].shape[1]:
+        elif self.kind == "sdpa" and self._kv_heads() != self.inputs["q"].shape[1]:
             f.add("gqa")
         f.update(n for n in ("mask", "bias", "query_mask", "sinks") if n in self.inputs)
         if self.input_dtype in FP8_DTYPES:

@@ -198,7 +198,7 @@ TEST(CaseMetadata, FormatVersion) {
 
 TEST(CaseMetadata, Kind) {
   expect_refused(with_meta(sdpa(), "attn.kind", "gqa"), "attn.kind",
-                 "value \"gqa\" is not sdpa or mha");
+                 "value \"gqa\" is not sdpa, mha or merge");
   EXPECT_EQ(accept(with_meta(sdpa(), "attn.kind", "sdpa")).kind, Kind::Sdpa);
 }
 
@@ -870,7 +870,7 @@ TEST(CaseOutputs, Scores) {
   EXPECT_TRUE(is_golden_tensor_name("scores.undecided"));
   expect_refused(with_meta(sdpa(), "attn.outputs", "out,score"), "attn.outputs",
                  "is not a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, dx_q, dx_kv, dw_q, "
-                 "dw_k, dw_v, dw_o (\"score\"?)");
+                 "dw_k, dw_v, dw_o, out_partial, lse_partial (\"score\"?)");
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ def load_numpy_adapter(name):
 nx = load_numpy_adapter("attnoracle_numpy_adapter_for_flash")
 
 BUGS = {
+    # Split-KV combine (kind merge)
+    "merge_nan_empty": "kind merge: a split of lse -inf still adds p O with p = 0, and 0 times the "
+                       "NaN such a split may hold is NaN",
     # Online softmax
     "no_rescale": "each block's maximum is subtracted, but the earlier blocks' sum and "
                   "accumulator are not rescaled by exp(m_old - m_new)",
@@ -439,6 +442,39 @@ class Kernel:
                 lse = round_bf16(lse).astype(acc)
         return out, weights, lse, scores
 
+    def merge(self, o, lse, meta, bug, sinks=None):
+        """Kind merge as a split-KV combine kernel: one pass over the splits in float32, a running
+        maximum m, sum l and accumulator rescaled by exp(m_old - m_new); a split of lse -inf is
+        skipped (its O never read); the sink joins last as one more term of l."""
+        bug = self.bug
+        f32 = np.float32
+        o, lse = o.astype(f32), lse.astype(f32)
+        m = np.full(lse.shape[1:], -np.inf, f32)
+        l = np.zeros(lse.shape[1:], f32)
+        acc = np.zeros(o.shape[1:], f32)
+        terms = [(lse[s], o[s]) for s in range(lse.shape[0])]
+        if sinks is not None:
+            terms.append((np.broadcast_to(sinks.astype(f32)[None, :, None], m.shape), None))
+        with np.errstate(invalid="ignore", over="ignore"):
+            for x, os_ in terms:
+                live = x != -np.inf
+                m_new = np.where(live, np.maximum(m, x), m)
+                alpha = np.where(m == -np.inf, f32(0), np.exp(m - np.where(m_new == -np.inf, 0, m_new))).astype(f32)
+                p = np.where(live, np.exp(x - np.where(live, m_new, 0)), f32(0)).astype(f32)
+                l = (l * alpha + p).astype(f32)
+                acc = (acc * alpha[..., None]).astype(f32)
+                if os_ is not None:
+                    take = live[..., None] if bug != "merge_nan_empty" else True   # BUG: 0 * NaN read
+                    acc = (acc + np.where(take, p[..., None] * os_, f32(0))).astype(f32)
+                m = m_new
+        row = m != -np.inf
+        if meta.get("attn.masked_rows", "error") == "error" and not row.all():
+            b, h, i = np.argwhere(~row)[0]
+            raise nx.Refused(f"fully masked row: b={b}, h={h}, i={i} has no split (every lse_partial -inf) and no sink")
+        one = np.where(row, l, f32(1))
+        out = np.where(row[..., None], acc / one[..., None], f32(0)).astype(f32)
+        return out, np.where(row, m + np.log(one), -np.inf).astype(f32)
+
     def gradients(self, q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
                   in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
         """dq, dk, dv, dbias, dsinks (those in `names`), FlashAttention-2's backward: the forward above
@@ -574,6 +610,7 @@ def main(argv=None):
         parser.error("--block must be at least 1")
     nx.attention = kernel = Kernel(args.block, args.arith, args.bug)
     nx.gradients = kernel.gradients
+    nx.merge_states = kernel.merge
     # The NumPy adapter's job loop with this kernel; float64 carries every input dtype exactly.
     return nx.main(["--dtype", "float64", args.jobs])
 

@@ -111,6 +111,16 @@ class PlantedBugTest(unittest.TestCase):
     def both(self, bug, *args, **kw):
         return kernel(None, *args, **kw), kernel(bug, *args, **kw)
 
+    # Kind merge: splits of lse -inf (O NaN), 0, 0 with O 1 and 3: out 2, lse log 2.
+    def test_bug_merge_nan_empty(self):
+        o = np.array([np.nan, 1.0, 3.0]).reshape(3, 1, 1, 1, 1)
+        lse = np.array([-np.inf, 0.0, 0.0]).reshape(3, 1, 1, 1)
+        out, l = attention.Kernel(16, "fp32", None).merge(o, lse, {"attn.masked_rows": "zero"}, None)
+        self.assertEqual(out.item(), 2.0)
+        self.assertAlmostEqual(l.item(), math.log(2), places=6)
+        bad, _ = attention.Kernel(16, "fp32", "merge_nan_empty").merge(o, lse, {"attn.masked_rows": "zero"}, None)
+        self.assertTrue(np.isnan(bad.item()))
+
     # Online softmax. Scores [0, 10] in blocks of 1 key, V = [0, 1]: out = e^10 / (1 + e^10).
     def rising(self, bug):
         return self.both(bug, t([1.0]), t([0.0], [10.0]), t([0.0], [1.0]), block=1)
@@ -607,6 +617,25 @@ class PagedTest(unittest.TestCase):
         np.testing.assert_array_equal(got["nk0"]["lse"], np.full((2, 2, 3), -np.inf))
         self.assertEqual(got["b0"]["out"].shape, (0, 2, 3, 2))
         self.assertEqual(got["nq0"]["out"].shape, (2, 2, 0, 2))
+
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class FlashSplitKvTest(unittest.TestCase):
+    """Partial states from the blockwise kernel and the F32 combine of kind merge, at the gate;
+    the combine reading a -inf split's NaN fails."""
+
+    def test_partials_and_merge(self):
+        sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
+        import splitkv_cases
+        with tempfile.TemporaryDirectory(prefix="attn_flash_splitkv_") as tmp:
+            suite = splitkv_cases.write(gate.cli(), tmp)
+            for flags in (["--block", "2"], ["--block", "64"]):
+                status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + flags, "fp32")
+                self.assertEqual((status, report["passed"]), (0, 3), report["cases"])
+            status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + ["--arith", "bf16"], "flash-bf16")
+            self.assertEqual((status, report["passed"]), (0, 1), report["cases"])
+            status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + ["--bug", "merge_nan_empty"], "fp32")
+            self.assertEqual(gate.failed(report).keys(), {"merge_f32_sinks"})
 
 
 if __name__ == "__main__":

@@ -64,11 +64,19 @@ BUGS = {
                               "reshaped to w_o's shape",
     "mha_bwd_dxkv_no_dv": "kind mha: dx_kv (and in self-attention dx_q) misses the term of dv",
 }
+BUGS.update({
+    # split-KV partial states and kind merge (CONTRACT section 8)
+    "merge_nan_empty": "kind merge: a split of lse -inf still weighs its O by exp(-inf) = 0, and "
+                       "0 times the NaN such a split may hold is NaN",
+    "split_with_sink": "the partial states include the sink's term (it belongs to the merge only)",
+})
 MHA_GRADIENTS = ("dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o")
 GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
-        "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs", "attn.kv_layout"}
+        "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs", "attn.kv_layout",
+        "attn.kv_split_size", "attn.lse_posinf"}
+PARTIALS = ("out_partial", "lse_partial")
 FLOATS = {"F64", "F32", "F16", "BF16"}
 FP8 = {"F8_E4M3", "F8_E5M2"}
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -381,6 +389,70 @@ def mha_gradients(x, dout, meta, bug, names, mask=None, bias=None, query_mask=No
     return {n: result[n] for n in names}
 
 
+def split_states(q, k, v, meta, bug, n, mask=None, sinks=None, **extra):
+    """out_partial [S,B,Hq,Nq,Dv], lse_partial [S,B,Hq,Nq] (attn.kv_split_size n): per split, the
+    attention over its keys alone (the others masked out), without the sink, a row with no key in
+    the split 0 with lse -inf."""
+    Nk = k.shape[2]
+    meta_s = dict(meta, **{"attn.masked_rows": "zero", "attn.outputs": "out,lse"})
+    outs, lses = [], []
+    for s in range(-(-Nk // n)):
+        keys = (np.arange(Nk) >= s * n) & (np.arange(Nk) < (s + 1) * n)
+        o, _, lse, _ = attention(q, k, v, meta_s, bug, mask=keys if mask is None else np.logical_and(mask, keys),
+                                 sinks=sinks if bug == "split_with_sink" else None, **extra)   # BUG: the sink kept
+        outs.append(o)
+        lses.append(lse)
+    return np.stack(outs), np.stack(lses)
+
+
+def merge_states(o, lse, meta, bug, sinks=None):
+    """Kind merge: out [B,H,Nq,Dv], lse [B,H,Nq] of the partial states o [S,B,H,Nq,Dv], lse
+    [S,B,H,Nq] (CONTRACT section 8), in the dtype of o: the weights exp(lse_s - lse)."""
+    live = lse != -np.inf
+    if bug != "merge_nan_empty":        # BUG merge_nan_empty skips this: 0 * NaN = NaN
+        o = np.where(live[..., None], o, 0)
+    m = lse.max(axis=0)
+    if sinks is not None:
+        m = np.maximum(m, sinks.astype(o.dtype)[None, :, None])
+    row = m != -np.inf
+    if meta.get("attn.masked_rows", "error") == "error" and not row.all():
+        b, h, i = np.argwhere(~row)[0]
+        raise Refused(f"fully masked row: b={b}, h={h}, i={i} has no split (every lse_partial -inf) and no sink")
+    m = np.where(row, m, 0).astype(o.dtype)
+    with np.errstate(invalid="ignore"):
+        w = np.exp(lse - m)                                  # 0 where lse_s = -inf
+        z = w.sum(axis=0)
+        if sinks is not None:
+            z = z + np.exp(sinks.astype(o.dtype)[None, :, None] - m)
+        z = np.where(row, z, 1)
+        out = (w[..., None] * o).sum(axis=0) / z[..., None]
+    return out, np.where(row, m + np.log(z), -np.inf).astype(o.dtype)
+
+
+def run_merge(path, tensors, meta, dtypes, compute, bug):
+    """Kind merge: o_partial, lse_partial, optional sinks -> out, lse."""
+    if dtypes.get("o_partial") not in FLOATS or dtypes.get("lse_partial") not in ("F32", "F64"):
+        raise Unsupported(f"kind merge with o_partial {dtypes.get('o_partial')}, lse_partial {dtypes.get('lse_partial')}")
+    lse = tensors["lse_partial"].astype(np.float64)
+    if meta.get("attn.lse_posinf") == "empty":
+        lse = np.where(lse == np.inf, -np.inf, lse)
+    bad = np.argwhere(np.isnan(lse) | (lse == np.inf))
+    if len(bad):
+        raise Refused(f"{path}: lse_partial: element {np.ravel_multi_index(tuple(bad[0]), lse.shape)} is not finite or -inf")
+    out_dtype = meta.get("attn.output_dtype", dtypes["o_partial"])
+    outputs = meta.get("attn.outputs", "out").split(",")
+    dtype_of = output_dtypes(meta, outputs + ["out"], out_dtype)
+    sinks = tensors["sinks"].astype(compute) if "sinks" in tensors else None
+    out, lse_out = merge_states(tensors["o_partial"].astype(compute), lse.astype(compute), meta, bug, sinks=sinks)
+    result = {"out": out, "lse": lse_out}
+    result = {name: result[name] for name in outputs + ["out"] * ("out" not in outputs)}
+    numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
+    with np.errstate(over="ignore"):
+        result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] != "BF16" else a
+                  for name, a in result.items()}
+    return result, {name: dtype_of[name] for name in result}
+
+
 def truncate(a, dtype):
     """float64 `a` rounded toward zero to the precision and range of `dtype` (bug truncate_output)."""
     precision, emin, top = {"F64": (53, -1022, 1024), "F32": (24, -126, 128), "F16": (11, -14, 16),
@@ -452,6 +524,8 @@ def run_case(path, compute, bug=None):
     if meta.get("attn.format") != "1":
         raise Unsupported(f"attn.format {meta.get('attn.format')!r}")
     kind = meta.get("attn.kind", "sdpa")
+    if kind == "merge":
+        return run_merge(path, tensors, meta, dtypes, compute, bug)
     if kind not in ("sdpa", "mha"):
         raise Unsupported(f"attn.kind {kind}")
     if meta.get("attn.causal", "none") not in ("none", "top_left", "bottom_right"):
@@ -509,6 +583,12 @@ def run_case(path, compute, bug=None):
         out = np.swapaxes(o, 1, 2).reshape(B, Nq, H * Dv) @ x["w_o"]   # concat heads, head 0 first
 
     result = {"out": out, "weights": w, "lse": lse, "scores": scores}
+    if any(name in PARTIALS for name in outputs):
+        if kind != "sdpa" or "attn.kv_split_size" not in meta or grads:
+            raise Refused(f"{path}: attn.outputs: out_partial and lse_partial need kind sdpa, attn.kv_split_size "
+                          "and no gradients")
+        result["out_partial"], result["lse_partial"] = split_states(x["q"], x["k"], x["v"], meta, bug,
+                                                                    int(meta["attn.kv_split_size"]), **extra)
     if grads:                           # from the stored inputs, exact in float64
         f64 = {name: tensors[name].astype(np.float64) for name in tensors if dtypes[name] in FLOATS}
         extra64 = dict(extra, bias=f64.get("bias"), sinks=f64.get("sinks"), out_dtype=dtype_of["out"])

@@ -592,6 +592,9 @@ class AdapterTest(unittest.TestCase):
                 elif bug.startswith("bwd_"):         # gradients: GradientTest, against eval
                     self.assertIn(bug, BWD_BUGS)
                     continue
+                elif bug in ("merge_nan_empty", "split_with_sink"):   # split-KV: SplitKvTest, at the gate
+                    self.assertTrue(hasattr(SplitKvTest, "test_bug_" + bug), f"--bug {bug} has no test")
+                    continue
                 elif bug.startswith("mha_bwd_"):     # gradients of kind mha: MhaGradientTest
                     self.assertTrue(hasattr(MhaGradientTest, "test_bug_" + bug), f"--bug {bug} has no test")
                     continue
@@ -1000,6 +1003,62 @@ class MhaGradientTest(unittest.TestCase):
         subprocess.run([sys.executable, ADAPTER, jobs], check=True)
         with open(out + ".error", encoding="utf-8") as f:
             self.assertIn("dq is not a gradient of kind mha", f.read())
+
+
+
+# -- split-KV partial states and kind merge (CONTRACT section 8) ----------------------------
+
+import splitkv_cases  # noqa: E402
+
+
+class SplitKvTest(unittest.TestCase):
+    setUp, tearDown, case = AdapterTest.setUp, AdapterTest.tearDown, AdapterTest.case
+    run_adapter, run_one = AdapterTest.run_adapter, AdapterTest.run_one
+
+    def test_partials_of_two_equal_keys(self):
+        t = {"q": np.ones((1, 1, 1, 1)), "k": np.zeros((1, 1, 3, 1)), "v": np.array([2.0, 4.0, 8.0]).reshape(1, 1, 3, 1)}
+        got = self.run_one(self.case(t, meta(kv_split_size=2, outputs="out,out_partial,lse_partial")), "--dtype", "float64")
+        np.testing.assert_array_equal(got["out_partial"].ravel(), [3, 8])
+        np.testing.assert_allclose(got["lse_partial"].ravel(), [math.log(2), 0], rtol=1e-15)
+        self.assertEqual(got["out_partial"].shape, (2, 1, 1, 1, 1))
+
+    def test_merge_skips_minus_inf_splits_and_adds_the_sink(self):
+        o = np.array([np.nan, 1.0, 2.0]).reshape(3, 1, 1, 1, 1)
+        lse = np.array([-np.inf, 0.0, 0.0]).reshape(3, 1, 1, 1)
+        m = meta(kind="merge", outputs="out,lse")
+        got = self.run_one(self.case({"o_partial": o, "lse_partial": lse, "sinks": np.zeros(1)}, m, {"o_partial": "F32"}),
+                           "--dtype", "float64")
+        np.testing.assert_allclose(got["out"].ravel(), [1.0], rtol=1e-6)       # (1 + 2 + 0) / 3
+        np.testing.assert_allclose(got["lse"].ravel(), [math.log(3)], rtol=1e-6)
+        kind, text = self.run_adapter([self.case({"o_partial": o, "lse_partial": np.full_like(lse, -np.inf)}, m,
+                                                 {"o_partial": "F32"})])[0]
+        self.assertEqual(kind, "error")
+        self.assertIn("fully masked row", text)
+
+    def gate(self, profile, *flags):
+        if not find_cli():
+            self.skipTest("the attnoracle binary was not found")
+        suite = os.path.join(self.dir, "suite")
+        if not os.path.exists(suite):
+            splitkv_cases.write(find_cli(), suite)
+        return splitkv_cases.run(find_cli(), suite, [sys.executable, ADAPTER, *flags], profile)
+
+    def test_gate_passes_the_adapter(self):
+        status, report = self.gate("fp32")
+        self.assertEqual((status, report["passed"]), (0, 3), report["cases"])   # the BF16 merge skipped
+        status, report = self.gate("bf16")
+        self.assertEqual((status, report["passed"]), (0, 1), report["cases"])
+
+    def failing(self, bug):
+        status, report = self.gate("fp32", "--bug", bug)
+        self.assertEqual(status, 1, bug)
+        return [c["id"] for c in report["cases"] if c["status"] == "fail"]
+
+    def test_bug_merge_nan_empty(self):
+        self.assertEqual(self.failing("merge_nan_empty"), ["merge_f32_sinks"])
+
+    def test_bug_split_with_sink(self):
+        self.assertEqual(self.failing("split_with_sink"), ["partials_causal_sinks"])
 
 
 if __name__ == "__main__":

@@ -245,6 +245,9 @@ function plan(tensors, meta) {
       throw new Unsupported(`empty shape: ${name} is [${t.shape.join(',')}]`);
     }
   }
+  // Split-KV (CONTRACT section 8): no ONNX Runtime operator returns partial states or combines them.
+  if (meta['attn.kind'] === 'merge') throw new Unsupported('attn.kind merge: ONNX Runtime has no operator combining split-KV partial states');
+  if (meta['attn.kv_split_size'] !== undefined) throw new Unsupported('attn.kv_split_size: ONNX Runtime attention returns no split-KV partial states (out_partial, lse_partial)');
   for (const key of Object.keys(meta)) {
     if (key.startsWith('attn.') && !KEYS.has(key)) throw new Unsupported(`metadata key ${key}`);
   }

@@ -623,6 +623,17 @@ ortTest('gradients (dq, dk, dv, dbias) are unsupported by every operator, whatev
   }
 });
 
+ortTest('split-KV partial states and kind merge are unsupported, naming the feature', (w) => {
+  const t = { q: T('F32', [1, 1, 1, 8], new Array(8).fill(0)), k: T('F32', [1, 1, 2, 8], new Array(16).fill(0)),
+    v: T('F32', [1, 1, 2, 8], new Array(16).fill(1)) };
+  const merge = { o_partial: T('F32', [2, 1, 1, 1, 8], new Array(16).fill(1)), lse_partial: T('F32', [2, 1, 1, 1], [0, 0]) };
+  const res = w.run([w.case(t, meta({ kv_split_size: 1, outputs: 'out,out_partial,lse_partial' })),
+    w.case(merge, meta({ kind: 'merge' })), w.case(t, meta())]);
+  assert.deepEqual(res.map((r) => r.kind), ['unsupported', 'unsupported', 'ok']);
+  assert.match(res[0].text, /^attn.kv_split_size: /);
+  assert.match(res[1].text, /^attn.kind merge: /);
+});
+
 // ONNX Runtime 1.30.0 bugs, by hand (expected_failures.json lists the core cases they fail): when
 // one of these assertions fails, the bug is fixed upstream.
 ortTest('ONNX Runtime bug: MultiHeadAttention unidirectional=1, Nq < Nk: the last row sees every key', (w) => {
