@@ -149,14 +149,15 @@ inline __attribute__((always_inline)) std::int64_t out_sums(std::int64_t e0, con
   }
   return e0;
 }
-// Four vectors at a time (two for the second pass), then one: the elements done (the rest is
+// Four vectors at a time (C for the second pass, whose sums each depend on the previous key's:
+// C chains in flight, as many as the registers hold), then one: the elements done (the rest is
 // the scalar loop's).
-template <class V>
-inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, const std::int64_t* keys, std::size_t n,
-                                                            const double* w, const double* kr, std::int64_t Dv,
-                                                            double* key, double* wv, double* ps, double* x,
-                                                            double* run) {
-  const std::int64_t e = out_sums<V, 2, 4>(0, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
+template <class V, int C>
+inline __attribute__((always_inline)) std::int64_t all_out_sums(const double* vb, const std::int64_t* keys,
+                                                                std::size_t n, const double* w, const double* kr,
+                                                                std::int64_t Dv, double* key, double* wv, double* ps,
+                                                                double* x, double* run) {
+  const std::int64_t e = out_sums<V, C, 4>(0, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
   return out_sums<V, 1, 1>(e, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
 }
 
@@ -165,12 +166,12 @@ inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, co
                              double *run
 #define ATTNORACLE_SUMS_PASS vb, keys, n, w, kr, Dv, key, wv, ps, x, run
 __attribute__((target("avx512f"))) std::int64_t sums_avx512(ATTNORACLE_SUMS_ARGS) {
-  return out_sums<v8d>(ATTNORACLE_SUMS_PASS);
+  return all_out_sums<v8d, 4>(ATTNORACLE_SUMS_PASS);
 }
 __attribute__((target("avx2"))) std::int64_t sums_avx2(ATTNORACLE_SUMS_ARGS) {
-  return out_sums<v4d>(ATTNORACLE_SUMS_PASS);
+  return all_out_sums<v4d, 2>(ATTNORACLE_SUMS_PASS);
 }
-std::int64_t sums_sse(ATTNORACLE_SUMS_ARGS) { return out_sums<v2d>(ATTNORACLE_SUMS_PASS); }
+std::int64_t sums_sse(ATTNORACLE_SUMS_ARGS) { return all_out_sums<v2d, 2>(ATTNORACLE_SUMS_PASS); }
 #undef ATTNORACLE_SUMS_ARGS
 #undef ATTNORACLE_SUMS_PASS
 using SumsFn = std::int64_t (*)(const double*, const std::int64_t*, std::size_t, const double*, const double*,
