@@ -11,6 +11,8 @@
 #include <limits>
 #include <unordered_map>
 
+#include "attnoracle/reference/file.hpp"
+
 // (no fused multiply-adds: the faster loops below give the scalar loops' results bit for bit)
 #include "no_contraction.hpp"
 
@@ -250,6 +252,12 @@ void sort_bins(const std::vector<KeyBin>& bins, bool ties_likely, std::vector<Ke
       return;
     }
 }
+// v as n zeros, in huge pages where it is large (fewer page faults).
+void zeros(std::vector<double>& v, std::size_t n) {
+  v.reserve(n);
+  advise_huge_pages(v.data(), n * sizeof(double));
+  v.assign(n, 0.0);
+}
 }  // namespace
 
 std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
@@ -285,8 +293,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
   s.key_sum.assign(rows, 0.0);
   s.key_max.assign(rows, 0.0);
   s.z_part.assign(rows, 0.0);
-  s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
-  s.wv = s.partial = s.key;
+  for (std::vector<double>* v : {&s.key, &s.wv, &s.partial}) zeros(*v, rows * static_cast<std::size_t>(Dv));
   std::vector<std::int64_t> keys;
   std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
