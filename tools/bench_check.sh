@@ -6,7 +6,8 @@
 # the benchmark, e.g. --benchmark_filter=CompareCase.
 # Then the whole process: `attnoracle check --threads 1` (on CPU 0 where taskset exists) on a
 # one-case set of B = 2, H = 4, Nq = Nk = 1024, D = 128 in F32 and in F16 (the benchmark's
-# --write-set), ${REPETITIONS:-5} runs each: the median wall time and MB/s of result bytes.
+# --write-set), ${REPETITIONS:-5} runs each: the median wall time and CPU time (user + system)
+# of the process, each with its MB/s of result bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-bench}
@@ -34,21 +35,22 @@ EOF
 
 pin=()
 command -v taskset >/dev/null && pin=(taskset -c 0)
-echo "whole process, median of $reps runs (wall time):"
+echo "whole process, median of $reps runs (wall time, and CPU time: user + system):"
 for bits in 32 16; do
   "$build/conformance/bench/attnoracle_check_bench" --write-set "$sets/$bits" "$bits"
-  profile=fp$bits
-  times=()
-  for _ in $(seq "$reps"); do
-    t0=$(date +%s%N)
-    "${pin[@]}" "$build/attnoracle" check "$sets/$bits/set" --results "$sets/$bits/results" --profile "$profile" \
-      --threads 1 --no-progress >/dev/null
-    times+=($(( $(date +%s%N) - t0 )))
-  done
-  bytes=$(stat -c %s "$sets/$bits"/results/*.safetensors)
-  python3 - "$bytes" "$profile" "${times[@]}" <<'EOF'
-import statistics, sys
-ns = statistics.median(int(t) for t in sys.argv[3:])
-print(f"  check {sys.argv[2]:<18} {ns / 1e6:9.1f} ms  {int(sys.argv[1]) / (ns / 1e9) / 1e6:8.0f} MB/s")
+  python3 - "$reps" "fp$bits" "$sets/$bits" "${pin[@]}" "$build/attnoracle" <<'EOF'
+import glob, os, resource, statistics, subprocess, sys, time
+reps, profile, root, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+cmd += ["check", f"{root}/set", "--results", f"{root}/results", "--profile", profile, "--threads", "1", "--no-progress"]
+size = sum(os.path.getsize(f) for f in glob.glob(f"{root}/results/*.safetensors"))
+wall, cpu = [], []
+for _ in range(reps):
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall.append(t1 - t0)
+    cpu.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+for what, v in (("wall", statistics.median(wall)), ("cpu", statistics.median(cpu))):
+    print(f"  check {profile:<6} {what:<4}       {v * 1e3:9.1f} ms  {size / v / 1e6:8.0f} MB/s")
 EOF
 done

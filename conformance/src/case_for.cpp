@@ -38,8 +38,12 @@ namespace comparing {
 // The case as the implementation is given it (case_for), read.
 Case declared_case(const std::string& id, const SafeTensorsFile& golden, const Profile& p) {
   Case c = case_from_file(id, inputs_of(golden));
-  SafeTensorsFile f = c.file;
-  if (declare_output_dtypes(c, p, f.metadata)) c = case_from_file(id, std::move(f));
+  std::map<std::string, std::string> md = c.file.metadata;  // (the tensors copied only when it changes)
+  if (declare_output_dtypes(c, p, md)) {
+    SafeTensorsFile f = std::move(c.file);
+    f.metadata = std::move(md);
+    c = case_from_file(id, std::move(f));
+  }
   return c;
 }
 

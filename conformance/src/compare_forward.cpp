@@ -56,6 +56,10 @@ void Comparer::run() {
   Acc acc;
   acc.t.tensor = "out";
   acc.sample.z.reserve(out->data.size() / w);  // as for weights below
+  if (spread.exact) {  // one per compared element at most
+    acc.bias.finals.reserve(out->data.size() / w);
+    advise_huge_pages(acc.bias.finals.data(), acc.bias.finals.capacity() * sizeof(acc.bias.finals[0]));
+  }
   advise_huge_pages(acc.sample.z.data(), acc.sample.z.capacity() * sizeof(double));
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t i = 0; i < c.Nq; ++i) {

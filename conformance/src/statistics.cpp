@@ -11,6 +11,8 @@
 #include <limits>
 #include <unordered_map>
 
+#include "attnoracle/reference/file.hpp"
+
 // (no fused multiply-adds: the faster loops below give the scalar loops' results bit for bit)
 #include "no_contraction.hpp"
 
@@ -149,14 +151,15 @@ inline __attribute__((always_inline)) std::int64_t out_sums(std::int64_t e0, con
   }
   return e0;
 }
-// Four vectors at a time (two for the second pass), then one: the elements done (the rest is
+// Four vectors at a time (C for the second pass, whose sums each depend on the previous key's:
+// C chains in flight, as many as the registers hold), then one: the elements done (the rest is
 // the scalar loop's).
-template <class V>
-inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, const std::int64_t* keys, std::size_t n,
-                                                            const double* w, const double* kr, std::int64_t Dv,
-                                                            double* key, double* wv, double* ps, double* x,
-                                                            double* run) {
-  const std::int64_t e = out_sums<V, 2, 4>(0, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
+template <class V, int C>
+inline __attribute__((always_inline)) std::int64_t all_out_sums(const double* vb, const std::int64_t* keys,
+                                                                std::size_t n, const double* w, const double* kr,
+                                                                std::int64_t Dv, double* key, double* wv, double* ps,
+                                                                double* x, double* run) {
+  const std::int64_t e = out_sums<V, C, 4>(0, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
   return out_sums<V, 1, 1>(e, vb, keys, n, w, kr, Dv, key, wv, ps, x, run);
 }
 
@@ -165,12 +168,12 @@ inline __attribute__((always_inline)) std::int64_t out_sums(const double* vb, co
                              double *run
 #define ATTNORACLE_SUMS_PASS vb, keys, n, w, kr, Dv, key, wv, ps, x, run
 __attribute__((target("avx512f"))) std::int64_t sums_avx512(ATTNORACLE_SUMS_ARGS) {
-  return out_sums<v8d>(ATTNORACLE_SUMS_PASS);
+  return all_out_sums<v8d, 4>(ATTNORACLE_SUMS_PASS);
 }
 __attribute__((target("avx2"))) std::int64_t sums_avx2(ATTNORACLE_SUMS_ARGS) {
-  return out_sums<v4d>(ATTNORACLE_SUMS_PASS);
+  return all_out_sums<v4d, 2>(ATTNORACLE_SUMS_PASS);
 }
-std::int64_t sums_sse(ATTNORACLE_SUMS_ARGS) { return out_sums<v2d>(ATTNORACLE_SUMS_PASS); }
+std::int64_t sums_sse(ATTNORACLE_SUMS_ARGS) { return all_out_sums<v2d, 2>(ATTNORACLE_SUMS_PASS); }
 #undef ATTNORACLE_SUMS_ARGS
 #undef ATTNORACLE_SUMS_PASS
 using SumsFn = std::int64_t (*)(const double*, const std::int64_t*, std::size_t, const double*, const double*,
@@ -214,6 +217,47 @@ void lane_sums4(const double* s, const double* const v[4], std::int64_t Dv, doub
     out[r] = (t + lo[r][1]) + (hi[r][0] + hi[r][1]);
   }
 }
+// A key's bin in the bias test's P part, and its coefficients in both directions.
+struct KeyBin {
+  std::uint64_t bin;
+  double c[2];
+};
+// `bins` in the order std::sort by bin leaves them, in `out`. Where no two share a bin that order
+// is the only one, and an LSD radix sort (8 bits a pass, skipping the digits all share) finds it
+// sooner; with a tie (which std::sort orders in its own way) std::sort itself. `ties_likely`:
+// std::sort at once.
+void sort_bins(const std::vector<KeyBin>& bins, bool ties_likely, std::vector<KeyBin>& out,
+               std::vector<KeyBin>& spare) {
+  const auto by_bin = [](const KeyBin& lhs, const KeyBin& rhs) { return lhs.bin < rhs.bin; };
+  out = bins;
+  if (ties_likely || bins.size() < 32) {
+    std::sort(out.begin(), out.end(), by_bin);
+    return;
+  }
+  std::uint64_t any = 0, all = ~0ull;
+  for (const KeyBin& b : bins) any |= b.bin, all &= b.bin;
+  spare.resize(bins.size());
+  for (int shift = 0; shift < 64; shift += 8) {
+    if ((((any ^ all) >> shift) & 0xff) == 0) continue;  // the same digit everywhere
+    std::size_t at[257] = {};
+    for (const KeyBin& b : out) ++at[((b.bin >> shift) & 0xff) + 1];
+    for (int d = 0; d < 256; ++d) at[d + 1] += at[d];
+    for (const KeyBin& b : out) spare[at[(b.bin >> shift) & 0xff]++] = b;
+    out.swap(spare);
+  }
+  for (std::size_t a = 1; a < out.size(); ++a)
+    if (out[a].bin == out[a - 1].bin) {
+      out = bins;
+      std::sort(out.begin(), out.end(), by_bin);
+      return;
+    }
+}
+// v as n zeros, in huge pages where it is large (fewer page faults).
+void zeros(std::vector<double>& v, std::size_t n) {
+  v.reserve(n);
+  advise_huge_pages(v.data(), n * sizeof(double));
+  v.assign(n, 0.0);
+}
 }  // namespace
 
 std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
@@ -249,8 +293,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
   s.key_sum.assign(rows, 0.0);
   s.key_max.assign(rows, 0.0);
   s.z_part.assign(rows, 0.0);
-  s.key.assign(rows * static_cast<std::size_t>(Dv), 0.0);
-  s.wv = s.partial = s.key;
+  for (std::vector<double>* v : {&s.key, &s.wv, &s.partial}) zeros(*v, rows * static_cast<std::size_t>(Dv));
   std::vector<std::int64_t> keys;
   std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
@@ -271,11 +314,7 @@ Spread weight_spread(const Case& c, const Profile& p) {
   const double p_min_normal = up > 0 ? min_normal(p.p) : 0, p_sub = up > 0 ? min_subnormal(p.p) : 0;
   std::unordered_map<std::uint64_t, std::size_t> classes;
   std::vector<std::array<double, 4>> class_roots;
-  struct KeyBin {
-    std::uint64_t bin;
-    double c[2];  // the coefficients of both directions
-  };
-  std::vector<KeyBin> bins;
+  std::vector<KeyBin> bins, sorted, spare;
   std::vector<double> sign(static_cast<std::size_t>(Dv));  // of x_c: -1, 0, 1
   // per key of the current kv head: H0_j = sum_c v_jc (the same for every row); per allowed key
   // of the current row: H1_j = sum_c sign(x_c) v_jc
@@ -409,13 +448,14 @@ Spread weight_spread(const Case& c, const Profile& p) {
                                 beta * std::max(std::fabs(H1), std::fabs(H1 - X[1]))}});
         }
         // the bins in order, each bin's coefficients added, by parity (binned_parts, both directions)
-        std::sort(bins.begin(), bins.end(), [](const KeyBin& lhs, const KeyBin& rhs) { return lhs.bin < rhs.bin; });
+        // (bins narrower than 2^-14 of P's values: ties rare)
+        sort_bins(bins, p_precision < 16, sorted, spare);
         RootSumSquares parity[4];  // direction d: even bins at 2 d, odd at 2 d + 1
-        for (std::size_t a = 0; a < bins.size();) {
+        for (std::size_t a = 0; a < sorted.size();) {
           double sum[2] = {0, 0};
           std::size_t e = a;
-          for (; e < bins.size() && bins[e].bin == bins[a].bin; ++e) sum[0] += bins[e].c[0], sum[1] += bins[e].c[1];
-          for (int d = 0; d < 2; ++d) parity[2 * d + (bins[a].bin & 1)].add(sum[d]);
+          for (; e < sorted.size() && sorted[e].bin == sorted[a].bin; ++e) sum[0] += sorted[e].c[0], sum[1] += sorted[e].c[1];
+          for (int d = 0; d < 2; ++d) parity[2 * d + (sorted[a].bin & 1)].add(sum[d]);
           a = e;
         }
         const auto [at, fresh] = classes.try_emplace(hash, class_roots.size());
