@@ -108,9 +108,11 @@ std::string input_dtype_name(const SafeTensorsFile& f) {
 // The golden file of a case, checked against the manifest's hash.
 SafeTensorsFile golden_of(const Selected& s) { return vectors::read_set_case(s.dir, s.mc.file, s.mc.sha256); }
 
+// The tensor holding the case's input dtype: q, x_q (kind mha) or o_partial (kind merge).
 const RawTensor* input_tensor(const SafeTensorsFile& f) {
-  const RawTensor* t = f.find("q");
-  return t ? t : f.find("x_q");
+  for (const char* name : {"q", "x_q", "o_partial"})
+    if (const RawTensor* t = f.find(name)) return t;
+  return nullptr;
 }
 
 bool dtype_selected(const GateOptions& opt, const SafeTensorsFile& f) {
@@ -120,7 +122,7 @@ bool dtype_selected(const GateOptions& opt, const SafeTensorsFile& f) {
 }
 
 // The profile that judges a case: the member for its input dtype, null when none covers it (a
-// file without q is judged by the first, which reports what is wrong with it).
+// file without an input is judged by the first, which reports what is wrong with it).
 const Profile* profile_for(const GateOptions& opt, const SafeTensorsFile& f) {
   const RawTensor* t = input_tensor(f);
   return t ? opt.profiles.for_dtype(t->dtype) : &opt.profiles.members.front();

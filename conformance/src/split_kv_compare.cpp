@@ -77,8 +77,21 @@ SafeTensorsFile split_inputs(const Case& c, const SafeTensorsFile& golden, std::
 }
 
 // One split's report folded into the case's: its tensors become out_partial and lse_partial.
-void fold(CaseReport& rep, CaseReport sub, std::int64_t s) {
+void fold(CaseReport& rep, CaseReport sub, std::int64_t s, const Case& c) {
   auto renamed = [](const std::string& t) { return t == "out" ? "out_partial" : t == "lse" ? "lse_partial" : t; };
+  // The statistical tier is reported on the partials but not enforced: correct kernels (P
+  // rounded to BF16, F32 partials) fail it on splits holding two or three keys of a row
+  // (conformance/TOLERANCE.md, "Split-KV partial states"); every element is still within its limit.
+  // Only when both tensors came back in their dtypes (else the first reason may hide that).
+  bool tier_only = sub.status == CaseStatus::Fail && sub.failed_elements == 0 &&
+                   sub.tensors.size() == (c.want_lse_partial ? 2u : 1u);
+  for (const TensorReport& t : sub.tensors)
+    tier_only = tier_only && t.statistics_ok &&
+                t.dtype == c.dtype_of(t.tensor == "out" ? "out_partial" : "lse_partial");
+  if (tier_only) {
+    sub.status = CaseStatus::Pass;
+    sub.reason.clear();
+  }
   if (sub.status == CaseStatus::Fail) {
     rep.status = CaseStatus::Fail;
     rep.reason += (rep.reason.empty() ? "" : "; ") + ("split " + std::to_string(s) + ": " + sub.reason);
@@ -195,7 +208,7 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
     // out_partial not asked: the golden one in its place (judged exact), so that lse is judged
     r.output.put(c.want_out_partial ? slice(*yo, s, "out", o1) : slice(*go, s, "out", o1));
     if (c.want_lse_partial) r.output.put(slice(*yl, s, "lse", r1));
-    fold(rep, compare_plain_case(id, g, "ok", r, sp, false), s);
+    fold(rep, compare_plain_case(id, g, "ok", r, sp, false), s, c);
   }
   return rep;
 }

@@ -136,6 +136,20 @@ TEST_F(Profiles, LseDtype) {
             std::string::npos);
 }
 
+// partials: a split-KV kernel's stored O_s dtype, none in the built-in profiles; set by name,
+// cleared with null, refused when not a float dtype.
+TEST_F(Profiles, Partials) {
+  for (const auto& n : conformance::builtin_profile_names()) EXPECT_FALSE(conformance::builtin_profile(n).partials) << n;
+  file("p.json", R"({"name": "p", "base": "flash-bf16", "partials": "BF16"})");
+  EXPECT_EQ(conformance::profile_from_json((dir_ / "p.json").string()).partials, DType::BF16);
+  file("p2.json", R"({"name": "p2", "base": "flash-bf16", "partials": null})");
+  EXPECT_FALSE(conformance::profile_from_json((dir_ / "p2.json").string()).partials);
+  file("p3.json", R"({"name": "p3", "partials": "I32"})");
+  EXPECT_NE(refusal([&] { conformance::profile_from_json((dir_ / "p3.json").string()); })
+                .find("p3.json: partials: must be one of F64, F32, F16, BF16"),
+            std::string::npos);
+}
+
 TEST_F(Profiles, JsonFamilyWithNamesFilesAndObjects) {
   file("f16.json", R"({"name": "my-f16", "base": "fp16", "softmax": "F16", "bias": "F16"})");
   const std::string fam = file("fam.json", R"({"name": "mine", "profiles": ["fp32", "f16.json",

@@ -46,6 +46,24 @@ TEST(Tolerance, FlashProfileRoundsP) {
   EXPECT_EQ(row_limits(builtin_profile("flash-fp16"), c, m).lse_abs, row_limits(builtin_profile("fp16"), c, m).lse_abs);
 }
 
+// partials (TOLERANCE.md, "A split-KV kernel's out and lse"): BF16 partials add u_part = 2^-8 and
+// the merge's F32 terms to out's coefficient, and the merge's to lse; nothing else changes.
+TEST(Tolerance, SplitKvPartialsAddTheirRoundingAndTheMerge) {
+  Case c;
+  c.Dk = 4;
+  c.output_dtype = DType::BF16;
+  const RowMagnitudes m{2.0, 3.0, 8};
+  Profile p = builtin_profile("flash-bf16");
+  const RowLimits a = row_limits(p, c, m);
+  p.partials = DType::BF16;
+  const RowLimits b = row_limits(p, c, m);
+  const double us = 0x1p-24, w_rel = 2 * a.lse_abs + 2 * us * 3 + 4 * us;
+  EXPECT_DOUBLE_EQ(b.out_coef - a.out_coef, 0x1p-8 + 2 * w_rel + 10 * (us + us));
+  EXPECT_DOUBLE_EQ(b.lse_abs - a.lse_abs, w_rel + 9 * us + 4 * us * 4);
+  EXPECT_EQ(b.weight_rel, a.weight_rel);
+  EXPECT_EQ(b.score, a.score);
+}
+
 // FP8 (TOLERANCE.md, the fp8 profiles): descales add 3 u_qk A to a score and 2 u_pv to the output
 // coefficient; flash-fp8 rounds P to E4M3 (u_p = 2^-4).
 TEST(Tolerance, Fp8DescalesAndE4M3Weights) {
