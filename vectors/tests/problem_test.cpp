@@ -13,6 +13,7 @@
 #include "attnoracle/reference/case_file.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/safetensors.hpp"
+#include "int_tensor.hpp"
 #include "numbers.hpp"
 #include "prng.hpp"
 
@@ -776,17 +777,6 @@ namespace attnoracle::testing {
 namespace {
 
 using namespace attnoracle::vectors;
-
-std::vector<std::int64_t> int_tensor_values(const RawTensor& t) {
-  std::vector<std::int64_t> out;
-  const std::size_t size = dtype_size(t.dtype);
-  for (std::size_t e = 0; e * size < t.data.size(); ++e) {
-    std::uint64_t u = 0;
-    for (std::size_t byte = 0; byte < size; ++byte) u |= std::uint64_t{t.data[e * size + byte]} << (8 * byte);
-    out.push_back(size == 4 ? static_cast<std::int32_t>(u) : static_cast<std::int64_t>(u));
-  }
-  return out;
-}
 
 // A paged case holds, at every key a row uses, the bytes of k and v of its contiguous twin (the
 // same spec and seed without page_size), through its block table, in both layouts; unused table

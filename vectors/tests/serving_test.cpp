@@ -5,6 +5,7 @@
 
 #include "attnoracle/reference/safetensors.hpp"
 #include "committed_set.hpp"
+#include "int_tensor.hpp"
 
 namespace attnoracle::testing {
 namespace {
@@ -20,17 +21,6 @@ TEST(VectorsServing, SampleRegeneratesWithTheManifestsHashes) {
   expect_sample_regenerates(kSpec, kSet, 6, 6, kRegenerate);
 }
 
-std::vector<std::int64_t> ints(const RawTensor& t) {
-  std::vector<std::int64_t> out;
-  const std::size_t size = dtype_size(t.dtype);
-  for (std::size_t e = 0; e * size < t.data.size(); ++e) {
-    std::uint64_t u = 0;
-    for (std::size_t byte = 0; byte < size; ++byte) u |= std::uint64_t{t.data[e * size + byte]} << (8 * byte);
-    out.push_back(size == 4 ? static_cast<std::int32_t>(u) : static_cast<std::int64_t>(u));
-  }
-  return out;
-}
-
 // Every paged case of the sample: its used pages are not in order in some row, and with
 // poison some slot of k_cache past a row's length holds NaN; no used table entry is out of range.
 TEST(VectorsServing, PagedSampleCasesAreShuffledAndPoisoned) {
@@ -41,7 +31,7 @@ TEST(VectorsServing, PagedSampleCasesAreShuffledAndPoisoned) {
     if (!table) continue;
     ++paged;
     const RawTensor& k = *f.find("k_cache");
-    const std::vector<std::int64_t> bt = ints(*table), lk = ints(*f.find("seqlens_k"));
+    const std::vector<std::int64_t> bt = int_tensor_values(*table), lk = int_tensor_values(*f.find("seqlens_k"));
     const std::int64_t B = table->shape[0], M = table->shape[1], pages = k.shape[0];
     const bool hnd = f.metadata.at("attn.kv_layout") == "HND";
     const std::int64_t P = hnd ? k.shape[2] : k.shape[1];
