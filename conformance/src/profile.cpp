@@ -179,24 +179,19 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     dtype("bias", t);
     p.bias = t;
   }
-  if (j.contains("lse_dtype")) {  // null: lse in the case's dtype
-    if (j["lse_dtype"].is_null()) {
-      p.lse_dtype.reset();
-    } else {
-      DType t = DType::F32;
-      dtype("lse_dtype", t);
-      p.lse_dtype = t;
+  // A dtype that may be absent (JSON null clears it).
+  auto optional_dtype = [&](const std::string& key, std::optional<DType>& out) {
+    if (!j.contains(key)) return;
+    if (j[key].is_null()) {
+      out.reset();
+      return;
     }
-  }
-  if (j.contains("partials")) {  // null: no split-KV merge
-    if (j["partials"].is_null()) {
-      p.partials.reset();
-    } else {
-      DType t = DType::F32;
-      dtype("partials", t);
-      p.partials = t;
-    }
-  }
+    DType t = DType::F32;
+    dtype(key, t);
+    out = t;
+  };
+  optional_dtype("lse_dtype", p.lse_dtype);  // null: lse in the case's dtype
+  optional_dtype("partials", p.partials);    // null: no split-KV merge
   number("exp_ulps", p.exp_ulps, 0);
   number("safety", p.safety, 1);
   if (j.contains("key_block")) {
