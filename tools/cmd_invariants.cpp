@@ -15,6 +15,7 @@
 #include "attnoracle/conformance/metamorphic.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "cli.hpp"
+#include "serving_problems.hpp"
 
 namespace attnoracle::cli {
 namespace {
@@ -29,7 +30,9 @@ struct InvariantsArgs {
   // key counts of the long problems: past 256, and block boundaries of flash kernels
   std::vector<int> long_keys{257, 64, 65, 128, 129, 300};
   int dim = 8;
-  std::string shapes = "toy";  // toy, or kernel: head dims, group sizes and key counts of shipped kernels
+  // toy; kernel: head dims, group sizes and key counts of shipped kernels; serving: paged KV
+  // caches and split-KV (serving_problems.hpp)
+  std::string shapes = "toy";
   std::string returns;         // with returns_given: the optional outputs asked and compared
   CLI::Option* returns_option = nullptr;
   std::string profile = "fp32";
@@ -64,6 +67,8 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, const conformance::Pr
     s = mix(s);
     return lo + static_cast<std::int64_t>(s % static_cast<std::uint64_t>(hi - lo + 1));
   };
+  if (a.shapes == "serving")
+    return serving_problem(k, *dtype_from_name(a.dtypes[static_cast<std::size_t>(k) % a.dtypes.size()]), profile, draw);
   vectors::ProblemSpec p;
   const std::string& kind = a.kinds[static_cast<std::size_t>(k) % a.kinds.size()];
   p.kind = kind == "mha" ? Kind::Mha : Kind::Sdpa;
@@ -142,7 +147,8 @@ void write_json(const std::string& path, const InvariantsArgs& a, const conforma
   j["problem_sizes"] = nlohmann::ordered_json::array();
   for (const auto& [id, p] : specs)
     j["problem_sizes"].push_back({{"problem", id}, {"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"Nq", p.Nq},
-                                  {"Nk", p.Nk}, {"Dk", p.Dk}, {"Dv", p.Dv}});
+                                  {"Nk", p.Nk}, {"Dk", p.Dk}, {"Dv", p.Dv}, {"page_size", p.page_size},
+                                  {"kv_split_size", p.kv_split_size}});
   j["relations"] = nlohmann::ordered_json::array();
   for (const auto& x : r.results) {
     const char* st = x.status == conformance::RelationResult::Status::Pass       ? "pass"
@@ -169,8 +175,8 @@ int run_invariants(const InvariantsArgs& a) {
       throw InputError("--dtypes", "", "unknown dtype '" + d + "' (F64, F32, F16, BF16)");
   for (const auto& k : a.kinds)
     if (k != "sdpa" && k != "mha") throw InputError("--kinds", "", "unknown kind '" + k + "' (sdpa, mha)");
-  if (a.shapes != "toy" && a.shapes != "kernel")
-    throw InputError("--shapes", "", "unknown shapes '" + a.shapes + "' (toy, kernel)");
+  if (a.shapes != "toy" && a.shapes != "kernel" && a.shapes != "serving")
+    throw InputError("--shapes", "", "unknown shapes '" + a.shapes + "' (toy, kernel, serving)");
   const bool returns_given = a.returns_option && a.returns_option->count() > 0;
   if (returns_given)
     for (std::size_t from = 0; from <= a.returns.size();) {
@@ -251,7 +257,11 @@ Command add_invariants(CLI::App& app) {
   sub->add_option("--shapes", a->shapes,
                   "toy (sizes drawn up to --max-len and --dim, long key counts from --long-keys), or kernel: sdpa "
                   "problems with head dims 64 to 256 and 192/128, 1 to 8 and 16 query heads per kv head, query and "
-                  "key counts at block edges (--max-len, --dim and --long-keys do not apply to them)");
+                  "key counts at block edges (--max-len, --dim and --long-keys do not apply to them); or serving: "
+                  "sdpa problems with paged KV caches (page sizes 16, 1, 64, 48, NHD and HND, shuffled and shared "
+                  "pages), decode, chunked and varlen prefill over 2 to 4 batch rows, 1 to 8 query heads per kv head, "
+                  "head dims 64 to 256, and a kv split size on every other one (--kinds, --max-len, --dim and "
+                  "--long-keys do not apply)");
   a->returns_option = sub->add_option("--returns", a->returns,
                                       "optional outputs the implementation returns, as for run: weights,lse (scores and "
                                       "gradients are never asked here); '' or none: out only (default: all)");

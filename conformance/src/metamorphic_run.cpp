@@ -205,7 +205,9 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
   const Side sa(ca, opt.profile), sb(cb, opt.profile);
   const DType odt = ca.output_dtype;
   const bool mha = ca.kind == Kind::Mha;
-  const std::int64_t H = ca.Hq, W = mha ? ca.Dout : ca.Dv;
+  const std::int64_t H = ca.Hq, W = mha ? ca.Dout : ca.Dv, Nqb = cb.Nq;
+  // the row of b that row i of a compares with (decode twins hold one query a batch row)
+  auto qb = [&](std::int64_t i) { return p.query_of.empty() ? i : std::int64_t{0}; };
   Comparison cmp{res};
   if (p.reference) {
     try {
@@ -238,16 +240,17 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
           continue;
         for (std::int64_t e = 0; e < W; ++e) {
           const auto at = static_cast<std::size_t>((mha ? (b * ca.Nq + i) : ((b * H + h) * ca.Nq + i)) * W + e);
-          const double tol = sa.out(b, h, i, at, oa.v[at]) + sb.out(b, h, i, at, ob.v[at]);
-          compare("out", mha ? idx({b, i, e}) : idx({b, h, i, e}), oa.v[at], ob.v[at], tol, same_bits(oa, at, ob, at),
-                  &Golden::out, at, at);
+          const auto atb = static_cast<std::size_t>((mha ? (b * Nqb + qb(i)) : ((b * H + h) * Nqb + qb(i))) * W + e);
+          const double tol = sa.out(b, h, i, at, oa.v[at]) + sb.out(b, h, qb(i), atb, ob.v[atb]);
+          compare("out", mha ? idx({b, i, e}) : idx({b, h, i, e}), oa.v[at], ob.v[atb], tol,
+                  same_bits(oa, at, ob, atb), &Golden::out, at, atb);
         }
       }
   if (ca.want_weights && opt.profile.returns_weights) {
     Tensor wa, wb;
     const std::int64_t Nkb = cb.Nk;
     if (!read_result(ra.output, "weights", odt, {ca.B, H, ca.Nq, ca.Nk}, wa, why) ||
-        !read_result(rb.output, "weights", odt, {ca.B, H, ca.Nq, Nkb}, wb, why))
+        !read_result(rb.output, "weights", odt, {ca.B, H, Nqb, Nkb}, wb, why))
       return unreadable();
     for (std::int64_t b = 0; b < ca.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
@@ -256,13 +259,13 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
           for (std::int64_t j = 0; j < ca.Nk; ++j) {
             const std::int64_t jt = p.perm.empty() ? j : p.perm[static_cast<std::size_t>(j)];
             const auto ia = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * ca.Nk + j);
-            const auto ib = static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + jt);
-            const double tol = sa.weight(b, h, i, wa.v[ia]) + sb.weight(b, h, i, wb.v[ib]);
+            const auto ib = static_cast<std::size_t>(((b * H + h) * Nqb + qb(i)) * Nkb + jt);
+            const double tol = sa.weight(b, h, i, wa.v[ia]) + sb.weight(b, h, qb(i), wb.v[ib]);
             compare("weights", idx({b, h, i, j}), wa.v[ia], wb.v[ib], tol, same_bits(wa, ia, wb, ib), &Golden::weights,
                     ia, ib);
           }
           if (p.extra_key) {  // a masked key's weight is exactly 0 in any sane implementation
-            const double w = wb.v[static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * Nkb + ca.Nk)];
+            const double w = wb.v[static_cast<std::size_t>(((b * H + h) * Nqb + qb(i)) * Nkb + ca.Nk)];
             if (w != 0) {
               cmp.worst_seen = INFINITY;
               char buf[200];
@@ -276,17 +279,19 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
   if (ca.want_lse && opt.profile.returns_lse) {
     Tensor la, lb;
     if (!read_result(ra.output, "lse", odt, {ca.B, H, ca.Nq}, la, why) ||
-        !read_result(rb.output, "lse", odt, {ca.B, H, ca.Nq}, lb, why))
+        !read_result(rb.output, "lse", odt, {ca.B, H, Nqb}, lb, why))
       return unreadable();
     for (std::int64_t b = 0; b < ca.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < ca.Nq; ++i) {
           const auto at = static_cast<std::size_t>((b * H + h) * ca.Nq + i);
           if (!p.rows[at]) continue;
-          const double a = la.v[at] + p.lse_shift, b2 = lb.v[at];
+          const auto atb = static_cast<std::size_t>((b * H + h) * Nqb + qb(i));
+          const double a = la.v[at] + p.lse_shift, b2 = lb.v[atb];
           // lse_b = lse_a + shift exactly; the addition in double rounds once (2^-53 |a|)
-          const double tol = sa.lse(b, h, i, la.v[at]) + sb.lse(b, h, i, b2) + 0x1p-53 * finite_abs(a);
-          compare("lse", idx({b, h, i}), a, b2, tol, p.lse_shift == 0 && same_bits(la, at, lb, at), &Golden::lse, at, at);
+          const double tol = sa.lse(b, h, i, la.v[at]) + sb.lse(b, h, qb(i), b2) + 0x1p-53 * finite_abs(a);
+          compare("lse", idx({b, h, i}), a, b2, tol, p.lse_shift == 0 && same_bits(la, at, lb, atb), &Golden::lse,
+                  at, atb);
         }
   }
   res.worst = cmp.worst_seen;
@@ -316,12 +321,15 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
     const std::string& id = problem.first;
     const SafeTensorsFile& file = problem.second;
     std::map<std::vector<unsigned char>, std::size_t, BytesLess> written;  // same bytes, same job
-    auto job_for = [&](const SafeTensorsFile& f, const std::string& tag, std::string& path) {
+    std::map<std::string, int> tags;  // a tag used again with other bytes gets `other`, then a number
+    auto job_for = [&](const SafeTensorsFile& f, std::string tag, const std::string& other, std::string& path) {
       std::vector<unsigned char> bytes = serialize_safetensors(f);
       if (auto it = written.find(bytes); it != written.end()) {
         path = jobs[it->second].input;
         return it->second;
       }
+      if (tags.count(tag) && !other.empty()) tag = other;
+      if (const int n = tags[tag]++; n > 0) tag += "-" + std::to_string(n);
       path = (fs::path(opt.work_dir) / (id + "." + tag + ".safetensors")).string();
       write_file_atomic(path, bytes);
       jobs.push_back({id + "." + tag, path, (fs::path(opt.work_dir) / (id + "." + tag + ".out.safetensors")).string()});
@@ -337,8 +345,8 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
         pend.push_back(std::move(q));
         continue;
       }
-      q.ja = job_for(q.pair.a, q.pair.tag == "head" && q.pair.a.find("w_o") ? "base-head" : "base", q.fa);
-      q.jb = job_for(q.pair.b, q.pair.tag, q.fb);
+      q.ja = job_for(q.pair.a, "base", "base-" + q.pair.tag, q.fa);  // a twin's own base: "base-head", ...
+      q.jb = job_for(q.pair.b, q.pair.tag, "", q.fb);
       pend.push_back(std::move(q));
     }
   }

@@ -12,6 +12,8 @@
 
 #include "attnoracle/conformance/metamorphic.hpp"
 #include "attnoracle/oracle/oracle.hpp"
+#include "twins.hpp"
+#include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/round.hpp"
 
 namespace attnoracle::conformance {
@@ -130,22 +132,6 @@ void fold_positions(const Case& c, SafeTensorsFile& f) {
 // Whether a mask or bias of this shape varies along the keys (else it broadcasts over them).
 bool along_keys(const RawTensor& t, std::int64_t Nk) { return !t.shape.empty() && t.shape.back() == Nk; }
 
-// Every row but the padding queries' (query_mask false), which the contract leaves free.
-std::vector<char> all_rows(const Case& c) {
-  std::vector<char> r(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t h = 0; h < c.Hq; ++h)
-      for (std::int64_t i = 0; i < c.Nq; ++i) r[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = c.query_valid(b, i);
-  return r;
-}
-std::vector<char> all_tokens(const Case& c) {
-  std::vector<char> r(static_cast<std::size_t>(c.B * c.Nq));
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t i = 0; i < c.Nq; ++i) r[static_cast<std::size_t>(b * c.Nq + i)] = c.query_valid(b, i);
-  return r;
-}
-
-
 std::string hexf(double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", x);
@@ -165,16 +151,27 @@ std::string name(oracle::Invariant v) { return std::string(oracle::invariant_nam
 
 }  // namespace
 
-std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base) {
-  const Case c = case_from_file(path, base);
+std::vector<char> all_rows(const Case& c) {
+  std::vector<char> r(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) r[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = c.query_valid(b, i);
+  return r;
+}
+std::vector<char> all_tokens(const Case& c) {
+  std::vector<char> r(static_cast<std::size_t>(c.B * c.Nq));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t i = 0; i < c.Nq; ++i) r[static_cast<std::size_t>(b * c.Nq + i)] = c.query_valid(b, i);
+  return r;
+}
+
+std::vector<TwinPair> plain_twins(const Case& c) {
   SafeTensorsFile inputs = c.file;  // golden tensors dropped
   std::vector<TwinPair> out;
-  // The twins edit k and v in the file: a paged case (caches and a table) has none to edit.
-  if (c.paged) return out;
 
   // Permuted keys and values (and mask and bias columns).
   if (c.Nk > 1) {
-    TwinPair p{name(oracle::Invariant::KeyPermutation), "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    TwinPair p{name(oracle::Invariant::KeyPermutation), "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
     p.perm.resize(static_cast<std::size_t>(c.Nk));
     std::iota(p.perm.begin(), p.perm.end(), 0);
     std::reverse(p.perm.begin(), p.perm.end());
@@ -203,7 +200,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
         exact = exact && exact_sum(x, cst) && representable(c.sinks->dtype, x + cst);
     if (!exact) continue;
     TwinPair p{name(oracle::Invariant::ShiftInvariance), "shifted", "every score raised by " + std::to_string(cst) + " through the bias",
-               inputs, inputs, {}, cst, false, all_rows(c), all_tokens(c)};
+               inputs, inputs, {}, cst, false, all_rows(c), all_tokens(c), false, {}};
     RawTensor nb{"bias", bt, c.bias ? c.bias->shape : std::vector<std::int64_t>{1}, {}};
     const std::vector<double> vals = c.bias ? c.bias->values : std::vector<double>{0.0};
     nb.data.resize(vals.size() * dtype_size(bt));
@@ -231,7 +228,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     if (from < c.Nk) {
       TwinPair p{name(oracle::Invariant::CausalDependence), "future",
                  "keys " + std::to_string(from) + ".." + std::to_string(c.Nk - 1) + " changed",
-                 inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+                 inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
       for (auto& [name, dim] : key_tensors(c)) negate_range(need(p.b, name), dim, from, c.Nk);
       for (std::int64_t b = 0; b < c.B; ++b)
         for (std::int64_t h = 0; h < c.Hq; ++h)
@@ -248,7 +245,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
   // A padding key appended and masked out: its values must not matter.
   {
-    TwinPair p{name(oracle::Invariant::MaskedZero), "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c)};
+    TwinPair p{name(oracle::Invariant::MaskedZero), "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c), false, {}};
     fold_positions(c, p.b);
     for (auto& [name, dim] : key_tensors(c)) append_dim(need(p.b, name), dim, 0, true);
     RawTensor& m = need(p.b, "mask");
@@ -282,7 +279,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
   // sdpa: every unused position of the case (keys past seqlens_k, keys no compared query
   // attends, q rows of padding queries) refilled with NaN: nothing compared may change.
   if (c.kind == Kind::Sdpa) {
-    TwinPair p{name(oracle::Invariant::MaskedZero), "unused", "unused positions refilled with NaN", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    TwinPair p{name(oracle::Invariant::MaskedZero), "unused", "unused positions refilled with NaN", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
     std::size_t filled = 0;
     auto fill = [&](const char* tensor, std::int64_t row, std::int64_t width) {
       RawTensor& t = need(p.b, tensor);
@@ -312,7 +309,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
   if (c.kind == Kind::Sdpa && c.Hq > 1) {
     const std::int64_t r = c.Hq - 1;
     TwinPair p{name(oracle::Invariant::HeadIndependence), "head", "queries of head " + std::to_string(r) + " changed",
-               inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+               inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
     RawTensor& q = need(p.b, "q");
     for (std::int64_t b = 0; b < c.B; ++b) {  // q[b, r] negated: the block of head r in batch b
       std::int64_t outer, len, inner;
@@ -330,7 +327,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
     // r's projections change in one of them.
     const std::int64_t r = c.Hq - 1;
     TwinPair p{name(oracle::Invariant::HeadIndependence), "head", "projections of head " + std::to_string(r) + " changed",
-               inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+               inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
     RawTensor& wo = need(p.a, "w_o");
     const std::size_t es = dtype_size(wo.dtype);
     const auto row_bytes = static_cast<std::size_t>(c.Dout) * es;
@@ -346,7 +343,7 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
 
   // Related through the reference: the exact results change, b - a must be the reference's.
   auto ref_twin = [&](const char* relation, const char* tag, const std::string& what) {
-    TwinPair p{relation, tag, what, inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c)};
+    TwinPair p{relation, tag, what, inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
     p.reference = true;
     return p;
   };
@@ -418,8 +415,19 @@ std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile&
                           "window " + std::to_string(c.window_left) + "," + std::to_string(c.window_right) +
                               " widened to " + w);
     p.b.metadata["attn.window"] = w;
-    out.push_back(std::move(p));
+    try {  // the wider window may reach a key holding NaN (an unused position of the problem)
+      case_from_file(c.path, p.b);
+      out.push_back(std::move(p));
+    } catch (const InputError&) {
+    }
   }
+  return out;
+}
+
+std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base) {
+  const Case c = case_from_file(path, base);
+  std::vector<TwinPair> out = c.paged ? paged_twins(c) : plain_twins(c);
+  for (TwinPair& p : serving_twins(c)) out.push_back(std::move(p));
   return out;
 }
 

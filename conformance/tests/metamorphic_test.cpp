@@ -74,6 +74,7 @@ TEST(Twins, AreExactTransformations) {
     const SafeTensorsFile base = vectors::make_problem(s, 1000 + static_cast<std::uint64_t>(k));
     for (const TwinPair& p : make_twins("p", base)) {
       if (p.reference) continue;  // their exact results differ: ReferenceTwinsChangeWhatTheySay
+      if (!p.query_of.empty()) continue;  // one query a row: ServingTwins.AreExactTransformations
       const Case ca = case_from_file("a", p.a), cb = case_from_file("b", p.b);
       const EvalResult ra = evaluate(ca, {}), rb = evaluate(cb, {});
       const RawTensor &oa = get(ra.golden, "out"), &ob = get(rb.golden, "out");
@@ -204,7 +205,7 @@ TEST_F(InvariantsCommand, ExampleAdapterPasses) {
   }
   std::string out;
   EXPECT_EQ(run("invariants --impl " + numpy_adapter() + common() + " --dtypes F32,F16", out), 0) << out;
-  EXPECT_NE(out.find(" 0 violated, 70 skipped"), std::string::npos) << out;  // the F16 problems' relations
+  EXPECT_NE(out.find(" 0 violated, 77 skipped"), std::string::npos) << out;  // the F16 problems' relations
 }
 
 TEST_F(InvariantsCommand, FailuresGoToAFreshTemporaryDirectory) {

@@ -28,13 +28,20 @@ struct TwinPair {
   std::vector<char> rows;      // [B, H, Nq]: rows compared (out of sdpa, weights, lse)
   std::vector<char> out_rows;  // [B, Nq]: tokens whose out is compared (mha)
   bool reference = false;      // b - a must equal the reference's b - a (within the limits)
+  // When not empty, b has one query per batch row: its query 0 of row r is query query_of[r]
+  // of a (-1: that row of b is padding, nothing compared); `rows` and `out_rows` name a's rows.
+  std::vector<std::int64_t> query_of;
 };
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,
 // future keys changed (causal), a masked padding key appended (for sdpa also with NaN keys and
 // values), every unused position refilled with NaN (sdpa), and one head changed; then, related through the reference: one kv head's keys and
 // values changed, the scale doubled, the softcap changed, head 0's bias changed, the window
-// widened by one key on each side.
+// widened by one key on each side. A paged case gets the twins of its contiguous form (paged
+// again where both sides keep whole pages), and the same keys in the other layout, another page
+// order, another page size and contiguous. Every case of kind sdpa gets the serving twins:
+// another kv split size, one query alone with its keys (decode against prefill), and batch
+// row 0's inputs changed (the other rows unchanged).
 std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);
 
 struct RelationResult {
