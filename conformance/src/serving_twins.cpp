@@ -162,16 +162,6 @@ std::vector<TwinPair> paged_twins(const Case& c) {
   const SafeTensorsFile flat = contiguous_form(c);
   std::vector<TwinPair> out;
   const char* layout = pk.layout == KvLayout::HND ? "HND" : "NHD";
-  for (TwinPair& p : plain_twins(case_from_file(c.path, flat))) {
-    if (pageable(p.a, P) && pageable(p.b, P)) {
-      p.a = paged_form(std::move(p.a), P, pk.layout, kPageSeed);
-      p.b = paged_form(std::move(p.b), P, pk.layout, kPageSeed);
-      p.what += " (both paged, " + std::to_string(P) + " keys a page, " + layout + ")";
-    } else {
-      p.what += " (both contiguous)";
-    }
-    out.push_back(std::move(p));
-  }
   const SafeTensorsFile& inputs = c.file;
 
   // The caches in the other layout: dimensions 1 and 2 swapped.
@@ -225,6 +215,19 @@ std::vector<TwinPair> paged_twins(const Case& c) {
   // The contiguous k and v.
   out.push_back(pair("paged_contiguous", "contiguous", "the keys and values contiguous instead of paged", inputs, c));
   out.back().b = flat;
+
+  // The twins of the contiguous form, after those of the problem itself (whose file is then
+  // the first written: the base).
+  for (TwinPair& p : plain_twins(case_from_file(c.path, flat))) {
+    if (pageable(p.a, P) && pageable(p.b, P)) {
+      p.a = paged_form(std::move(p.a), P, pk.layout, kPageSeed);
+      p.b = paged_form(std::move(p.b), P, pk.layout, kPageSeed);
+      p.what += " (both paged, " + std::to_string(P) + " keys a page, " + layout + ")";
+    } else {
+      p.what += " (both contiguous)";
+    }
+    out.push_back(std::move(p));
+  }
   return out;
 }
 
