@@ -3,6 +3,7 @@
 // `attnoracle invariants --shapes serving` passes the serving kernels and catches their planted
 // paging and split bugs.
 #include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
 
 #include "cli_args.hpp"
 
@@ -67,53 +68,60 @@ vectors::ProblemSpec serving_spec(int k, std::int64_t P) {
   return s;
 }
 
-// Every exact twin of the problems: both sides evaluate, and out, weights and lse agree bit for
-// bit on the compared rows (mapped through perm and query_of).
+// Every exact twin of a problem: both sides evaluate, and out, weights and lse agree bit for bit
+// on the compared rows (mapped through perm and query_of). Counts the twins by relation;
+// `some_rows`: each twin compares some row.
+void expect_exact_twins(const SafeTensorsFile& base, bool paged, const std::string& label,
+                        std::map<std::string, int>& seen, bool some_rows) {
+  for (const TwinPair& p : make_twins("p", base)) {
+    if (p.reference) continue;
+    const Case ca = case_from_file("a", p.a), cb = case_from_file("b", p.b);
+    // a paged problem's twins stay paged, but those whose key count leaves the page size
+    EXPECT_EQ(ca.paged.has_value(), paged && p.what.find("(both contiguous)") == std::string::npos) << p.what;
+    const EvalResult ra = evaluate(ca, {}), rb = evaluate(cb, {});
+    const RawTensor &oa = get(ra.golden, "out"), &ob = get(rb.golden, "out");
+    const RawTensor &wa = get(ra.golden, "weights"), &wb = get(rb.golden, "weights");
+    const RawTensor &la = get(ra.golden, "lse"), &lb = get(rb.golden, "lse");
+    int rows = 0;
+    for (std::int64_t b = 0; b < ca.B; ++b)
+      for (std::int64_t h = 0; h < ca.Hq; ++h)
+        for (std::int64_t i = 0; i < ca.Nq; ++i) {
+          const auto row = static_cast<std::size_t>((b * ca.Hq + h) * ca.Nq + i);
+          if (!p.rows[row]) continue;
+          ++rows;
+          const std::int64_t ib = p.query_of.empty() ? i : 0;
+          if (!p.query_of.empty()) {
+            ASSERT_EQ(p.query_of[static_cast<std::size_t>(b)], i) << p.what;
+          }
+          const auto rowb = static_cast<std::size_t>((b * cb.Hq + h) * cb.Nq + ib);
+          if (p.lse_shift == 0) {
+            ASSERT_EQ(bytes_at(la, row), bytes_at(lb, rowb)) << p.what << " problem " << label << " lse " << row;
+          }
+          for (std::int64_t e = 0; e < ca.Dv; ++e)
+            ASSERT_EQ(bytes_at(oa, row * static_cast<std::size_t>(ca.Dv) + static_cast<std::size_t>(e)),
+                      bytes_at(ob, rowb * static_cast<std::size_t>(cb.Dv) + static_cast<std::size_t>(e)))
+                << p.what << " problem " << label << " out row " << row;
+          for (std::int64_t j = 0; j < ca.Nk; ++j) {
+            const std::int64_t jt = p.perm.empty() ? j : p.perm[static_cast<std::size_t>(j)];
+            ASSERT_EQ(bytes_at(wa, row * static_cast<std::size_t>(ca.Nk) + static_cast<std::size_t>(j)),
+                      bytes_at(wb, rowb * static_cast<std::size_t>(cb.Nk) + static_cast<std::size_t>(jt)))
+                << p.what << " problem " << label << " weight " << j;
+          }
+        }
+    if (some_rows) {
+      EXPECT_GT(rows, 0) << p.what << " problem " << label << ": nothing compared";
+    }
+    ++seen[p.relation];
+  }
+}
+
 TEST(ServingTwins, AreExactTransformations) {
   std::map<std::string, int> seen;
   for (int k = 0; k < 24; ++k) {
     const std::int64_t P = std::array<std::int64_t, 4>{1, 2, 3, 0}[k % 4];
     const vectors::ProblemSpec s = serving_spec(k, P);
     ASSERT_FALSE(vectors::problem_error(s)) << *vectors::problem_error(s);
-    const SafeTensorsFile base = vectors::make_problem(s, 700 + static_cast<std::uint64_t>(k));
-    for (const TwinPair& p : make_twins("p", base)) {
-      if (p.reference) continue;
-      const Case ca = case_from_file("a", p.a), cb = case_from_file("b", p.b);
-      // a paged problem's twins stay paged, but those whose key count leaves the page size
-      EXPECT_EQ(ca.paged.has_value(), P > 0 && p.what.find("(both contiguous)") == std::string::npos) << p.what;
-      const EvalResult ra = evaluate(ca, {}), rb = evaluate(cb, {});
-      const RawTensor &oa = get(ra.golden, "out"), &ob = get(rb.golden, "out");
-      const RawTensor &wa = get(ra.golden, "weights"), &wb = get(rb.golden, "weights");
-      const RawTensor &la = get(ra.golden, "lse"), &lb = get(rb.golden, "lse");
-      int rows = 0;
-      for (std::int64_t b = 0; b < ca.B; ++b)
-        for (std::int64_t h = 0; h < ca.Hq; ++h)
-          for (std::int64_t i = 0; i < ca.Nq; ++i) {
-            const auto row = static_cast<std::size_t>((b * ca.Hq + h) * ca.Nq + i);
-            if (!p.rows[row]) continue;
-            ++rows;
-            const std::int64_t ib = p.query_of.empty() ? i : 0;
-            if (!p.query_of.empty()) {
-              ASSERT_EQ(p.query_of[static_cast<std::size_t>(b)], i) << p.what;
-            }
-            const auto rowb = static_cast<std::size_t>((b * cb.Hq + h) * cb.Nq + ib);
-            if (p.lse_shift == 0) {
-              ASSERT_EQ(bytes_at(la, row), bytes_at(lb, rowb)) << p.what << " problem " << k << " lse " << row;
-            }
-            for (std::int64_t e = 0; e < ca.Dv; ++e)
-              ASSERT_EQ(bytes_at(oa, row * static_cast<std::size_t>(ca.Dv) + static_cast<std::size_t>(e)),
-                        bytes_at(ob, rowb * static_cast<std::size_t>(cb.Dv) + static_cast<std::size_t>(e)))
-                  << p.what << " problem " << k << " out row " << row;
-            for (std::int64_t j = 0; j < ca.Nk; ++j) {
-              const std::int64_t jt = p.perm.empty() ? j : p.perm[static_cast<std::size_t>(j)];
-              ASSERT_EQ(bytes_at(wa, row * static_cast<std::size_t>(ca.Nk) + static_cast<std::size_t>(j)),
-                        bytes_at(wb, rowb * static_cast<std::size_t>(cb.Nk) + static_cast<std::size_t>(jt)))
-                  << p.what << " problem " << k << " weight " << j;
-            }
-          }
-      EXPECT_GT(rows, 0) << p.what << " problem " << k << ": nothing compared";
-      ++seen[p.relation];
-    }
+    expect_exact_twins(vectors::make_problem(s, 700 + static_cast<std::uint64_t>(k)), P > 0, std::to_string(k), seen, true);
   }
   // paged problems: 18 of 24; the page order needs two pages, every one has a spare
   for (const char* r : {"page_layout", "page_order", "page_size", "paged_contiguous"}) EXPECT_EQ(seen[r], 18) << r;
@@ -123,6 +131,40 @@ TEST(ServingTwins, AreExactTransformations) {
   EXPECT_GE(seen["key_permutation"], 18);  // the twins of any case apply to paged ones too
   EXPECT_GE(seen["masked_zero"], 18);
   EXPECT_GE(seen["head_independence"], 10);
+}
+
+// The same on random serving problems: page sizes, layouts, page orders, sequence kinds, group
+// sizes, splits, causal alignments and windows drawn at random.
+RC_GTEST_PROP(ServingTwinsProperty, AreExactOnRandomServingProblems, ()) {
+  vectors::ProblemSpec s;
+  s.dtype = *rc::gen::element(DType::F32, DType::BF16, DType::F16, DType::F64);
+  s.B = *rc::gen::inRange<std::int64_t>(1, 4);
+  s.Hkv = *rc::gen::inRange<std::int64_t>(1, 3);
+  s.Hq = s.Hkv * *rc::gen::inRange<std::int64_t>(1, 4);
+  s.Dk = *rc::gen::inRange<std::int64_t>(1, 5);
+  s.Dv = *rc::gen::inRange<std::int64_t>(1, 5);
+  s.page_size = *rc::gen::element<std::int64_t>(0, 1, 2, 3, 5);
+  s.Nk = std::max<std::int64_t>(s.page_size, 1) * *rc::gen::inRange<std::int64_t>(1, 5);
+  s.seqlens = *rc::gen::element(vectors::SeqlensKind::Decode, vectors::SeqlensKind::Chunked,
+                                vectors::SeqlensKind::Varlen, vectors::SeqlensKind::Keys);
+  s.Nq = *rc::gen::inRange<std::int64_t>(1, 6);
+  s.causal = *rc::gen::element(Causal::None, Causal::TopLeft, Causal::BottomRight);
+  if (*rc::gen::arbitrary<bool>())
+    s.window = std::make_pair(*rc::gen::inRange<std::int64_t>(0, 3), *rc::gen::inRange<std::int64_t>(0, 3));
+  s.kv_layout_hnd = *rc::gen::arbitrary<bool>();
+  s.pages = *rc::gen::element(vectors::ProblemSpec::Pages::Ordered, vectors::ProblemSpec::Pages::Shuffled,
+                              vectors::ProblemSpec::Pages::Shared);
+  s.poison = s.dtype != DType::F64 && *rc::gen::arbitrary<bool>();
+  s.kv_split_size = *rc::gen::inRange<std::int64_t>(0, 4);
+  s.want_out_partial = s.want_lse_partial = s.kv_split_size > 0;
+  s.masked_rows = MaskedRows::Zero;
+  s.want_weights = s.want_lse = true;
+  if (s.page_size == 0 && *rc::gen::arbitrary<bool>()) s.seqlens = vectors::SeqlensKind::None;
+  RC_PRE(!vectors::problem_error(s));
+  std::map<std::string, int> seen;
+  expect_exact_twins(vectors::make_problem(s, *rc::gen::arbitrary<std::uint32_t>()), s.page_size > 0, "random", seen,
+                     false);  // the middle query may see every key (causal_dependence: none compared)
+  RC_ASSERT(!::testing::Test::HasFailure());
 }
 
 // The twins change what they say: the page twins store the keys differently, the batch twin
