@@ -140,6 +140,9 @@ class CaseReader {
       return n;
     };
     named("attn.kind", kind_from_name, "sdpa, mha or merge", c_.kind);
+    for (auto key : {kKvBlockScaleKey, kVFromKKey})  // stored K/V (CONTRACT section 9)
+      if (c_.kind != Kind::Sdpa && get(std::string(key).c_str()))
+        fail(std::string(key), "is for attn.kind sdpa only");
     if (c_.kind == Kind::Merge) merge_metadata(get);
     if (number("attn.scale")) c_.scale = *get("attn.scale");
     named("attn.causal", causal_from_name, "none, top_left or bottom_right", c_.causal);

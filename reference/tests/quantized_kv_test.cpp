@@ -238,6 +238,20 @@ TEST(QuantizedKv, Fp8OutputsWithScaleAndAmax) {
   }
 }
 
+TEST(QuantizedKv, Fp8OutputOfNoRowIsAmaxZero) {
+  // Nk = 0 under policy zero: out 0, amax 0.
+  SafeTensorsFile f = base({{"attn.output_dtype", "F8_E5M2"}, {"attn.outputs", "out,amax"}, {"attn.masked_rows", "zero"}});
+  f.put(f32("q", {1, 1, 2, 1}, {1, 2}));
+  f.put(bytes("k", DType::I8, {1, 1, 0, 1}, {}));
+  f.put(bytes("v", DType::I8, {1, 1, 0, 2}, {}));
+  f.put(f32("k_scale", {}, {1}));
+  f.put(f32("v_scale", {}, {1}));
+  f.put(f32("o_scale", {}, {3}));
+  const EvalResult r = eval(f);
+  EXPECT_EQ(values(golden(r, "out")), std::vector<double>(4, 0.0));
+  EXPECT_EQ(values(golden(r, "amax")), std::vector<double>{0});
+}
+
 TEST(QuantizedKv, PagedPerSlotScales) {
   // Two pages of two slots, NHD, one kv head; batch 0 reads page 1 then page 0, 3 keys. Slot
   // scales beside the pages; the unused slot holds NaN in the cache and 0 as its scale.

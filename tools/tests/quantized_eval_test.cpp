@@ -259,6 +259,37 @@ TEST_F(QuantizedEval, ViewAndFp8OutputRefusals) {
                  "asks for gradients, which FP8 outputs (attn.output_dtype F8_E4M3) do not have");
 }
 
+// FP8 q, k with the 1.1 descales and v a view of k: k_descale scales the view too.
+SafeTensorsFile fp8_view_case() {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.v_from_k", "3"}, {"attn.output_dtype", "F32"}};
+  f.put(floats("q", {1, 2, 2, 4}, small, DType::F8_E4M3));
+  f.put(floats("k", {1, 1, 3, 4}, [](std::size_t e) { return small(e + 2); }, DType::F8_E4M3));
+  f.put(floats("k_descale", {1, 1}, [](std::size_t) { return 0.375; }));
+  return f;
+}
+
+TEST_F(QuantizedEval, Fp8ViewWithDescales) {
+  const SafeTensorsFile g = evaluated(fp8_view_case(), "fp8_view");
+  ASSERT_TRUE(g.find("out"));
+  EXPECT_EQ(g.find("out")->shape, (Shape{1, 2, 2, 3}));
+  expect_refused(with(fp8_view_case(), floats("v_descale", {1, 1}, [](std::size_t) { return 1.0; })), "v_descale",
+                 "given with attn.v_from_k (v is a view of k and takes k_descale)");
+}
+
+TEST_F(QuantizedEval, StoredFormsAreForKindSdpa) {
+  SafeTensorsFile mha;
+  mha.metadata = {{"attn.format", "1"}, {"attn.kind", "mha"}, {"attn.v_from_k", "2"}};
+  mha.put(floats("x_q", {1, 2, 4}, small));
+  expect_refused(mha, "attn.v_from_k", "is for attn.kind sdpa only");
+  mha.metadata.erase("attn.v_from_k");
+  mha.metadata["attn.kv_block_scale"] = "mxfp8";
+  expect_refused(mha, "attn.kv_block_scale", "is for attn.kind sdpa only");
+  mha.metadata.erase("attn.kv_block_scale");
+  mha.metadata["attn.output_dtype"] = "F8_E4M3";
+  expect_refused(mha, "attn.output_dtype", "value \"F8_E4M3\" is for attn.kind sdpa only");
+}
+
 TEST_F(QuantizedEval, PagedRefusals) {
   const SafeTensorsFile p = paged_case();
   // the unused slot's NaN scale is not read; a used slot's is refused, named in the scale tensor
