@@ -239,7 +239,9 @@ class CaseReader {
     if (c_.wants_gradients())
       fail("attn.outputs", "value " + quoted(*outputs) + " asks for gradients, which FP8 outputs (attn.output_dtype " +
                                std::string(dtype_name(*output_dtype_)) + ") do not have");
-    for (const std::string& name : listed)
+    std::set<std::string> others = listed;
+    if (c_.wants_partials()) others.insert({"out_partial", "lse_partial"});  // asked as a pair
+    for (const std::string& name : others)
       if (name != "out" && name != "amax" && std::none_of(c_.output_dtypes.begin(), c_.output_dtypes.end(),
                                                           [&](const auto& e) { return e.first == name; }))
         c_.output_dtypes.emplace_back(name, DType::F32);

@@ -238,6 +238,20 @@ TEST(QuantizedKv, Fp8OutputsWithScaleAndAmax) {
   }
 }
 
+TEST(QuantizedKv, Fp8OutputsPartialsInF32) {
+  // Split-KV partials beside an FP8 out: both F32 (either asked), each split's out not scaled.
+  SafeTensorsFile f = base({{"attn.output_dtype", "F8_E4M3"}, {"attn.outputs", "out,out_partial"}, {"attn.kv_split_size", "1"}});
+  f.put(f32("q", {1, 1, 1, 1}, {0}));
+  f.put(f32("k", {1, 1, 2, 1}, {1, 2}));
+  f.put(f32("v", {1, 1, 2, 1}, {3, 5}));
+  f.put(f32("o_scale", {}, {0.5}));
+  const EvalResult r = eval(f);
+  EXPECT_EQ(values(golden(r, "out")), std::vector<double>{8});  // 4 / 0.5
+  EXPECT_EQ(golden(r, "out_partial").dtype, DType::F32);
+  EXPECT_EQ(values(golden(r, "out_partial")), (std::vector<double>{3, 5}));
+  EXPECT_EQ(golden(r, "lse_partial").dtype, DType::F32);
+}
+
 TEST(QuantizedKv, Fp8OutputOfNoRowIsAmaxZero) {
   // Nk = 0 under policy zero: out 0, amax 0.
   SafeTensorsFile f = base({{"attn.output_dtype", "F8_E5M2"}, {"attn.outputs", "out,amax"}, {"attn.masked_rows", "zero"}});
