@@ -290,6 +290,33 @@ TEST_F(QuantizedEval, StoredFormsAreForKindSdpa) {
   expect_refused(mha, "attn.output_dtype", "value \"F8_E4M3\" is for attn.kind sdpa only");
 }
 
+TEST_F(QuantizedEval, TensorShapeAndDtypeRefusals) {
+  const SafeTensorsFile s = scaled_case();
+  auto e4m3 = [](const std::string& name, Shape shape) { return floats(name, std::move(shape), small, DType::F8_E4M3); };
+  expect_refused(without(s, "k"), "k", "missing (required for attn.kind sdpa)");
+  expect_refused(without(s, "v"), "v", "missing (required for attn.kind sdpa; attn.v_from_k makes v a view of k)");
+  expect_refused(with(s, e4m3("k", {2, 5, 4})), "k", "shape [2,5,4] has rank 3, expected 4 [B,Hkv,Nk,D]");
+  expect_refused(with(s, e4m3("v", {1, 2, 5, 0})), "v", "has dimension 3 equal to 0; only B and Nk may be 0");
+  expect_refused(with(with(s, e4m3("k", {2, 2, 5, 4})), e4m3("v", {2, 2, 5, 2})), "k", "B is 2 but q has B 1");
+  expect_refused(with(s, e4m3("v", {1, 2, 4, 2})), "v", "does not match k's [1,2,5,4] in Hkv and Nk");
+  expect_refused(with(with(with(s, e4m3("k", {1, 3, 5, 4})), e4m3("v", {1, 3, 5, 2})), floats("k_scale", {}, small)),
+                 "k", "Hkv is 3, which does not divide Hq 4 of q");
+  expect_refused(with(with(nvfp4_case(), floats("k", {1, 2, 3, 16}, small, DType::F8_E4M3)),
+                      floats("v", {1, 2, 3, 16}, small, DType::F8_E4M3)),
+                 "k",
+                 "dtype F8_E4M3 is not U8 (attn.kv_block_scale nvfp4");
+  expect_refused(without_meta(nvfp4_case(), "attn.kv_block_scale"), "k_block_scale",
+                 "given, but k has dtype U8 (scales are for I8, F8_E4M3 and F8_E5M2 K/V, or attn.kv_block_scale)");
+  SafeTensorsFile u8;
+  u8.metadata = {{"attn.format", "1"}, {"attn.output_dtype", "F32"}};
+  u8.put(floats("q", {1, 1, 1, 4}, small));
+  u8.put(bytes("k", DType::U8, {1, 1, 2, 2}, [](std::size_t) { return 0x11; }));
+  u8.put(bytes("v", DType::U8, {1, 1, 2, 2}, [](std::size_t) { return 0x11; }));
+  expect_refused(u8, "k", "dtype U8 is for attn.kv_block_scale nvfp4 (E2M1 packed two per byte)");
+  expect_refused(with(view_fp8_case(), floats("k", {1, 1, 3, 4}, small, DType::F16)), "k", "dtype F16 differs from q's F32");
+  expect_refused(with(view_fp8_case(), floats("o_scale", {}, small, DType::F64)), "o_scale", "dtype F64 is not F32");
+}
+
 TEST_F(QuantizedEval, PagedRefusals) {
   const SafeTensorsFile p = paged_case();
   // the unused slot's NaN scale is not read; a used slot's is refused, named in the scale tensor

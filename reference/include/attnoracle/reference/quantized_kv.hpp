@@ -1,6 +1,9 @@
 // Quantized and block-scaled K/V, and V as a view of K (CONTRACT section 9). The case reader
 // computes each key and value as element x scale (exact in F64) when the case is read, so that
-// the evaluation sees real inputs as it does for any other case.
+// the evaluation sees real inputs as it does for any other case. Nothing downstream assumes
+// that k's values lie on the grid of k's stored dtype: the fast path tests each case's
+// significand widths itself (short_significands) before it takes products as exact, and the
+// MPFR path forms every product exactly from the F64 values.
 #pragma once
 
 #include <cstdint>
