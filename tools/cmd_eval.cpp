@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,6 +41,7 @@ std::vector<RawTensor*> drop_float_bytes(Case& c) {
   const std::pair<const char*, const FloatTensor*> inputs[] = {
       {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"x_q", &c.x_q}, {"x_kv", &c.x_kv}};
   for (const auto& [name, f] : inputs) {
+    if (c.kv_form && std::string_view(name) == "k") continue;  // stored_kv reads k from the file
     RawTensor* t = c.file.find(name);
     if (!t || t->dtype != f->dtype || t->data.empty()) continue;
     const std::size_t w = dtype_size(t->dtype);

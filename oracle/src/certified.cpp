@@ -96,6 +96,7 @@ std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
 
 EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const CheckOptions& check) {
   if (auto v = check_paged(c); !v.empty()) throw InvariantViolation(std::move(v));
+  if (auto v = check_stored_kv(c); !v.empty()) throw InvariantViolation(std::move(v));
   if (c.kind == Kind::Merge) {  // the sdpa case of the merge, under every check of sdpa
     const Case inner = merge_sdpa_case(c);
     try {

@@ -64,6 +64,7 @@ inline Case options_only(const Case& c) {
   t.input_dtype = c.input_dtype;
   t.output_dtype = c.output_dtype;
   t.output_dtypes = c.output_dtypes;
+  t.o_scale = c.o_scale;  // an FP8 out is decided on O / o_scale
   t.scale = c.scale;
   t.softcap = c.softcap;
   t.causal = c.causal;

@@ -22,6 +22,7 @@ std::string_view invariant_name(Invariant v) {
     case Invariant::GradientCausalDependence: return "gradient_causal_dependence";
     case Invariant::PagedGather: return "paged_gather";
     case Invariant::PartialMerge: return "partial_merge";
+    case Invariant::StoredKv: return "stored_kv";
   }
   return "unknown";
 }
@@ -32,7 +33,7 @@ std::vector<Invariant> all_invariants() {
           Invariant::ShiftInvariance, Invariant::CausalDependence, Invariant::KeyPermutation,
           Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum,
           Invariant::GradientLinearity, Invariant::GradientCausalDependence, Invariant::PagedGather,
-          Invariant::PartialMerge};
+          Invariant::PartialMerge, Invariant::StoredKv};
 }
 
 std::string Violation::message() const {

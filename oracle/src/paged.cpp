@@ -10,7 +10,7 @@ namespace attnoracle::oracle {
 
 std::vector<Violation> check_paged(const Case& c) {
   std::vector<Violation> v;
-  if (!c.paged) return v;
+  if (!c.paged || c.kv_form) return v;  // a stored form's caches: check_stored_kv
   const RawTensor* bt = c.file.find("block_table");
   const bool nhd = c.file.metadata.count("attn.kv_layout") == 0 || c.file.metadata.at("attn.kv_layout") == "NHD";
   auto table = [&](std::int64_t b, std::int64_t m) {

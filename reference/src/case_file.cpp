@@ -15,6 +15,7 @@
 
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/file.hpp"
+#include "attnoracle/reference/quantized_kv.hpp"
 
 namespace attnoracle {
 namespace {
@@ -96,7 +97,7 @@ class CaseReader {
   void metadata(const std::map<std::string, std::string>& md) {
     for (const auto& [key, value] : md) {
       if (key.rfind("attn.", 0) != 0) continue;
-      if (key == kKvLayoutKey) continue;
+      if (key == kKvLayoutKey || key == kKvBlockScaleKey || key == kVFromKKey) continue;
       if (std::find(kMetadataKeys.begin(), kMetadataKeys.end(), key) != kMetadataKeys.end() ||
           std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end() ||
           std::find(kSplitKvKeys.begin(), kSplitKvKeys.end(), key) != kSplitKvKeys.end())
@@ -139,6 +140,9 @@ class CaseReader {
       return n;
     };
     named("attn.kind", kind_from_name, "sdpa, mha or merge", c_.kind);
+    for (auto key : {kKvBlockScaleKey, kVFromKKey})  // stored K/V (CONTRACT section 9)
+      if (c_.kind != Kind::Sdpa && get(std::string(key).c_str()))
+        fail(std::string(key), "is for attn.kind sdpa only");
     if (c_.kind == Kind::Merge) merge_metadata(get);
     if (number("attn.scale")) c_.scale = *get("attn.scale");
     named("attn.causal", causal_from_name, "none, top_left or bottom_right", c_.causal);
@@ -165,7 +169,10 @@ class CaseReader {
     named("attn.masked_rows", masked_rows_from_name, "error or zero", c_.masked_rows);
     if ((v = get("attn.output_dtype"))) {
       auto t = dtype_from_name(*v);
-      if (!t || !is_float_format(*t)) bad("attn.output_dtype", *v, "F64, F32, F16 or BF16");
+      if (!t || !(is_float_format(*t) || is_fp8(*t)))
+        bad("attn.output_dtype", *v, "F64, F32, F16, BF16, F8_E4M3 or F8_E5M2");
+      if (is_fp8(*t) && c_.kind != Kind::Sdpa)
+        fail("attn.output_dtype", "value " + quoted(*v) + " is for attn.kind sdpa only");
       output_dtype_ = *t;
     }
     std::set<std::string> listed = {"out"};
@@ -177,11 +184,12 @@ class CaseReader {
         const std::string name(rest.substr(0, comma));
         static const std::set<std::string> known = {"out",  "weights", "lse",  "scores", "dq",   "dk",
                                                     "dv",   "dbias",   "dsinks", "dx_q", "dx_kv", "dw_q",
-                                                    "dw_k", "dw_v",    "dw_o", "out_partial", "lse_partial"};
+                                                    "dw_k", "dw_v",    "dw_o", "out_partial", "lse_partial",
+                                                    "amax"};
         if (!known.count(name))
           bad("attn.outputs", *v,
               "a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, dx_q, dx_kv, dw_q, "
-              "dw_k, dw_v, dw_o, out_partial, lse_partial (" + quoted(name) + "?)");
+              "dw_k, dw_v, dw_o, out_partial, lse_partial, amax (" + quoted(name) + "?)");
         if (!listed.insert(name).second)
           bad("attn.outputs", *v, "a list without repeats (" + quoted(name) + " twice)");
         if (comma == std::string_view::npos) break;
@@ -203,6 +211,7 @@ class CaseReader {
       c_.want_dw_o = listed.count("dw_o") > 0;
       c_.want_out_partial = listed.count("out_partial") > 0;
       c_.want_lse_partial = listed.count("lse_partial") > 0;
+      c_.want_amax = listed.count("amax") > 0;
       for (const char* g : {"dq", "dk", "dv"})
         if (listed.count(g) && c_.kind == Kind::Mha)
           fail("attn.outputs", "value " + quoted(*v) + " asks for " + g +
@@ -215,6 +224,27 @@ class CaseReader {
     listed.insert("out");  // out is always written
     split_kv(get, v);
     if ((v = get("attn.output_dtypes"))) output_dtypes(*v, listed);
+    fp8_output(listed, get("attn.outputs"));
+  }
+
+  // FP8 out (CONTRACT section 9): the other outputs are F32 unless attn.output_dtypes says; no
+  // gradients. amax only with it.
+  void fp8_output(const std::set<std::string>& listed, const std::string* outputs) {
+    if (!output_dtype_ || !is_fp8(*output_dtype_)) {
+      if (c_.want_amax)
+        fail("attn.outputs", "value " + quoted(*outputs) + " asks for amax, which needs attn.output_dtype " +
+                                 "F8_E4M3 or F8_E5M2");
+      return;
+    }
+    if (c_.wants_gradients())
+      fail("attn.outputs", "value " + quoted(*outputs) + " asks for gradients, which FP8 outputs (attn.output_dtype " +
+                               std::string(dtype_name(*output_dtype_)) + ") do not have");
+    std::set<std::string> others = listed;
+    if (c_.wants_partials()) others.insert({"out_partial", "lse_partial"});  // asked as a pair
+    for (const std::string& name : others)
+      if (name != "out" && name != "amax" && std::none_of(c_.output_dtypes.begin(), c_.output_dtypes.end(),
+                                                          [&](const auto& e) { return e.first == name; }))
+        c_.output_dtypes.emplace_back(name, DType::F32);
   }
 
   // attn.kv_split_size and the partial outputs (CONTRACT section 8): a split size n >= 1 on an
@@ -297,7 +327,7 @@ class CaseReader {
     for (const auto& t : file.tensors) {
       consistent(t);
       if (mine.count(t.name) || optional.count(t.name) || (is_sdpa && descales.count(t.name)) ||
-          (is_sdpa && is_paged_tensor_name(t.name)))
+          (is_sdpa && (is_paged_tensor_name(t.name) || is_kv_scale_tensor_name(t.name) || t.name == "o_scale")))
         continue;
       if (is_paged_tensor_name(t.name))
         fail(t.name, "is an input of kind sdpa (a paged KV cache) but attn.kind is mha");
@@ -321,13 +351,20 @@ class CaseReader {
       if (!output_dtype_)
         fail("attn.output_dtype", "missing (required for " + in + " inputs: F32, F16 or BF16)");
       if (*output_dtype_ == DType::F64)
-        bad("attn.output_dtype", "F64", "F32, F16 or BF16 (the output dtypes of " + in + " inputs)");
+        bad("attn.output_dtype", "F64", "F32, F16, BF16 or FP8 (the output dtypes of " + in + " inputs)");
       for (const auto& [n, t] : c_.output_dtypes)
         if (t == DType::F64)
           fail("attn.output_dtypes", "gives " + n + " dtype F64, which is not F32, F16 or BF16 (the output dtypes of " +
                                          in + " inputs)");
     }
+    if (c_.kv_form && c_.kv_form->scheme != KvScheme::Plain && !output_dtype_)
+      fail("attn.output_dtype", "missing (required for " +
+                                    (c_.kv_form->scheme == KvScheme::Scaled
+                                         ? "scaled " + std::string(dtype_name(c_.kv_form->stored)) + " K/V"
+                                         : "attn.kv_block_scale " + std::string(kv_scheme_name(c_.kv_form->scheme))) +
+                                    ")");
     c_.output_dtype = output_dtype_.value_or(c_.input_dtype);
+    output_scale(file);
     if (is_sdpa) apply_descales(file);
 
     const std::array<std::int64_t, 4> full = {c_.B, c_.Hq, c_.Nq, c_.Nk};
@@ -373,6 +410,10 @@ class CaseReader {
     if (c_.wants_gradients() && c_.paged)
       fail("attn.outputs", "asks for gradients, which are not defined for a paged KV cache "
                            "(k_cache, v_cache, block_table)");
+    if (c_.wants_gradients() && c_.kv_form)
+      fail("attn.outputs", "asks for gradients, which are not defined for " +
+                               (c_.kv_form->v_from_k ? std::string("attn.v_from_k")
+                                                     : std::string(kv_scheme_name(c_.kv_form->scheme)) + " K/V"));
     if (c_.wants_gradients() && is_fp8(c_.input_dtype))
       fail("attn.outputs", "asks for gradients, but gradients of " +
                                std::string(dtype_name(c_.input_dtype)) + " inputs are not supported");
@@ -588,6 +629,7 @@ class CaseReader {
 
   void sdpa_inputs() {
     const RawTensor& q = input("q", 4, "[B,Hq,Nq,Dk]", kBatchAndRows);
+    if (uses_kv_form(*file_, q.dtype)) return stored_kv_inputs(q);
     if (is_paged_file(*file_)) return paged_inputs(q);
     const RawTensor& k = input("k", 4, "[B,Hkv,Nk,Dk]", kBatchAndRows);
     const RawTensor& v = input("v", 4, "[B,Hkv,Nk,Dv]", kBatchAndRows);
@@ -614,6 +656,32 @@ class CaseReader {
     decode({{&q, &c_.q}, {&gathered_.k, &c_.k}, {&gathered_.v, &c_.v}}, true);
     gathered_ = {};
     c_.paged = std::move(p);
+  }
+
+  // K/V in a stored form of CONTRACT section 9, contiguous or paged: the real k and v computed
+  // from their elements and scales (quantized_kv.cpp), their non-finite elements recorded for
+  // the unused-position rules as those of any input.
+  void stored_kv_inputs(const RawTensor& q) {
+    const KvForm form = read_kv_form(path_, *file_, q);
+    c_.B = q.shape[0], c_.Hq = q.shape[1], c_.Nq = q.shape[2], c_.Dk = q.shape[3];
+    decode({{&q, &c_.q}}, true);
+    if (is_paged_file(*file_)) {
+      const auto& md = file_->metadata;
+      const auto layout = md.find(std::string(kKvLayoutKey));
+      PagedKv p = read_paged_layout(path_, *file_, q, layout == md.end() ? nullptr : &layout->second, &form);
+      c_.Hkv = p.Hkv, c_.Nk = p.Nk(), c_.Dv = p.Dv;
+      const std::vector<std::int64_t> lk = lengths(*file_->find("seqlens_k"), p.Nk(), "Nk");
+      check_block_table(path_, p, lk);
+      dequantize_kv(path_, *file_, form, q, &p, &lk, {&c_.k, &c_.v});
+      c_.paged = std::move(p);
+    } else {
+      dequantize_kv(path_, *file_, form, q, nullptr, nullptr, {&c_.k, &c_.v});
+      c_.Hkv = c_.k.shape[1], c_.Nk = c_.k.shape[2], c_.Dv = c_.v.shape[3];
+    }
+    for (auto [name, t] : {std::pair{"k", &c_.k}, std::pair{"v", &c_.v}})
+      for (std::size_t e = 0; e < t->values.size(); ++e)
+        if (!std::isfinite(t->values[e])) unchecked_[name].push_back(e);
+    c_.kv_form = form;
   }
 
   void mha_inputs() {
@@ -652,6 +720,8 @@ class CaseReader {
                             Target{"v_descale", &c_.v, false}}) {
       const RawTensor* t = file.find(d.name);
       if (!t) continue;
+      const bool view = c_.kv_form && c_.kv_form->v_from_k;  // v is k's view: k_descale scales it
+      if (view && d.t == &c_.v) fail(d.name, "given with attn.v_from_k (v is a view of k and takes k_descale)");
       if (!is_fp8(c_.input_dtype))
         fail(d.name, "is for FP8 inputs only (F8_E4M3, F8_E5M2), but the inputs are " +
                          std::string(dtype_name(c_.input_dtype)));
@@ -670,8 +740,31 @@ class CaseReader {
               b * c_.Hkv + (d.per_query_head ? c_.kv_head(h) : h))];
           double* x = d.t->values.data() + (b * heads + h) * row;
           for (std::int64_t e = 0; e < row; ++e) x[e] *= f;  // exact (above)
+          if (view && d.t == &c_.k)
+            for (std::int64_t e = 0; e < c_.Nk * c_.Dv; ++e)
+              c_.v.values[static_cast<std::size_t>((b * heads + h) * c_.Nk * c_.Dv + e)] *= f;
         }
     }
+  }
+
+  // o_scale: with an FP8 out (and only then), an F32 scalar, finite and > 0.
+  void output_scale(const SafeTensorsFile& file) {
+    const RawTensor* t = file.find("o_scale");
+    const bool fp8_out = is_fp8(c_.dtype_of("out"));
+    if (!t) {
+      if (fp8_out)
+        fail("o_scale", "missing (required with attn.output_dtype " + std::string(dtype_name(c_.dtype_of("out"))) + ")");
+      return;
+    }
+    if (!fp8_out)
+      fail("o_scale", "given, but out's dtype is " + std::string(dtype_name(c_.dtype_of("out"))) +
+                          " (o_scale is for attn.output_dtype F8_E4M3 or F8_E5M2)");
+    expect_dtype(*t, DType::F32);
+    if (!t->shape.empty()) fail("o_scale", "shape " + shape_string(t->shape) + " is not [] (a scalar)");
+    const double s = decode_float(DType::F32, t->data.data());
+    if (!std::isfinite(s) || !(s > 0))
+      fail("o_scale", "element 0 is " + decimal(s) + "; o_scale must be finite and > 0");
+    c_.o_scale = s;
   }
 
   // Non-finite values at unused positions (CONTRACT section 1, kind sdpa): a q row of a padding
@@ -876,7 +969,7 @@ constexpr std::string_view kGoldenNames[] = {
     "dbias.ref", "dbias.bound", "dsinks", "dsinks.ref", "dsinks.bound", "dx_q", "dx_q.ref", "dx_q.bound",
     "dx_kv", "dx_kv.ref", "dx_kv.bound", "dw_q", "dw_q.ref", "dw_q.bound", "dw_k", "dw_k.ref", "dw_k.bound",
     "dw_v", "dw_v.ref", "dw_v.bound", "dw_o", "dw_o.ref", "dw_o.bound",
-    "out_partial", "out_partial.ref", "out_partial.ref_lo", "out_partial.bound", "lse_partial.ref"};
+    "out_partial", "out_partial.ref", "out_partial.ref_lo", "out_partial.bound", "lse_partial.ref", "amax"};
 // lse_partial: golden in kind sdpa, an input of kind merge (case_from_file drops it by kind).
 
 }  // namespace
@@ -994,6 +1087,7 @@ std::vector<GoldenSpec> Case::golden_tensors() const {
   std::vector<GoldenSpec> g = {{"out", dtype_of("out"), out}, {"out.ref", DType::F64, out}};
   if (dtype_of("out") == DType::F64) g.push_back({"out.ref_lo", DType::F64, out});
   g.push_back({"out.bound", DType::F64, out});
+  if (want_amax) g.push_back({"amax", DType::F32, {}});
   g.push_back({"row.valid", DType::BOOL, rows});
   if (want_weights) {
     g.push_back({"weights", dtype_of("weights"), w});

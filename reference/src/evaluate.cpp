@@ -15,10 +15,12 @@
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/parallel.hpp"
 #include "attnoracle/reference/round.hpp"
+#include "attnoracle/reference/scaled_output.hpp"
 #include "attnoracle/version.hpp"
 #include "fast/decide.hpp"
 #include "fast/fast_row.hpp"
 #include "golden_buffer.hpp"
+#include "amax.hpp"
 #include "backward.hpp"
 #include "attnoracle/reference/split_kv.hpp"
 
@@ -33,7 +35,7 @@ struct Buffers {
   std::vector<std::unique_ptr<GoldenBuffer>> rounded;
   GoldenBuffer *out = nullptr, *out_ref = nullptr, *out_ref_lo = nullptr, *out_bound = nullptr,
                *weights = nullptr, *weights_ref = nullptr, *lse = nullptr, *lse_ref = nullptr,
-               *scores = nullptr, *scores_ref = nullptr;
+               *scores = nullptr, *scores_ref = nullptr, *amax = nullptr;
   GoldenSpec row_valid_spec;
   std::vector<unsigned char> row_valid;
 
@@ -52,7 +54,7 @@ struct Buffers {
                                 {"out.ref_lo", &out_ref_lo}, {"out.bound", &out_bound},
                                 {"weights", &weights}, {"weights.ref", &weights_ref},
                                 {"lse", &lse}, {"lse.ref", &lse_ref}, {"scores", &scores},
-                                {"scores.ref", &scores_ref}})
+                                {"scores.ref", &scores_ref}, {"amax", &amax}})
         if (g.name == name) *slot = b;
     }
   }
@@ -90,7 +92,9 @@ class Driver {
       : c_(c), opt_(opt), mha_(c.kind == Kind::Mha), width_(mha_ ? c.Dout : c.Dv), bufs_(c),
         ev_(c), p0_(opt.start_precision > 0 ? opt.start_precision : start_precision(c)),
         cap_(std::max(opt.max_precision, p0_)),
-        fast_(opt.fast_path ? fast::prepare(c) : fast::Setup{}) {}
+        fast_(opt.fast_path ? fast::prepare(c) : fast::Setup{}) {
+    if (c.want_amax) abs_lo_.assign(static_cast<std::size_t>(units() * width_), 0.0), abs_hi_ = abs_lo_;
+  }
 
   std::int64_t units() const { return mha_ ? c_.B * c_.Nq : c_.B * c_.Hq * c_.Nq; }
   // Tiles of consecutive rows of one head (one row unit each for kind mha), in unit order.
@@ -116,6 +120,8 @@ class Driver {
   void commit_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, std::int64_t i,
                   mpfr_prec_t p, const std::vector<Pending>& pend, const std::vector<double>& bounds);
   void take(std::unique_ptr<GoldenBuffer>& g, EvalResult& res) const;
+  void record_magnitude(std::int64_t base, std::int64_t e, double lo, double hi);
+  void finish_amax();
 
   const Case& c_;
   const EvalOptions& opt_;
@@ -126,7 +132,29 @@ class Driver {
   const mpfr_prec_t p0_, cap_;
   const fast::Setup fast_;
   Counters n_;
+  std::vector<double> abs_lo_, abs_hi_;  // bounds of every |O_e| (amax asked)
 };
+
+void Driver::record_magnitude(std::int64_t base, std::int64_t e, double lo, double hi) {
+  const auto at = static_cast<std::size_t>(base + e);
+  detail::magnitude(lo, hi, abs_lo_[at], abs_hi_[at]);
+}
+
+// amax from the rows' bounds, the candidate rows evaluated again by MPFR where needed.
+void Driver::finish_amax() {
+  const auto out_at = [&](std::int64_t row, mpfr_prec_t p) {
+    const std::int64_t i = row % c_.Nq, bh = row / c_.Nq;
+    return ev_.row(bh / c_.Hq, bh % c_.Hq, i, p).out;
+  };
+  const detail::AmaxResult a = detail::decide_amax(abs_lo_, abs_hi_, width_, out_at, p0_, cap_);
+  n_.reached(a.precision);
+  bufs_.amax->set(0, a.r.value);
+  n_.elements.fetch_add(1);
+  if (!a.r.decided) {
+    n_.undecided.fetch_add(1);
+    bufs_.amax->undecided.emplace_back(0, a.r.alt);
+  }
+}
 
 template <class Done>
 void Driver::run_tile(std::int64_t t, Done&& done) {
@@ -179,6 +207,12 @@ bool Driver::commit_fast(const fast::FastRow& fr, std::int64_t b, std::int64_t h
   }
   bufs_.out_bound->set_all(obase, d.bound);
   bufs_.row_valid[static_cast<std::size_t>(rbase)] = 1;
+  if (c_.want_amax)
+    for (std::size_t e = 0; e < fr.out.size(); ++e) {
+      fast::DD lo, hi;
+      fast::ends(fr.out[e], lo, hi, fr.vmin[e], fr.vmax[e]);
+      record_magnitude(obase, static_cast<std::int64_t>(e), fast::round_down_dd(lo), fast::round_up_dd(hi));
+    }
   n_.elements.fetch_add(d.rounded());
   return true;
 }
@@ -210,7 +244,8 @@ bool Driver::round_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, s
   const std::int64_t obase = out_base(b, h, i);
   for (std::int64_t e = 0; e < width_; ++e) {
     const Enclosure& enc = r.out[static_cast<std::size_t>(e)];
-    add(bufs_.out, obase + e, enc);
+    pend.push_back({bufs_.out, obase + e, round_out_enclosure(c_, enc.lo, enc.hi)});
+    all = all && pend.back().r.decided;
     const double ref = add(bufs_.out_ref, obase + e, enc);
     if (bufs_.out_ref_lo) {  // the exact value minus out.ref, enclosed
       Enclosure d(p);
@@ -266,6 +301,11 @@ void Driver::commit_row(const RowEnclosures& r, std::int64_t b, std::int64_t h, 
   n_.elements.fetch_add(pend.size());
   n_.undecided.fetch_add(und);
   bufs_.out_bound->set_all(out_base(b, h, i), bounds);
+  if (c_.want_amax)
+    for (std::int64_t e = 0; e < width_; ++e) {
+      const Enclosure& o = r.out[static_cast<std::size_t>(e)];
+      record_magnitude(out_base(b, h, i), e, mpfr_get_d(o.lo, MPFR_RNDD), mpfr_get_d(o.hi, MPFR_RNDU));
+    }
   if (fast_.applies && !mha_) n_.fallback.fetch_add(1);
   for (std::size_t hh = 0; hh < r.head_valid.size(); ++hh) {
     const std::int64_t head = mha_ ? static_cast<std::int64_t>(hh) : h;
@@ -279,6 +319,7 @@ void Driver::take(std::unique_ptr<GoldenBuffer>& g, EvalResult& res) const {
 
 // The tensors in the order of Case::golden_tensors() with row.valid last, and the stats.
 EvalResult Driver::finish(double seconds) {
+  if (c_.want_amax) finish_amax();
   EvalResult res;
   for (auto& g : bufs_.rounded) take(g, res);
   const GoldenSpec& rv = bufs_.row_valid_spec;

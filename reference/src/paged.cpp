@@ -27,15 +27,16 @@ bool is_paged_file(const SafeTensorsFile& file) {
 }
 
 PagedKv read_paged_layout(const std::string& path, const SafeTensorsFile& file, const RawTensor& q,
-                          const std::string* layout) {
+                          const std::string* layout, const KvForm* form) {
   auto fail = [&](const std::string& field, const std::string& what) {
     throw InputError(path, field, what);
   };
   for (const char* name : {"k", "v"})
     if (file.find(name))
       fail(name, "given beside a paged KV cache (k_cache, v_cache, block_table): give one or the other");
+  const bool v_view = form && form->v_from_k;  // no v_cache: v is a view of k (CONTRACT section 9)
   for (const char* name : {"k_cache", "v_cache", "block_table"})
-    if (!file.find(name))
+    if (!file.find(name) && !(v_view && std::string_view(name) == "v_cache"))
       fail(name, "missing (a paged KV cache gives k_cache, v_cache and block_table together)");
   if (!file.find("seqlens_k")) fail("seqlens_k", "missing (required with a paged KV cache)");
   PagedKv p;
@@ -47,10 +48,11 @@ PagedKv read_paged_layout(const std::string& path, const SafeTensorsFile& file, 
   const char* shape_name = p.layout == KvLayout::NHD ? "[Npages,P,Hkv,D] (attn.kv_layout NHD)"
                                                      : "[Npages,Hkv,P,D] (attn.kv_layout HND)";
   const RawTensor& kc = *file.find("k_cache");
-  const RawTensor& vc = *file.find("v_cache");
+  const RawTensor& vc = *file.find(v_view ? "k_cache" : "v_cache");
   const RawTensor& bt = *file.find("block_table");
+  const std::int64_t per = form ? form->per_stored() : 1;  // elements per stored element along D
   for (const RawTensor* t : {&kc, &vc}) {
-    if (t->dtype != q.dtype)
+    if (!form && t->dtype != q.dtype)  // a stored form's dtypes are checked by read_kv_form
       fail(t->name, "dtype " + std::string(dtype_name(t->dtype)) + " differs from q's " +
                         std::string(dtype_name(q.dtype)));
     if (t->shape.size() != 4)
@@ -63,9 +65,10 @@ PagedKv read_paged_layout(const std::string& path, const SafeTensorsFile& file, 
   }
   const std::size_t ph = p.layout == KvLayout::NHD ? 1 : 2, hh = p.layout == KvLayout::NHD ? 2 : 1;
   p.pages = kc.shape[0], p.page_size = kc.shape[ph], p.Hkv = kc.shape[hh];
-  p.Dk = kc.shape[3], p.Dv = vc.shape[3];
-  if (kc.shape[3] != q.shape[3])
-    fail("k_cache", "Dk is " + std::to_string(kc.shape[3]) + " but q has Dk " + std::to_string(q.shape[3]));
+  p.Dk = kc.shape[3] * per, p.Dv = v_view ? form->v_from_k : vc.shape[3] * per;
+  if (p.Dk != q.shape[3])
+    fail("k_cache", "Dk is " + std::to_string(p.Dk) + (per > 1 ? " (2 per byte)" : "") + " but q has Dk " +
+                        std::to_string(q.shape[3]));
   const std::vector<std::int64_t> want_v = {kc.shape[0], kc.shape[1], kc.shape[2], vc.shape[3]};
   if (vc.shape != want_v)
     fail("v_cache", "shape " + shape_string(vc.shape) + " does not match k_cache's " +
@@ -89,9 +92,7 @@ PagedKv read_paged_layout(const std::string& path, const SafeTensorsFile& file, 
   return p;
 }
 
-Gathered gather_paged(const std::string& path, const SafeTensorsFile& file, const PagedKv& p,
-                      const std::vector<std::int64_t>& seqlens_k) {
-  // The used entries first, so that no copy reads outside a cache.
+void check_block_table(const std::string& path, const PagedKv& p, const std::vector<std::int64_t>& seqlens_k) {
   for (std::int64_t b = 0; b < p.B; ++b) {
     const std::int64_t used = (seqlens_k[static_cast<std::size_t>(b)] + p.page_size - 1) / p.page_size;
     for (std::int64_t m = 0; m < used; ++m) {
@@ -105,6 +106,11 @@ Gathered gather_paged(const std::string& path, const SafeTensorsFile& file, cons
                              std::to_string(p.page_size) + ")");
     }
   }
+}
+
+Gathered gather_paged(const std::string& path, const SafeTensorsFile& file, const PagedKv& p,
+                      const std::vector<std::int64_t>& seqlens_k) {
+  check_block_table(path, p, seqlens_k);  // first, so that no copy reads outside a cache
   const std::int64_t nk = p.Nk();
   auto gather = [&](const RawTensor& cache, const char* name, std::int64_t d) {
     RawTensor t;

@@ -37,6 +37,8 @@ Case split_template(const Case& c) {
   t.want_weights = t.want_scores = false;
   t.want_lse = true;
   t.want_out_partial = t.want_lse_partial = false;
+  t.want_amax = false;
+  t.o_scale.reset();  // a split's out is out_partial, of a float dtype
   t.want_dq = t.want_dk = t.want_dv = t.want_dbias = t.want_dsinks = false;
   t.dout.reset();
   t.output_dtypes = {{"out", c.dtype_of("out_partial")}, {"lse", c.dtype_of("lse_partial")}};

@@ -275,9 +275,12 @@ TEST(CaseMetadata, OutputDtype) {
   EXPECT_EQ(accept(with_meta(sdpa({}, DType::F16), "attn.output_dtype", "F64")).output_dtype,
             DType::F64);
   EXPECT_EQ(accept(with_meta(sdpa(), "attn.output_dtype", "BF16")).output_dtype, DType::BF16);
-  for (const char* bad : {"F8_E4M3", "I32", "BOOL", "f32", ""})
+  for (const char* bad : {"U8", "I32", "BOOL", "f32", ""})
     expect_refused(with_meta(sdpa(), "attn.output_dtype", bad), "attn.output_dtype",
-                   "is not F64, F32, F16 or BF16");
+                   "is not F64, F32, F16, BF16, F8_E4M3 or F8_E5M2");
+  // FP8 out (CONTRACT section 9) needs o_scale, and kind sdpa
+  expect_refused(with_meta(sdpa(), "attn.output_dtype", "F8_E4M3"), "o_scale",
+                 "missing (required with attn.output_dtype F8_E4M3)");
 }
 
 TEST(CaseMetadata, Outputs) {
@@ -870,7 +873,7 @@ TEST(CaseOutputs, Scores) {
   EXPECT_TRUE(is_golden_tensor_name("scores.undecided"));
   expect_refused(with_meta(sdpa(), "attn.outputs", "out,score"), "attn.outputs",
                  "is not a comma list of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, dx_q, dx_kv, dw_q, "
-                 "dw_k, dw_v, dw_o, out_partial, lse_partial (\"score\"?)");
+                 "dw_k, dw_v, dw_o, out_partial, lse_partial, amax (\"score\"?)");
 }
 
 }  // namespace
@@ -926,9 +929,8 @@ TEST(CaseFp8, OutputDtypeRequired) {
   expect_refused(sdpa({}, DType::F8_E4M3), "attn.output_dtype",
                  "missing (required for F8_E4M3 inputs: F32, F16 or BF16)");
   expect_refused(fp8(DType::F8_E5M2, "F64"), "attn.output_dtype",
-                 "value \"F64\" is not F32, F16 or BF16 (the output dtypes of F8_E5M2 inputs)");
-  expect_refused(fp8(DType::F8_E4M3, "F8_E4M3"), "attn.output_dtype",
-                 "is not F64, F32, F16 or BF16");
+                 "value \"F64\" is not F32, F16, BF16 or FP8 (the output dtypes of F8_E5M2 inputs)");
+  expect_refused(fp8(DType::F8_E4M3, "F8_E4M3"), "o_scale", "missing (required with attn.output_dtype F8_E4M3)");
   for (const char* out : {"F16", "BF16"}) EXPECT_EQ(accept(fp8(DType::F8_E4M3, out)).input_dtype, DType::F8_E4M3);
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "attnoracle/reference/round.hpp"
+#include "attnoracle/reference/scaled_output.hpp"
 
 namespace attnoracle::fast {
 
@@ -26,7 +27,15 @@ bool decide_out(const Case& c, const FastRow& fr, std::size_t e, DecidedRow& d) 
   DD lo, hi;
   ends(fr.out[e], lo, hi, fr.vmin[e], fr.vmax[e]);
   const DType t = c.dtype_of("out");
-  if (!decide(lo, hi, t, d.out) || !decide(lo, hi, DType::F64, d.out_ref)) return false;
+  if (c.o_scale && is_fp8(t)) {  // O / o_scale, rounded from the ball's ends with MPFR
+    const Enclosure o = enclosure_of(DDEnclosure{lo.hi, lo.lo, hi.hi, hi.lo});
+    const RoundedEnclosure r = round_out_enclosure(c, o.lo, o.hi);
+    if (!r.decided) return false;
+    d.out.push_back(r.value);
+  } else if (!decide(lo, hi, t, d.out)) {
+    return false;
+  }
+  if (!decide(lo, hi, DType::F64, d.out_ref)) return false;
   if (t == DType::F64) {  // exact - ref: x.hi - ref is exact (Sterbenz) or we give up
     const double ref = d.out_ref.back();
     const DD dl = two_sum(lo.hi, -ref), dh = two_sum(hi.hi, -ref);

@@ -35,6 +35,7 @@ enum class Invariant {
   GradientCausalDependence,  // queries that cannot see key j leave dk_j, dv_j unchanged
   PagedGather,       // a paged case's k and v are its caches read through the block table
   PartialMerge,      // merging a row's golden partial states gives its whole out and lse
+  StoredKv,          // K/V stored scaled or block-scaled (or v a view of k) are element x scale
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -156,6 +157,9 @@ void unit_position(const Case& c, std::int64_t u, std::int64_t& b, std::int64_t&
 // A paged case (CONTRACT section 8): the k and v it holds against the caches of its file,
 // gathered again here (h of a violation is the kv head); empty for any other case.
 std::vector<Violation> check_paged(const Case& c);
+// K/V stored in a form of CONTRACT section 9: the k and v the case holds against the file's
+// elements and scales, decoded again here (h of a violation is the kv head); empty otherwise.
+std::vector<Violation> check_stored_kv(const Case& c);
 // Split-KV partial states (a case with out_partial and lse_partial, evaluated as `res`): per row,
 // the merge of the golden partials (each F64 .ref within one unit in the last place of its exact
 // value) in interval arithmetic encloses a value within one unit of out.ref, and of lse.ref when

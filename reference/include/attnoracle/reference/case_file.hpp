@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/kv_formats.hpp"
 #include "attnoracle/reference/paged.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
@@ -134,6 +135,13 @@ struct Case {
 
   // A paged KV cache (CONTRACT section 8): k and v above hold its gathered contents.
   std::optional<PagedKv> paged;
+  // K/V stored in a form of CONTRACT section 9 (scaled, block-scaled, v a view of k): k and v
+  // above hold the real values, element x scale.
+  std::optional<KvForm> kv_form;
+  // FP8 out (CONTRACT section 9): out is O / o_scale rounded once in out's FP8 dtype; amax,
+  // max |O| over the whole output, rounded once to F32, when asked.
+  std::optional<double> o_scale;
+  bool want_amax = false;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnoracle/reference/kv_formats.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle {
@@ -42,14 +43,19 @@ struct PagedKv {
 
 // Checks the dtypes and shapes of k_cache, v_cache and block_table against q (an input of the
 // same dtype) and attn.kv_layout (`layout`, null when absent), and reads the table. The table's
-// entries are checked by gather_paged, which knows which ones are used.
+// entries are checked by gather_paged, which knows which ones are used. With a stored `form`
+// (CONTRACT section 9) the caches hold its elements (D counted in elements, two per byte for
+// nvfp4), and with form->v_from_k there is no v_cache.
 // Throws InputError(path, <tensor or key>, <what>).
 PagedKv read_paged_layout(const std::string& path, const SafeTensorsFile& file, const RawTensor& q,
-                          const std::string* layout);
+                          const std::string* layout, const KvForm* form = nullptr);
 
 // The contiguous k [B, Hkv, Nk, Dk] and v [B, Hkv, Nk, Dv] of the cache's dtype, named "k" and
 // "v": key j of batch b read through the table for j < seqlens_k[b], 0 past it. A used table
 // entry outside [0, Npages) is refused, naming the entry.
+// The used entries of the table (those of keys j < seqlens_k[b]) inside [0, Npages), else the
+// refusal naming the first entry outside.
+void check_block_table(const std::string& path, const PagedKv& p, const std::vector<std::int64_t>& seqlens_k);
 struct Gathered {
   RawTensor k, v;
 };
