@@ -19,6 +19,7 @@
 
 #include "attnoracle/conformance/stored_model.hpp"
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/verified_stamp.hpp"
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/limits.hpp"
 #include "attnoracle/version.hpp"
@@ -246,6 +247,10 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   const std::string text = manifest_text(m);
   write_file_atomic((dir / "manifest.json").string(), Bytes(text.begin(), text.end()));
   sum.manifest_written = true;
+  // the files just written or found present, hashed here: `check` need not hash them again
+  std::vector<std::pair<std::string, std::string>> verified;
+  for (const ManifestCase& mc : m.cases) verified.emplace_back(mc.file, mc.sha256);
+  record_verified(dir.string(), verified);
   return sum;
 }
 

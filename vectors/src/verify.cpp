@@ -15,6 +15,7 @@
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/manifest.hpp"
 #include "attnoracle/reference/parallel.hpp"
+#include "attnoracle/reference/verified_stamp.hpp"
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "numbers.hpp"
@@ -168,15 +169,18 @@ VerifyReport verify(const VerifyOptions& opt,
   } catch (const Stop&) {
   }
 
+  std::vector<std::pair<std::string, std::string>> verified;  // for the set's stamp
   for (std::size_t k = 0; k < m.cases.size(); ++k) {
     if (!checked[k]) continue;
     if (!found[k]) {
       ++rep.checked;
+      verified.emplace_back(m.cases[k].file, m.cases[k].sha256);
       continue;
     }
     rep.problems.push_back({m.cases[k].id, *found[k]});
     if (!opt.all) break;
   }
+  record_verified(opt.dir, verified);
   return rep;
 }
 
