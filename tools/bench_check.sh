@@ -8,7 +8,8 @@
 # one-case set of B = 2, H = 4, Nq = Nk = 1024, D = 128 in F32 and in F16 (the benchmark's
 # --write-set), ${REPETITIONS:-5} runs each: the median wall time and CPU time (user + system)
 # of the process, each with its MB/s of result bytes; each set with the model's magnitudes stored
-# with its golden tensors (model) and without (plain: check computes them from the inputs).
+# with its golden tensors and its golden file recorded as verified (model), and without either
+# (plain: check computes the model from the inputs and hashes the golden file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-bench}
