@@ -7,7 +7,9 @@
 # Then the whole process: `attnoracle check --threads 1` (on CPU 0 where taskset exists) on a
 # one-case set of B = 2, H = 4, Nq = Nk = 1024, D = 128 in F32 and in F16 (the benchmark's
 # --write-set), ${REPETITIONS:-5} runs each: the median wall time and CPU time (user + system)
-# of the process, each with its MB/s of result bytes.
+# of the process, each with its MB/s of result bytes; each set with the model's magnitudes stored
+# with its golden tensors and its golden file recorded as verified (model), and without either
+# (plain: check computes the model from the inputs and hashes the golden file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-bench}
@@ -37,10 +39,12 @@ pin=()
 command -v taskset >/dev/null && pin=(taskset -c 0)
 echo "whole process, median of $reps runs (wall time, and CPU time: user + system):"
 for bits in 32 16; do
-  "$build/conformance/bench/attnoracle_check_bench" --write-set "$sets/$bits" "$bits"
-  python3 - "$reps" "fp$bits" "$sets/$bits" "${pin[@]}" "$build/attnoracle" <<'EOF'
+ for form in model plain; do
+  rm -rf "${sets:?}/$bits"
+  "$build/conformance/bench/attnoracle_check_bench" --write-set "$sets/$bits" "$bits" "$form"
+  python3 - "$reps" "fp$bits" "$sets/$bits" "$form" "${pin[@]}" "$build/attnoracle" <<'EOF'
 import glob, os, resource, statistics, subprocess, sys, time
-reps, profile, root, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+reps, profile, root, form, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 cmd += ["check", f"{root}/set", "--results", f"{root}/results", "--profile", profile, "--threads", "1", "--no-progress"]
 size = sum(os.path.getsize(f) for f in glob.glob(f"{root}/results/*.safetensors"))
 wall, cpu = [], []
@@ -51,6 +55,7 @@ for _ in range(reps):
     wall.append(t1 - t0)
     cpu.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
 for what, v in (("wall", statistics.median(wall)), ("cpu", statistics.median(cpu))):
-    print(f"  check {profile:<6} {what:<4}       {v * 1e3:9.1f} ms  {size / v / 1e6:8.0f} MB/s")
+    print(f"  check {profile:<6} {form:<5} {what:<4} {v * 1e3:9.1f} ms  {size / v / 1e6:8.0f} MB/s")
 EOF
+ done
 done

@@ -21,7 +21,7 @@ struct GateArgs {
   std::string dir, impl, plugin, results, profile = "fp32", masked_rows, returns;
   std::vector<std::string> tags, dtypes, ids;
   double timeout = 600;
-  bool require_all = false, all = false, keep = false;
+  bool require_all = false, all = false, keep = false, rehash = false;
   std::string json, junit, html, work, shard;
   int threads = default_threads();
   ProgressFlags progress;
@@ -47,6 +47,7 @@ conformance::GateOptions options_of(const GateArgs& a) {
   }
   o.timeout = a.timeout;
   o.require_all = a.require_all;
+  o.rehash = a.rehash;
   o.threads = a.threads;
   if (!a.json.empty()) require_parent_dir(a.json);
   if (!a.junit.empty()) require_parent_dir(a.junit);
@@ -147,6 +148,8 @@ void common(CLI::App* sub, GateArgs& a) {
                   "k/n: only the selected cases whose position in the manifest is k modulo n (merge the shards' "
                   "--json reports with attnoracle merge); auto: k and n from the environment, as for gen");
   sub->add_flag("--require-all", a.require_all, "skipped cases count as failures");
+  sub->add_flag("--rehash", a.rehash,
+                "take the SHA-256 of every golden file, also of those the set's stamp records verified and unchanged");
   sub->add_flag("--all", a.all, "list passing cases too");
   sub->add_option("--json", a.json, "write the report as JSON");
   sub->add_option("--junit", a.junit, "write the report as JUnit XML");

@@ -120,6 +120,9 @@ Command add_gen(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   sub->add_option("--max-precision", a->o.max_precision, "Ziv's cap in bits")
       ->check(CLI::Range(64L, 1L << 20));
+  sub->add_flag("--model", a->o.model,
+                "store the statistical model's magnitudes with the golden tensors of sdpa cases (check reads "
+                "them instead of computing them from the inputs)");
   sub->add_flag("-q,--quiet", a->quiet, "no progress on stderr");
   a->progress.add(sub);
   return {sub, [a] { return run_gen(*a); }};

@@ -30,7 +30,9 @@
 
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/conformance/gate.hpp"
+#include "attnoracle/conformance/stored_model.hpp"
 #include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/verified_stamp.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
 
 namespace {
@@ -92,7 +94,7 @@ struct Synthetic {
   double result_bytes = 0;
 };
 
-Synthetic make_case(DType dt, const Shape& shape = kBench) {
+Synthetic make_case(DType dt, const Shape& shape = kBench, bool model = true) {
   const std::int64_t kB = shape.B, kH = shape.H, kN = shape.N, kD = shape.D;
   Synthetic s;
   s.id = std::string("large_") + std::string(dtype_name(dt));
@@ -205,6 +207,8 @@ Synthetic make_case(DType dt, const Shape& shape = kBench) {
     s.result_bytes += static_cast<double>(y.data.size());
     s.result.output.put(std::move(y));
   }
+  // the model's magnitudes stored with the golden tensors, as `gen --model` stores them
+  if (model) put_model(case_from_file(s.id, f), f);
   return s;
 }
 
@@ -245,6 +249,9 @@ void write_set(const Synthetic& s, const fs::path& root) {
   m.generator = "check_bench";
   m.cases.push_back({s.id, vectors::case_file_name(s.id), vectors::sha256_hex(bytes), "ok", {"bench"}});
   std::ofstream(root / "set" / "manifest.json") << vectors::manifest_text(m);
+  // the file just hashed, recorded as verified as gen records it (with the stored model only:
+  // the set without stands for the check as it was, hashing its golden file)
+  if (s.golden.find("model.rows")) vectors::record_verified((root / "set").string(), {{m.cases[0].file, m.cases[0].sha256}});
   write_file_atomic((root / "results" / (s.id + ".safetensors")).string(), serialize_safetensors(s.result.output));
 }
 
@@ -305,13 +312,15 @@ BENCHMARK(BM_RowMagnitudes)->Arg(32)->Arg(16)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-// --write-set DIR [32|16]: writes the one-case set of B = 2, H = 4, Nq = Nk = 1024, D = 128 (F32,
-// or F16 with 16) to DIR/set and its result to DIR/results, for timing `attnoracle check` as a
-// whole process (tools/bench_check.sh); no benchmark runs.
+// --write-set DIR [32|16] [plain]: writes the one-case set of B = 2, H = 4, Nq = Nk = 1024, D =
+// 128 (F32, or F16 with 16) to DIR/set and its result to DIR/results, for timing `attnoracle check`
+// as a whole process (tools/bench_check.sh); with `plain`, without the stored model (check
+// computes it from the inputs) and without the record of the verified file (check hashes it).
+// No benchmark runs.
 int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "--write-set") {
     const DType dt = argc >= 4 && std::string(argv[3]) == "16" ? DType::F16 : DType::F32;
-    write_set(make_case(dt, kProcess), argv[2]);
+    write_set(make_case(dt, kProcess, !(argc >= 5 && std::string(argv[4]) == "plain")), argv[2]);
     return 0;
   }
   benchmark::Initialize(&argc, argv);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "attnoracle/conformance/stored_model.hpp"
 #include "attnoracle/reference/file.hpp"
 #include "comparer.hpp"
 
@@ -14,12 +15,15 @@ namespace attnoracle::conformance::comparing {
 void Comparer::run() {
   const bool mha = c.kind == Kind::Mha;
   const std::int64_t H = c.Hq, W = mha ? c.Dout : c.Dv;
-  mags = row_magnitudes(c);
+  // the model's magnitudes stored with the golden tensors, else computed from the inputs
+  const std::optional<StoredModel> stored = stored_model(c, golden, c.path);
+  std::optional<Spread> stored_sp = stored ? stored_spread(*stored, profile) : std::nullopt;
+  mags = stored ? stored_magnitudes(*stored) : row_magnitudes(c);
   limits.reserve(mags.size());
   for (const auto& m : mags) limits.push_back(row_limits(profile, c, m));
   scales.reserve(mags.size());
   for (const auto& m : mags) scales.push_back(row_scales(profile, c, m));
-  spread = weight_spread(c, profile);
+  spread = stored_sp ? std::move(*stored_sp) : weight_spread(c, profile);
   // P's underflow term needs sum_j |v_jc| per element, only where some row may underflow.
   bool underflows = false;
   for (const auto& L : limits) underflows = underflows || L.p_sub > 0;

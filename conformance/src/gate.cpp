@@ -36,6 +36,7 @@ struct Selected {
   std::string path;  // the case file
   std::string dir;   // the set it belongs to: nothing is read outside it
   std::size_t position = 0;  // in the manifest's list of cases
+  bool rehash = false;       // hashed even where the set's stamp records it verified
 };
 
 // At most kListed values, then how many more: "a, b, c and 12 more".
@@ -73,7 +74,7 @@ std::vector<Selected> select(const GateOptions& opt, vectors::Manifest& m, std::
           return std::find(c.tags.begin(), c.tags.end(), t) != c.tags.end();
         }))
       continue;
-    out.push_back({c, (fs::path(opt.dir) / c.file).string(), opt.dir, position});
+    out.push_back({c, (fs::path(opt.dir) / c.file).string(), opt.dir, position, opt.rehash});
   }
   if (out.empty() && (!opt.ids.empty() || !opt.tags.empty())) {
     std::vector<std::string> ids, tags;
@@ -106,7 +107,9 @@ std::string input_dtype_name(const SafeTensorsFile& f) {
 }
 
 // The golden file of a case, checked against the manifest's hash.
-SafeTensorsFile golden_of(const Selected& s) { return vectors::read_set_case(s.dir, s.mc.file, s.mc.sha256); }
+SafeTensorsFile golden_of(const Selected& s) {
+  return vectors::read_set_case(s.dir, s.mc.file, s.mc.sha256, s.rehash);
+}
 
 // The tensor holding the case's input dtype: q, x_q (kind mha) or o_partial (kind merge).
 const RawTensor* input_tensor(const SafeTensorsFile& f) {

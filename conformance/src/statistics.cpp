@@ -496,6 +496,10 @@ RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m) {
 
 namespace {
 const double kRoot3 = std::sqrt(3.0);
+// wv^2 + partial^2; a stored model (stored_model.hpp) keeps their root in wv, partial empty
+double pv_terms(const Spread& sp, std::size_t k) {
+  return sp.partial.empty() ? sq(sp.wv[k]) : sq(sp.wv[k]) + sq(sp.partial[k]);
+}
 }
 
 double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, double u_out,
@@ -508,7 +512,7 @@ double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
   // the weights' own errors, Z's summation, a rescaling's exp, P V's products, partial sums and
   // final division, the final rounding
   const double var = sq(sp.key[k]) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
-                     sq(s.pv) * (sq(sp.wv[k]) + sq(sp.partial[k]) + sq(ax)) + sq(u_out * ax);
+                     sq(s.pv) * (pv_terms(sp, k) + sq(ax)) + sq(u_out * ax);
   return std::sqrt(var) / kRoot3 + floors;
 }
 
@@ -521,7 +525,7 @@ double out_rest_scale(const Profile& p, const Spread& sp, const RowScales& s, co
   // kr_j^2 = r_j^2 + up^2, r_j what is not P's rounding: r_j^2 / kr_j^2 <= 1 - up^2 / max_j kr_j^2
   const double km = sp.key_max[row], keep = km > 0 ? std::sqrt(std::max(0.0, 1 - sq(up / km))) : 0;
   const double var = sq(sp.key[k] * keep) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
-                     sq(s.pv) * (sq(sp.wv[k]) + sq(sp.partial[k]) + sq(ax));
+                     sq(s.pv) * (pv_terms(sp, k) + sq(ax));
   return std::sqrt(var) / kRoot3 + L.floor;
 }
 

@@ -24,6 +24,7 @@
 
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/manifest.hpp"
+#include "attnoracle/reference/verified_stamp.hpp"
 
 namespace attnoracle {
 namespace {
@@ -436,6 +437,46 @@ TEST_F(Gate, BadUsageAndAlteredSetsAreRefused) {
   fs::resize_file(cf, fs::file_size(cf) - 3);
   EXPECT_EQ(run("run " + copy.string() + " --impl true", out), 2) << out;
   EXPECT_NE(out.find("case0.safetensors: sha256 differs from the manifest"), std::string::npos) << out;
+}
+
+// The set's stamp of verified files (verify writes it): a file changed since is hashed and
+// refused, its modification time set back or not; a stamp recording the changed file's identity
+// is trusted (no hash taken, nothing refused), and --rehash takes the hash anyway.
+TEST_F(Gate, VerifiedStampSkipsTheHashOfUnchangedFilesOnly) {
+  const fs::path set = dir_ / "stamped";
+  fs::remove_all(set);
+  fs::copy(dir_ / "set", set, fs::copy_options::recursive);
+  std::string out;
+  ASSERT_EQ(run("verify " + set.string(), out), 0) << out;
+  ASSERT_TRUE(fs::exists(set / vectors::kVerifiedStamp));
+  EXPECT_NE(run("run " + set.string() + " --impl true", out), 2) << out;
+  const fs::path cf = set / "cases" / "case0.safetensors";
+  const auto when = fs::last_write_time(cf);
+  {
+    std::fstream f(cf, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  fs::last_write_time(cf, when);
+  EXPECT_EQ(run("run " + set.string() + " --impl true", out), 2) << out;
+  EXPECT_NE(out.find("case0.safetensors: sha256 differs from the manifest"), std::string::npos) << out;
+  const fs::path res = dir_ / "golden_results";  // the untouched golden files as results
+  fs::remove_all(res);
+  fs::copy(dir_ / "set" / "cases", res, fs::copy_options::recursive);
+  EXPECT_EQ(run("check " + set.string() + " --results " + res.string(), out), 1) << out;  // a failed case
+  EXPECT_NE(out.find("bad golden file: " + cf.string() + ": sha256 differs from the manifest"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("2 passed, 1 failed"), std::string::npos) << out;
+
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(set / "manifest.json"));
+  vectors::record_verified(set.string(), {{"cases/case0.safetensors", m["cases"][0]["sha256"].get<std::string>()}});
+  EXPECT_NE(run("run " + set.string() + " --impl true", out), 2) << out;
+  EXPECT_EQ(out.find("sha256"), std::string::npos) << out;
+  EXPECT_EQ(run("run " + set.string() + " --impl true --rehash", out), 2) << out;
+  EXPECT_NE(out.find("case0.safetensors: sha256 differs from the manifest"), std::string::npos) << out;
+  EXPECT_EQ(run("check " + set.string() + " --results " + res.string(), out), 0) << out;
+  EXPECT_EQ(run("check " + set.string() + " --results " + res.string() + " --rehash", out), 1) << out;
+  EXPECT_NE(out.find("sha256 differs from the manifest"), std::string::npos) << out;
 }
 
 TEST_F(Gate, NothingIsReadOutsideTheSet) {

@@ -969,7 +969,8 @@ constexpr std::string_view kGoldenNames[] = {
     "dbias.ref", "dbias.bound", "dsinks", "dsinks.ref", "dsinks.bound", "dx_q", "dx_q.ref", "dx_q.bound",
     "dx_kv", "dx_kv.ref", "dx_kv.bound", "dw_q", "dw_q.ref", "dw_q.bound", "dw_k", "dw_k.ref", "dw_k.bound",
     "dw_v", "dw_v.ref", "dw_v.bound", "dw_o", "dw_o.ref", "dw_o.bound",
-    "out_partial", "out_partial.ref", "out_partial.ref_lo", "out_partial.bound", "lse_partial.ref", "amax"};
+    "out_partial", "out_partial.ref", "out_partial.ref_lo", "out_partial.bound", "lse_partial.ref", "amax",
+    "model.rows", "model.out", "model.p_bias"};
 // lse_partial: golden in kind sdpa, an input of kind merge (case_from_file drops it by kind).
 
 }  // namespace

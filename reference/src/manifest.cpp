@@ -11,6 +11,7 @@
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/limits.hpp"
+#include "attnoracle/reference/verified_stamp.hpp"
 
 namespace attnoracle::vectors {
 
@@ -37,11 +38,13 @@ std::string sha256_hex(const unsigned char* data, std::size_t size) {
   return hex_of(ctx);
 }
 
-SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256) {
+SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256,
+                              bool rehash) {
   const std::string path = (std::filesystem::path(dir) / file).string();
   // Hashed as it is read, each tensor straight into place: one pass, no copy of the whole file.
   try {
     const OpenFile f = open_regular_file(path_within(dir, file));
+    if (!rehash && stamped(dir, file, sha256, identity_of(f.fd))) return read_safetensors(path, f.fd, f.size);
     sha256_ctx ctx;
     sha256_init(&ctx);
     SafeTensorsFile out = read_safetensors(path, f.fd, f.size, [&](const unsigned char* p, std::size_t n) {

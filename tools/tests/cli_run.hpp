@@ -97,11 +97,13 @@ inline CliResult run_cli(const std::vector<std::string>& args) {
   return r;
 }
 
-// Every regular file under `dir`, by relative path, with its bytes.
+// Every regular file under `dir`, by relative path, with its bytes; not a vector set's stamp of
+// verified files (.attnoracle-verified: the identities of this copy's files, not its content).
 inline std::map<std::string, std::string> tree(const fs::path& dir) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = read_text(e.path());
+    if (e.is_regular_file() && e.path().filename() != ".attnoracle-verified")
+      files[fs::relative(e.path(), dir).string()] = read_text(e.path());
   return files;
 }
 

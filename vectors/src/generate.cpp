@@ -17,7 +17,9 @@
 #include <mutex>
 #include <optional>
 
+#include "attnoracle/conformance/stored_model.hpp"
 #include "attnoracle/reference/error.hpp"
+#include "attnoracle/reference/verified_stamp.hpp"
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/limits.hpp"
 #include "attnoracle/version.hpp"
@@ -49,7 +51,7 @@ bool same_tensor(const RawTensor& a, const RawTensor& b) {
 // An existing case file is kept when its inputs and metadata are those the spec gives now, it
 // was made by this version of the reference, and its golden tensors are all there.
 bool present_matches(const std::string& path, const Bytes& bytes, const SafeTensorsFile& inputs,
-                     const Case& c, bool refused) {
+                     const Case& c, bool refused, bool model) {
   if (refused) return bytes == serialize_safetensors(inputs);
   SafeTensorsFile f;
   try {
@@ -63,6 +65,7 @@ bool present_matches(const std::string& path, const Bytes& bytes, const SafeTens
   md.erase("attn.reference");
   md.erase("attn.undecided");
   if (md != inputs.metadata) return false;
+  if ((f.find("model.rows") != nullptr) != (model && c.kind == Kind::Sdpa)) return false;
   std::size_t n_inputs = 0;
   for (const RawTensor& t : f.tensors) {
     if (is_golden_tensor_name(t.name)) continue;
@@ -185,7 +188,7 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
     out.fully_masked = has_fully_masked_row(c);
     const fs::path path = cases_dir / (cs.id + ".safetensors");
     if (const auto old = earlier_file(path);
-        old && present_matches(path, *old, inputs, c, out.refused)) {
+        old && present_matches(path, *old, inputs, c, out.refused, opt.model)) {
       out.sha256 = sha256_hex(*old);
       out.done = true;
       report(CaseEvent::Present, cs, seconds());
@@ -196,7 +199,9 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
       bytes = serialize_safetensors(inputs);
     } else {
       try {
-        bytes = serialize_safetensors(golden_file(c, oracle::certified_evaluate(c, eval, check)));
+        SafeTensorsFile golden = golden_file(c, oracle::certified_evaluate(c, eval, check));
+        if (opt.model) conformance::put_model(c, golden);
+        bytes = serialize_safetensors(golden);
       } catch (const oracle::InvariantViolation& e) {
         {
           std::lock_guard<std::mutex> lk(mu);
@@ -242,6 +247,10 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
   const std::string text = manifest_text(m);
   write_file_atomic((dir / "manifest.json").string(), Bytes(text.begin(), text.end()));
   sum.manifest_written = true;
+  // the files just written or found present, hashed here: `check` need not hash them again
+  std::vector<std::pair<std::string, std::string>> verified;
+  for (const ManifestCase& mc : m.cases) verified.emplace_back(mc.file, mc.sha256);
+  record_verified(dir.string(), verified);
   return sum;
 }
 

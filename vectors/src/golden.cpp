@@ -7,6 +7,8 @@
 #include <cstring>
 #include <set>
 
+#include "attnoracle/conformance/stored_model.hpp"
+#include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "attnoracle/vectors/verify.hpp"
 #include "numbers.hpp"
@@ -284,9 +286,14 @@ std::optional<std::string> golden_layout_problem(const Case& c, const SafeTensor
       if (base.size() > std::strlen(suffix) &&
           base.compare(base.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
         base.resize(base.size() - std::strlen(suffix));
-    bool wanted = false;
+    bool wanted = base.rfind("model.", 0) == 0;  // the model's magnitudes: checked below
     for (const GoldenSpec& e : want) wanted = wanted || e.name == base;
     if (!wanted) return t.name + ": present but the case does not call for it";
+  }
+  try {
+    conformance::stored_model(c, f, "");
+  } catch (const InputError& e) {
+    return e.field() + ": " + e.what();
   }
   const auto ref = f.metadata.find("attn.reference");
   if (ref == f.metadata.end()) return "attn.reference: missing";

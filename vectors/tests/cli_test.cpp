@@ -326,6 +326,47 @@ TEST_F(VectorsCli, UsageErrors) {
   EXPECT_EQ(r.status, 2);
 }
 
+// gen --model: the model's magnitudes with the golden tensors of the sdpa cases (none for mha),
+// verified, recomputed by --recompute, which catches one changed bit of them; a gen without
+// --model into the same directory writes the files again without them.
+TEST_F(VectorsCli, StoredModelIsVerifiedAndRecomputed) {
+  CliResult r = gen("model", {"--model", "--jobs", "2", "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafeTensorsFile f = read_safetensors(dir_ / "model" / "cases" / "gens-000.safetensors");
+  for (const char* name : {"model.rows", "model.out", "model.p_bias"}) EXPECT_NE(f.find(name), nullptr) << name;
+  EXPECT_EQ(read_safetensors(dir_ / "model" / "cases" / "mha-000.safetensors").find("model.rows"), nullptr);
+  r = verify("model", {"--recompute"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+
+  fs::copy(dir_ / "model", dir_ / "bit", fs::copy_options::recursive);
+  const fs::path p = dir_ / "bit" / "cases" / "gens-000.safetensors";
+  SafeTensorsFile g = read_safetensors(p);
+  g.find("model.out")->data[0] ^= 1;
+  const auto bytes = serialize_safetensors(g);
+  write_text(p, std::string(bytes.begin(), bytes.end()));
+  fix_hash("bit", "gens-000");
+  r = verify("bit", {"--recompute"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out.rfind("gens-000: model.out: element 0 differs from the re-evaluation", 0), 0u) << r.out;
+
+  // a stored model of the wrong shape: refused by the layout check, naming the tensor
+  SafeTensorsFile h = read_safetensors(p);
+  RawTensor* rows = h.find("model.rows");
+  rows->shape.back() = 6;
+  rows->shape.insert(rows->shape.end() - 1, 2);
+  const auto bytes2 = serialize_safetensors(h);
+  write_text(p, std::string(bytes2.begin(), bytes2.end()));
+  fix_hash("bit", "gens-000");
+  r = verify("bit");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "gens-000: model.rows: must be F64 of the shape the case gives it\n");
+
+  r = gen("model", {"--jobs", "2", "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_safetensors(dir_ / "model" / "cases" / "gens-000.safetensors").find("model.rows"), nullptr);
+  EXPECT_EQ(verify("model").status, 0);
+}
+
 TEST_F(VectorsCli, SecondGenIntoTheSameDirectoryIsRefusedWhileTheFirstRuns) {
   // A run in progress holds the directory (as gen does, with flock): an unsharded run, which
   // would remove the first run's temporary files and manifest, is refused and changes nothing.

@@ -24,6 +24,7 @@ struct GateOptions {
   int shard = 0, shards = 0;
   double timeout = 600;            // seconds for the implementation's whole run
   bool require_all = false;        // skipped cases count as failures
+  bool rehash = false;             // hash every golden file, also those the set's stamp records verified
   std::string work_dir;            // `run`: where inputs and outputs go
   int threads = 1;                 // comparisons in parallel
   // `run`: the implementation is the plugin host, which runs the jobs in order; when it dies of

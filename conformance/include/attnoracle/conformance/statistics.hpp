@@ -33,6 +33,7 @@ struct Spread {
   std::vector<double> key;       // sqrt(sum_j (w_j (v_jc - x_c) kr_j)^2): the weights' errors on out
   std::vector<double> wv;        // sqrt(sum_j (w_j v_jc)^2): the products of P V
   std::vector<double> partial;   // sqrt(sum_k P_k^2), P_k = sum_{j <= k} w_j v_jc: its sums
+                                 // (empty where wv holds sqrt(wv^2 + partial^2): stored_spread)
   // The bias test (TOLERANCE.md, "P's roundings: the bias test"): per direction d, the roots of
   // the proxies of sum_k s_dk (P's roundings' part of out_k's error), s_0 = 1, s_1 = sign(x),
   // over the even bins (p_bias[2 d]) and the odd ones (p_bias[2 d + 1])

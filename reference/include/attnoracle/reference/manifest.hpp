@@ -50,8 +50,11 @@ inline std::string sha256_hex(std::string_view s) {
 // The case file `file` of the vector set in `dir`, read only inside it (as read_file_within) and
 // hashed as it is read. Throws InputError(dir/file, "", ...): "sha256 differs from the manifest:
 // the vector set is altered" when its SHA-256 is not `sha256` (said before any other problem of
-// such a file), else what reading and parsing it refuse.
-SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256);
+// such a file), else what reading and parsing it refuse. A file the set's stamp records as
+// verified with this hash, unchanged since (verified_stamp.hpp), is read without hashing, unless
+// `rehash`.
+SafeTensorsFile read_set_case(const std::string& dir, const std::string& file, const std::string& sha256,
+                              bool rehash = false);
 
 // A case id usable as a file name: letters, digits, _ - . (not first).
 bool valid_case_id(std::string_view id);

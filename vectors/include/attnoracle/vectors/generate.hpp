@@ -23,6 +23,7 @@ struct GenOptions {
   int shard_k = 0, shard_n = 1;
   std::vector<std::string> ids;  // when not empty, only these cases (after the shard's); no manifest
   mpfr_prec_t max_precision = 2048;
+  bool model = false;  // the model's magnitudes with the golden tensors (model.rows, model.out, model.p_bias)
 };
 
 struct CaseEvent {
