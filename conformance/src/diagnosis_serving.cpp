@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -19,6 +21,11 @@ std::string list(const std::vector<std::string>& v, std::size_t cap = 4, const c
   for (std::size_t k = 0; k < v.size() && k < cap; ++k) s += (k ? sep : "") + v[k];
   if (v.size() > cap) s += ", ... (" + std::to_string(v.size()) + " in all)";
   return s;
+}
+std::string fmt_g(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
 }
 std::string plural(std::int64_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
@@ -306,8 +313,11 @@ std::vector<Finding> paged_findings(const Case& c, const RowFlags& rows, const D
   if (!c.paged || c.paged->page_size < 1 || d.failed_total == 0) return out;
   Paged p(c, rows);
   p.slots(d, d.failed_total, out);
+  // the most specific kind of page, and those that fit the same number of rows (the data cannot
+  // tell them apart)
   const auto cands = p.candidates();
-  if (!cands.empty()) out.push_back({cands.front().name, cands.front().text, d.failed_total});
+  for (const auto& x : cands)
+    if (x.f.with == cands.front().f.with && (out.empty() || out.back().name != x.name)) out.push_back({x.name, x.text, d.failed_total});
   return out;
 }
 
@@ -404,7 +414,7 @@ std::vector<Finding> split_findings(const Case& c, const SplitFailures& f) {
         at_keyed += bad && keyed;
         if (bad && ex.size() < 2) ex.push_back(keys_of(c, s) + " of " + row_name(c, k));
       }
-    const std::string v = f.inf_mismatch_nan ? "NaN, not -inf," : "not -inf";
+    const std::string v = f.inf_mismatch_nan ? "NaN, not -inf," : "not -inf (" + fmt_g(f.inf_mismatch_example) + " at the first)";
     if (at_empty > 0 && at_keyed == 0) {
       out.push_back({"split_empty_lse",
                      "lse_partial is " + v + " in " + std::to_string(at_empty) + " of the " +
@@ -493,6 +503,31 @@ std::vector<Finding> split_findings(const Case& c, const SplitFailures& f) {
 
 namespace attnoracle::conformance {
 
+std::optional<Finding> lse_without_sink(const Case& c, const RowFlags& rows,
+                                        const std::function<double(std::int64_t, std::size_t)>& split_lse, std::int64_t S,
+                                        const RawTensor* lse, std::int64_t elements) {
+  if (!c.sinks || !lse || lse->shape != std::vector<std::int64_t>{c.B, c.Hq, c.Nq} || rows.failing.size() != lse->data.size() / dtype_size(lse->dtype))
+    return std::nullopt;
+  std::int64_t n = 0, fits = 0;
+  for (std::size_t k = 0; k < rows.failing.size(); ++k) {
+    if (!rows.compared[k] || !rows.failing[k]) continue;
+    ++n;
+    // log sum exp(lse_s) over the splits alone
+    double t = -INFINITY, sum = 0;
+    for (std::int64_t s = 0; s < S; ++s) t = std::max(t, split_lse(s, k));
+    for (std::int64_t s = 0; s < S && t != -INFINITY; ++s) sum += std::exp(split_lse(s, k) - t);
+    const double without = t == -INFINITY ? -INFINITY : t + std::log(sum);
+    const double y = decode_float(lse->dtype, lse->data.data() + k * dtype_size(lse->dtype));
+    // within 1e-3: far above an F32 merge's rounding, below the sink's term where it matters
+    fits += y == without || std::fabs(y - without) <= 1e-3 * std::max(1.0, std::fabs(without));
+  }
+  if (n == 0 || fits < n) return std::nullopt;
+  return Finding{"lse_without_sink",
+                 "lse of the " + plural(n, "failing row is", "failing rows are") +
+                     " the merge of the splits without the sink (log sum exp(lse_s), to 1e-3): add exp(sinks[h]) to the denominator",
+                 elements};
+}
+
 std::vector<Finding> merge_findings(const Case& m, const RowFlags& rows, const RawTensor* lse, std::int64_t elements) {
   std::vector<Finding> out;
   const std::int64_t S = m.Nk, R = m.B * m.Hq * m.Nq;
@@ -538,30 +573,9 @@ std::vector<Finding> merge_findings(const Case& m, const RowFlags& rows, const R
         "whose sink lies above every split's lse_s", "check the sink's term exp(sink - max) in the denominator");
   std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.f.with < b.f.with; });
   if (!cands.empty()) out.push_back({cands.front().name, cands.front().text, elements});
-  // with sinks: the returned lse is the merge's without the sink on every failing row
-  if (m.sinks && lse && lse->shape == std::vector<std::int64_t>{m.B, m.Hq, m.Nq}) {
-    std::int64_t n = 0, fits = 0;
-    for (std::int64_t b = 0; b < m.B; ++b)
-      for (std::int64_t h = 0; h < m.Hq; ++h)
-        for (std::int64_t i = 0; i < m.Nq; ++i) {
-          const std::size_t k = at(b, h, i);
-          if (!rows.compared[k] || !rows.failing[k]) continue;
-          ++n;
-          // log sum exp(lse_s) over the splits alone
-          const double t = top[k];
-          double sum = 0;
-          for (std::int64_t s = 0; s < S; ++s) sum += t == -INFINITY ? 0 : std::exp(split_lse(s, static_cast<std::int64_t>(k)) - t);
-          const double without = t == -INFINITY ? -INFINITY : t + std::log(sum);
-          const double y = decode_float(lse->dtype, lse->data.data() + k * dtype_size(lse->dtype));
-          // within 1e-3 (far above F32's rounding of a merge, far below the sink's term it lacks)
-          fits += y == without || std::fabs(y - without) <= 1e-3 * std::max(1.0, std::fabs(without));
-        }
-    if (n > 0 && fits == n)
-      out.push_back({"merge_without_sink",
-                     "lse of the " + plural(n, "failing row is", "failing rows are") +
-                         " the merge of the splits without the sink (log sum exp(lse_s), to 1e-3): add exp(sinks[h]) to the denominator",
-                     elements});
-  }
+  if (m.sinks)
+    if (auto f = lse_without_sink(m, rows, [&](std::int64_t s, std::size_t k) { return split_lse(s, static_cast<std::int64_t>(k)); }, S, lse, elements))
+      out.push_back(std::move(*f));
   return out;
 }
 

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "attnoracle/conformance/diagnosis.hpp"
@@ -35,8 +37,15 @@ struct SplitFailures {
   std::vector<std::int64_t> elements;      // [S]
   std::vector<std::vector<char>> inf_mismatch;  // [S][B * Hq * Nq], empty when none
   bool inf_mismatch_nan = true;                 // every such lse_partial is NaN
+  double inf_mismatch_example = 0;              // the first such lse_partial
 };
 std::vector<Finding> split_findings(const Case& c, const SplitFailures& f);
+
+// With sinks: the returned lse (`lse`, [B, H, Nq]) of every failing row is the log sum exp of
+// the splits' lse_s (split_lse(s, row), S splits) without the sink.
+std::optional<Finding> lse_without_sink(const Case& c, const RowFlags& rows,
+                                        const std::function<double(std::int64_t, std::size_t)>& split_lse, std::int64_t S,
+                                        const RawTensor* lse, std::int64_t elements);
 
 // Kind merge: the failing rows (b, h, i) of [B, H, Nq] against the rows with a -inf split, a
 // +inf split (attn.lse_posinf), every split empty, or a sink above every split; and, with sinks,

@@ -188,16 +188,18 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
                 " and shape " + shape_string(pr));
   // A split without a key has lse -inf, exactly, whatever the convention for fully masked rows.
   const std::int64_t S = c.splits(), nr = numel(pr) / std::max<std::int64_t>(S, 1);
-  SplitFailures sf{std::vector<std::vector<char>>(static_cast<std::size_t>(S)), std::vector<std::int64_t>(static_cast<std::size_t>(S)), {}, true};
+  SplitFailures sf{std::vector<std::vector<char>>(static_cast<std::size_t>(S)), std::vector<std::int64_t>(static_cast<std::size_t>(S)), {}, true, 0};
   if (c.want_lse_partial) {
     std::string first;
     for (std::int64_t e = 0; e < numel(pr); ++e) {
       double x, y = decode_float(yl->dtype, yl->data.data() + static_cast<std::size_t>(e) * dtype_size(yl->dtype));
       std::memcpy(&x, glr->data.data() + 8 * static_cast<std::size_t>(e), 8);
       if ((x == -INFINITY) == (y == -INFINITY)) continue;
-      if (first.empty())
+      if (first.empty()) {
+        sf.inf_mismatch_example = y;
         first = "lse_partial element " + std::to_string(e) + " is " + std::to_string(y) + " where the exact value is " +
                 std::to_string(x) + (x == -INFINITY ? " (a split without a key: -inf exactly)" : "");
+      }
       if (sf.inf_mismatch.empty()) sf.inf_mismatch.assign(static_cast<std::size_t>(S), std::vector<char>(static_cast<std::size_t>(nr)));
       sf.inf_mismatch[static_cast<std::size_t>(e / nr)][static_cast<std::size_t>(e % nr)] = 1;
       sf.inf_mismatch_nan = sf.inf_mismatch_nan && std::isnan(y);
@@ -240,8 +242,17 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
     sf.elements[static_cast<std::size_t>(s)] = sub.failed_elements;
     fold(rep, std::move(sub), s, c);
   }
-  if (rep.status == CaseStatus::Fail)
+  if (rep.status == CaseStatus::Fail) {
     for (auto& f : split_findings(c, sf)) rep.diagnosis.findings.push_back(std::move(f));
+    // the sink left out of the merge, the exact partial lse_s taken for the kernel's
+    const auto lse_s = [&](std::int64_t s, std::size_t k) {
+      double x;
+      std::memcpy(&x, glr->data.data() + 8 * (static_cast<std::size_t>(s * nr) + k), 8);
+      return x;
+    };
+    if (auto f = lse_without_sink(c, row_flags(c, rep.diagnosis, false), lse_s, S, result.output.find("lse"), rep.diagnosis.failed_total))
+      rep.diagnosis.findings.push_back(std::move(*f));
+  }
   return rep;
 }
 

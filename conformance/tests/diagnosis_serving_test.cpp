@@ -243,6 +243,34 @@ TEST(DiagnosisSplit, OutFailingInRowsWithAnEmptySplit) {
             0u) << f->text;
 }
 
+TEST(DiagnosisSplit, LseWithoutTheSink) {
+  SafeTensorsFile f = split_case();
+  f.put(f32("sinks", {2}, 0.4f));
+  const auto golden = golden_of(f);
+  JobResult r = testing::golden_result(golden, {"out", "lse", "out_partial", "lse_partial"});
+  // lse of queries 6..11 of head 1: log sum exp of the exact lse_s, the sink left out
+  const RawTensor& ref = *golden.find("lse_partial.ref");
+  change(r, "lse", [](auto, auto h, auto i, auto) { return h == 1 && i >= 6; }, [](double) { return 0.0; });
+  RawTensor& lse = tensor(r, "lse");
+  for (std::size_t k = 18; k < 24; ++k) {
+    double sum = 0;
+    for (std::size_t s = 0; s < 3; ++s) {
+      double x;
+      std::memcpy(&x, ref.data.data() + 8 * (s * 24 + k), 8);
+      sum += std::exp(x);
+    }
+    set(lse, k, std::log(sum));
+  }
+  const CaseReport rep = compare(golden, r);
+  ASSERT_EQ(rep.status, CaseStatus::Fail);
+  const Finding* fd = find(rep, "lse_without_sink");
+  ASSERT_NE(fd, nullptr) << all(rep);
+  EXPECT_EQ(fd->text.rfind("lse of the 6 failing rows are the merge of the splits without the sink", 0), 0u) << fd->text;
+  // lse off by another amount: silent
+  change(r, "lse", [](auto, auto h, auto i, auto) { return h == 1 && i == 11; }, [](double x) { return x + 0.1; });
+  EXPECT_EQ(find(compare(golden, r), "lse_without_sink"), nullptr);
+}
+
 // `attnoracle run` on the serving kernels with planted bugs over cases of the committed sample.
 class DiagnosisServingRun : public ::testing::Test {
  protected:
@@ -302,7 +330,7 @@ TEST_F(DiagnosisServingRun, MergeNanOnNegInfNamesTheEmptySplits) {
 }
 
 TEST_F(DiagnosisServingRun, MergeIgnoringTheSink) {
-  const std::string t = finding("merge_ignores_sink", "merge_sinks-000", "merge_without_sink");
+  const std::string t = finding("merge_ignores_sink", "merge_sinks-000", "lse_without_sink");
   EXPECT_EQ(t.rfind("lse of the 144 failing rows are the merge of the splits without the sink", 0), 0u) << t << "\n" << out_;
 }
 
