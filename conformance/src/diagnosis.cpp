@@ -10,6 +10,7 @@
 
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
+#include "diagnosis_serving.hpp"
 
 namespace attnoracle::conformance {
 namespace {
@@ -168,22 +169,10 @@ struct Patterns {
   }
 
   void rows() {
-    const std::size_t n = static_cast<std::size_t>(c.B * c.Hq * c.Nq);
-    compared.assign(n, 0);
-    failing.assign(n, 0);
-    for (std::int64_t b = 0; b < c.B; ++b)
-      for (std::int64_t h = 0; h < c.Hq; ++h)
-        for (std::int64_t i = 0; i < c.Nq; ++i) compared[row(b, h, i)] = c.query_valid(b, i) && c.row_has_key(b, h, i);
-    for (int t = 0; t < 3; ++t)
-      for (const auto& [key, acc] : d.row_acc[t]) {
-        if (t == 0 && mha) {  // key b * Nq + i
-          for (std::int64_t h = 0; h < c.Hq; ++h) failing[row(key / c.Nq, h, key % c.Nq)] = 1;
-        } else if (static_cast<std::size_t>(key) < n) {
-          failing[static_cast<std::size_t>(key)] = 1;
-        }
-      }
-    for (std::size_t r = 0; r < n; ++r) {
-      if (!compared[r]) failing[r] = 0;  // fully masked or padding rows say nothing here
+    RowFlags f = row_flags(c, d, false);
+    compared = std::move(f.compared);
+    failing = std::move(f.failing);
+    for (std::size_t r = 0; r < failing.size(); ++r) {
       n_failing += failing[r];
       n_passing += compared[r] && !failing[r];
     }
@@ -511,8 +500,18 @@ struct Patterns {
         d.failed_total);
   }
 
+  // Paged caches and splits (diagnosis_serving.cpp): the page or split the failing rows share.
+  void serving() {
+    if (mha) return;
+    const RowFlags f{compared, failing};
+    for (auto& x : paged_findings(c, f, d)) out.push_back(std::move(x));
+    if (c.kv_split_size > 0)
+      for (auto& x : empty_split_rows(c, f, d.failed_total)) out.push_back(std::move(x));
+  }
+
   void run() {
     rows();
+    serving();
     masked_weights();
     rule_rows();
     blocking();
@@ -529,6 +528,28 @@ struct Patterns {
 };
 
 }  // namespace
+
+RowFlags row_flags(const Case& c, const Diagnosis& d, bool keyless) {
+  const bool mha = c.kind == Kind::Mha;
+  const std::size_t n = static_cast<std::size_t>(c.B * c.Hq * c.Nq);
+  RowFlags f{std::vector<char>(n), std::vector<char>(n)};
+  auto row = [&](std::int64_t b, std::int64_t h, std::int64_t i) { return static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i); };
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        f.compared[row(b, h, i)] = c.query_valid(b, i) && (keyless || c.row_has_key(b, h, i));
+  for (int t = 0; t < 3; ++t)
+    for (const auto& [key, acc] : d.row_acc[t]) {
+      if (t == 0 && mha) {  // key b * Nq + i
+        for (std::int64_t h = 0; h < c.Hq; ++h) f.failing[row(key / c.Nq, h, key % c.Nq)] = 1;
+      } else if (static_cast<std::size_t>(key) < n) {
+        f.failing[static_cast<std::size_t>(key)] = 1;
+      }
+    }
+  for (std::size_t r = 0; r < n; ++r)
+    if (!f.compared[r]) f.failing[r] = 0;  // fully masked or padding rows say nothing here
+  return f;
+}
 
 std::vector<Finding> find_patterns(const Case& c, const Diagnosis& d, const SafeTensorsFile& golden,
                                    const SafeTensorsFile& result) {

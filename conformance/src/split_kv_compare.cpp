@@ -8,6 +8,7 @@
 
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/reference/merge_case.hpp"
+#include "diagnosis_serving.hpp"
 
 namespace attnoracle::conformance {
 namespace {
@@ -142,7 +143,20 @@ CaseReport compare_merge(const std::string& id, const SafeTensorsFile& golden, c
     if (t.name == "out" && t.shape == m.out_shape()) t.shape = out;
     if (t.name == "lse" && t.shape == m.row_shape()) t.shape = rows;
   }
-  return compare_plain_case(id, g, expect, r, profile, pictures);
+  CaseReport rep = compare_plain_case(id, g, expect, r, profile, pictures);
+  if (rep.status != CaseStatus::Fail || rep.diagnosis.failed_total == 0) return rep;
+  // The sdpa case's rows (b, h * Nq + i) are the merge's rows (b, h, i) in the same order; its
+  // findings on heads, keys and masks speak of that case's geometry and give way to the merge's.
+  auto& fs = rep.diagnosis.findings;
+  std::erase_if(fs, [](const Finding& f) {
+    for (const char* n : {"one_head", "some_heads", "one_kv_group", "kv_groups", "other_head", "rows_beyond_keys",
+                          "max_past_block", "masked_rows", "masked_weight", "large_scores"})
+      if (f.name == n) return true;
+    return false;
+  });
+  const auto mf = merge_findings(m, row_flags(inner, rep.diagnosis, true), result.output.find("lse"), rep.diagnosis.failed_total);
+  fs.insert(fs.begin(), mf.begin(), mf.end());
+  return rep;
 }
 
 }  // namespace
@@ -173,20 +187,35 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
     return fail("the result has no lse_partial of dtype " + std::string(dtype_name(c.dtype_of("lse_partial"))) +
                 " and shape " + shape_string(pr));
   // A split without a key has lse -inf, exactly, whatever the convention for fully masked rows.
-  if (c.want_lse_partial)
+  const std::int64_t S = c.splits(), nr = numel(pr) / std::max<std::int64_t>(S, 1);
+  SplitFailures sf{std::vector<std::vector<char>>(static_cast<std::size_t>(S)), std::vector<std::int64_t>(static_cast<std::size_t>(S)), {}, true, 0};
+  if (c.want_lse_partial) {
+    std::string first;
     for (std::int64_t e = 0; e < numel(pr); ++e) {
       double x, y = decode_float(yl->dtype, yl->data.data() + static_cast<std::size_t>(e) * dtype_size(yl->dtype));
       std::memcpy(&x, glr->data.data() + 8 * static_cast<std::size_t>(e), 8);
-      if ((x == -INFINITY) != (y == -INFINITY))
-        return fail("lse_partial element " + std::to_string(e) + " is " + std::to_string(y) + " where the exact value is " +
-                    std::to_string(x) + (x == -INFINITY ? " (a split without a key: -inf exactly)" : ""));
+      if ((x == -INFINITY) == (y == -INFINITY)) continue;
+      if (first.empty()) {
+        sf.inf_mismatch_example = y;
+        first = "lse_partial element " + std::to_string(e) + " is " + std::to_string(y) + " where the exact value is " +
+                std::to_string(x) + (x == -INFINITY ? " (a split without a key: -inf exactly)" : "");
+      }
+      if (sf.inf_mismatch.empty()) sf.inf_mismatch.assign(static_cast<std::size_t>(S), std::vector<char>(static_cast<std::size_t>(nr)));
+      sf.inf_mismatch[static_cast<std::size_t>(e / nr)][static_cast<std::size_t>(e % nr)] = 1;
+      sf.inf_mismatch_nan = sf.inf_mismatch_nan && std::isnan(y);
     }
+    if (!first.empty()) {
+      fail(first);
+      for (auto& f : split_findings(c, sf)) rep.diagnosis.findings.push_back(std::move(f));
+      return rep;
+    }
+  }
   Profile sp = profile;
   sp.masked_rows = MaskedRowConvention::Zero;  // the contract's: 0, lse -inf
   sp.lse_dtype.reset();
   sp.returns_lse = true;
-  const std::int64_t n = numel(o1), nr = numel(r1);
-  for (std::int64_t s = 0; s < c.splits(); ++s) {
+  const std::int64_t n = numel(o1);
+  for (std::int64_t s = 0; s < S; ++s) {
     SafeTensorsFile g = split_inputs(c, golden, s);
     const Case sc = case_from_file(id, g);
     for (const char* k : {"attn.reference", "attn.undecided"})
@@ -208,7 +237,21 @@ CaseReport compare_case(const std::string& id, const SafeTensorsFile& golden, co
     // out_partial not asked: the golden one in its place (judged exact), so that lse is judged
     r.output.put(c.want_out_partial ? slice(*yo, s, "out", o1) : slice(*go, s, "out", o1));
     if (c.want_lse_partial) r.output.put(slice(*yl, s, "lse", r1));
-    fold(rep, compare_plain_case(id, g, "ok", r, sp, false), s, c);
+    CaseReport sub = compare_plain_case(id, g, "ok", r, sp, false);
+    sf.failing[static_cast<std::size_t>(s)] = row_flags(sc, sub.diagnosis, true).failing;  // empty splits too
+    sf.elements[static_cast<std::size_t>(s)] = sub.failed_elements;
+    fold(rep, std::move(sub), s, c);
+  }
+  if (rep.status == CaseStatus::Fail) {
+    for (auto& f : split_findings(c, sf)) rep.diagnosis.findings.push_back(std::move(f));
+    // the sink left out of the merge, the exact partial lse_s taken for the kernel's
+    const auto lse_s = [&](std::int64_t s, std::size_t k) {
+      double x;
+      std::memcpy(&x, glr->data.data() + 8 * (static_cast<std::size_t>(s * nr) + k), 8);
+      return x;
+    };
+    if (auto f = lse_without_sink(c, row_flags(c, rep.diagnosis, false), lse_s, S, result.output.find("lse"), rep.diagnosis.failed_total))
+      rep.diagnosis.findings.push_back(std::move(*f));
   }
   return rep;
 }
