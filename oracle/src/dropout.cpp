@@ -36,7 +36,7 @@ std::vector<Violation> check_dropout(const Case& c, const Case& plain, std::int6
     if (!overlap(d.weights.at(0).at(jj), a.weights.at(0).at(jj)))
       add(j, -1, "weight " + show(d.weights[0][jj]) + " differs from " + show(a.weights[0][jj]) + " without dropout");
   }
-  // O_c = 1 / (1 - p) sum_j keep_j A_j v_jc with A the weights without dropout: each product
+  // O_c = 1 / (1 - p) sum_j keep_j A_j v_jc with A and v the twin's: each product
   // and the sum rounded outward, so the interval holds the exact value.
   const mpfr_prec_t q = p + 64;
   Enclosure s(q), t(q), sum(q);
@@ -48,7 +48,7 @@ std::vector<Violation> check_dropout(const Case& c, const Case& plain, std::int6
     for (std::int64_t j = 0; j < c.Nk; ++j) {
       if (!c.kept(b, h, i, j)) continue;
       const Enclosure& w = a.weights[0][static_cast<std::size_t>(j)];
-      const double x = c.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + j) * c.Dv + col)];
+      const double x = plain.v.values[static_cast<std::size_t>(((b * c.Hkv + g) * c.Nk + j) * c.Dv + col)];
       mpfr_mul_d(t.lo, x >= 0 ? w.lo : w.hi, x, MPFR_RNDD);
       mpfr_mul_d(t.hi, x >= 0 ? w.hi : w.lo, x, MPFR_RNDU);
       mpfr_add(sum.lo, sum.lo, t.lo, MPFR_RNDD);
