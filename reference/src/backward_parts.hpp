@@ -66,9 +66,14 @@ struct Terms {
 struct Consts {
   Enclosure scale, abs_scale, cap, keep;
   bool softcap, dropout;
+  Rational keep_exact;  // 1 / (1 - p) exactly, where keep_is_exact
+  bool keep_is_exact = false;
   Consts(const Case& c, mpfr_prec_t p)
       : scale(p), abs_scale(p), cap(p), keep(p), softcap(c.softcap.has_value()), dropout(c.dropout.has_value()) {
-    if (dropout) enclose_keep_scale(keep.lo, keep.hi, c.dropout->p);
+    if (dropout) {
+      enclose_keep_scale(keep.lo, keep.hi, c.dropout->p);
+      keep_is_exact = exact_keep_scale(keep_exact.q, c.dropout->p);
+    }
     if (c.scale) {
       detail::enclose_text(scale.lo, scale.hi, *c.scale);
     } else {  // 1/sqrt(Dk), correctly rounded each way
@@ -106,6 +111,7 @@ inline void softcap_slope(Enclosure& r, const Enclosure& T, const Consts& k, mpf
 inline void keep_scaled(Enclosure& x, bool kept, const Consts& k, Enclosure& tmp) {
   if (!k.dropout) return;
   if (!kept) return set_zero(x);
+  if (k.keep_is_exact) return mul_keep_scale(x.lo, x.hi, x.lo, x.hi, k.keep_exact.q);  // increasing in x
   mul_nonneg(tmp, k.keep, x);
   copy_to(x, tmp);
 }

@@ -157,13 +157,18 @@ struct HeadWork {
   MpfrVec slo, shi, elo, ehi, terms;  // scores S, exp(S - m), per allowed key
   Mp zlo, zhi, nlo, nhi, m, tmp, tmp2;
   Mp sink_lo, sink_hi;  // exp(sink - m), when the case has sinks
-  Mp klo, khi;          // 1 / (1 - p), under dropout
+  Mp klo, khi;          // 1 / (1 - p), under dropout: enclosed, and exact in ks where it can be
+  Rational ks;
+  bool ks_exact = false;
   bool tie = false;  // every score provably equal
   HeadWork(const Case& cs, std::int64_t b_, std::int64_t h_, std::int64_t i_, mpfr_prec_t p_,
            ExactMatrix q, ExactMatrix k, ExactMatrix v)
       : c(cs), b(b_), h(h_), i(i_), p(p_), Q(q), K(k), V(v), zlo(p_), zhi(p_), nlo(p_),
         nhi(p_), m(p_), tmp(p_), tmp2(p_), sink_lo(p_), sink_hi(p_), klo(p_), khi(p_) {
-    if (c.dropout) enclose_keep_scale(klo.x, khi.x, c.dropout->p);
+    if (c.dropout) {
+      enclose_keep_scale(klo.x, khi.x, c.dropout->p);
+      ks_exact = exact_keep_scale(ks.q, c.dropout->p);
+    }
   }
 };
 
@@ -398,7 +403,10 @@ void magnitude_bound(HeadWork& w, Enclosure& bd, std::int64_t cc, const ColumnRa
 }
 
 // [lo, hi] times the keep scale [klo, khi] (positive): the sign of each end picks the scale's end.
+// With 1 / (1 - p) exact, each end is the correctly rounded product: an exact product that is
+// representable stays a point (a bound equal to an F64 is then decided).
 void scale_by_keep(Enclosure& e, const HeadWork& w, mpfr_ptr tmp) {
+  if (w.ks_exact) return mul_keep_scale(e.lo, e.hi, e.lo, e.hi, w.ks.q);
   mpfr_mul(tmp, e.lo, mpfr_sgn(e.lo) >= 0 ? w.klo.x : w.khi.x, MPFR_RNDD);
   mpfr_mul(e.hi, e.hi, mpfr_sgn(e.hi) >= 0 ? w.khi.x : w.klo.x, MPFR_RNDU);
   mpfr_set(e.lo, tmp, MPFR_RNDD);

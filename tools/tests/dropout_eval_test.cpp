@@ -118,6 +118,12 @@ TEST_F(DropoutEval, TwoKeysOneDroppedByHand) {
   EXPECT_EQ(values(t, "weights"), (std::vector<double>{0.5, 0.5}));
   EXPECT_EQ(values(t, "dq"), (std::vector<double>{0, static_cast<float>(10.0 / 3)}));
   EXPECT_EQ(values(t, "dv"), (std::vector<double>{static_cast<float>(5.0 / 9), static_cast<float>(5.0 / 9), 0, 0}));
+  // p = 0.1 with v0 = (4.5, 9): O = (2.5, 5) exactly, an exact F64 bound is the bound itself (the
+  // product by 1 / (1 - p) taken exactly, not through an enclosure that would never decide it).
+  const SafeTensorsFile x = evaluated(with(two_keys("0.1"), floats("v", {1, 1, 2, 2}, {4.5, 9, 6, 8})), "exact");
+  EXPECT_EQ(values(x, "out"), (std::vector<double>{2.5, 5}));
+  EXPECT_EQ(values(x, "out.ref"), (std::vector<double>{2.5, 5}));
+  EXPECT_EQ(values(x, "out.bound"), (std::vector<double>{2.5, 5}));
   // Every key kept with p = 0: the case without dropout, byte for byte.
   const SafeTensorsFile a = evaluated(with(two_keys("0"), keep({1, 1, 1, 2}, {1, 1})), "all");
   const SafeTensorsFile b = evaluated(without_meta(without(two_keys("0"), "dropout_mask"), "attn.dropout_p"), "none");
