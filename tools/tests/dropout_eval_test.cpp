@@ -136,6 +136,43 @@ TEST_F(DropoutEval, TwoKeysOneDroppedByHand) {
   EXPECT_EQ(k.find("lse")->data, b.find("lse")->data);
 }
 
+TEST_F(DropoutEval, WithGqaCausalBiasSinksSeqlensAndSoftcapUnderEveryTwin) {
+  // Hq = 4 over Hkv = 2, causal bottom_right, a bias, sinks, seqlens_k, softcap, a keep mask
+  // broadcast over the batch [Hq, Nq, Nk]: every gradient, every row given the twins and every
+  // slice the gradient twins; the weights and lse are those of the case without dropout.
+  auto small = [](std::size_t e) { return 0.25 * static_cast<double>(e * 5 % 11) - 1.25; };
+  auto tensor = [&](const std::string& name, Shape shape, std::size_t salt) {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    std::vector<double> v(n);
+    for (std::size_t e = 0; e < n; ++e) v[e] = small(e * 3 + salt);
+    return floats(name, std::move(shape), v);
+  };
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.causal", "bottom_right"}, {"attn.softcap", "5"},
+                {"attn.dropout_p", "0.2"}, {"attn.outputs", "out,weights,lse,dq,dk,dv,dbias,dsinks"}};
+  f.put(tensor("q", {2, 4, 3, 4}, 1));
+  f.put(tensor("k", {2, 2, 6, 4}, 2));
+  f.put(tensor("v", {2, 2, 6, 3}, 3));
+  f.put(tensor("dout", {2, 4, 3, 3}, 4));
+  f.put(tensor("bias", {1, 4, 1, 6}, 5));
+  f.put(floats("sinks", {4}, {0.5, -1, 0, 2}));
+  RawTensor lk{"seqlens_k", DType::I32, {2}, std::vector<unsigned char>(8, 0)};
+  lk.data[0] = 6, lk.data[4] = 4;
+  f.put(lk);
+  std::vector<unsigned char> m(4 * 3 * 6);
+  for (std::size_t e = 0; e < m.size(); ++e) m[e] = e % 4 != 2;
+  f.put(keep({4, 3, 6}, m));
+  const std::string in = dir_ / "mix.safetensors", out = dir_ / "mix.out.safetensors";
+  write_bytes(in, serialize_safetensors(f));
+  const CliResult r = run_cli({"eval", in, "-o", out, "-q", "--oracle-rows", "100", "--oracle-gradient-slices", "4"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafeTensorsFile g = read_safetensors(out);
+  const SafeTensorsFile b = evaluated(without_meta(without(f, "dropout_mask"), "attn.dropout_p"), "mix_plain");
+  for (const char* name : {"weights", "lse", "row.valid"}) EXPECT_EQ(g.find(name)->data, b.find(name)->data) << name;
+  for (const char* name : {"out", "dq", "dk", "dv", "dbias", "dsinks"}) EXPECT_NE(g.find(name)->data, b.find(name)->data) << name;
+}
+
 TEST_F(DropoutEval, Refusals) {
   const SafeTensorsFile f = two_keys("0.5");
   expect_refused(with_meta(f, "attn.dropout_p", "1"), "attn.dropout_p", "value \"1\" is not a number in [0, 1)");
