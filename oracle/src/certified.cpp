@@ -1,4 +1,6 @@
 // The oracle over a whole case, and the reference with the oracle wired in.
+#include <optional>
+
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/reference/detail/progress.hpp"
 #include "attnoracle/reference/parallel.hpp"
@@ -85,11 +87,16 @@ std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,
       // the refusal that policy `error` asks for
     }
   }
+  const std::optional<Case> plain = c.dropout ? std::optional<Case>(without_dropout(c)) : std::nullopt;
   for (std::int64_t u : sample_units(units, opt.twin_units)) {
     std::int64_t b, h, i;
     unit_position(c, u, b, h, i);
-    auto v = check_twins(c, b, h, i, rows, &buffers);
+    auto v = check_twins(plain ? *plain : c, b, h, i, rows, &buffers);
     all.insert(all.end(), v.begin(), v.end());
+    if (plain) {
+      v = check_dropout(c, *plain, b, h, i, opt.twin_precision);
+      all.insert(all.end(), v.begin(), v.end());
+    }
   }
   return all;
 }
@@ -156,7 +163,10 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
   const RowSourceFactory rows = [tp](const Case& t) {
     return std::make_unique<TieredRows>(t, tp, RowParts::Compared);
   };
-  const TieredRowEvaluator whole(c, RowParts::Compared);  // the units' own rows, on the case itself
+  // A dropout case's twins are those of the case without dropout, which check_dropout ties to it.
+  const std::optional<Case> plain = c.dropout ? std::optional<Case>(without_dropout(c)) : std::nullopt;
+  const Case& tc = plain ? *plain : c;
+  const TieredRowEvaluator whole(tc, RowParts::Compared);  // the units' own rows, on the case itself
   std::vector<std::vector<Violation>> found(units.size());
   TwinBuffers buffers;
   // Each thread holds one twin at a time: for kind sdpa, the keys and values of up to two kv
@@ -181,7 +191,11 @@ EvalResult certified_evaluate(const Case& c, const EvalOptions& eval, const Chec
       twins_done.unit_done();
       return;  // refused: the policy, checked elsewhere
     }
-    found[k] = check_twins(c, b, h, i, rows, std::move(base), &buffers);
+    found[k] = check_twins(tc, b, h, i, rows, std::move(base), &buffers);
+    if (plain) {
+      auto d = check_dropout(c, *plain, b, h, i, check.twin_precision);
+      found[k].insert(found[k].end(), d.begin(), d.end());
+    }
     twins_done.unit_done();
   });
   std::vector<Violation> all;

@@ -130,7 +130,12 @@ struct RowChecker {
   // Each coordinate of the output (before any tightening) meets [min, max] of the allowed
   // values (with a sink, of 0 and the allowed values: the weights sum to less than 1); for sdpa the oracle reads the values itself, for mha it takes the exact hull of the
   // projected values from the evaluation.
-  void convex(const std::vector<std::int64_t>& keys, const HeadDetail& hd) {
+  // Under dropout the output before its scaling by 1 / (1 - p) is a combination of 0 and the
+  // kept keys' values (the kept weights sum to at most 1).
+  void convex(const std::vector<std::int64_t>& all_keys, const HeadDetail& hd) {
+    std::vector<std::int64_t> keys;
+    for (auto j : all_keys)
+      if (c.kept(b, h, i, j)) keys.push_back(j);
     for (std::int64_t col = 0; col < c.Dv; ++col) {
       const Enclosure& raw = hd.raw_out.at(static_cast<std::size_t>(col));
       Enclosure hull(64);
@@ -142,7 +147,7 @@ struct RowChecker {
           mn = std::min(mn, x);
           mx = std::max(mx, x);
         }
-        if (c.sinks) {
+        if (c.sinks || c.dropout) {
           mn = std::min(mn, 0.0);
           mx = std::max(mx, 0.0);
         }

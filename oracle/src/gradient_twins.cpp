@@ -61,6 +61,13 @@ Slice slice(const Case& c, std::int64_t b, std::int64_t g) {
         for (std::int64_t j = 0; j < mk; ++j) m.values.push_back(c.mask_at(b, h0 + k, i, j) ? 1 : 0);
     t.mask = std::move(m);
   }
+  if (c.dropout) {  // the keep mask of the slice's rows, in full
+    BoolTensor m{{1, G, c.Nq, c.Nk}, {}};
+    for (std::int64_t k = 0; k < G; ++k)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        for (std::int64_t j = 0; j < c.Nk; ++j) m.values.push_back(c.kept(b, h0 + k, i, j) ? 1 : 0);
+    t.dropout = Case::Dropout{c.dropout->p, std::move(m)};
+  }
   if (c.bias) {
     const auto& sh = c.bias->shape;
     s.eh = extent(sh, 1) == 1 ? 1 : G, s.eq = extent(sh, 2), s.ek = extent(sh, 3);

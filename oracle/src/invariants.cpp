@@ -23,6 +23,7 @@ std::string_view invariant_name(Invariant v) {
     case Invariant::PagedGather: return "paged_gather";
     case Invariant::PartialMerge: return "partial_merge";
     case Invariant::StoredKv: return "stored_kv";
+    case Invariant::Dropout: return "dropout";
   }
   return "unknown";
 }
@@ -33,7 +34,7 @@ std::vector<Invariant> all_invariants() {
           Invariant::ShiftInvariance, Invariant::CausalDependence, Invariant::KeyPermutation,
           Invariant::HeadIndependence, Invariant::GradientZero, Invariant::GradientRowSum,
           Invariant::GradientLinearity, Invariant::GradientCausalDependence, Invariant::PagedGather,
-          Invariant::PartialMerge, Invariant::StoredKv};
+          Invariant::PartialMerge, Invariant::StoredKv, Invariant::Dropout};
 }
 
 std::string Violation::message() const {

@@ -791,7 +791,7 @@ TEST(Oracle, GradientChecksWithSinks) {
 TEST(Oracle, InvariantNamesAreDistinct) {
   std::set<std::string_view> seen;
   for (auto v : all_invariants()) EXPECT_TRUE(seen.insert(invariant_name(v)).second);
-  EXPECT_EQ(seen.size(), 17u);  // paged_gather, partial_merge and stored_kv the 15th to 17th
+  EXPECT_EQ(seen.size(), 18u);  // paged_gather, partial_merge, stored_kv and dropout the 15th to 18th
 }
 
 // A row allowing every key reads its values' range from the groups (once per kv head): the

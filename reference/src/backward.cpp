@@ -351,18 +351,25 @@ class Backward {
     // dP for every allowed key, and whether all are the same exact number.
     std::vector<Enclosure> dP, dPabs;
     MpfrVec prods;
-    bool all_exact = true;
+    bool all_exact = true, all_kept = true;
     const double* dout = n ? dout_row(b, h, i) : nullptr;
+    const Consts k(c_, p);
+    Enclosure scaled(p);
     for (std::size_t a = 0; a < n; ++a) {
       dP.emplace_back(p);
       all_exact = dot(dP.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods) && all_exact;
+      const bool kept = c_.kept(b, h, i, keys[a]);
+      all_kept = all_kept && kept;
       if (values) {
         dPabs.emplace_back(p);
         dot_abs(dPabs.back(), dout, v_row(b, g, keys[a]), c_.Dv, prods);
+        keep_scaled(dP.back(), kept, k, scaled);
+        keep_scaled(dPabs.back(), kept, k, scaled);
       }
     }
-    // With a sink, D_i = (1 - P_sink) dP and dS_ij = P_ij P_sink dP: 0 only when dP is 0.
-    st.zero_ds = n > 0 && all_exact &&
+    // With a sink, D_i = (1 - P_sink) dP and dS_ij = P_ij P_sink dP: 0 only when dP is 0. Under
+    // dropout every key kept: dP and D both times 1 / (1 - p).
+    st.zero_ds = n > 0 && all_exact && all_kept &&
                  std::all_of(dP.begin(), dP.end(), [&](const Enclosure& e) { return mpfr_equal_p(e.lo, dP[0].lo); }) &&
                  (!c_.sinks || mpfr_zero_p(dP[0].lo));
     if (!values) return true;
@@ -370,7 +377,6 @@ class Backward {
       for (std::int64_t cc = 0; cc < Dk; ++cc) round_element(0, base + cc, zero, zero, pend, bounds, all);
       return all;
     }
-    const Consts k(c_, p);
     MpfrVec dTlo, dThi, Alo, Ahi;
     dTlo.resize(n, p), dThi.resize(n, p), Alo.resize(n, p), Ahi.resize(n, p);
     Entry e(p);
@@ -523,6 +529,9 @@ class Backward {
     weight_from_dot(e, T, st, k, c_.bias_at(b, h, i, j));
     dot(e.dP, dout_row(b, h, i), v_row(b, g, j), c_.Dv, prods);
     dot_abs(e.dPabs, dout_row(b, h, i), v_row(b, g, j), c_.Dv, prods);
+    const bool kept = c_.kept(b, h, i, j);
+    keep_scaled(e.dP, kept, k, e.tmp);
+    keep_scaled(e.dPabs, kept, k, e.tmp);
     backward_entry(e, st, &T, k);
   }
 
@@ -610,6 +619,7 @@ class Backward {
         key_entry(e, T, b, h, i, j, *st, k, prods);
         const std::size_t a = rows.size();
         rows.emplace_back(h, i);
+        keep_scaled(e.P, c_.kept(b, h, i, j), k, e.tmp);  // dv reads Z = P keep / (1 - p); dT is done
         mpfr_set(Plo[a], e.P.lo, MPFR_RNDD), mpfr_set(Phi[a], e.P.hi, MPFR_RNDU);
         mpfr_set(dTlo[a], e.dT.lo, MPFR_RNDD), mpfr_set(dThi[a], e.dT.hi, MPFR_RNDU);
         mpfr_set(Alo[a], e.At.lo, MPFR_RNDD), mpfr_set(Ahi[a], e.At.hi, MPFR_RNDU);

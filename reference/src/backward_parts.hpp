@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/dropout.hpp"
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "interval.hpp"
 
@@ -61,11 +62,18 @@ struct Terms {
   }
 };
 
-// The scale and the softcap at one precision.
+// The scale, the softcap and the keep scale 1 / (1 - p) of dropout at one precision.
 struct Consts {
-  Enclosure scale, abs_scale, cap;
-  bool softcap;
-  Consts(const Case& c, mpfr_prec_t p) : scale(p), abs_scale(p), cap(p), softcap(c.softcap.has_value()) {
+  Enclosure scale, abs_scale, cap, keep;
+  bool softcap, dropout;
+  Rational keep_exact;  // 1 / (1 - p) exactly, where keep_is_exact
+  bool keep_is_exact = false;
+  Consts(const Case& c, mpfr_prec_t p)
+      : scale(p), abs_scale(p), cap(p), keep(p), softcap(c.softcap.has_value()), dropout(c.dropout.has_value()) {
+    if (dropout) {
+      enclose_keep_scale(keep.lo, keep.hi, c.dropout->p);
+      keep_is_exact = exact_keep_scale(keep_exact.q, c.dropout->p);
+    }
     if (c.scale) {
       detail::enclose_text(scale.lo, scale.hi, *c.scale);
     } else {  // 1/sqrt(Dk), correctly rounded each way
@@ -97,6 +105,15 @@ inline void softcap_slope(Enclosure& r, const Enclosure& T, const Consts& k, mpf
   mpfr_sech(r.hi, tmp, MPFR_RNDU);
   mpfr_sqr(r.hi, r.hi, MPFR_RNDU);
   if (mpfr_cmp_ui(r.hi, 1) > 0) mpfr_set_ui(r.hi, 1, MPFR_RNDN);
+}
+
+// Dropout: dP_ij (or its magnitude) times keep_ij / (1 - p), in place (tmp distinct from x).
+inline void keep_scaled(Enclosure& x, bool kept, const Consts& k, Enclosure& tmp) {
+  if (!k.dropout) return;
+  if (!kept) return set_zero(x);
+  if (k.keep_is_exact) return mul_keep_scale(x.lo, x.hi, x.lo, x.hi, k.keep_exact.q);  // increasing in x
+  mul_nonneg(tmp, k.keep, x);
+  copy_to(x, tmp);
 }
 
 // What the key and bias passes read of a row: lse_i, D_i and sum_c |dout_ic O_ic|, and

@@ -13,6 +13,7 @@
 #include <set>
 #include <string_view>
 
+#include "attnoracle/reference/dropout.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/quantized_kv.hpp"
@@ -97,7 +98,7 @@ class CaseReader {
   void metadata(const std::map<std::string, std::string>& md) {
     for (const auto& [key, value] : md) {
       if (key.rfind("attn.", 0) != 0) continue;
-      if (key == kKvLayoutKey || key == kKvBlockScaleKey || key == kVFromKKey) continue;
+      if (key == kKvLayoutKey || key == kKvBlockScaleKey || key == kVFromKKey || key == kDropoutPKey) continue;
       if (std::find(kMetadataKeys.begin(), kMetadataKeys.end(), key) != kMetadataKeys.end() ||
           std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end() ||
           std::find(kSplitKvKeys.begin(), kSplitKvKeys.end(), key) != kSplitKvKeys.end())
@@ -276,7 +277,7 @@ class CaseReader {
   // lse_partial reads.
   template <class Get>
   void merge_metadata(const Get& get) {
-    for (const char* key : {"attn.scale", "attn.causal", "attn.window", "attn.softcap", "attn.kv_split_size"})
+    for (const char* key : {"attn.scale", "attn.causal", "attn.window", "attn.softcap", "attn.kv_split_size", kDropoutPKey})
       if (get(key)) fail(key, "is not an option of attn.kind merge");
     if (const std::string* s = get("attn.lse_posinf")) {
       if (*s != "empty" && *s != "error") bad("attn.lse_posinf", *s, "error or empty");
@@ -318,7 +319,7 @@ class CaseReader {
     static const std::set<std::string> sdpa = {"q", "k", "v"};
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
     static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
-                                                   "seqlens_k", "sinks", "dout"};
+                                                   "seqlens_k", "sinks", "dout", kDropoutMaskName};
     static const std::set<std::string> descales = {"q_descale", "k_descale", "v_descale"};
     if (c_.kind == Kind::Merge) return merge_inputs(file);
     const bool is_sdpa = c_.kind == Kind::Sdpa;
@@ -336,7 +337,7 @@ class CaseReader {
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
       fail(printable(t.name), std::string("unknown tensor (expected ") +
                                   (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k, sinks, dout)");
+                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k, sinks, dout, dropout_mask)");
     }
     file_ = &file;
     if (is_sdpa)
@@ -397,9 +398,31 @@ class CaseReader {
     }
     if (!unchecked_.empty()) unused_positions();
     gradient_inputs(file);
+    dropout(file, full);
   }
 
  private:
+  // Dropout (CONTRACT section 10): dropout_mask (BOOL, broadcastable to [B,Hq,Nq,Nk]) and
+  // attn.dropout_p (p in [0, 1)) come together, on a case of kind sdpa without partial states.
+  void dropout(const SafeTensorsFile& file, const std::array<std::int64_t, 4>& full) {
+    const RawTensor* t = file.find(kDropoutMaskName);
+    const auto& md = file.metadata;
+    const auto key = md.find(kDropoutPKey);
+    const std::string* p = key == md.end() ? nullptr : &key->second;
+    if (!t && !p) return;
+    if (c_.kind != Kind::Sdpa) fail(t ? kDropoutMaskName : kDropoutPKey, "is for attn.kind sdpa only");
+    if (!t) fail(kDropoutPKey, "given, but the case has no dropout_mask tensor (the keep mask)");
+    if (!p) fail(kDropoutMaskName, "given, but attn.dropout_p is missing (write 0 for a mask without scaling)");
+    const auto n = parse_number(*p);
+    if (!n) bad(kDropoutPKey, *p, "a number (decimal or C hex float)");
+    if (!dropout_p_in_range(*p)) bad(kDropoutPKey, *p, "a number in [0, 1)");
+    expect_dtype(*t, DType::BOOL);
+    expect_broadcast(*t, full);
+    if (c_.wants_partials())
+      fail(kDropoutMaskName, "given, but attn.outputs asks for partial states, which dropout does not have");
+    c_.dropout = Case::Dropout{*p, bools(*t)};
+  }
+
   // dout (CONTRACT section 7): the shape of out, finite except on padding rows (zeroed there);
   // required when a gradient is asked. dbias needs a bias, dsinks sinks.
   void gradient_inputs(const SafeTensorsFile& file) {
@@ -1040,6 +1063,11 @@ double Case::bias_at(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_
 
 std::size_t Case::bias_index(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
   return broadcast_index(bias->shape, {b, h, i, j});
+}
+
+bool Case::kept(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+  if (!dropout) return true;
+  return dropout->keep.values[broadcast_index(dropout->keep.shape, {b, h, i, j})] != 0;
 }
 
 bool Case::query_valid(std::int64_t b, std::int64_t i) const {

@@ -15,7 +15,7 @@ Case merge_sdpa_case(const Case& m) {
   c.input_dtype = m.input_dtype;  // o_partial's: q = k = 0 and its values are exact in it
   c.output_dtype = m.output_dtype;
   c.output_dtypes = m.output_dtypes;
-  c.scale = "1";
+  c.scale.emplace("1");  // constructed in place: GCC 12 reports a false -Wrestrict on assigning "1" (bug 105329)
   c.masked_rows = m.masked_rows;
   c.want_lse = m.want_lse;
   const std::int64_t S = m.Nk, H = m.Hq, Nq = m.Nq, R = H * Nq, B = m.B, Dv = m.Dv;

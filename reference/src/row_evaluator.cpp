@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "attnoracle/reference/dropout.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/detail/row_evaluator.hpp"
 #include "attnoracle/reference/evaluate.hpp"
@@ -151,14 +152,24 @@ struct HeadWork {
   mpfr_prec_t p;
   ExactMatrix Q, K, V;
   std::vector<std::int64_t> allowed;  // the allowed keys
+  std::vector<char> keep;             // per allowed key: kept by dropout (all without it)
+  bool any_kept = true;
   MpfrVec slo, shi, elo, ehi, terms;  // scores S, exp(S - m), per allowed key
   Mp zlo, zhi, nlo, nhi, m, tmp, tmp2;
   Mp sink_lo, sink_hi;  // exp(sink - m), when the case has sinks
+  Mp klo, khi;          // 1 / (1 - p), under dropout: enclosed, and exact in ks where it can be
+  Rational ks;
+  bool ks_exact = false;
   bool tie = false;  // every score provably equal
   HeadWork(const Case& cs, std::int64_t b_, std::int64_t h_, std::int64_t i_, mpfr_prec_t p_,
            ExactMatrix q, ExactMatrix k, ExactMatrix v)
       : c(cs), b(b_), h(h_), i(i_), p(p_), Q(q), K(k), V(v), zlo(p_), zhi(p_), nlo(p_),
-        nhi(p_), m(p_), tmp(p_), tmp2(p_), sink_lo(p_), sink_hi(p_) {}
+        nhi(p_), m(p_), tmp(p_), tmp2(p_), sink_lo(p_), sink_hi(p_), klo(p_), khi(p_) {
+    if (c.dropout) {
+      enclose_keep_scale(klo.x, khi.x, c.dropout->p);
+      ks_exact = exact_keep_scale(ks.q, c.dropout->p);
+    }
+  }
 };
 
 // The allowed keys; false when there is none.
@@ -167,6 +178,7 @@ bool find_keys(HeadWork& w, HeadDetail& det) {
   for (std::int64_t j = r.first; j <= r.last; ++j)
     if (w.c.allowed(w.b, w.h, w.i, j)) {
       w.allowed.push_back(j);
+      w.keep.push_back(w.c.kept(w.b, w.h, w.i, j) ? 1 : 0);
       det.allowed[static_cast<std::size_t>(j)] = 1;
     }
   return !w.allowed.empty();
@@ -325,10 +337,12 @@ void weights(HeadWork& w, HeadRow& row) {
 void numerator(HeadWork& w, std::int64_t cc) {
   const std::size_t n = w.allowed.size();
   for (std::size_t a = 0; a < n; ++a)
-    w.V.mul(w.terms[a], w.V.sgn(w.allowed[a], cc) >= 0 ? w.elo[a] : w.ehi[a], w.allowed[a], cc, MPFR_RNDD);
+    if (w.keep[a]) w.V.mul(w.terms[a], w.V.sgn(w.allowed[a], cc) >= 0 ? w.elo[a] : w.ehi[a], w.allowed[a], cc, MPFR_RNDD);
+    else mpfr_set_zero(w.terms[a], 1);  // a dropped key's term
   mpfr_sum(w.nlo.x, w.terms.ptrs(), n, MPFR_RNDD);
   for (std::size_t a = 0; a < n; ++a)
-    w.V.mul(w.terms[a], w.V.sgn(w.allowed[a], cc) >= 0 ? w.ehi[a] : w.elo[a], w.allowed[a], cc, MPFR_RNDU);
+    if (w.keep[a]) w.V.mul(w.terms[a], w.V.sgn(w.allowed[a], cc) >= 0 ? w.ehi[a] : w.elo[a], w.allowed[a], cc, MPFR_RNDU);
+    else mpfr_set_zero(w.terms[a], 1);
   mpfr_sum(w.nhi.x, w.terms.ptrs(), n, MPFR_RNDU);
 }
 
@@ -336,10 +350,14 @@ void numerator(HeadWork& w, std::int64_t cc) {
 struct ColumnRange {
   std::size_t min = 0, max = 0, absmin = 0, absmax = 0;
 };
+// Over the kept keys only under dropout (at least one).
 ColumnRange column_range(const HeadWork& w, std::int64_t cc) {
   ColumnRange r;
   const auto& k = w.allowed;
-  for (std::size_t a = 1; a < k.size(); ++a) {
+  while (!w.keep[r.min]) ++r.min;
+  r.max = r.absmin = r.absmax = r.min;
+  for (std::size_t a = r.min + 1; a < k.size(); ++a) {
+    if (!w.keep[a]) continue;
     if (w.V.cmp(k[a], cc, k[r.min], cc) < 0) r.min = a;
     if (w.V.cmp(k[a], cc, k[r.max], cc) > 0) r.max = a;
     if (w.V.cmpabs(k[a], cc, k[r.absmin], cc) < 0) r.absmin = a;
@@ -363,15 +381,19 @@ void intersect_hull(Enclosure& o, const Enclosure& raw, const Enclosure& hull) {
 // intersected with their range.
 void magnitude_bound(HeadWork& w, Enclosure& bd, std::int64_t cc, const ColumnRange& cr) {
   const std::size_t n = w.allowed.size();
-  for (std::size_t a = 0; a < n; ++a) w.V.mul_abs(w.terms[a], w.elo[a], w.allowed[a], cc, MPFR_RNDD);
+  for (std::size_t a = 0; a < n; ++a)
+    if (w.keep[a]) w.V.mul_abs(w.terms[a], w.elo[a], w.allowed[a], cc, MPFR_RNDD);
+    else mpfr_set_zero(w.terms[a], 1);
   mpfr_sum(w.nlo.x, w.terms.ptrs(), n, MPFR_RNDD);
-  for (std::size_t a = 0; a < n; ++a) w.V.mul_abs(w.terms[a], w.ehi[a], w.allowed[a], cc, MPFR_RNDU);
+  for (std::size_t a = 0; a < n; ++a)
+    if (w.keep[a]) w.V.mul_abs(w.terms[a], w.ehi[a], w.allowed[a], cc, MPFR_RNDU);
+    else mpfr_set_zero(w.terms[a], 1);
   mpfr_sum(w.nhi.x, w.terms.ptrs(), n, MPFR_RNDU);
   mpfr_div(bd.lo, w.nlo.x, w.zhi.x, MPFR_RNDD);
   mpfr_div(bd.hi, w.nhi.x, w.zlo.x, MPFR_RNDU);
   w.V.get(w.tmp.x, w.allowed[cr.absmin], cc, MPFR_RNDZ);  // |v| rounded down
   mpfr_abs(w.tmp.x, w.tmp.x, MPFR_RNDN);
-  if (w.c.sinks) mpfr_set_zero(w.tmp.x, 1);
+  if (w.c.sinks || w.c.dropout) mpfr_set_zero(w.tmp.x, 1);
   w.V.get(w.tmp2.x, w.allowed[cr.absmax], cc, MPFR_RNDA);  // |v| rounded up
   mpfr_abs(w.tmp2.x, w.tmp2.x, MPFR_RNDN);
   if (mpfr_lessequal_p(w.tmp.x, bd.hi) && mpfr_lessequal_p(bd.lo, w.tmp2.x)) {
@@ -380,21 +402,38 @@ void magnitude_bound(HeadWork& w, Enclosure& bd, std::int64_t cc, const ColumnRa
   }
 }
 
-// Output column c: O_c = N_c / Z within the values' hull, and its magnitude bound.
+// [lo, hi] times the keep scale [klo, khi] (positive): the sign of each end picks the scale's end.
+// With 1 / (1 - p) exact, each end is the correctly rounded product: an exact product that is
+// representable stays a point (a bound equal to an F64 is then decided).
+void scale_by_keep(Enclosure& e, const HeadWork& w, mpfr_ptr tmp) {
+  if (w.ks_exact) return mul_keep_scale(e.lo, e.hi, e.lo, e.hi, w.ks.q);
+  mpfr_mul(tmp, e.lo, mpfr_sgn(e.lo) >= 0 ? w.klo.x : w.khi.x, MPFR_RNDD);
+  mpfr_mul(e.hi, e.hi, mpfr_sgn(e.hi) >= 0 ? w.khi.x : w.klo.x, MPFR_RNDU);
+  mpfr_set(e.lo, tmp, MPFR_RNDD);
+}
+
+// Output column c: O_c = N_c / Z within the values' hull, and its magnitude bound. Under
+// dropout N_c sums the kept keys only, a combination of 0 and their values (raw_out and hull
+// hold it), and out and bound are then times 1 / (1 - p).
 void output_column(HeadWork& w, HeadRow& row, std::int64_t cc) {
   const auto ci = static_cast<std::size_t>(cc);
   HeadDetail& det = row.detail;
+  if (!w.any_kept) return;  // every allowed key dropped: out and bound exactly 0
   numerator(w, cc);
   detail::div_by_positive(det.raw_out[ci].lo, det.raw_out[ci].hi, w.nlo.x, w.nhi.x, w.zlo.x, w.zhi.x);
   const ColumnRange cr = column_range(w, cc);
   w.V.get(det.hull[ci].lo, w.allowed[cr.min], cc, MPFR_RNDD);
   w.V.get(det.hull[ci].hi, w.allowed[cr.max], cc, MPFR_RNDU);
-  if (w.c.sinks) {  // the weights sum to less than 1: O_c = sum_j A_j v_jc + A_sink * 0
+  if (w.c.sinks || w.c.dropout) {  // the weights sum to less than 1: O_c = sum_j A_j v_jc + A_sink * 0
     if (mpfr_sgn(det.hull[ci].lo) > 0) mpfr_set_zero(det.hull[ci].lo, 1);
     if (mpfr_sgn(det.hull[ci].hi) < 0) mpfr_set_zero(det.hull[ci].hi, 1);
   }
   intersect_hull(row.out[ci], det.raw_out[ci], det.hull[ci]);
   magnitude_bound(w, row.bound[ci], cc, cr);
+  if (w.c.dropout) {
+    scale_by_keep(row.out[ci], w, w.tmp.x);
+    scale_by_keep(row.bound[ci], w, w.tmp.x);
+  }
 }
 
 }  // namespace
@@ -498,6 +537,7 @@ struct RowEvaluator::Impl {
         masked_row(w, row);
       return row;
     }
+    w.any_kept = std::any_of(w.keep.begin(), w.keep.end(), [](char k) { return k != 0; });
     const bool exact = exact_dots(w, row.detail);
     w.tie = scores_tie(w, exact);
     scores(w);

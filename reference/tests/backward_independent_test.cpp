@@ -65,8 +65,9 @@ std::int64_t bcast_flat(const Shape& shape, std::int64_t b, std::int64_t h, std:
 // The problem, re-read from the raw file by our own code.
 struct Problem {
   std::int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, Dk = 0, Dv = 0;
-  std::vector<double> q, k, v, dout, mask, bias, qmask, sinks;
-  Shape mask_shape, bias_shape;
+  std::vector<double> q, k, v, dout, mask, bias, qmask, sinks, keep;
+  Shape mask_shape, bias_shape, keep_shape;
+  std::string dropout_p;  // attn.dropout_p, with keep (dropout_mask): empty without dropout
   bool has_mask = false, has_bias = false, has_qmask = false, has_sinks = false;
   std::vector<std::int64_t> lq, lk;  // [B]: seqlens_q, seqlens_k, else Nq, Nk
   std::string causal = "none", scale, softcap;
@@ -86,6 +87,7 @@ struct Problem {
     if (const RawTensor* t = f.find("bias")) has_bias = true, bias = decode(*t), bias_shape = t->shape;
     if (const RawTensor* t = f.find("query_mask")) has_qmask = true, qmask = decode(*t);
     if (const RawTensor* t = f.find("sinks")) has_sinks = true, sinks = decode(*t);
+    if (const RawTensor* t = f.find("dropout_mask")) keep = decode(*t), keep_shape = t->shape, dropout_p = meta("attn.dropout_p", "");
     auto lengths = [&](const char* name, std::int64_t n) {  // I32 or I64, little-endian
       std::vector<std::int64_t> l(static_cast<std::size_t>(B), n);
       if (const RawTensor* t = f.find(name))
@@ -143,13 +145,16 @@ struct Grad {
 };
 template <class Real>
 struct Model {
-  Grad<Real> dq, dk, dv, dbias, dsinks;
+  Grad<Real> dq, dk, dv, dbias, dsinks, out;
   double smag = 0;
   Model(const Problem& p)
       : dq(static_cast<std::size_t>(p.B * p.H * p.Nq * p.Dk)), dk(static_cast<std::size_t>(p.B * p.Hkv * p.Nk * p.Dk)),
         dv(static_cast<std::size_t>(p.B * p.Hkv * p.Nk * p.Dv)),
-        dbias(p.has_bias ? p.bias.size() : 0), dsinks(p.has_sinks ? static_cast<std::size_t>(p.H) : 0) {
+        dbias(p.has_bias ? p.bias.size() : 0), dsinks(p.has_sinks ? static_cast<std::size_t>(p.H) : 0),
+        out(static_cast<std::size_t>(p.B * p.H * p.Nq * p.Dv)) {
     const Real scale = p.scale.empty() ? Real(1) / sqrt(Real(p.Dk)) : parse_real<Real>(p.scale);
+    // Dropout: Z = P keep / (1 - p) in place of P in O, dP and dv.
+    const Real ks = p.dropout_p.empty() ? Real(1) : 1 / (1 - parse_real<Real>(p.dropout_p));
     std::optional<Real> cap;
     if (!p.softcap.empty() && parse_real<Real>(p.softcap) != 0) cap = parse_real<Real>(p.softcap);
     for (std::int64_t b = 0; b < p.B; ++b)
@@ -184,10 +189,15 @@ struct Model {
           for (std::size_t a = 0; a < n; ++a) Z += (P[a] = exp(S[a] - m));
           for (std::size_t a = 0; a < n; ++a) P[a] /= Z;
           const Real Psink = p.has_sinks ? exp(sink - m) / Z : Real(0);
+          std::vector<Real> Zk(n);  // P keep / (1 - p)
+          for (std::size_t a = 0; a < n; ++a)
+            Zk[a] = p.dropout_p.empty() || bcast(p.keep, p.keep_shape, b, h, i, keys[a]) != 0 ? P[a] * ks : Real(0);
           Real D = 0, Dabs = 0, Dmag = 0;  // D, sum_c |dout_c O_c|, sum_c |dout_c| sum_j P_j |V_jc|
           for (std::int64_t c = 0; c < p.Dv; ++c) {
             Real o = 0, ob = 0;
-            for (std::size_t a = 0; a < n; ++a) o += P[a] * Real(V(keys[a], c)), ob += P[a] * abs(Real(V(keys[a], c)));
+            for (std::size_t a = 0; a < n; ++a) o += Zk[a] * Real(V(keys[a], c)), ob += Zk[a] * abs(Real(V(keys[a], c)));
+            const auto io = static_cast<std::size_t>(((b * p.H + h) * p.Nq + i) * p.Dv + c);
+            out.val[io] = o, out.bound[io] = ob, out.err[io] = ob;
             D += Real(dO(c)) * o;
             Dabs += std::fabs(dO(c)) * abs(o);
             Dmag += std::fabs(dO(c)) * ob;
@@ -202,6 +212,7 @@ struct Model {
             dP[a] = 0, dPabs[a] = 0;
             for (std::int64_t c = 0; c < p.Dv; ++c)
               dP[a] += Real(dO(c)) * Real(V(keys[a], c)), dPabs[a] += abs(Real(dO(c)) * Real(V(keys[a], c)));
+            if (!p.dropout_p.empty()) dP[a] *= Zk[a] / P[a], dPabs[a] *= Zk[a] / P[a];  // keep / (1 - p)
           }
           for (std::size_t a = 0; a < n; ++a) {
             const std::int64_t j = keys[a];
@@ -222,9 +233,9 @@ struct Model {
             }
             for (std::int64_t c = 0; c < p.Dv; ++c) {
               const auto iv = static_cast<std::size_t>(((b * p.Hkv + g) * p.Nk + j) * p.Dv + c);
-              dv.val[iv] += P[a] * Real(dO(c));
-              dv.bound[iv] += P[a] * abs(Real(dO(c)));
-              dv.err[iv] += P[a] * abs(Real(dO(c)));
+              dv.val[iv] += Zk[a] * Real(dO(c));
+              dv.bound[iv] += Zk[a] * abs(Real(dO(c)));
+              dv.err[iv] += Zk[a] * abs(Real(dO(c)));
             }
             if (p.has_bias) {
               const auto ib = static_cast<std::size_t>(bcast_flat(p.bias_shape, b, h, i, j));
@@ -365,7 +376,7 @@ RandomCaseOptions gradient_options() {
 // `count` random problems from `first_seed` on: every gradient element bit-identical to our own
 // evaluation's rounding and enclosed by the reference's enclosures.
 // Returns how many of them have sequence lengths.
-int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_t first_seed) {
+int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_t first_seed, bool dropout = false) {
   Report rep;
   std::uint64_t problems = 0, fast_units = 0, fallback_units = 0;
   int both = 0;
@@ -382,6 +393,15 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
     f.metadata["attn.outputs"] = std::string(f.find("bias") ? "out,dq,dk,dv,dbias" : "out,dq,dk,dv") +
                                  (f.find("sinks") ? ",dsinks" : "");
     with_sinks += f.find("sinks") ? 1 : 0;
+    if (dropout) {  // a keep mask of full shape, about 3 keys in 4 kept, and p from texts exact or not
+      RawTensor keep{"dropout_mask", DType::BOOL, {q.shape[0], q.shape[1], q.shape[2], f.find("k")->shape[2]}, {}};
+      keep.data.resize(static_cast<std::size_t>(keep.numel()));
+      std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL + 99;
+      for (auto& x : keep.data) x = ((z = z * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % 4 != 0;
+      f.put(std::move(keep));
+      static const char* kP[] = {"0", "0.1", "0.25", "0.5", "0x1.8p-1", "0.9", "0.333"};
+      f.metadata["attn.dropout_p"] = kP[seed % 7];
+    }
     const std::string ctx = "seed " + std::to_string(seed) + " (" + info.summary + ")";
     const Case c = case_from_file("random.safetensors", f);
     EvalOptions eo;
@@ -391,7 +411,7 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
     std::optional<Model<RealHi>> mh;
     auto precise = [&](const Grad<Real>& g) -> const Grad<RealHi>& {
       if (!mh) mh.emplace(p);
-      return &g == &m.dq ? mh->dq : &g == &m.dk ? mh->dk : &g == &m.dv ? mh->dv : &g == &m.dbias ? mh->dbias : mh->dsinks;
+      return &g == &m.out ? mh->out : &g == &m.dq ? mh->dq : &g == &m.dk ? mh->dk : &g == &m.dv ? mh->dv : &g == &m.dbias ? mh->dbias : mh->dsinks;
     };
     std::mutex mu;
     eo.gradient_check = [&](const std::string& tensor, std::int64_t flat, const Enclosure& e, const Enclosure&) {
@@ -424,6 +444,7 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
         if (!u || u->data != t.data) rep.fail(ctx + ": " + t.name + " differs between the fast and the MPFR path");
       }
     }
+    if (dropout) compare(rep, r, "out", m.out, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.out); });
     compare(rep, r, "dq", m.dq, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dq); });
     compare(rep, r, "dk", m.dk, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dk); });
     compare(rep, r, "dv", m.dv, m.smag, ctx, [&]() -> const Grad<RealHi>& { return precise(m.dv); });
@@ -443,13 +464,23 @@ int check_random_gradients(const RandomCaseOptions& opt, int count, std::uint64_
               static_cast<unsigned long long>(rep.enclosures));
   EXPECT_EQ(problems, static_cast<std::uint64_t>(count));
   EXPECT_GT(rep.enclosures, rep.elements / 4);
-  EXPECT_GT(fast_units, problems);  // the fast path takes part in what is compared
+  if (!dropout) {
+    EXPECT_GT(fast_units, problems);  // the fast path takes part in what is compared
+  }
   for (const auto& s : rep.failures) ADD_FAILURE() << s;
   return with_seqlens;
 }
 
 TEST(BackwardIndependent, RandomProblemsBitIdenticalAndEnclosed) {
   check_random_gradients(gradient_options(), 1000 * scale_factor(), 7000);
+}
+
+// Dropout with a keep mask (CONTRACT section 10): out, dq, dk, dv (dbias, dsinks) by the plain
+// formulas with Z = A keep / (1 - p), bit for bit; padding rows left out (their out is free).
+TEST(BackwardIndependent, DropoutBitIdenticalAndEnclosed) {
+  RandomCaseOptions opt = gradient_options();
+  opt.query_mask_fraction = 0;
+  check_random_gradients(opt, 300 * scale_factor(), 91000, true);
 }
 
 // Padded varlen batches (seqlens_q, seqlens_k over up to 3 batches, causal aligned per batch):

@@ -324,7 +324,7 @@ TEST(CaseTensors, Missing) {
 TEST(CaseTensors, Unknown) {
   expect_refused(with(sdpa(), floats("qq", {1})), "qq",
                  "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask, seqlens_q, "
-                 "seqlens_k, sinks, dout)");
+                 "seqlens_k, sinks, dout, dropout_mask)");
 }
 
 TEST(CaseTensors, OtherKind) {

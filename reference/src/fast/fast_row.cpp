@@ -90,6 +90,10 @@ Setup prepare(const Case& c, bool transposed) {
     s.why_not = "softcap";
     return s;
   }
+  if (c.dropout) {  // the keep scale is evaluated by MPFR only
+    s.why_not = "dropout";
+    return s;
+  }
   // One pass over each input: the keys' range and significands, the values' range and their
   // column ranges (per batch and kv head, for rows that allow every key).
   bool short_keys = false;

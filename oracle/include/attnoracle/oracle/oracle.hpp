@@ -36,6 +36,7 @@ enum class Invariant {
   PagedGather,       // a paged case's k and v are its caches read through the block table
   PartialMerge,      // merging a row's golden partial states gives its whole out and lse
   StoredKv,          // K/V stored scaled or block-scaled (or v a view of k) are element x scale
+  Dropout,           // dropout keeps weights and lse, and scales the kept part of A V by 1 / (1 - p)
 };
 std::string_view invariant_name(Invariant v);
 std::vector<Invariant> all_invariants();
@@ -165,6 +166,13 @@ std::vector<Violation> check_stored_kv(const Case& c);
 // value) in interval arithmetic encloses a value within one unit of out.ref, and of lse.ref when
 // asked; a row without a key in a split has lse_partial -inf and out_partial 0 there.
 std::vector<Violation> check_partials(const Case& c, const EvalResult& res);
+// Dropout (CONTRACT section 10): the case without dropout (dropout_mask and attn.dropout_p
+// dropped), on which the metamorphic twins of a dropout case run; and row (b, h, i) of the case
+// against that twin's, both by MPFR at precision p: lse and weights overlap, and each output
+// coordinate overlaps 1 / (1 - p) sum_j keep_j A_j v_j with A the twin's weights.
+Case without_dropout(const Case& c);
+std::vector<Violation> check_dropout(const Case& c, const Case& plain, std::int64_t b, std::int64_t h,
+                                     std::int64_t i, mpfr_prec_t p);
 
 // Every check on every row unit, and the twin checks on the sampled units, for any evaluation.
 std::vector<Violation> check_case(const Case& c, const RowSourceFactory& rows,

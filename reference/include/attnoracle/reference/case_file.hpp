@@ -142,6 +142,15 @@ struct Case {
   // max |O| over the whole output, rounded once to F32, when asked.
   std::optional<double> o_scale;
   bool want_amax = false;
+  // Dropout with a given keep mask (CONTRACT section 10): attn.dropout_p as written, and
+  // dropout_mask broadcast to [B, Hq, Nq, Nk]; O = (A * keep / (1 - p)) V.
+  struct Dropout {
+    std::string p;
+    BoolTensor keep;
+  };
+  std::optional<Dropout> dropout;
+  // Whether key j's weight in row (b, h, i) is kept (true without dropout).
+  bool kept(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
 
   // The file as read (inputs and metadata), so that eval writes them back unchanged.
   SafeTensorsFile file;
