@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "attnoracle/conformance/stored_model.hpp"
+#include "attnoracle/vectors/model_store.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/version.hpp"
 #include "cli.hpp"
@@ -21,6 +23,11 @@ namespace {
 
 int main(int argc, char** argv) {
   using namespace attnoracle;
+  // gen --model and verify reach the gate's stored model through the vectors library's hooks
+  vectors::install_model_store({[](const Case& c, SafeTensorsFile& golden) { conformance::put_model(c, golden); },
+                                [](const Case& c, const SafeTensorsFile& golden) {
+                                  (void)conformance::stored_model(c, golden, "");
+                                }});
   CLI::App app{"attnoracle: certified reference and conformance oracle for attention"};
   app.set_version_flag("--version", std::string(kNameAndVersion));
   app.require_subcommand(1);

@@ -19,7 +19,8 @@ FORBIDDEN = (".." + "/shared", "shared" + "/spec")
 SKIP_DIRS = {".git", "node_modules", "__pycache__"}
 NOT_YET = "not in this release"
 SECTIONS = ["Semantics", "Case file", "Golden tensors", "Vector set (manifest)",
-            "Adapter protocol", "Command line", "Gradients", "Serving kernels"]
+            "Adapter protocol", "Command line", "Gradients", "Serving kernels",
+            "Quantized KV caches and FP8 outputs", "Training kernels"]
 
 
 def repo_files(*suffixes):

@@ -16,8 +16,9 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 
-#include "attnoracle/conformance/stored_model.hpp"
+#include "attnoracle/vectors/model_store.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/verified_stamp.hpp"
 #include "attnoracle/reference/file.hpp"
@@ -117,6 +118,8 @@ class DirectoryLock {
 }  // namespace
 
 GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
+  if (opt.model && !model_store().put)
+    throw std::logic_error("gen --model: no model store installed (vectors::install_model_store)");
   const auto spec_bytes = std::optional<Bytes>(read_regular_file(opt.spec_path, limits::kManifestBytes));
   const std::string spec_text(spec_bytes->begin(), spec_bytes->end());
   const Suite suite = parse_suite(opt.spec_path, spec_text);
@@ -200,7 +203,7 @@ GenSummary generate(const GenOptions& opt, const GenCallbacks& cb) {
     } else {
       try {
         SafeTensorsFile golden = golden_file(c, oracle::certified_evaluate(c, eval, check));
-        if (opt.model) conformance::put_model(c, golden);
+        if (opt.model) model_store().put(c, golden);
         bytes = serialize_safetensors(golden);
       } catch (const oracle::InvariantViolation& e) {
         {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <set>
 
-#include "attnoracle/conformance/stored_model.hpp"
+#include "attnoracle/vectors/model_store.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "attnoracle/vectors/verify.hpp"
@@ -291,7 +291,7 @@ std::optional<std::string> golden_layout_problem(const Case& c, const SafeTensor
     if (!wanted) return t.name + ": present but the case does not call for it";
   }
   try {
-    conformance::stored_model(c, f, "");
+    if (model_store().check) model_store().check(c, f);
   } catch (const InputError& e) {
     return e.field() + ": " + e.what();
   }
