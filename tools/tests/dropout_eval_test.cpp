@@ -14,7 +14,7 @@
 
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
-#include "cli_run.hpp"
+#include "eval_cli.hpp"
 
 namespace attnoracle::testing {
 namespace {
@@ -38,22 +38,6 @@ std::vector<double> values(const SafeTensorsFile& f, const std::string& name) {
     v.push_back(decode_float(t.dtype, t.data.data() + e * dtype_size(t.dtype)));
   return v;
 }
-SafeTensorsFile with(SafeTensorsFile f, const RawTensor& t) {
-  f.put(t);
-  return f;
-}
-SafeTensorsFile without(SafeTensorsFile f, const std::string& name) {
-  std::erase_if(f.tensors, [&](const RawTensor& t) { return t.name == name; });
-  return f;
-}
-SafeTensorsFile with_meta(SafeTensorsFile f, const std::string& key, const std::string& value) {
-  f.metadata[key] = value;
-  return f;
-}
-SafeTensorsFile without_meta(SafeTensorsFile f, const std::string& key) {
-  f.metadata.erase(key);
-  return f;
-}
 
 // One query q = (1, 0) and two keys k0 = (0, 1), k1 = (0, -1): both scores 0 (scale 1), so
 // A = (1/2, 1/2) and lse = log 2. v0 = (2, 4), v1 = (6, 8), dout = (1, 1); key 1 dropped.
@@ -69,32 +53,11 @@ SafeTensorsFile two_keys(const std::string& p) {
   return f;
 }
 
-class DropoutEval : public ::testing::Test {
+class DropoutEval : public EvalCli {
  protected:
-  void SetUp() override { fs::create_directory(dir_ / "work"); }
-
-  void expect_refused(const SafeTensorsFile& f, const std::string& field, const std::string& what) {
-    const std::string in = dir_ / "work" / "bad.safetensors";
-    const std::string out = dir_ / "work" / "out.safetensors";
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out});
-    EXPECT_EQ(r.status, 2) << r.err;
-    const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
-    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(what, prefix.size()), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-    EXPECT_FALSE(fs::exists(out));
-  }
-
   SafeTensorsFile evaluated(const SafeTensorsFile& f, const std::string& name) {
-    const std::string in = dir_ / (name + ".safetensors"), out = dir_ / (name + ".out.safetensors");
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out, "-q", "--oracle-gradient-slices", "1"});
-    EXPECT_EQ(r.status, 0) << name << ": " << r.err;
-    return read_safetensors(out);
+    return EvalCli::evaluated(f, name, {"--oracle-gradient-slices", "1"});
   }
-
-  TempDir dir_;
 };
 
 TEST_F(DropoutEval, TwoKeysOneDroppedByHand) {

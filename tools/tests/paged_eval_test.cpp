@@ -15,7 +15,7 @@
 
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
-#include "cli_run.hpp"
+#include "eval_cli.hpp"
 
 namespace attnoracle::testing {
 namespace {
@@ -86,42 +86,8 @@ SafeTensorsFile with(SafeTensorsFile f, RawTensor t) {
   f.put(std::move(t));
   return f;
 }
-SafeTensorsFile with_meta(SafeTensorsFile f, const std::string& key, const std::string& value) {
-  f.metadata[key] = value;
-  return f;
-}
-SafeTensorsFile without(SafeTensorsFile f, const std::string& name) {
-  std::erase_if(f.tensors, [&](const RawTensor& t) { return t.name == name; });
-  return f;
-}
 
-class PagedEval : public ::testing::Test {
- protected:
-  void SetUp() override { fs::create_directory(dir_ / "work"); }
-
-  void expect_refused(const SafeTensorsFile& f, const std::string& field, const std::string& what) {
-    const std::string in = dir_ / "work" / "bad.safetensors";
-    const std::string out = dir_ / "work" / "out.safetensors";
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out});
-    EXPECT_EQ(r.status, 2) << r.err;
-    const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
-    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(what, prefix.size()), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-    EXPECT_FALSE(fs::exists(out));
-  }
-
-  SafeTensorsFile evaluated(const SafeTensorsFile& f, const std::string& name) {
-    const std::string in = dir_ / (name + ".safetensors"), out = dir_ / (name + ".out.safetensors");
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out, "-q"});
-    EXPECT_EQ(r.status, 0) << r.err;
-    return read_safetensors(out);
-  }
-
-  TempDir dir_;
-};
+using PagedEval = EvalCli;
 
 TEST_F(PagedEval, GoldenOfTheContiguousTwinInputsUnchanged) {
   const SafeTensorsFile p = evaluated(with_meta(paged_case(), "attn.outputs", "out,weights,lse"), "paged");

@@ -14,7 +14,7 @@
 
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
-#include "cli_run.hpp"
+#include "eval_cli.hpp"
 
 namespace attnoracle::testing {
 namespace {
@@ -51,22 +51,6 @@ RawTensor ints(const std::string& name, Shape shape, const std::vector<std::int3
 
 double small(std::size_t e) { return 0.25 * static_cast<double>(e % 7) - 0.5; }  // exact in E4M3
 
-SafeTensorsFile with(SafeTensorsFile f, const RawTensor& t) {
-  f.put(t);
-  return f;
-}
-SafeTensorsFile without(SafeTensorsFile f, const std::string& name) {
-  std::erase_if(f.tensors, [&](const RawTensor& t) { return t.name == name; });
-  return f;
-}
-SafeTensorsFile with_meta(SafeTensorsFile f, const std::string& key, const std::string& value) {
-  f.metadata[key] = value;
-  return f;
-}
-SafeTensorsFile without_meta(SafeTensorsFile f, const std::string& key) {
-  f.metadata.erase(key);
-  return f;
-}
 
 // q F32 [1,4,3,4], k F8_E4M3 [1,2,5,4] with per-head scales, v [1,2,5,2] with one scale.
 SafeTensorsFile scaled_case() {
@@ -132,33 +116,7 @@ SafeTensorsFile paged_case() {
   return f;
 }
 
-class QuantizedEval : public ::testing::Test {
- protected:
-  void SetUp() override { fs::create_directory(dir_ / "work"); }
-
-  void expect_refused(const SafeTensorsFile& f, const std::string& field, const std::string& what) {
-    const std::string in = dir_ / "work" / "bad.safetensors";
-    const std::string out = dir_ / "work" / "out.safetensors";
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out});
-    EXPECT_EQ(r.status, 2) << r.err;
-    const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
-    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(what, prefix.size()), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-    EXPECT_FALSE(fs::exists(out));
-  }
-
-  SafeTensorsFile evaluated(const SafeTensorsFile& f, const std::string& name) {
-    const std::string in = dir_ / (name + ".safetensors"), out = dir_ / (name + ".out.safetensors");
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out, "-q"});
-    EXPECT_EQ(r.status, 0) << name << ": " << r.err;
-    return read_safetensors(out);
-  }
-
-  TempDir dir_;
-};
+using QuantizedEval = EvalCli;
 
 TEST_F(QuantizedEval, EachFormEvaluatesUnderTheOracleInputsUnchanged) {
   const std::pair<const char*, SafeTensorsFile> cases[] = {
