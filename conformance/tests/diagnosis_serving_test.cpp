@@ -13,7 +13,7 @@
 #include <string>
 
 #include "cli_args.hpp"
-#include "golden_results.hpp"
+#include "diagnosis_results.hpp"
 
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/reference/evaluate.hpp"
@@ -28,6 +28,10 @@ using testing::get;
 using testing::golden_of;
 using testing::set;
 using testing::tensor;
+using testing::all;
+using testing::change;
+using testing::compare;
+using testing::find;
 
 RawTensor f32(const char* name, std::vector<std::int64_t> shape, float seed) {
   std::int64_t n = 1;
@@ -59,34 +63,6 @@ SafeTensorsFile paged_case(std::int64_t Nq, const std::vector<std::int32_t>& tab
   f.put(i32("block_table", {B, 2}, table));
   f.put(i32("seqlens_k", {B}, seqlens));
   return f;
-}
-
-// Adds `delta` to the elements of result tensor `name` ([B, H, Nq, W] or [B, H, Nq]) where
-// where(b, h, i, j) holds.
-void change(JobResult& r, const char* name, const std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& where,
-            const std::function<double(double)>& f) {
-  RawTensor& t = tensor(r, name);
-  const auto& sh = t.shape;
-  const std::int64_t last = sh.size() == 4 ? sh[3] : 1;
-  for (std::size_t k = 0; k < t.data.size() / 4; ++k) {
-    const auto n = static_cast<std::int64_t>(k);
-    const std::int64_t j = n % last, i = n / last % sh[2], h = n / last / sh[2] % sh[1], b = n / last / sh[2] / sh[1];
-    if (where(b, h, i, j)) set(t, k, f(get(t, k)));
-  }
-}
-
-CaseReport compare(const SafeTensorsFile& golden, const JobResult& r) {
-  return compare_case("c", golden, "ok", r, builtin_profile("fp32"));
-}
-const Finding* find(const CaseReport& rep, const std::string& name) {
-  for (const auto& f : rep.diagnosis.findings)
-    if (f.name == name) return &f;
-  return nullptr;
-}
-std::string all(const CaseReport& rep) {
-  std::string s = rep.reason + "\n";
-  for (const auto& f : rep.diagnosis.findings) s += f.name + ": " + f.text + "\n";
-  return s;
 }
 
 TEST(DiagnosisPaged, PartlyFilledLastPage) {

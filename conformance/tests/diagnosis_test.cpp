@@ -13,7 +13,7 @@
 #include <string>
 
 #include "cli_args.hpp"
-#include "golden_results.hpp"
+#include "diagnosis_results.hpp"
 
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/conformance/gate.hpp"
@@ -57,37 +57,13 @@ using testing::get;
 using testing::golden_of;
 using testing::set;
 using testing::tensor;
+using testing::all;
+using testing::change;
+using testing::compare;
+using testing::find;
 
 // The golden tensors returned as the result.
 JobResult golden_result(const SafeTensorsFile& golden) { return testing::golden_result(golden, {"out", "weights", "lse"}); }
-
-// Changes element [b, h, i, j] (4-d) or [b, h, i] of a result tensor by f(value).
-void change(JobResult& r, const char* name, const std::function<bool(std::int64_t, std::int64_t, std::int64_t, std::int64_t)>& where,
-            const std::function<double(double)>& f) {
-  RawTensor& t = tensor(r, name);
-  const auto& sh = t.shape;
-  const std::int64_t last = sh.size() == 4 ? sh[3] : 1;
-  for (std::size_t k = 0; k < t.data.size() / 4; ++k) {
-    const auto n = static_cast<std::int64_t>(k);
-    const std::int64_t j = n % last, i = n / last % sh[2], h = n / last / sh[2] % sh[1], b = n / last / sh[2] / sh[1];
-    if (where(b, h, i, j)) set(t, k, f(get(t, k)));
-  }
-}
-
-CaseReport compare(const SafeTensorsFile& golden, const JobResult& r) {
-  return compare_case("c", golden, "ok", r, builtin_profile("fp32"));
-}
-
-const Finding* find(const CaseReport& rep, const std::string& name) {
-  for (const auto& f : rep.diagnosis.findings)
-    if (f.name == name) return &f;
-  return nullptr;
-}
-std::string all(const CaseReport& rep) {
-  std::string s = rep.reason + "\n";
-  for (const auto& f : rep.diagnosis.findings) s += f.name + ": " + f.text + "\n";
-  return s;
-}
 
 TEST(Diagnosis, PassHasSummariesAndNoFinding) {
   const auto golden = golden_of(make_case({2, 4, 2, 5, 7, 4}, {{"attn.outputs", "out,weights,lse"}, {"attn.causal", "top_left"}}));
