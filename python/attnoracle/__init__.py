@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from . import _attnoracle as _native
+from . import _stored_kv
 
 __version__ = _native.__version__
 
@@ -61,7 +62,8 @@ _NUMPY_OF = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "|
              "I32": "<i4"}
 _DTYPE_OF_NUMPY = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 _INPUTS = ("q", "k", "v", "x_q", "x_kv", "w_q", "w_k", "w_v", "w_o", "o_partial")
-_OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k", "sinks", "dout")
+_OPTIONAL = ("mask", "bias", "query_mask", "seqlens_q", "seqlens_k", "sinks", "dout", "dropout_mask", "k_scale",
+             "v_scale", "k_block_scale", "v_block_scale", "k_global_scale", "v_global_scale", "o_scale")
 _DESCALES = ("q_descale", "k_descale", "v_descale")
 _CACHES = ("k_cache", "v_cache")  # a paged KV cache (CONTRACT section 8), with block_table
 _ARRAYS = "<arrays>"  # the file name in messages about arrays given in memory
@@ -196,7 +198,7 @@ def _input_dtype_of(x, file, name):
 
 def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, outputs, input_dtype, output_dtype,
                   round_values, file, metadata=None, output_dtypes=None, kv_layout=None, kv_split_size=None,
-                  lse_posinf=None):
+                  lse_posinf=None, kv_dtype=None, kv_block_scale=None, v_from_k=None, dropout_p=None):
     """The tensors and metadata of a case file from arrays and options."""
     arrays = {n: a for n, a in arrays.items() if a is not None}
     kind = "mha" if "x_q" in arrays else "merge" if "o_partial" in arrays else "sdpa"
@@ -207,9 +209,17 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
     if input_dtype is not None and dtype not in INPUT_DTYPES:
         raise _error(file, "input_dtype", f"{input_dtype!r} is not F64, F32, F16, BF16, F8_E4M3 or F8_E5M2")
     dtype = dtype or _input_dtype_of(arrays[first], file, first)
+    stored = _stored_kv.kv_dtype_of(arrays, kv_dtype, kv_block_scale, _as_array, _error, file)
     tensors = []
     for name, a in arrays.items():
-        if name in ("mask", "query_mask"):
+        if stored and name in _stored_kv.STORED:
+            tensors.append(_stored_kv.stored_tensor(name, a, stored, _float_tensor, _as_array, _error, file))
+        elif name in _stored_kv.SCALARS:  # F32, never rounded
+            tensors.append(_float_tensor(name, a, "F32", False, file))
+        elif name in _stored_kv.BLOCK_SCALE_TENSORS:
+            tensors.append(_stored_kv.block_scale_tensor(name, a, kv_block_scale, _float_tensor, _as_array, _error,
+                                                         file))
+        elif name in ("mask", "query_mask", "dropout_mask"):
             tensors.append(_bool_tensor(name, a, file))
         elif name in ("bias", "sinks", "dout"):
             arr, bits_dtype = _as_array(a, name, file)
@@ -254,6 +264,8 @@ def _case_tensors(arrays, *, scale, causal, window, softcap, masked_rows, output
     if outputs is not None:
         names = [outputs] if isinstance(outputs, str) else list(outputs)
         meta["attn.outputs"] = ",".join(names)
+    _stored_kv.metadata(meta, kv_block_scale=kv_block_scale, v_from_k=v_from_k, dropout_p=dropout_p,
+                        number_text=_number_text, error=_error, file=file)
     for key, value in (metadata or {}).items():
         meta[str(key)] = str(value)
     return tensors, meta
@@ -286,6 +298,8 @@ def _tensor_arrays(tensors):
             values[name] = np.frombuffer(data, np.uint8).reshape(shape) != 0
         elif dtype in ("I64", "I32"):
             values[name] = np.frombuffer(data, _NUMPY_OF[dtype]).reshape(shape).astype(np.int64)
+        elif dtype in ("I8", "U8"):  # scaled I8 K/V; nvfp4's packed pairs, E8M0 block scales
+            values[name] = np.frombuffer(data, "|i1" if dtype == "I8" else "|u1").reshape(shape).copy()
         else:
             values[name] = np.frombuffer(data, np.uint8).copy()
     return values, bits
@@ -335,7 +349,9 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
              window=None, softcap=None, masked_rows="error", outputs=("out",), input_dtype=None, output_dtype=None,
              output_dtypes=None, threads=None, max_precision=2048, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
              w_o=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None, kv_split_size=None,
-             o_partial=None, lse_partial=None, lse_posinf=None):
+             o_partial=None, lse_partial=None, lse_posinf=None, kv_dtype=None, k_scale=None, v_scale=None,
+             kv_block_scale=None, k_block_scale=None, v_block_scale=None, k_global_scale=None, v_global_scale=None,
+             v_from_k=None, o_scale=None, dropout_mask=None, dropout_p=None):
     """Certified attention on arrays: the golden tensors `attnoracle eval` would write for the case
     file these arrays make, bit for bit (a Result).
 
@@ -358,16 +374,33 @@ def evaluate(q=None, k=None, v=None, *, mask=None, bias=None, query_mask=None, s
     Split-KV (CONTRACT section 8): kv_split_size n with outputs "out_partial", "lse_partial"
     gives the partial states of the splits of n keys. Kind merge: o_partial [S, B, H, Nq, Dv]
     and lse_partial [S, B, H, Nq] (float64: F64, else F32), sinks optional, instead of q, k, v;
-    lse_posinf="empty" reads +inf in lse_partial as -inf."""
+    lse_posinf="empty" reads +inf in lse_partial as -inf.
+
+    Quantized K/V (CONTRACT section 9), beside a float q: k, v (or k_cache, v_cache) stored in
+    kv_dtype "F8_E4M3", "F8_E5M2" (uint8 bit patterns, float8 tensors, or float values the format
+    holds exactly) or "I8" (int8 arrays, or integer values; the default for int8 arrays), with the
+    F32 k_scale, v_scale (per tensor [], per head [1, Hkv, 1, 1], per token [B, Hkv, Nk, 1]; paged:
+    [Npages, P, Hkv] NHD, [Npages, Hkv, P] HND). kv_block_scale "mxfp8": F8_E4M3 k, v and uint8
+    E8M0 k_block_scale, v_block_scale, one per 32 along D; "nvfp4": uint8 k, v of packed E2M1
+    pairs (low nibble first), F8_E4M3 block scales one per 16, F32 scalars k_global_scale,
+    v_global_scale. output_dtype is then required. v_from_k=Dv: no v, v is k[..., :Dv]. An FP8
+    output_dtype takes the F32 scalar o_scale (out is O / o_scale); outputs may add "amax".
+    Dropout: the boolean keep mask dropout_mask (broadcastable to [B, Hq, Nq, Nk]) with dropout_p
+    (a float: that exact double; a str: the exact value of its text). Stored elements and scales
+    are never rounded: a value its dtype does not hold is refused, naming the element."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,
-                  block_table=block_table, o_partial=o_partial, lse_partial=lse_partial)
+                  block_table=block_table, o_partial=o_partial, lse_partial=lse_partial, k_scale=k_scale,
+                  v_scale=v_scale, k_block_scale=k_block_scale, v_block_scale=v_block_scale,
+                  k_global_scale=k_global_scale, v_global_scale=v_global_scale, o_scale=o_scale,
+                  dropout_mask=dropout_mask)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows if masked_rows != "error" else None, outputs=outputs,
                                   input_dtype=input_dtype, output_dtype=output_dtype, round_values=False,
                                   file=_ARRAYS, output_dtypes=output_dtypes, kv_layout=kv_layout,
-                                  kv_split_size=kv_split_size, lse_posinf=lse_posinf)
+                                  kv_split_size=kv_split_size, lse_posinf=lse_posinf, kv_dtype=kv_dtype,
+                                  kv_block_scale=kv_block_scale, v_from_k=v_from_k, dropout_p=dropout_p)
     return _evaluate(tensors, meta, _ARRAYS, threads, max_precision)
 
 
@@ -381,7 +414,9 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
                causal=None, window=None, softcap=None, masked_rows=None, outputs=None, input_dtype=None,
                output_dtype=None, round_inputs=True, metadata=None, x_q=None, x_kv=None, w_q=None, w_k=None, w_v=None,
                w_o=None, output_dtypes=None, k_cache=None, v_cache=None, block_table=None, kv_layout=None,
-               kv_split_size=None, o_partial=None, lse_partial=None, lse_posinf=None):
+               kv_split_size=None, o_partial=None, lse_partial=None, lse_posinf=None, kv_dtype=None, k_scale=None,
+               v_scale=None, kv_block_scale=None, k_block_scale=None, v_block_scale=None, k_global_scale=None,
+               v_global_scale=None, v_from_k=None, o_scale=None, dropout_mask=None, dropout_p=None):
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
     eval` checks it, written atomically. Arguments as for evaluate(); the float values are
     rounded to nearest-even into their dtype (F8_E4M3 saturating at +-448; round_inputs=False:
@@ -389,13 +424,17 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,
-                  block_table=block_table, o_partial=o_partial, lse_partial=lse_partial)
+                  block_table=block_table, o_partial=o_partial, lse_partial=lse_partial, k_scale=k_scale,
+                  v_scale=v_scale, k_block_scale=k_block_scale, v_block_scale=v_block_scale,
+                  k_global_scale=k_global_scale, v_global_scale=v_global_scale, o_scale=o_scale,
+                  dropout_mask=dropout_mask)
     path = os.fspath(path)
     tensors, meta = _case_tensors(arrays, scale=scale, causal=causal, window=window, softcap=softcap,
                                   masked_rows=masked_rows, outputs=outputs, input_dtype=input_dtype,
                                   output_dtype=output_dtype, round_values=round_inputs, file=path, metadata=metadata,
                                   output_dtypes=output_dtypes, kv_layout=kv_layout, kv_split_size=kv_split_size,
-                                  lse_posinf=lse_posinf)
+                                  lse_posinf=lse_posinf, kv_dtype=kv_dtype, kv_block_scale=kv_block_scale,
+                                  v_from_k=v_from_k, dropout_p=dropout_p)
     _native.write_case(path, tensors, meta)
     return path
 
