@@ -420,7 +420,8 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
     """Writes a case file (safetensors, CONTRACT section 2) from arrays, checked as `attnoracle
     eval` checks it, written atomically. Arguments as for evaluate(); the float values are
     rounded to nearest-even into their dtype (F8_E4M3 saturating at +-448; round_inputs=False:
-    refused unless exact); `metadata` adds keys (e.g. "gen.note"). Returns the path."""
+    refused unless exact; quantized K/V's stored elements and scales are never rounded); `metadata`
+    adds keys (e.g. "gen.note"). Returns the path."""
     arrays = dict(q=q, k=k, v=v, x_q=x_q, x_kv=x_kv, w_q=w_q, w_k=w_k, w_v=w_v, w_o=w_o, mask=mask, bias=bias,
                   query_mask=query_mask, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks, q_descale=q_descale,
                   k_descale=k_descale, v_descale=v_descale, dout=dout, k_cache=k_cache, v_cache=v_cache,

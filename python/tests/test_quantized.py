@@ -208,3 +208,16 @@ def test_write_case_refusal_writes_nothing(tmp_path):
         attnoracle.write_case(path, q, np.full((1, 2, 5, 32), 0.3), np.zeros((1, 2, 5, 32)), kv_dtype="F8_E5M2",
                               k_scale=np.float32(1), v_scale=np.float32(1), output_dtype="F32")
     assert not path.exists()
+
+
+def test_torch_int8_and_float8_tensors():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    q, k = query(rng, 8, 2), rng.integers(-128, 128, (1, 2, 5, 8)).astype(np.int8)
+    s = dict(k_scale=np.float32(0.5), v_scale=np.float32(0.25), **OPTS)
+    a = attnoracle.evaluate(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(k), **s)  # int8: I8
+    assert_twins(a, attnoracle.evaluate(q, k, k, kv_dtype="I8", **s))
+    if hasattr(torch, "float8_e4m3fn"):  # PyTorch 2.1 and later: float8 tensors are their own dtype
+        kb = fp8_bits(rng, (1, 2, 5, 8))
+        t = torch.from_numpy(kb).view(torch.float8_e4m3fn)
+        assert_twins(attnoracle.evaluate(q, t, t, **s), attnoracle.evaluate(q, kb, kb, kv_dtype="F8_E4M3", **s))
