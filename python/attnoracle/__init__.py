@@ -445,11 +445,12 @@ def write_case(path, q=None, k=None, v=None, *, mask=None, bias=None, query_mask
 
 # Features a case can use, as the pytest plugin's `unsupported` names them: "fp8" is either FP8
 # input dtype, as "causal" is either alignment; "gradients" any of dq, dk, dv, dbias, dsinks asked,
-# "dsinks" that one.
+# "dsinks" that one; "kv_scale" scaled I8 or FP8 K/V, "kv_block_scale" mxfp8 or nvfp4, "fp8_out" an
+# FP8 output dtype with o_scale.
 FEATURES = ("mha", "gqa", "mask", "bias", "query_mask", "causal", "causal_top_left", "causal_bottom_right",
             "window", "softcap", "scale", "masked_rows_zero", "weights", "lse", "output_dtype", "F64", "F32",
             "F16", "BF16", "expect_error", "seqlens", "sinks", "fp8", "F8_E4M3", "F8_E5M2", "descales", "scores",
-            "gradients", "dsinks")
+            "gradients", "dsinks", "kv_scale", "kv_block_scale", "v_from_k", "fp8_out", "amax", "dropout")
 _GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
 
 
@@ -539,6 +540,15 @@ class Case:
             f.add("gradients")
         if "dsinks" in self.outputs:
             f.add("dsinks")
+        if "k_scale" in self.inputs or "v_scale" in self.inputs:
+            f.add("kv_scale")
+        f.update(n for n in ("kv_block_scale", "v_from_k") if "attn." + n in self.metadata)
+        if "o_scale" in self.inputs:
+            f.add("fp8_out")
+        if "amax" in self.outputs:
+            f.add("amax")
+        if "dropout_mask" in self.inputs:
+            f.add("dropout")
         if self.output_dtype != self.input_dtype:
             f.add("output_dtype")
         if self.expect == "error":

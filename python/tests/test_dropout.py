@@ -44,6 +44,7 @@ def test_dropout_p_float_is_its_exact_double(tmp_path):
     assert case.metadata["attn.dropout_p"] == (0.1).hex() == "0x1.999999999999ap-4"
     assert case.metadata["attn.dropout_p"] != "0.1"
     np.testing.assert_array_equal(case.inputs["dropout_mask"], keep)
+    assert "dropout" in case.features and "kv_scale" not in case.features
     # a str is the exact value of its text
     assert attnoracle.load_case(attnoracle.write_case(tmp_path / "text.safetensors", q, k, v, dropout_mask=keep,
                                                       dropout_p="0.1")).metadata["attn.dropout_p"] == "0.1"

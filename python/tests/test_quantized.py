@@ -147,6 +147,8 @@ def test_write_case_quantized_evaluates_as_eval_does(tmp_path):
     assert case.dtypes["k"] == "F8_E4M3" and case.dtypes["k_block_scale"] == "U8"
     np.testing.assert_array_equal(case.inputs["k_block_scale"], kbs)
     assert case.metadata["attn.v_from_k"] == "40" and case.metadata["attn.kv_block_scale"] == "mxfp8"
+    assert {"kv_block_scale", "v_from_k", "fp8_out", "amax"} <= case.features
+    assert not {"kv_scale", "dropout", "fp8"} & case.features
     direct = attnoracle.evaluate(q, kb, **opts)
     for name in ("out", "out.ref", "lse", "amax"):
         np.testing.assert_array_equal(case.golden[name], direct[name], err_msg=name)
@@ -159,6 +161,7 @@ def test_write_case_int8_keeps_int8(tmp_path):
                                  v_scale=np.float32(0.5), output_dtype="F32")
     case = attnoracle.load_case(path)
     assert case.dtypes["k"] == "I8" and case.inputs["k"].dtype == np.int8
+    assert "kv_scale" in case.features and not {"kv_block_scale", "v_from_k", "fp8_out"} & case.features
     np.testing.assert_array_equal(case.inputs["k"], k)
 
 
