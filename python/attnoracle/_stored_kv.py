@@ -5,7 +5,6 @@ rounded: a value its dtype does not hold is refused, naming the tensor and the e
 import numpy as np
 
 SCALED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")
-BLOCK_SCALES = ("mxfp8", "nvfp4")
 SCALARS = ("k_scale", "v_scale", "k_global_scale", "v_global_scale", "o_scale")  # F32
 BLOCK_SCALE_TENSORS = ("k_block_scale", "v_block_scale")
 STORED = ("k", "v", "k_cache", "v_cache")

@@ -196,7 +196,10 @@ def test_refusals_name_the_tensor_and_element():
             kv_block_scale="mxfp8", k_block_scale=np.array([[[[1, 256]]]]), output_dtype="F32")
     refusal(r"attn.v_from_k: not an integer", q=q, k=kb, kv_dtype="F8_E4M3", k_scale=np.float32(1), v_from_k=2.5,
             output_dtype="F32")
+    refusal(r"^<arrays>: kv_dtype: not given with kv_block_scale", q=q, k=kb, v=kb, kv_block_scale="mxfp8",
+            kv_dtype="F8_E4M3", output_dtype="F32")
     # the reader's own refusals, with its message
+    refusal(r"^<arrays>: attn.kv_block_scale", q=q, k=q, v=q, kv_block_scale="mxfp4", output_dtype="F32")
     refusal(r"^<arrays>: v: given with attn.v_from_k", q=q, k=kb, v=kb, v_from_k=8, kv_dtype="F8_E4M3", **s)
     refusal(r"^<arrays>: k_scale: element 0 is -1", q=q, k=kb, v=kb, kv_dtype="F8_E4M3", k_scale=np.float32(-1),
             v_scale=np.float32(1), output_dtype="F32")
