@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/rotary.hpp"
 
@@ -102,6 +103,43 @@ TEST(Rotary, DecodeOffsetFollowsSeqlens) {
   const Case d = case_from_file("rot.safetensors", f);
   EXPECT_EQ(d.q.values, (std::vector<double>{-1, 0, 1, 0}));
   EXPECT_EQ(d.k.values, (std::vector<double>{1, 0, 0, 1, -1, 0, 1, 0}));
+}
+
+TEST(Rotary, NonFiniteOnlyOnPaddingRows) {
+  // seqlens_q = 1: query 1 is padding. Its NaN turns its whole pair to NaN, left unused;
+  // the same NaN in query 0 is refused by the unused-position rules.
+  auto file = [](std::vector<double> q) {
+    SafeTensorsFile f = base("interleaved", "F32");
+    RawTensor t = f32("q", {1, 1, 2, 2}, {0, 0, 0, 0});
+    const float nan = NAN;
+    for (std::size_t e = 0; e < q.size(); ++e)
+      if (std::isnan(q[e]))
+        std::memcpy(t.data.data() + 4 * e, &nan, 4);
+      else
+        encode_float(DType::F32, q[e], t.data.data() + 4 * e);
+    f.put(t);
+    f.put(f32("k", {1, 1, 2, 2}, {1, 0, 0, 1}));
+    f.put(f32("v", {1, 1, 2, 1}, {1, 2}));
+    f.put(i32("seqlens_q", {1}));
+    f.put(f32("rotary_cos", {3, 1}, {1, 0, 1}));  // query 1 sits at 2, in the table
+    f.put(f32("rotary_sin", {3, 1}, {0, 1, 0}));
+    return f;
+  };
+  const Case c = case_from_file("rot.safetensors", file({1, 0, 2, NAN}));
+  EXPECT_EQ(c.q.values[0], 0);  // query 0 at position 1: (1, 0) -> (0, 1)
+  EXPECT_EQ(c.q.values[1], 1);
+  // The padding pair (2, NaN) became NaN, NaN, then 0, 0 as unused non-finite inputs are.
+  EXPECT_EQ(c.q.values[2], 0);
+  EXPECT_EQ(c.q.values[3], 0);
+  EXPECT_EQ(evaluate(c, EvalOptions{}).golden.empty(), false);
+  try {
+    case_from_file("rot.safetensors", file({NAN, 0, 2, 1}));
+    ADD_FAILURE() << "a NaN in query 0 was accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.field(), "q");
+    EXPECT_NE(std::string(e.what()).find("element 0 is NaN, in query 0 of b=0, h=0, which is not padding"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Rotary, RoundedOnceToTheRoundDtype) {
