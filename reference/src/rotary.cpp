@@ -62,7 +62,7 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
   const auto& md = file.metadata;
   const auto key = md.find(kRotaryKey), rkey = md.find(kRotaryRoundKey);
   const bool has_key = key != md.end(), has_round = rkey != md.end();
-  if (!tc && !ts && !has_key && !has_round) return;
+  if (!has_rotary_inputs(file)) return;
   const char* first = tc ? kRotaryCosName : ts ? kRotarySinName : has_key ? kRotaryKey : kRotaryRoundKey;
   if (c.kind != Kind::Sdpa) fail(first, "is for attn.kind sdpa only");
   if (tc && !ts) fail(kRotaryCosName, "given, but the case has no rotary_sin tensor");
