@@ -148,6 +148,29 @@ TEST_F(RotaryEval, Refusals) {
                  "rotated q element 1 overflows F32");
   expect_refused(with_meta(f, "attn.outputs", "out,dq"), "attn.outputs", "asks for dq, which attn.rotary does not support");
   expect_refused(with_meta(f, "attn.outputs", "out,dk"), "attn.outputs", "asks for dk, which attn.rotary does not support");
+  // No compared query (seqlens_q = 0): the keys alone need the table's rows.
+  const auto i32 = [](const std::string& name, Shape shape, std::vector<std::int32_t> v) {
+    RawTensor r{name, DType::I32, std::move(shape), std::vector<unsigned char>(4 * v.size())};
+    std::memcpy(r.data.data(), v.data(), r.data.size());
+    return r;
+  };
+  expect_refused(with(with(with(f, i32("seqlens_q", {1}, {0})), floats("rotary_cos", {1, 1}, {1})),
+                      floats("rotary_sin", {1, 1}, {0})),
+                 "rotary_cos", "has Nrot = 1 positions, but b=0 has 2 keys");
+  // A paged KV cache: one page of two slots.
+  SafeTensorsFile paged = without(without(f, "k"), "v");
+  paged.put(floats("k_cache", {1, 2, 1, 2}, {0, 1, 1, 0}));
+  paged.put(floats("v_cache", {1, 2, 1, 1}, {2, 4}));
+  paged.put(i32("block_table", {1, 1}, {0}));
+  paged.put(i32("seqlens_k", {1}, {2}));
+  expect_refused(with_meta(paged, "attn.outputs", "out"), "rotary_cos", "given with a paged KV cache");
+  // Scaled I8 K/V.
+  SafeTensorsFile scaled = with_meta(with_meta(f, "attn.output_dtype", "F32"), "attn.outputs", "out");
+  scaled.put(RawTensor{"k", DType::I8, {1, 1, 2, 2}, {0, 1, 1, 0}});
+  scaled.put(RawTensor{"v", DType::I8, {1, 1, 2, 1}, {2, 4}});
+  scaled.put(floats("k_scale", {1, 1, 1, 1}, {1}));
+  scaled.put(floats("v_scale", {1, 1, 1, 1}, {1}));
+  expect_refused(scaled, "rotary_cos", "given with K/V in a stored form of section 9");
   SafeTensorsFile mha;
   mha.metadata = {{"attn.format", "1"}, {"attn.kind", "mha"}, {"attn.rotary", "half"}, {"attn.rotary_round", "F32"}};
   mha.put(floats("x_q", {1, 1, 2}, {1, 0}));
