@@ -17,6 +17,7 @@
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/file.hpp"
 #include "attnoracle/reference/quantized_kv.hpp"
+#include "attnoracle/reference/rotary.hpp"
 
 namespace attnoracle {
 namespace {
@@ -98,7 +99,9 @@ class CaseReader {
   void metadata(const std::map<std::string, std::string>& md) {
     for (const auto& [key, value] : md) {
       if (key.rfind("attn.", 0) != 0) continue;
-      if (key == kKvLayoutKey || key == kKvBlockScaleKey || key == kVFromKKey || key == kDropoutPKey) continue;
+      if (key == kKvLayoutKey || key == kKvBlockScaleKey || key == kVFromKKey || key == kDropoutPKey ||
+          key == kRotaryKey || key == kRotaryRoundKey)
+        continue;
       if (std::find(kMetadataKeys.begin(), kMetadataKeys.end(), key) != kMetadataKeys.end() ||
           std::find(kReferenceKeys.begin(), kReferenceKeys.end(), key) != kReferenceKeys.end() ||
           std::find(kSplitKvKeys.begin(), kSplitKvKeys.end(), key) != kSplitKvKeys.end())
@@ -319,8 +322,10 @@ class CaseReader {
     static const std::set<std::string> sdpa = {"q", "k", "v"};
     static const std::set<std::string> mha = {"x_q", "x_kv", "w_q", "w_k", "w_v", "w_o"};
     static const std::set<std::string> optional = {"mask", "bias", "query_mask", "seqlens_q",
-                                                   "seqlens_k", "sinks", "dout", kDropoutMaskName};
+                                                   "seqlens_k", "sinks", "dout", kDropoutMaskName,
+                                                   kRotaryCosName, kRotarySinName};
     static const std::set<std::string> descales = {"q_descale", "k_descale", "v_descale"};
+    if (c_.kind != Kind::Sdpa) apply_rotary(path_, file, c_);  // refuses any rotary input
     if (c_.kind == Kind::Merge) return merge_inputs(file);
     const bool is_sdpa = c_.kind == Kind::Sdpa;
     const auto& mine = is_sdpa ? sdpa : mha;
@@ -396,6 +401,7 @@ class CaseReader {
       expect_shape(*t, {c_.Hq}, is_sdpa ? "[Hq]" : "[H]");
       c_.sinks = floats(*t, false);
     }
+    rotary(file);
     if (!unchecked_.empty()) unused_positions();
     gradient_inputs(file);
     dropout(file, full);
@@ -421,6 +427,19 @@ class CaseReader {
     if (c_.wants_partials())
       fail(kDropoutMaskName, "given, but attn.outputs asks for partial states, which dropout does not have");
     c_.dropout = Case::Dropout{*p, bools(*t)};
+  }
+
+  // Rotary embedding (CONTRACT section 10): q and k rotated in place (rotary.cpp); a pair with a
+  // non-finite element is NaN after it, both elements then left to the unused-position rules.
+  void rotary(const SafeTensorsFile& file) {
+    apply_rotary(path_, file, c_);
+    if (!c_.rotary) return;
+    for (auto [name, t] : {std::pair{"q", &c_.q}, std::pair{"k", &c_.k}}) {
+      auto& list = unchecked_[name];
+      list.clear();
+      for (std::size_t e = 0; e < t->values.size(); ++e)
+        if (!std::isfinite(t->values[e])) list.push_back(e);
+    }
   }
 
   // dout (CONTRACT section 7): the shape of out, finite except on padding rows (zeroed there);

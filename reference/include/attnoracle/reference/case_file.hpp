@@ -12,6 +12,7 @@
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/kv_formats.hpp"
 #include "attnoracle/reference/paged.hpp"
+#include "attnoracle/reference/rotary.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 
 namespace attnoracle {
@@ -149,6 +150,8 @@ struct Case {
     BoolTensor keep;
   };
   std::optional<Dropout> dropout;
+  // Rotary embedding (CONTRACT section 10): q and k above hold the rotated values.
+  std::optional<Rotary> rotary;
   // Whether key j's weight in row (b, h, i) is kept (true without dropout).
   bool kept(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const;
 

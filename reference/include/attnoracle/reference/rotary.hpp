@@ -1,0 +1,50 @@
+// Rotary embedding from given tables (CONTRACT section 10): the first R features of q and k
+// rotated by position before the scores, each rotated value rounded once to attn.rotary_round.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
+
+namespace attnoracle {
+
+struct Case;
+
+// Metadata keys and tensor names.
+inline constexpr const char* kRotaryKey = "attn.rotary";
+inline constexpr const char* kRotaryRoundKey = "attn.rotary_round";
+inline constexpr const char* kRotaryCosName = "rotary_cos";
+inline constexpr const char* kRotarySinName = "rotary_sin";
+
+// interleaved: pairs (2f, 2f + 1) (GPT-J); half: pairs (f, f + R/2) (NeoX).
+enum class RotaryPairing { Interleaved, Half };
+std::string_view rotary_pairing_name(RotaryPairing p);
+std::optional<RotaryPairing> rotary_pairing_from_name(std::string_view s);
+
+struct Rotary {
+  RotaryPairing pairing = RotaryPairing::Interleaved;
+  std::int64_t R = 0;    // rotated features, even, at most Dk
+  std::int64_t Nrot = 0; // positions the tables hold
+  DType round = DType::F32;
+};
+
+// Whether the file names any of the rotary inputs (tables or keys).
+bool has_rotary_inputs(const SafeTensorsFile& file);
+
+// The position of query i of batch b: i + (Lk - Lq) (section 1's i', whatever the causal mode).
+std::int64_t rotary_query_position(const Case& c, std::int64_t b, std::int64_t i);
+
+// (x1 cos - x2 sin, x1 sin + x2 cos), each decided exactly and rounded once to `round`.
+void rotate_pair(double x1, double x2, double cos, double sin, DType round, double& y1, double& y2);
+
+// Reads the tables and keys of `file` into c.rotary and rotates c.q and c.k in place (c of kind
+// sdpa, its sizes, lengths and inputs read). Positions outside the tables, which only padding
+// rows and keys past seqlens_k reach, are left as given; a pair with a non-finite element
+// becomes NaN, NaN. Throws InputError(path, <tensor or key>, <what>).
+void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c);
+
+}  // namespace attnoracle

@@ -1,0 +1,187 @@
+// End to end: `attnoracle eval` on rotary embedding from given tables (CONTRACT section 10): a
+// hand-worked decode query rotated to its position in the cache, under the oracle; every
+// refusal one line naming the tensor or key, exit status 2, and no output file.
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attnoracle/reference/dtype.hpp"
+#include "attnoracle/reference/safetensors.hpp"
+#include "cli_run.hpp"
+
+namespace attnoracle::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Shape = std::vector<std::int64_t>;
+
+RawTensor floats(const std::string& name, Shape shape, const std::vector<double>& v, DType t = DType::F32) {
+  RawTensor r{name, t, std::move(shape), {}};
+  r.data.resize(dtype_size(t) * v.size());
+  for (std::size_t e = 0; e < v.size(); ++e) encode_float(t, v[e], r.data.data() + dtype_size(t) * e);
+  return r;
+}
+std::vector<double> values(const SafeTensorsFile& f, const std::string& name) {
+  const RawTensor& t = *f.find(name);
+  std::vector<double> v;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(t.numel()); ++e)
+    v.push_back(decode_float(t.dtype, t.data.data() + e * dtype_size(t.dtype)));
+  return v;
+}
+SafeTensorsFile with(SafeTensorsFile f, const RawTensor& t) {
+  f.put(t);
+  return f;
+}
+SafeTensorsFile without(SafeTensorsFile f, const std::string& name) {
+  std::erase_if(f.tensors, [&](const RawTensor& t) { return t.name == name; });
+  return f;
+}
+SafeTensorsFile with_meta(SafeTensorsFile f, const std::string& key, const std::string& value) {
+  f.metadata[key] = value;
+  return f;
+}
+SafeTensorsFile without_meta(SafeTensorsFile f, const std::string& key) {
+  f.metadata.erase(key);
+  return f;
+}
+
+// One query q = (1, 0) decoding after two keys k0 = (0, 1), k1 = (1, 0); the tables turn a pair
+// by 0 at position 0 and by a quarter turn at position 1. The query sits at position 1 (Nk - Nq):
+// q' = (0, 1), k0' = k0, k1' = (0, 1), so both scores are 1 (unrotated they are 0 and 1):
+// A = (1/2, 1/2), lse = 1 + log 2, out = (2 + 4) / 2 = 3, dv = A dout = (1/2, 1/2).
+SafeTensorsFile decode_case() {
+  SafeTensorsFile f;
+  f.metadata = {{"attn.format", "1"}, {"attn.scale", "1"}, {"attn.rotary", "interleaved"},
+                {"attn.rotary_round", "F32"}, {"attn.outputs", "out,weights,lse,dv"}};
+  f.put(floats("q", {1, 1, 1, 2}, {1, 0}));
+  f.put(floats("k", {1, 1, 2, 2}, {0, 1, 1, 0}));
+  f.put(floats("v", {1, 1, 2, 1}, {2, 4}));
+  f.put(floats("dout", {1, 1, 1, 1}, {1}));
+  f.put(floats("rotary_cos", {2, 1}, {1, 0}));
+  f.put(floats("rotary_sin", {2, 1}, {0, 1}));
+  return f;
+}
+
+class RotaryEval : public ::testing::Test {
+ protected:
+  void SetUp() override { fs::create_directory(dir_ / "work"); }
+
+  void expect_refused(const SafeTensorsFile& f, const std::string& field, const std::string& what) {
+    const std::string in = dir_ / "work" / "bad.safetensors";
+    const std::string out = dir_ / "work" / "out.safetensors";
+    write_bytes(in, serialize_safetensors(f));
+    const CliResult r = run_cli({"eval", in, "-o", out});
+    EXPECT_EQ(r.status, 2) << r.err;
+    const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
+    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(what, prefix.size()), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+
+  SafeTensorsFile evaluated(const SafeTensorsFile& f, const std::string& name) {
+    const std::string in = dir_ / (name + ".safetensors"), out = dir_ / (name + ".out.safetensors");
+    write_bytes(in, serialize_safetensors(f));
+    const CliResult r = run_cli({"eval", in, "-o", out, "-q", "--oracle-gradient-slices", "1"});
+    EXPECT_EQ(r.status, 0) << name << ": " << r.err;
+    return read_safetensors(out);
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(RotaryEval, DecodeQueryAtItsPositionByHand) {
+  const SafeTensorsFile g = evaluated(decode_case(), "decode");
+  EXPECT_EQ(values(g, "out"), std::vector<double>{3});
+  EXPECT_EQ(values(g, "weights"), (std::vector<double>{0.5, 0.5}));
+  EXPECT_EQ(values(g, "lse"), std::vector<double>{static_cast<float>(1 + std::log(2.0))});
+  EXPECT_EQ(values(g, "dv"), (std::vector<double>{0.5, 0.5}));
+  // The inputs are written back as given, tables included.
+  EXPECT_EQ(g.find("q")->data, decode_case().find("q")->data);
+  EXPECT_EQ(g.find("rotary_sin")->data, decode_case().find("rotary_sin")->data);
+  // Without the rotation the scores are 0 and 1.
+  SafeTensorsFile plain = without(without(decode_case(), "rotary_cos"), "rotary_sin");
+  plain = without_meta(without_meta(plain, "attn.rotary"), "attn.rotary_round");
+  EXPECT_NE(values(evaluated(plain, "plain"), "weights"), (std::vector<double>{0.5, 0.5}));
+}
+
+TEST_F(RotaryEval, Refusals) {
+  const SafeTensorsFile f = decode_case();
+  expect_refused(with_meta(f, "attn.rotary", "neox"), "attn.rotary", "value \"neox\" is not interleaved or half");
+  expect_refused(without_meta(f, "attn.rotary"), "rotary_cos", "given, but attn.rotary is missing");
+  expect_refused(without_meta(f, "attn.rotary_round"), "attn.rotary", "given without attn.rotary_round");
+  expect_refused(with_meta(f, "attn.rotary_round", "F8_E4M3"), "attn.rotary_round",
+                 "value \"F8_E4M3\" is not F64, F32, F16 or BF16");
+  expect_refused(without(f, "rotary_sin"), "rotary_cos", "given, but the case has no rotary_sin tensor");
+  expect_refused(without(f, "rotary_cos"), "rotary_sin", "given, but the case has no rotary_cos tensor");
+  expect_refused(without(without(f, "rotary_cos"), "rotary_sin"), "attn.rotary",
+                 "given, but the case has no rotary_cos and rotary_sin tensors");
+  expect_refused(with(f, floats("rotary_cos", {2, 1}, {1, 0}, DType::F16)), "rotary_cos",
+                 "dtype F16 is not F32");
+  expect_refused(with(f, floats("rotary_cos", {2}, {1, 0})), "rotary_cos", "shape [2] is not [Nrot,R/2]");
+  expect_refused(with(f, floats("rotary_sin", {1, 2}, {0, 1})), "rotary_sin",
+                 "shape [1,2] is not that of rotary_cos [2,1]");
+  expect_refused(with(with(f, floats("rotary_cos", {2, 0}, {})), floats("rotary_sin", {2, 0}, {})), "rotary_cos",
+                 "has R/2 = 0");
+  expect_refused(with(with(f, floats("rotary_cos", {2, 2}, {1, 1, 0, 0})), floats("rotary_sin", {2, 2}, {0, 0, 1, 1})),
+                 "rotary_cos", "gives R = 4, more than Dk = 2");
+  RawTensor nan_cos = floats("rotary_cos", {2, 1}, {1, 0});
+  const float nan = NAN;
+  std::memcpy(nan_cos.data.data() + 4, &nan, 4);
+  expect_refused(with(f, nan_cos), "rotary_cos", "element 1 is NaN");
+  // One row: the query sits at position 1, past the table.
+  expect_refused(with(with(f, floats("rotary_cos", {1, 1}, {1})), floats("rotary_sin", {1, 1}, {0})), "rotary_cos",
+                 "has Nrot = 1 positions, but query 0 of b=0 sits at position 1");
+  // Two queries over one key: query 0 sits at position -1.
+  expect_refused(with(with(with(f, floats("q", {1, 1, 2, 2}, {1, 0, 0, 1})), floats("k", {1, 1, 1, 2}, {0, 1})),
+                      floats("v", {1, 1, 1, 1}, {2})),
+                 "rotary_cos", "query 0 of b=0 sits at position -1");
+  // Position 1 turns (x1, x2) into (x1 - x2, x1 + x2): 2^128 is past F32's largest value.
+  expect_refused(with(with(f, floats("q", {1, 1, 1, 2}, {0x1p127, 0x1p127})), floats("rotary_cos", {2, 1}, {1, 1})),
+                 "attn.rotary_round",
+                 "rotated q element 1 overflows F32");
+  expect_refused(with_meta(f, "attn.outputs", "out,dq"), "attn.outputs", "asks for dq, which attn.rotary does not support");
+  expect_refused(with_meta(f, "attn.outputs", "out,dk"), "attn.outputs", "asks for dk, which attn.rotary does not support");
+  // No compared query (seqlens_q = 0): the keys alone need the table's rows.
+  const auto i32 = [](const std::string& name, Shape shape, std::vector<std::int32_t> v) {
+    RawTensor r{name, DType::I32, std::move(shape), std::vector<unsigned char>(4 * v.size())};
+    std::memcpy(r.data.data(), v.data(), r.data.size());
+    return r;
+  };
+  expect_refused(with(with(with(f, i32("seqlens_q", {1}, {0})), floats("rotary_cos", {1, 1}, {1})),
+                      floats("rotary_sin", {1, 1}, {0})),
+                 "rotary_cos", "has Nrot = 1 positions, but b=0 has 2 keys");
+  // A paged KV cache: one page of two slots.
+  SafeTensorsFile paged = without(without(f, "k"), "v");
+  paged.put(floats("k_cache", {1, 2, 1, 2}, {0, 1, 1, 0}));
+  paged.put(floats("v_cache", {1, 2, 1, 1}, {2, 4}));
+  paged.put(i32("block_table", {1, 1}, {0}));
+  paged.put(i32("seqlens_k", {1}, {2}));
+  expect_refused(with_meta(paged, "attn.outputs", "out"), "rotary_cos", "given with a paged KV cache");
+  // Scaled I8 K/V.
+  SafeTensorsFile scaled = with_meta(with_meta(f, "attn.output_dtype", "F32"), "attn.outputs", "out");
+  scaled.put(RawTensor{"k", DType::I8, {1, 1, 2, 2}, {0, 1, 1, 0}});
+  scaled.put(RawTensor{"v", DType::I8, {1, 1, 2, 1}, {2, 4}});
+  scaled.put(floats("k_scale", {1, 1, 1, 1}, {1}));
+  scaled.put(floats("v_scale", {1, 1, 1, 1}, {1}));
+  expect_refused(scaled, "rotary_cos", "given with K/V in a stored form of section 9");
+  SafeTensorsFile mha;
+  mha.metadata = {{"attn.format", "1"}, {"attn.kind", "mha"}, {"attn.rotary", "half"}, {"attn.rotary_round", "F32"}};
+  mha.put(floats("x_q", {1, 1, 2}, {1, 0}));
+  mha.put(floats("x_kv", {1, 2, 2}, {0, 1, 1, 0}));
+  for (const char* w : {"w_q", "w_k", "w_v"}) mha.put(floats(w, {1, 2, 2}, {1, 0, 0, 1}));
+  mha.put(floats("w_o", {2, 2}, {1, 0, 0, 1}));
+  mha.put(floats("rotary_cos", {2, 1}, {1, 0}));
+  mha.put(floats("rotary_sin", {2, 1}, {0, 1}));
+  expect_refused(mha, "rotary_cos", "is for attn.kind sdpa only");
+  expect_refused(without(without(mha, "rotary_cos"), "rotary_sin"), "attn.rotary", "is for attn.kind sdpa only");
+}
+
+}  // namespace
+}  // namespace attnoracle::testing
