@@ -31,13 +31,6 @@ RawTensor floats(const std::string& name, Shape shape, const std::vector<double>
 RawTensor keep(Shape shape, const std::vector<unsigned char>& v, DType t = DType::BOOL) {
   return RawTensor{"dropout_mask", t, std::move(shape), v};
 }
-std::vector<double> values(const SafeTensorsFile& f, const std::string& name) {
-  const RawTensor& t = *f.find(name);
-  std::vector<double> v;
-  for (std::size_t e = 0; e < static_cast<std::size_t>(t.numel()); ++e)
-    v.push_back(decode_float(t.dtype, t.data.data() + e * dtype_size(t.dtype)));
-  return v;
-}
 
 // One query q = (1, 0) and two keys k0 = (0, 1), k1 = (0, -1): both scores 0 (scale 1), so
 // A = (1/2, 1/2) and lse = log 2. v0 = (2, 4), v1 = (6, 8), dout = (1, 1); key 1 dropped.

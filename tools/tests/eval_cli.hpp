@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
 #include "cli_run.hpp"
 
@@ -30,6 +31,15 @@ inline SafeTensorsFile with_meta(SafeTensorsFile f, const std::string& key, cons
 inline SafeTensorsFile without_meta(SafeTensorsFile f, const std::string& key) {
   f.metadata.erase(key);
   return f;
+}
+
+// The elements of tensor `name` of f as doubles.
+inline std::vector<double> values(const SafeTensorsFile& f, const std::string& name) {
+  const RawTensor& t = *f.find(name);
+  std::vector<double> v;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(t.numel()); ++e)
+    v.push_back(decode_float(t.dtype, t.data.data() + e * dtype_size(t.dtype)));
+  return v;
 }
 
 class EvalCli : public ::testing::Test {

@@ -13,7 +13,7 @@
 
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
-#include "cli_run.hpp"
+#include "eval_cli.hpp"
 
 namespace attnoracle::testing {
 namespace {
@@ -26,29 +26,6 @@ RawTensor floats(const std::string& name, Shape shape, const std::vector<double>
   r.data.resize(dtype_size(t) * v.size());
   for (std::size_t e = 0; e < v.size(); ++e) encode_float(t, v[e], r.data.data() + dtype_size(t) * e);
   return r;
-}
-std::vector<double> values(const SafeTensorsFile& f, const std::string& name) {
-  const RawTensor& t = *f.find(name);
-  std::vector<double> v;
-  for (std::size_t e = 0; e < static_cast<std::size_t>(t.numel()); ++e)
-    v.push_back(decode_float(t.dtype, t.data.data() + e * dtype_size(t.dtype)));
-  return v;
-}
-SafeTensorsFile with(SafeTensorsFile f, const RawTensor& t) {
-  f.put(t);
-  return f;
-}
-SafeTensorsFile without(SafeTensorsFile f, const std::string& name) {
-  std::erase_if(f.tensors, [&](const RawTensor& t) { return t.name == name; });
-  return f;
-}
-SafeTensorsFile with_meta(SafeTensorsFile f, const std::string& key, const std::string& value) {
-  f.metadata[key] = value;
-  return f;
-}
-SafeTensorsFile without_meta(SafeTensorsFile f, const std::string& key) {
-  f.metadata.erase(key);
-  return f;
 }
 
 // One query q = (1, 0) decoding after two keys k0 = (0, 1), k1 = (1, 0); the tables turn a pair
@@ -68,32 +45,11 @@ SafeTensorsFile decode_case() {
   return f;
 }
 
-class RotaryEval : public ::testing::Test {
+class RotaryEval : public EvalCli {
  protected:
-  void SetUp() override { fs::create_directory(dir_ / "work"); }
-
-  void expect_refused(const SafeTensorsFile& f, const std::string& field, const std::string& what) {
-    const std::string in = dir_ / "work" / "bad.safetensors";
-    const std::string out = dir_ / "work" / "out.safetensors";
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out});
-    EXPECT_EQ(r.status, 2) << r.err;
-    const std::string prefix = "attnoracle: error: " + in + ": " + field + ": ";
-    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(what, prefix.size()), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-    EXPECT_FALSE(fs::exists(out));
-  }
-
   SafeTensorsFile evaluated(const SafeTensorsFile& f, const std::string& name) {
-    const std::string in = dir_ / (name + ".safetensors"), out = dir_ / (name + ".out.safetensors");
-    write_bytes(in, serialize_safetensors(f));
-    const CliResult r = run_cli({"eval", in, "-o", out, "-q", "--oracle-gradient-slices", "1"});
-    EXPECT_EQ(r.status, 0) << name << ": " << r.err;
-    return read_safetensors(out);
+    return EvalCli::evaluated(f, name, {"--oracle-gradient-slices", "1"});
   }
-
-  TempDir dir_;
 };
 
 TEST_F(RotaryEval, DecodeQueryAtItsPositionByHand) {
