@@ -2,6 +2,8 @@
 // the normalised errors (conformance/TOLERANCE.md, "The statistical tier").
 #include "attnoracle/conformance/statistics.hpp"
 
+#include "attnoracle/conformance/bin_order.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -261,7 +263,7 @@ void zeros(std::vector<double>& v, std::size_t n) {
 }  // namespace
 
 std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
-  std::sort(bins.begin(), bins.end());
+  sort_bin_pairs(bins);
   RootSumSquares parity[2];  // over the even and the odd bins
   for (std::size_t a = 0; a < bins.size();) {
     double c = 0;

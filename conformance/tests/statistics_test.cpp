@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnoracle/conformance/bin_order.hpp"
 #include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/conformance/statistics.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
@@ -358,6 +359,50 @@ RC_GTEST_PROP(StatisticsBias, PRoundedToNearestPasses, ()) {
   const Tier t = kernel_tier(normal_case(seed, H, Nq, Nk, D), p, false);
   RC_ASSERT(std::fabs(t.bias) <= t.bias_limit);
   RC_ASSERT(t.bias_tested == (t.tested && H * Nq * D >= kMinSample));
+}
+
+// The linear order of the bias test's pairs is std::sort's, element for element, and so are the
+// roots over it, bit for bit: random bins (few distinct ones: long runs of ties) and coefficients.
+RC_GTEST_PROP(StatisticsBias, BinOrderIsTheSortsOrder, ()) {
+  const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+  const std::size_t n = *rc::gen::inRange<std::size_t>(0, 5000);
+  const int bits = *rc::gen::inRange(1, 64);
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<std::uint64_t, double>> bins(n);
+  for (auto& b : bins) {
+    b.first = bits == 64 ? rng() : rng() & ((1ull << bits) - 1);
+    if (rng() % 3 == 0) b.first <<= rng() % 64;  // high digits set, some bins shared again
+    b.second = std::ldexp(static_cast<double>(rng() >> 11), -static_cast<int>(rng() % 80));
+  }
+  auto sorted = bins;
+  std::sort(sorted.begin(), sorted.end());
+  auto linear = bins;
+  sort_bin_pairs(linear);
+  RC_ASSERT(linear == sorted);
+  // binned_parts on the unsorted pairs against the same sums over std::sort's order
+  RootSumSquares parity[2];
+  for (std::size_t a = 0; a < sorted.size();) {
+    double c = 0;
+    std::size_t e = a;
+    for (; e < sorted.size() && sorted[e].first == sorted[a].first; ++e) c += sorted[e].second;
+    parity[sorted[a].first & 1].add(c);
+    a = e;
+  }
+  const auto [even, odd] = binned_parts(bins);
+  RC_ASSERT(even == parity[0].root());
+  RC_ASSERT(odd == parity[1].root());
+}
+
+TEST(StatisticsBias, BinOrderWorkedByHand) {
+  // 70 pairs (past the short-input path): bins 300, 2 and 2^40 + 2, coefficients descending
+  std::vector<std::pair<std::uint64_t, double>> bins;
+  for (int k = 0; k < 70; ++k) bins.emplace_back(k % 3 == 0 ? 300 : (k % 3 == 1 ? 2 : (1ull << 40) + 2), 70.0 - k);
+  sort_bin_pairs(bins);
+  ASSERT_EQ(bins.size(), 70u);
+  EXPECT_EQ(bins.front(), (std::pair<std::uint64_t, double>{2, 70.0 - 67}));
+  EXPECT_EQ(bins[22], (std::pair<std::uint64_t, double>{2, 70.0 - 1}));
+  EXPECT_EQ(bins[23], (std::pair<std::uint64_t, double>{300, 70.0 - 69}));
+  EXPECT_EQ(bins.back(), (std::pair<std::uint64_t, double>{(1ull << 40) + 2, 70.0 - 2}));
 }
 
 TEST(StatisticsBias, BinnedRootWorkedByHand) {
