@@ -22,12 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using Shape = std::vector<std::int64_t>;
 
-RawTensor floats(const std::string& name, Shape shape, const std::vector<double>& v, DType t = DType::F32) {
-  RawTensor r{name, t, std::move(shape), {}};
-  r.data.resize(dtype_size(t) * v.size());
-  for (std::size_t e = 0; e < v.size(); ++e) encode_float(t, v[e], r.data.data() + dtype_size(t) * e);
-  return r;
-}
 RawTensor keep(Shape shape, const std::vector<unsigned char>& v, DType t = DType::BOOL) {
   return RawTensor{"dropout_mask", t, std::move(shape), v};
 }

@@ -33,6 +33,15 @@ inline SafeTensorsFile without_meta(SafeTensorsFile f, const std::string& key) {
   return f;
 }
 
+// A tensor of the values v (each rounded to nearest in t).
+inline RawTensor floats(const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v,
+                        DType t = DType::F32) {
+  RawTensor r{name, t, std::move(shape), {}};
+  r.data.resize(dtype_size(t) * v.size());
+  for (std::size_t e = 0; e < v.size(); ++e) encode_float(t, v[e], r.data.data() + dtype_size(t) * e);
+  return r;
+}
+
 // The elements of tensor `name` of f as doubles.
 inline std::vector<double> values(const SafeTensorsFile& f, const std::string& name) {
   const RawTensor& t = *f.find(name);

@@ -21,12 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using Shape = std::vector<std::int64_t>;
 
-RawTensor floats(const std::string& name, Shape shape, const std::vector<double>& v, DType t = DType::F32) {
-  RawTensor r{name, t, std::move(shape), {}};
-  r.data.resize(dtype_size(t) * v.size());
-  for (std::size_t e = 0; e < v.size(); ++e) encode_float(t, v[e], r.data.data() + dtype_size(t) * e);
-  return r;
-}
 
 // One query q = (1, 0) decoding after two keys k0 = (0, 1), k1 = (1, 0); the tables turn a pair
 // by 0 at position 0 and by a quarter turn at position 1. The query sits at position 1 (Nk - Nq):
