@@ -40,6 +40,9 @@ struct InvariantsArgs {
   double timeout = 600;
   std::string work, failures, json;  // failures: a fresh temporary directory when empty
   bool keep = false;
+  int reruns = 0;                // 0: no relation deterministic
+  bool deterministic = false;    // declared: --reruns 3 unless given
+  bool batch_invariant = false;  // declared: relation batch_invariance
 };
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
@@ -133,6 +136,21 @@ vectors::ProblemSpec problem_spec(const InvariantsArgs& a, const conformance::Pr
   return p;
 }
 
+// The problem as its reruns ask it: with dout and the gradients of its kind where the profile
+// returns gradients and the problem has them (not paged, split or FP8).
+vectors::ProblemSpec with_gradients(vectors::ProblemSpec p, const conformance::Profile& profile) {
+  if (!profile.returns_gradients || p.page_size > 0 || p.kv_split_size > 0 || is_fp8(p.dtype)) return p;
+  if (p.kind == Kind::Mha) {
+    p.want_mha.fill(true);
+    p.want_mha[1] = !p.self_attention;  // dx_kv
+  } else {
+    p.want_dq = p.want_dk = p.want_dv = true;
+    p.want_dbias = p.bias != vectors::BiasKind::None;
+    p.want_dsinks = !p.sinks.empty();
+  }
+  return vectors::problem_error(p) ? vectors::ProblemSpec{} : p;
+}
+
 void write_json(const std::string& path, const InvariantsArgs& a, const conformance::MetamorphicReport& r,
                 const std::vector<std::pair<std::string, vectors::ProblemSpec>>& specs) {
   nlohmann::ordered_json j;
@@ -144,6 +162,8 @@ void write_json(const std::string& path, const InvariantsArgs& a, const conforma
   j["violated"] = r.violated;
   j["skipped"] = r.skipped;
   j["bitwise"] = r.bitwise;
+  j["reruns"] = a.reruns;
+  j["batch_invariant"] = a.batch_invariant;
   j["problem_sizes"] = nlohmann::ordered_json::array();
   for (const auto& [id, p] : specs)
     j["problem_sizes"].push_back({{"problem", id}, {"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"Nq", p.Nq},
@@ -196,6 +216,8 @@ int run_invariants(const InvariantsArgs& a) {
   if (a.safety > 0) opt.profile.safety = a.safety;
   if (returns_given) conformance::declare_returns(opt.profile, a.returns);
   opt.timeout = a.timeout;
+  opt.batch_invariant = a.batch_invariant;
+  opt.reruns = a.reruns;
   opt.failures_dir = a.failures;
   const bool temp_failures = a.failures.empty();
   if (temp_failures) opt.failures_dir = make_temp_dir("attnoracle-invariants-failures");
@@ -208,7 +230,7 @@ int run_invariants(const InvariantsArgs& a) {
   TempDirGuard work_guard(temp_work ? opt.work_dir : "");
   if (a.keep) work_guard.release();
 
-  std::vector<std::pair<std::string, SafeTensorsFile>> problems;
+  std::vector<std::pair<std::string, SafeTensorsFile>> problems, reruns;
   std::vector<std::pair<std::string, vectors::ProblemSpec>> specs;
   for (int k = 0; k < a.problems; ++k) {
     std::uint64_t seed = 0;
@@ -218,8 +240,12 @@ int run_invariants(const InvariantsArgs& a) {
                   std::string(dtype_name(spec.dtype)).c_str());
     problems.emplace_back(id, vectors::make_problem(spec, seed));
     specs.emplace_back(id, spec);
+    if (a.reruns < 2) continue;
+    const vectors::ProblemSpec grad = with_gradients(spec, opt.profile);
+    reruns.emplace_back(id, grad.wants_gradients() ? vectors::make_problem(grad, seed) : problems.back().second);
   }
-  const conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
+  conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
+  if (a.reruns >= 2) conformance::check_reruns(reruns, opt, r);
   if (r.violated) failures_guard.release();
 
   for (const auto& x : r.results)
@@ -227,10 +253,11 @@ int run_invariants(const InvariantsArgs& a) {
       std::printf("violated  %s  %s (%s): %s\n", x.problem.c_str(),
                   x.relation.c_str(), x.what.c_str(), x.detail.c_str());
   if (!r.adapter_note.empty()) std::printf("note: %s\n", r.adapter_note.c_str());
-  std::printf("%zu relations on %d problems (seed %llu, profile %s): %zu passed (%zu bit for bit), "
+  std::printf("%zu relations on %d problems (seed %llu, profile %s%s%s): %zu passed (%zu bit for bit), "
               "%zu violated, %zu skipped\n",
               r.results.size(), a.problems, static_cast<unsigned long long>(a.seed), a.profile.c_str(),
-              r.passed, r.bitwise, r.violated, r.skipped);
+              a.reruns >= 2 ? (", " + std::to_string(a.reruns) + " runs each").c_str() : "",
+              a.batch_invariant ? ", batch invariant" : "", r.passed, r.bitwise, r.violated, r.skipped);
   if (r.violated)
     std::printf("replay: the failing cases are in %s; rerun with --seed %llu --problems %d\n",
                 opt.failures_dir.c_str(), static_cast<unsigned long long>(a.seed), a.problems);
@@ -263,8 +290,8 @@ Command add_invariants(CLI::App& app) {
                   "head dims 64 to 256, and a kv split size on every other one (--kinds, --max-len, --dim and "
                   "--long-keys do not apply)");
   a->returns_option = sub->add_option("--returns", a->returns,
-                                      "optional outputs the implementation returns, as for run: weights,lse (scores and "
-                                      "gradients are never asked here); '' or none: out only (default: all)");
+                                      "optional outputs the implementation returns, as for run: weights,lse, and gradients "
+                                      "(asked only of the reruns); '' or none: out only (default: all)");
   sub->add_option("--profile", a->profile,
                   "the gate's profile, as for run: fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON "
                   "file; its arithmetic gives each side's limit, other input dtypes are skipped");
@@ -276,7 +303,20 @@ Command add_invariants(CLI::App& app) {
                   "where failing cases are written for replay (default: a fresh temporary directory, printed)");
   sub->add_option("--json", a->json, "write the report as JSON");
   sub->add_flag("--keep", a->keep, "keep the temporary work directory");
-  return {sub, [a] { return run_invariants(*a); }};
+  CLI::Option* reruns = sub->add_option(
+      "--reruns", a->reruns,
+      "run the implementation N times on every problem (each a run of its own), asking the gradients too where "
+      "the profile returns them, and check that no bit changes (relation deterministic)")
+      ->check(CLI::Range(2, 100));
+  sub->add_flag("--deterministic", a->deterministic,
+                "the implementation declares itself deterministic: --reruns 3 unless --reruns is given");
+  sub->add_flag("--batch-invariant", a->batch_invariant,
+                "the implementation declares itself batch invariant: a batch row's results keep their bits alone "
+                "and among other rows (relation batch_invariance)");
+  return {sub, [a, reruns] {
+            if (a->deterministic && reruns->count() == 0) a->reruns = 3;
+            return run_invariants(*a);
+          }};
 }
 
 }  // namespace attnoracle::cli

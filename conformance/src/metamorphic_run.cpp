@@ -13,6 +13,7 @@
 #include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/conformance/metamorphic.hpp"
 #include "attnoracle/conformance/tolerance.hpp"
+#include "twins.hpp"
 
 namespace attnoracle::conformance {
 
@@ -81,9 +82,11 @@ bool read_result(const SafeTensorsFile& f, const std::string& name, DType dt,
   return true;
 }
 
+// NaN against NaN counts as equal, whatever the payloads.
 bool same_bits(const Tensor& a, std::size_t ia, const Tensor& b, std::size_t ib) {
   const std::size_t es = dtype_size(a.raw->dtype);
-  return std::memcmp(a.raw->data.data() + ia * es, b.raw->data.data() + ib * es, es) == 0;
+  return std::memcmp(a.raw->data.data() + ia * es, b.raw->data.data() + ib * es, es) == 0 ||
+         (std::isnan(a.v[ia]) && std::isnan(b.v[ib]));
 }
 
 // The reference's results of one case file, as doubles (out.ref, weights.ref, lse.ref: the exact
@@ -111,6 +114,16 @@ struct Comparison {
   const Golden* gb = nullptr;
   double worst_seen = 0;
   bool bitwise = true;
+  std::size_t moved = 0, compared = 0;  // elements whose bits differ, of those compared
+  std::string first_moved = {};         // the first few of them
+  void bits(const char* tensor, const std::string& where, double a, double b, bool bits_equal) {
+    ++compared;
+    bitwise = bitwise && bits_equal;
+    if (bits_equal || ++moved > 3) return;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s%s%s: %a vs %a", first_moved.empty() ? "" : "; ", tensor, where.c_str(), a, b);
+    first_moved += buf;
+  }
   // Reference twins: b - a against the reference's xb - xa. Each side is within its limit of its
   // exact value and out.ref within 2^-53 of its own, so |(b - a) - (xb - xa)| <= tol, plus
   // 2^-52 of the magnitudes for out.ref and the subtractions in double.
@@ -139,7 +152,7 @@ struct Comparison {
   // |a - b| <= tol; equal infinities pass; NaN never does.
   void element(const char* tensor, const std::string& where, double a, double b, double tol,
                bool bits_equal, const char* note = "") {
-    bitwise = bitwise && bits_equal;
+    bits(tensor, where, a, b, bits_equal);
     double ratio;
     if (a == b || (std::isinf(a) && a == b)) ratio = 0;
     else if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b)) ratio = INFINITY;
@@ -174,6 +187,52 @@ std::string idx(std::initializer_list<std::int64_t> ix) {
     first = false;
   }
   return s + "]";
+}
+
+// The gradients the case asks, element by element bit for bit (sides of one shape: reruns);
+// dq and dx_q only on the compared rows (padding queries' are free). False with `why` when a
+// side's tensor is missing or of another dtype or shape.
+bool gradient_bits(const Case& c, const conformance::JobResult& ra, const conformance::JobResult& rb,
+                   const TwinPair& p, Comparison& cmp, std::string& why) {
+  const std::pair<const char*, bool> grads[] = {
+      {"dq", c.want_dq},       {"dk", c.want_dk},       {"dv", c.want_dv},     {"dbias", c.want_dbias},
+      {"dsinks", c.want_dsinks}, {"dx_q", c.want_dx_q}, {"dx_kv", c.want_dx_kv}, {"dw_q", c.want_dw_q},
+      {"dw_k", c.want_dw_k},   {"dw_v", c.want_dw_v},   {"dw_o", c.want_dw_o}};
+  for (const auto& [name, wanted] : grads) {
+    if (!wanted) continue;
+    const RawTensor* t = ra.output.find(name);
+    if (!t) {
+      why = std::string("result has no tensor ") + name;
+      return false;
+    }
+    Tensor ga, gb;
+    if (!read_result(ra.output, name, t->dtype, t->shape, ga, why) ||
+        !read_result(rb.output, name, t->dtype, t->shape, gb, why))
+      return false;
+    const std::string n = name;
+    // rows of [B, Hq, Nq, Dk] (dq) or [B, Nq, D] (dx_q): the query rows compared
+    const std::vector<char>* rows = n == "dq" ? &p.rows : n == "dx_q" ? &p.out_rows : nullptr;
+    const std::size_t width = t->shape.empty() ? 1 : static_cast<std::size_t>(t->shape.back());
+    for (std::size_t e = 0; e < ga.v.size(); ++e) {
+      if (rows && !(*rows)[e / width]) continue;
+      if (same_bits(ga, e, gb, e)) {
+        cmp.bits(name, "", ga.v[e], gb.v[e], true);
+        continue;
+      }
+      std::vector<std::int64_t> ix(t->shape.size());  // the element's index, for the report
+      for (std::size_t d = ix.size(), r = e; d-- > 0;) {
+        ix[d] = static_cast<std::int64_t>(r % static_cast<std::size_t>(t->shape[d]));
+        r /= static_cast<std::size_t>(t->shape[d]);
+      }
+      std::string where = "[";
+      for (std::size_t d = 0; d < ix.size(); ++d) {
+        if (d) where += ',';
+        where += std::to_string(ix[d]);
+      }
+      cmp.bits(name, where + "]", ga.v[e], gb.v[e], false);
+    }
+  }
+  return true;
 }
 
 // `golden` gives the reference's results of both sides, for reference twins; called only once
@@ -250,7 +309,7 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
     Tensor wa, wb;
     const std::int64_t Nkb = cb.Nk;
     if (!read_result(ra.output, "weights", odt, {ca.B, H, ca.Nq, ca.Nk}, wa, why) ||
-        !read_result(rb.output, "weights", odt, {ca.B, H, Nqb, Nkb}, wb, why))
+        !read_result(rb.output, "weights", odt, {cb.B, H, Nqb, Nkb}, wb, why))
       return unreadable();
     for (std::int64_t b = 0; b < ca.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
@@ -279,7 +338,7 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
   if (ca.want_lse && opt.profile.returns_lse) {
     Tensor la, lb;
     if (!read_result(ra.output, "lse", odt, {ca.B, H, ca.Nq}, la, why) ||
-        !read_result(rb.output, "lse", odt, {ca.B, H, Nqb}, lb, why))
+        !read_result(rb.output, "lse", odt, {cb.B, H, Nqb}, lb, why))
       return unreadable();
     for (std::int64_t b = 0; b < ca.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
@@ -294,10 +353,42 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
                   at, atb);
         }
   }
+  if (p.bitwise && opt.profile.returns_gradients && ca.wants_gradients() && !gradient_bits(ca, ra, rb, p, cmp, why))
+    return unreadable();
   res.worst = cmp.worst_seen;
   res.bitwise = cmp.bitwise;
   res.status = cmp.worst_seen <= 1 ? St::Pass : St::Violated;
   if (res.status == St::Pass) res.detail.clear();
+  if (p.bitwise) {  // the bits alone decide: both sides of one exact value, limits aside
+    res.status = cmp.moved > 0 ? St::Violated : St::Pass;
+    res.detail = cmp.moved == 0 ? "" : std::to_string(cmp.moved) + " of " + std::to_string(cmp.compared) +
+                                           " elements changed bits: " + cmp.first_moved + (cmp.moved > 3 ? "; ..." : "");
+  }
+}
+
+// Counts a result, and copies the case files of a violated relation to opt.failures_dir
+// (`fb` empty: one file).
+void tally(RelationResult r, const std::string& fa, const std::string& fb, const MetamorphicOptions& opt,
+           MetamorphicReport& rep) {
+  namespace fs = std::filesystem;
+  if (r.status == RelationResult::Status::Violated && !opt.failures_dir.empty() && !fa.empty()) {
+    fs::create_directories(opt.failures_dir);
+    const fs::path a = fs::path(opt.failures_dir) / fs::path(fa).filename();
+    fs::copy_file(fa, a, fs::copy_options::overwrite_existing);
+    r.detail += "; case" + std::string(fb.empty() ? ": " : "s: ") + a.string();
+    if (!fb.empty()) {
+      const fs::path b = fs::path(opt.failures_dir) / fs::path(fb).filename();
+      fs::copy_file(fb, b, fs::copy_options::overwrite_existing);
+      r.detail += " and " + b.string();
+    }
+  }
+  switch (r.status) {
+    case RelationResult::Status::Pass: ++rep.passed; break;
+    case RelationResult::Status::Violated: ++rep.violated; break;
+    case RelationResult::Status::Skipped: ++rep.skipped; break;
+  }
+  if (r.status == RelationResult::Status::Pass && r.bitwise) ++rep.bitwise;
+  rep.results.push_back(std::move(r));
 }
 
 }  // namespace
@@ -338,7 +429,7 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
     };
     const DType in = case_from_file(id, file).input_dtype;
     const bool skip = !opt.profile.covers(in);
-    for (TwinPair& p : make_twins(id, file)) {
+    for (TwinPair& p : make_twins(id, file, opt.batch_invariant)) {
       Pending q{id, std::move(p), 0, 0, {}, {}, {}};
       if (skip) {  // as the gate skips a case
         q.skip = "profile " + opt.profile.name + " does not cover " + std::string(dtype_name(in)) + " inputs";
@@ -376,23 +467,74 @@ MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeT
         return std::make_pair(golden_of(q.ja, q.pair.a), golden_of(q.jb, q.pair.b));
       });
     }
-    if (r.status == RelationResult::Status::Violated && !opt.failures_dir.empty()) {
-      fs::create_directories(opt.failures_dir);
-      const fs::path a = fs::path(opt.failures_dir) / fs::path(q.fa).filename();
-      const fs::path b = fs::path(opt.failures_dir) / fs::path(q.fb).filename();
-      fs::copy_file(q.fa, a, fs::copy_options::overwrite_existing);
-      fs::copy_file(q.fb, b, fs::copy_options::overwrite_existing);
-      r.detail += "; cases: " + a.string() + " and " + b.string();
-    }
-    switch (r.status) {
-      case RelationResult::Status::Pass: ++rep.passed; break;
-      case RelationResult::Status::Violated: ++rep.violated; break;
-      case RelationResult::Status::Skipped: ++rep.skipped; break;
-    }
-    if (r.status == RelationResult::Status::Pass && r.bitwise) ++rep.bitwise;
-    rep.results.push_back(std::move(r));
+    tally(std::move(r), q.fa, q.fb, opt, rep);
   }
   return rep;
+}
+
+void check_reruns(const std::vector<std::pair<std::string, SafeTensorsFile>>& problems,
+                  const MetamorphicOptions& opt, MetamorphicReport& rep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(opt.work_dir) / "reruns";
+  fs::create_directories(dir);
+  std::vector<std::string> inputs;
+  std::vector<std::size_t> run_of;  // problem -> its job, or npos when its dtype is skipped
+  for (const auto& [id, file] : problems) {
+    if (!opt.profile.covers(case_from_file(id, file).input_dtype)) {
+      run_of.push_back(std::string::npos);
+      continue;
+    }
+    run_of.push_back(inputs.size());
+    inputs.push_back((dir / (id + ".safetensors")).string());
+    write_file_atomic(inputs.back(), serialize_safetensors(file));
+  }
+  // Each run a call of its own, its outputs apart: nothing of one run is seen by the next.
+  std::vector<conformance::AdapterRun> runs(static_cast<std::size_t>(std::max(opt.reruns, 2)));
+  for (std::size_t n = 0; n < runs.size() && !inputs.empty(); ++n) {
+    std::vector<conformance::AdapterJob> jobs;
+    for (const std::string& in : inputs) {
+      const std::string stem = fs::path(in).stem().string();
+      jobs.push_back({stem + ".run" + std::to_string(n + 1), in,
+                      (dir / (stem + ".run" + std::to_string(n + 1) + ".out.safetensors")).string()});
+    }
+    runs[n] = conformance::run_adapter(opt.command, jobs, (dir / ("run" + std::to_string(n + 1))).string(), opt.timeout);
+    const auto& run = runs[n];
+    if ((run.timed_out || run.signaled || run.exit_status != 0) && rep.adapter_note.empty()) {
+      rep.adapter_note = "rerun " + std::to_string(n + 1) + ": " +
+                         (run.timed_out ? std::string("the implementation timed out")
+                                        : "the implementation exited with status " + std::to_string(run.exit_status));
+      if (!run.stderr_tail.empty()) rep.adapter_note += "; its last output: " + run.stderr_tail;
+    }
+  }
+  for (std::size_t k = 0; k < problems.size(); ++k) {
+    const auto& [id, file] = problems[k];
+    const Case c = case_from_file(id, file);
+    RelationResult r;
+    r.problem = id;
+    r.relation = "deterministic";
+    r.what = std::to_string(runs.size()) + " runs of the problem";
+    if (run_of[k] == std::string::npos) {
+      r.status = RelationResult::Status::Skipped;
+      r.detail = "profile " + opt.profile.name + " does not cover " + std::string(dtype_name(c.input_dtype)) + " inputs";
+      tally(std::move(r), "", "", opt, rep);
+      continue;
+    }
+    TwinPair p{r.relation, "rerun", r.what, file, file, {}, 0, false, all_rows(c), all_tokens(c), false, {}, true};
+    const std::size_t j = run_of[k];
+    for (std::size_t n = 1; n < runs.size(); ++n) {  // every run against the first
+      RelationResult one = r;
+      compare_pair(p, runs[0].results[j], runs[n].results[j], opt, one, [] {
+        return std::make_pair<const Golden*, const Golden*>(nullptr, nullptr);
+      });
+      if (n == 1 || one.status != RelationResult::Status::Pass) {
+        if (one.status == RelationResult::Status::Violated) one.detail = "run " + std::to_string(n + 1) + " against run 1: " + one.detail;
+        r = std::move(one);
+      }
+      if (r.status != RelationResult::Status::Pass) break;
+    }
+    const std::string replay = inputs[j];
+    tally(std::move(r), replay, "", opt, rep);
+  }
 }
 
 }  // namespace attnoracle::conformance

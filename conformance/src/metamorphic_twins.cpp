@@ -424,10 +424,12 @@ std::vector<TwinPair> plain_twins(const Case& c) {
   return out;
 }
 
-std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base) {
+std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base, bool batch_invariance) {
   const Case c = case_from_file(path, base);
   std::vector<TwinPair> out = c.paged ? paged_twins(c) : plain_twins(c);
   for (TwinPair& p : serving_twins(c)) out.push_back(std::move(p));
+  if (batch_invariance)
+    for (TwinPair& p : batch_twins(c)) out.push_back(std::move(p));
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Twins of serving kernels' problems (CONTRACT section 8): the same keys in another page layout,
 // page order or page size, or contiguous; another kv split size; one query alone against the full
-// case (decode against prefill); another batch row's inputs changed. All are exact: the keys each
-// row attends and their order are the same on both sides, so the exact results are equal.
+// case (decode against prefill); another batch row's inputs changed; batch row 0 alone or among
+// other rows. All are exact: the keys each row attends and their order are the same on both
+// sides, so the exact results are equal.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -358,6 +359,66 @@ std::vector<TwinPair> serving_twins(const Case& c) {
     for (std::int64_t i = 0; i < c.Nq; ++i) p.out_rows[sz(i)] = 0;
     out.push_back(std::move(p));
   }
+  return out;
+}
+
+namespace {
+
+// Tensors whose first dimension is the batch (mask and bias only at full rank, [B, H, Nq, Nk];
+// of extent 1 they broadcast and stay).
+bool batch_tensor(const RawTensor& t, std::int64_t B) {
+  static const char* const names[] = {"q", "k", "v", "x_q", "x_kv", "query_mask", "seqlens_q", "seqlens_k",
+                                      "block_table", "dout", "keep", "q_descale", "k_descale", "v_descale"};
+  const bool full = t.name == "mask" || t.name == "bias" ? t.shape.size() == 4 : true;
+  return full && !t.shape.empty() && t.shape[0] == B && (t.name == "mask" || t.name == "bias" ||
+         std::any_of(std::begin(names), std::end(names), [&](const char* n) { return t.name == n; }));
+}
+
+// The case's batch rows `from` (row r of the result is row from[r]), every batch tensor cut so.
+SafeTensorsFile batch_rows(const Case& c, const std::vector<std::int64_t>& from) {
+  SafeTensorsFile f = c.file;
+  for (RawTensor& t : f.tensors) {
+    if (!batch_tensor(t, c.B)) continue;
+    const std::size_t row = t.data.size() / sz(c.B);
+    std::vector<unsigned char> data;
+    data.reserve(row * from.size());
+    for (std::int64_t b : from)
+      data.insert(data.end(), t.data.begin() + static_cast<std::ptrdiff_t>(sz(b) * row),
+                  t.data.begin() + static_cast<std::ptrdiff_t>(sz(b + 1) * row));
+    t.data = std::move(data);
+    t.shape[0] = static_cast<std::int64_t>(from.size());
+  }
+  return f;
+}
+
+}  // namespace
+
+std::vector<TwinPair> batch_twins(const Case& c) {
+  std::vector<TwinPair> out;
+  auto twin = [&](const char* tag, const std::string& what, const std::vector<std::int64_t>& from) {
+    TwinPair p = pair("batch_invariance", tag, what, c.file, c);
+    p.b = batch_rows(c, from);
+    p.bitwise = true;
+    for (std::int64_t b = 1; b < c.B; ++b) {  // row 0 alone is compared
+      std::fill_n(p.rows.begin() + static_cast<std::ptrdiff_t>(b * c.Hq * c.Nq), c.Hq * c.Nq, 0);
+      std::fill_n(p.out_rows.begin() + static_cast<std::ptrdiff_t>(b * c.Nq), c.Nq, 0);
+    }
+    return p;
+  };
+  if (c.B > 1) out.push_back(twin("alone", "batch row 0 alone (batch 1 instead of " + std::to_string(c.B) + ")", {0}));
+  // Row 0, a copy of it with every query vector reversed, then the other rows in reverse order.
+  std::vector<std::int64_t> from{0, 0};
+  for (std::int64_t b = c.B - 1; b > 0; --b) from.push_back(b);
+  TwinPair p = twin("regrouped", "batch row 0 among other rows (batch " + std::to_string(c.B + 1) + " instead of " +
+                    std::to_string(c.B) + ")", from);
+  RawTensor& q = *p.b.find(c.kind == Kind::Mha ? "x_q" : "q");
+  const std::size_t es = dtype_size(q.dtype), width = sz(q.shape.back()), per = q.data.size() / sz(q.shape[0]);
+  for (std::size_t at = per; at < 2 * per; at += width * es)  // row 1's vectors
+    for (std::size_t x = 0, y = width - 1; x < y; ++x, --y)
+      std::swap_ranges(q.data.begin() + static_cast<std::ptrdiff_t>(at + x * es),
+                       q.data.begin() + static_cast<std::ptrdiff_t>(at + (x + 1) * es),
+                       q.data.begin() + static_cast<std::ptrdiff_t>(at + y * es));
+  out.push_back(std::move(p));
   return out;
 }
 

@@ -22,5 +22,7 @@ std::vector<TwinPair> paged_twins(const Case& c);
 // Any case of kind sdpa: another split size, one query alone (decode), another batch row
 // changed (serving_twins.cpp).
 std::vector<TwinPair> serving_twins(const Case& c);
+// Bitwise, declared batch invariance: batch row 0 alone, and among other rows (serving_twins.cpp).
+std::vector<TwinPair> batch_twins(const Case& c);
 
 }  // namespace attnoracle::conformance

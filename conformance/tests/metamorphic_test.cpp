@@ -72,7 +72,7 @@ TEST(Twins, AreExactTransformations) {
       s.B = 3;
     }
     const SafeTensorsFile base = vectors::make_problem(s, 1000 + static_cast<std::uint64_t>(k));
-    for (const TwinPair& p : make_twins("p", base)) {
+    for (const TwinPair& p : make_twins("p", base, true)) {  // batch row 0 compared alone: at equal indices
       if (p.reference) continue;  // their exact results differ: ReferenceTwinsChangeWhatTheySay
       if (!p.query_of.empty()) continue;  // one query a row: ServingTwins.AreExactTransformations
       const Case ca = case_from_file("a", p.a), cb = case_from_file("b", p.b);
@@ -404,6 +404,92 @@ attention.attention = attention7
   EXPECT_NE(out.find("  kv_head_locality ("), std::string::npos) << out;
 }
 
+std::string flash_adapter(const std::string& extra = "") {
+  return "'/usr/bin/python3 " + std::string(ATTNORACLE_SOURCE_DIR) + "/conformance/adapters/flash_numpy/attention.py" +
+         extra + "'";
+}
+
+// The number of times `what` occurs in `text`.
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(InvariantsCommand, CorrectKernelsAreDeterministicAndBatchInvariant) {
+  // Three runs of every problem, gradients included, and every row alone and among others: no
+  // bit moves in the NumPy kernels (the flash one in blocks of 16 keys: several on most rows).
+  for (const std::string& impl : {numpy_adapter(), flash_adapter(" --block 16")}) {
+    const std::string json = (dir_ / "report.json").string();
+    std::string out;
+    EXPECT_EQ(run("invariants --impl " + impl + common() + " --reruns 3 --batch-invariant --json " + json, out), 0)
+        << impl << "\n" << out;
+    EXPECT_NE(out.find(", 3 runs each, batch invariant): "), std::string::npos) << out;
+    EXPECT_NE(out.find(" 0 violated, 0 skipped"), std::string::npos) << out;
+    std::FILE* f = std::fopen(json.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string text;
+    for (int ch; (ch = std::fgetc(f)) != EOF;) text += static_cast<char>(ch);
+    std::fclose(f);
+    EXPECT_EQ(count(text, "\"invariant\": \"deterministic\""), 18u) << text.substr(0, 1000);
+    EXPECT_GE(count(text, "\"invariant\": \"batch_invariance\""), 18u);  // row 0 among others; alone where B > 1
+    EXPECT_NE(text.find("\"reruns\": 3"), std::string::npos);
+  }
+}
+
+TEST_F(InvariantsCommand, RerunsCatchANondeterministicBackward) {
+  // dq summed over the key blocks in an order drawn per run: no relation of one run sees it;
+  // the reruns, which ask the gradients, do, with the elements that moved in hex.
+  const std::string impl = flash_adapter(" --block 16 --bug dq_block_order_random");
+  std::string out;
+  EXPECT_EQ(run("invariants --impl " + impl + common(), out), 0) << out;
+  EXPECT_EQ(run("invariants --impl " + impl + common() + " --reruns 3", out), 1) << out;
+  EXPECT_NE(out.find("  deterministic (3 runs of the problem): run "), std::string::npos) << out;
+  EXPECT_NE(out.find("elements changed bits: dq["), std::string::npos) << out;
+  EXPECT_NE(out.find(" vs 0x"), std::string::npos) << out;
+  EXPECT_EQ(out.find("  deterministic (3 runs of the problem): run 2 against run 1: 0 of"), std::string::npos) << out;
+  // forward outputs only (--returns without gradients): nothing moves
+  EXPECT_EQ(run("invariants --impl " + impl + common() + " --returns weights,lse --deterministic", out), 0) << out;
+  EXPECT_NE(out.find(", 3 runs each): "), std::string::npos) << out;
+}
+
+TEST_F(InvariantsCommand, BatchInvarianceCatchesABlockSizeFromTheBatch) {
+  // Keys per block from the batch size: every result is within its limits (batch_independence
+  // holds), but a row's bits change with the batch once it is declared batch invariant.
+  const std::string impl = flash_adapter(" --bug block_from_batch");
+  std::string out;
+  EXPECT_EQ(run("invariants --impl " + impl + common(), out), 0) << out;
+  EXPECT_EQ(run("invariants --impl " + impl + common() + " --batch-invariant", out), 1) << out;
+  EXPECT_NE(out.find("  batch_invariance (batch row 0 "), std::string::npos) << out;
+  EXPECT_NE(out.find("elements changed bits: out["), std::string::npos) << out;
+  EXPECT_EQ(count(out, "violated  "), count(out, "  batch_invariance (")) << out;
+}
+
+TEST_F(InvariantsCommand, NaNPayloadsAreNotDifferences) {
+  // A kernel writing out[..., 0] as a NaN of a payload drawn per run: the reruns see no change
+  // (NaN equals NaN); the last bit of it flipped at random instead is a change.
+  const fs::path wrapper = dir_ / "noisy.py";
+  write_wrapper(wrapper, R"(import os
+import numpy as np
+MODE = sys.argv.pop(1)
+correct = attention.run_case
+def run_case(path, compute, bug=None):
+    result, dtypes = correct(path, compute, bug)
+    bits = np.array(result["out"], np.float32).view(np.uint32)
+    noise = np.frombuffer(os.urandom(4 * bits[..., 0].size), np.uint32).reshape(bits[..., 0].shape)
+    bits[..., 0] = 0x7FC00000 | (noise & 0x3FFFFF) if MODE == "nan" else bits[..., 0] ^ (noise & 1)
+    result["out"] = bits.view(np.float32)
+    return result, dtypes
+attention.run_case = run_case
+)");
+  std::string out;
+  for (const char* mode : {"nan", "bit"}) {
+    const std::string impl = "'/usr/bin/python3 " + wrapper.string() + " " + mode + "'";
+    EXPECT_EQ(run("invariants --impl " + impl + common() + " --reruns 2", out), 1) << out;  // NaN fails the limits
+    EXPECT_EQ(out.find("  deterministic (") == std::string::npos, std::string(mode) == "nan") << mode << "\n" << out;
+  }
+}
+
 TEST_F(InvariantsCommand, CrashingImplementationFails) {
   std::string out;
   EXPECT_EQ(run("invariants --impl false" + common(), out), 1) << out;
@@ -419,6 +505,10 @@ TEST_F(InvariantsCommand, BadOptionsAreRefused) {
   EXPECT_NE(out.find("attnoracle: error: --long-keys"), std::string::npos) << out;
   EXPECT_EQ(run("invariants --impl true --profile " + (dir_ / "none.json").string() + common(), out), 2) << out;
   EXPECT_NE(out.find("attnoracle: error: " + (dir_ / "none.json").string()), std::string::npos) << out;
+  for (const char* n : {"1", "0", "101", "two"}) {
+    EXPECT_EQ(run("invariants --impl true --reruns " + std::string(n) + common(), out), 2) << out;
+    EXPECT_NE(out.find("--reruns"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

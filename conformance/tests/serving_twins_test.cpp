@@ -73,7 +73,7 @@ vectors::ProblemSpec serving_spec(int k, std::int64_t P) {
 // `some_rows`: each twin compares some row.
 void expect_exact_twins(const SafeTensorsFile& base, bool paged, const std::string& label,
                         std::map<std::string, int>& seen, bool some_rows) {
-  for (const TwinPair& p : make_twins("p", base)) {
+  for (const TwinPair& p : make_twins("p", base, true)) {
     if (p.reference) continue;
     const Case ca = case_from_file("a", p.a), cb = case_from_file("b", p.b);
     // a paged problem's twins stay paged, but those whose key count leaves the page size
@@ -128,9 +128,59 @@ TEST(ServingTwins, AreExactTransformations) {
   EXPECT_EQ(seen["split_size"], 12);
   EXPECT_GE(seen["decode_prefill"], 10);  // the problems with Nq > 1 (chunked and varlen)
   EXPECT_EQ(seen["batch_independence"], 24);
+  EXPECT_EQ(seen["batch_invariance"], 48);  // B > 1 everywhere: row 0 alone and among others
   EXPECT_GE(seen["key_permutation"], 18);  // the twins of any case apply to paged ones too
   EXPECT_GE(seen["masked_zero"], 18);
   EXPECT_GE(seen["head_independence"], 10);
+}
+
+// The rows of a batch tensor [B, ...] as byte strings.
+std::vector<std::string> batch_rows_of(const RawTensor& t) {
+  std::vector<std::string> rows;
+  const std::size_t per = t.data.size() / static_cast<std::size_t>(t.shape[0]);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(t.shape[0]); ++r)
+    rows.emplace_back(reinterpret_cast<const char*>(t.data.data() + r * per), per);
+  return rows;
+}
+
+// Batch invariance, worked by hand on a paged problem of three rows: row 0 alone (its table row,
+// its lengths, its queries; the caches whole), and row 0 before a copy of it with reversed
+// queries and rows 2, 1; only row 0 compared. Asked for only.
+TEST(ServingTwins, BatchInvarianceTwins) {
+  const vectors::ProblemSpec s = serving_spec(4, 3);  // chunked prefill, B 3
+  const SafeTensorsFile base = vectors::make_problem(s, 42);
+  const Case c = case_from_file("p", base);
+  ASSERT_EQ(c.B, 3);
+  for (const TwinPair& p : make_twins("p", base)) EXPECT_NE(p.relation, "batch_invariance");
+  std::map<std::string, const TwinPair*> twins;
+  const std::vector<TwinPair> all = make_twins("p", base, true);
+  for (const TwinPair& p : all)
+    if (p.relation == "batch_invariance") twins[p.tag] = &p;
+  ASSERT_EQ(twins.size(), 2u);
+  const auto q = batch_rows_of(*base.find("q")), table = batch_rows_of(*base.find("block_table")),
+             lens = batch_rows_of(*base.find("seqlens_k"));
+  const TwinPair& alone = *twins.at("alone");
+  EXPECT_TRUE(alone.bitwise);
+  EXPECT_EQ(batch_rows_of(*alone.b.find("q")), std::vector<std::string>{q[0]});
+  EXPECT_EQ(batch_rows_of(*alone.b.find("block_table")), std::vector<std::string>{table[0]});
+  EXPECT_EQ(batch_rows_of(*alone.b.find("seqlens_k")), std::vector<std::string>{lens[0]});
+  EXPECT_EQ(alone.b.find("k_cache")->data, base.find("k_cache")->data);
+  const TwinPair& regrouped = *twins.at("regrouped");
+  EXPECT_EQ(batch_rows_of(*regrouped.b.find("block_table")),
+            (std::vector<std::string>{table[0], table[0], table[2], table[1]}));
+  EXPECT_EQ(batch_rows_of(*regrouped.b.find("seqlens_k")), (std::vector<std::string>{lens[0], lens[0], lens[2], lens[1]}));
+  const auto rq = batch_rows_of(*regrouped.b.find("q"));
+  ASSERT_EQ(rq.size(), 4u);
+  EXPECT_EQ(rq[0], q[0]);
+  EXPECT_EQ(rq[2], q[2]);
+  EXPECT_NE(rq[1], q[0]);
+  const std::size_t es = dtype_size(c.input_dtype), D = static_cast<std::size_t>(c.Dk);
+  for (std::size_t e = 0; e < D; ++e)  // the first query vector, reversed
+    EXPECT_EQ(rq[1].substr(e * es, es), q[0].substr((D - 1 - e) * es, es)) << e;
+  for (const TwinPair* p : {&alone, &regrouped})
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        EXPECT_EQ(p->out_rows[static_cast<std::size_t>(b * c.Nq + i)] != 0, b == 0 && c.query_valid(b, i)) << p->tag;
 }
 
 // The same on random serving problems: page sizes, layouts, page orders, sequence kinds, group

@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import math
 import os
+import random
 import sys
 
 import numpy as np
@@ -113,6 +114,11 @@ BUGS = {
                       "that forgets the batch stride): wrong P in batches 1 and on",
     "bwd_tail_block_skipped": "the backward skips the last key block when it is partial (Nk not a "
                               "multiple of --block): those keys get dk = dv = 0 and give dq nothing",
+    # Determinism and batch invariance (attnoracle invariants --reruns, --batch-invariant)
+    "dq_block_order_random": "the backward visits the key blocks in an order drawn afresh in every "
+                                 "run (os.urandom), so dq's sum over them rounds differently from run to run",
+    "block_from_batch": "keys per block --block divided by the batch size (a split chosen to fill the "
+                        "machine): a row's rounding depends on how many rows share the batch",
 }
 
 
@@ -255,6 +261,7 @@ class Kernel:
 
     def __init__(self, block, arith, bug):
         self.block, self.arith, self.bug = block, arith, bug
+        self.block_asked = block
 
     def scores(self, q, kb, meta, bias, Nk, j0, j1, scale, cap):
         """Scores of keys j0..j1-1 in the accumulation dtype, -inf where not allowed (keys past
@@ -287,6 +294,8 @@ class Kernel:
                  seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
+        if bug == "block_from_batch":        # BUG: the block size follows the batch size
+            self.block = max(1, self.block_asked // B)
         self.lq = None if seqlens_q is None else seqlens_q.astype(np.int64)
         self.lk = None if seqlens_k is None else seqlens_k.astype(np.int64)
         if self.lq is not None:              # queries past seqlens_q are padding
@@ -514,6 +523,8 @@ class Kernel:
         scale = nx.number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
         cap = nx.number(meta.get("attn.softcap", "0"))
         blocks = [(j0, min(j0 + self.block, Nk)) for j0 in range(0, Nk, self.block)]
+        if bug == "dq_block_order_random":   # BUG: an order of the key blocks drawn per run
+            random.Random(os.urandom(8)).shuffle(blocks)
         other = dict(meta, **{"attn.causal": {"top_left": "bottom_right", "bottom_right": "top_left"}
                               .get(meta.get("attn.causal", "none"), "none")})
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

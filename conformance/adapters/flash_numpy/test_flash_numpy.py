@@ -158,6 +158,40 @@ class PlantedBugTest(unittest.TestCase):
                        outputs="out,scores", scale="0.5")
         self.assertEqual(s.tolist(), [[[[1.5, -np.inf], [3.0, -1.0]]]])
 
+    def test_bug_block_from_batch(self):
+        # Blocks of 16 // B keys: batch row 0 keeps its bits alone and beside another row in the
+        # correct kernel, not with the bug (blocks of 16 alone, of 8 in a batch of two).
+        rng = np.random.default_rng(7)
+        q = rng.standard_normal((2, 1, 3, 8)).astype(np.float32).astype(np.float64)
+        k, v = (rng.standard_normal((2, 1, 40, 8)).astype(np.float32).astype(np.float64) for _ in range(2))
+        for bug, same in ((None, True), ("block_from_batch", False)):
+            alone = kernel(bug, q[:1], k[:1], v[:1])[0]
+            both = kernel(bug, q, k, v)[0]
+            self.assertEqual(alone.tobytes() == both[:1].tobytes(), same, bug)
+            np.testing.assert_allclose(both[:1], alone, rtol=1e-5)
+        np.testing.assert_array_equal(kernel("block_from_batch", q[:1], k[:1], v[:1])[0],
+                                      kernel(None, q[:1], k[:1], v[:1])[0])   # B 1: blocks of 16
+
+    def test_bug_dq_block_order_random(self):
+        # Key blocks visited in a random order by the backward: dq's bits change between calls,
+        # dk and dv (one key block each) do not; the correct kernel's never move.
+        rng = np.random.default_rng(8)
+        q, dout = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32).astype(np.float64) for _ in range(2))
+        k, v = (rng.standard_normal((1, 2, 64, 8)).astype(np.float32).astype(np.float64) for _ in range(2))
+        meta = {"attn.scale": "0.25", "attn.masked_rows": "zero", "attn.outputs": "out,dq,dk,dv"}
+
+        def grads(bug):
+            return attention.Kernel(16, "fp32", bug).gradients(q, k, v, dout, meta, None, ["dq", "dk", "dv"],
+                                                               in_dtype="F32", out_dtype="F32")
+        right = grads(None)
+        runs = [grads("dq_block_order_random") for _ in range(8)]
+        self.assertEqual({grads(None)["dq"].tobytes() for _ in range(3)}, {right["dq"].tobytes()})
+        self.assertGreater(len({r["dq"].tobytes() for r in runs}), 1)
+        for r in runs:
+            np.testing.assert_allclose(r["dq"], right["dq"], rtol=1e-4, atol=1e-6)
+            for name in ("dk", "dv"):
+                self.assertEqual(r[name].tobytes(), right[name].tobytes(), name)
+
     def test_bug_no_rescale(self):
         right, wrong = self.rising("no_rescale")
         self.assertAlmostEqual(right[0].item(), 1 / (1 + math.exp(-10)), places=6)

@@ -31,6 +31,9 @@ struct TwinPair {
   // When not empty, b has one query per batch row: its query 0 of row r is query query_of[r]
   // of a (-1: that row of b is padding, nothing compared); `rows` and `out_rows` name a's rows.
   std::vector<std::int64_t> query_of;
+  // Every compared element must keep its bits (NaN against NaN counts as equal, whatever the
+  // payload), the gradients included; the limits still apply.
+  bool bitwise = false;
 };
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,
@@ -41,8 +44,11 @@ struct TwinPair {
 // again where both sides keep whole pages), and the same keys in the other layout, another page
 // order, another page size and contiguous. Every case of kind sdpa gets the serving twins:
 // another kv split size, one query alone with its keys (decode against prefill), and batch
-// row 0's inputs changed (the other rows unchanged).
-std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base);
+// row 0's inputs changed (the other rows unchanged). With `batch_invariance`, also the bitwise
+// twins of relation batch_invariance: batch row 0 alone (batch 1), and batch row 0 among other
+// rows (a copy of it with its queries reversed, then the other rows in reverse order: B + 1).
+std::vector<TwinPair> make_twins(const std::string& path, const SafeTensorsFile& base,
+                                 bool batch_invariance = false);
 
 struct RelationResult {
   std::string problem;
@@ -60,6 +66,8 @@ struct MetamorphicOptions {
   std::string failures_dir;  // failing pairs are copied here for replay
   double timeout = 600;      // seconds for the whole adapter run
   Profile profile;           // the gate's: problems of other input dtypes are skipped
+  bool batch_invariant = false;  // declared: relation batch_invariance, bit for bit
+  int reruns = 0;                // check_reruns: runs of each problem (2 or more)
 };
 
 struct MetamorphicReport {
@@ -72,5 +80,12 @@ struct MetamorphicReport {
 // the relations. `problems` are (id, case file holding inputs and metadata).
 MetamorphicReport run_metamorphic(const std::vector<std::pair<std::string, SafeTensorsFile>>& problems,
                                   const MetamorphicOptions& opt);
+
+// Relation deterministic: runs the implementation opt.reruns times (each a run of its own on
+// every problem) and adds to `rep`, per problem, whether every run gave the bits of the first:
+// out, weights, lse and the gradients the problem asks (NaN equals NaN; padding rows and the dq
+// of padding queries, which the contract leaves free, are not compared).
+void check_reruns(const std::vector<std::pair<std::string, SafeTensorsFile>>& problems,
+                  const MetamorphicOptions& opt, MetamorphicReport& rep);
 
 }  // namespace attnoracle::conformance
