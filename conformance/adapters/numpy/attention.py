@@ -550,7 +550,7 @@ def run_case(path, compute, bug=None):
     in_dtype = dtypes["q" if kind == "sdpa" else "x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
     if (in_dtype not in FLOATS and (in_dtype not in FP8 or kind != "sdpa")) or \
-            (out_dtype not in FLOATS and (out_dtype not in FP8 or kind != "sdpa")):
+            (out_dtype not in FLOATS and (out_dtype not in FP8 or kind != "sdpa" or "o_scale" not in tensors)):
         raise Unsupported(f"dtype {in_dtype} -> {out_dtype}")
     stored = kind == "sdpa" and in_dtype in FLOATS and stored_kv_np.uses_stored_kv(tensors, meta)
     if stored:                          # K/V: element x scale in the compute dtype
