@@ -87,7 +87,12 @@ BUGS = {
     "nan_from_padded_key": "P V multiplies the zero weights of masked and padded keys by their value "
                            "rows instead of skipping them: a NaN or infinity there gives NaN",
     # Stored K/V and FP8 outputs (the reading is the NumPy adapter's, with these mistakes)
-    **nx.stored_kv_np.KV_BUGS,
+    "kv_descale_dropped": "stored K/V: the scales ignored (the stored elements used as they are)",
+    "kv_scale_head0": "stored K/V: kv head 0's scale used for every kv head",
+    "kv_scale_wrong_token": "stored K/V: a per-token scale read for the next token (paged: the next "
+                            "slot of the page)",
+    "e8m0_bias_off_by_one": "mxfp8: the E8M0 block scale read as 2^(e - 126) instead of 2^(e - 127)",
+    "nvfp4_nibbles_swapped": "nvfp4: the high nibble of each byte read as the first element",
     "e5m2_saturate": "an F8_E5M2 out saturated at +-57344 where it overflows (the contract: infinity)",
     "p_e4m3_stale_max": "with --arith fp8, each block's P rounded to E4M3 against the running maximum "
                         "before the block's correction, then rescaled: a score jump above ln 448 "

@@ -22,7 +22,7 @@ import safetensors_np  # noqa: E402
 import stored_kv_np  # noqa: E402
 
 # A kernel's mistakes in reading stored K/V and writing FP8 outputs (the FlashAttention-style
-# kernel sets it to its --bug; stored_kv_np.KV_BUGS, and "e5m2_saturate").
+# kernel sets it to its --bug: those stored_kv_np.py names, and "e5m2_saturate").
 KV_BUG = None
 
 BUGS = {

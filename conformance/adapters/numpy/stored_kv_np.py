@@ -8,19 +8,12 @@ tensors, and makes v the view k[..., 0:Dv] under attn.v_from_k. Scaled F8_E4M3, 
 take k_scale, v_scale broadcast to [B, Hkv, Nk, 1] (a paged cache: to its slots, [Npages, P, Hkv]
 under NHD, [Npages, Hkv, P] under HND); mxfp8 takes E8M0 exponents (2^(e - 127)) per 32 elements
 along D, nvfp4 E2M1 nibbles (low nibble first) with an F8_E4M3 scale per 16 and a global scale.
-`bug` plants the mistakes of the FlashAttention-style kernel's --bug list (KV_BUGS).
+`bug` plants the mistakes of the FlashAttention-style kernel's --bug list: kv_descale_dropped,
+kv_scale_head0, kv_scale_wrong_token, e8m0_bias_off_by_one, nvfp4_nibbles_swapped.
 """
 import numpy as np
 
 SCALES = ("k_scale", "v_scale", "k_block_scale", "v_block_scale", "k_global_scale", "v_global_scale")
-KV_BUGS = {
-    "kv_descale_dropped": "stored K/V: the scales ignored (the stored elements used as they are)",
-    "kv_scale_head0": "stored K/V: kv head 0's scale used for every kv head",
-    "kv_scale_wrong_token": "stored K/V: a per-token scale read for the next token (paged: the next "
-                            "slot of the page)",
-    "e8m0_bias_off_by_one": "mxfp8: the E8M0 block scale read as 2^(e - 126) instead of 2^(e - 127)",
-    "nvfp4_nibbles_swapped": "nvfp4: the high nibble of each byte read as the first element",
-}
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
 
 
