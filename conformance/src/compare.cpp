@@ -30,15 +30,9 @@ bool has_refusable_row(const Case& c) {
   return false;
 }
 
-// What a case holds that no profile's error model describes yet (CONTRACT sections 9 and 10):
-// such a case is skipped with the reason, never judged by a model of other arithmetic.
+// What a case holds that no profile's error model describes yet (CONTRACT section 10): such a
+// case is skipped with the reason, never judged by a model of other arithmetic.
 std::string unmodelled(const Case& c) {
-  if (c.kv_form && c.kv_form->scheme != KvScheme::Plain)
-    return "K/V stored " + std::string(kv_scheme_name(c.kv_form->scheme)) + " in " +
-           std::string(dtype_name(c.kv_form->stored)) + ": no profile declares the arithmetic of stored K/V yet";
-  if (c.o_scale)  // amax comes only with an FP8 out
-    return "out in " + std::string(dtype_name(c.dtype_of("out"))) + " with o_scale" + (c.want_amax ? " and amax" : "") +
-           ": no profile declares FP8 outputs yet";
   if (c.dropout) return "dropout: no profile declares its scaling yet";
   return "";
 }

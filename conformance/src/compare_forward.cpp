@@ -55,7 +55,35 @@ void Comparer::run() {
                : nullptr;
   };
   const unsigned char *xr = f64(ref), *xlr = f64(lo), *br = f64(bound);
-  const bool fast = xr && br && (!lo || xlr) && g->dtype == out->dtype && g->data.size() == out->data.size();
+  const bool fast = xr && br && (!lo || xlr) && g->dtype == out->dtype && g->data.size() == out->data.size() &&
+                    !c.o_scale;
+  // An FP8 out is O / o_scale (CONTRACT section 9): each element is judged in out's units, the
+  // exact value, its bound, limit and scale divided by o_scale; E4M3 saturates at 448 (the
+  // saturated element is compared with the saturated exact value, which clamping can only bring
+  // closer, and takes no part in the statistics). The output format's floor is in out's units.
+  const double os = c.o_scale ? *c.o_scale : 1;
+  const bool saturates = c.o_scale && c.dtype_of("out") == DType::F8_E4M3;
+  const double fp8_floor = c.o_scale ? 2 * min_subnormal(c.dtype_of("out")) * (os - 1) : 0;
+  // amax = max |O| before the division (F32): |max|a| - max|b|| <= max |a - b|, so the largest of
+  // out's limits with O rounded to F32 in place of out's dtype (then amax's own rounding)
+  double amax_lim = 0;
+  auto scaled_element = [&](Acc& a, std::size_t k, double x, double xl, double bd, double lim, double compute,
+                            double sc, std::int64_t row, const std::uint64_t* alt) {
+    if (!c.o_scale) return element(a, *out, *g, k, x, xl, bd, lim, compute, sc, row, alt);
+    double xs = x / os, xls = xl / os;
+    double ls = (lim + S * fp8_floor) / os;
+    // past the largest finite value (E4M3 saturates, E5M2 overflows): no statistics; where even
+    // |x| - limit is past it, every result within the limit saturates (overflows): limit 0
+    const double top = saturates ? 448.0 : 57344.0, edge = saturates ? 448.0 : 61440.0;
+    if (std::fabs(xs) > top) compute = sc = -1;
+    if (std::fabs(xs) > edge) ls = std::max(0.0, edge - (std::fabs(xs) - ls));
+    if (saturates && std::fabs(xs) > 448) xs = std::copysign(448.0, xs), xls = 0;
+    // E5M2: where |x| + limit reaches the overflow threshold, infinity of x's sign is within
+    std::uint64_t inf_bits = std::signbit(xs) ? 0xFC : 0x7C;
+    if (!saturates && std::fabs(xs) + ls >= edge) alt = &inf_bits;
+    element(a, *out, *g, k, xs, xls, bd / os, ls, compute < 0 ? compute : compute / os,
+            sc < 0 ? sc : (sc + fp8_floor) / os, row, alt);
+  };
   const std::size_t w = dtype_size(out->dtype);
   Acc acc;
   acc.t.tensor = "out";
@@ -114,19 +142,36 @@ void Comparer::run() {
             }
             const double n = static_cast<double>(c.Nk);
             const double lim = S * ((L.out_coef + (n + 2) * unit_roundoff(profile.pv_accum)) * sa / n + uo * std::fabs(s / n) + L.floor);
-            element(acc, *out, *g, k, s / n, 0, sa / n, lim, -1, -1, 0);
+            scaled_element(acc, k, s / n, 0, sa / n, lim, -1, -1, 0, nullptr);
             continue;
           }
           const double x = value_of(*ref, k), xl = lo ? value_of(*lo, k) : 0, bd = value_of(*bound, k);
           const double lim = out_limit(profile, L, uo, bd, vsum_at(k), x);
-          element(acc, *out, *g, k, x, xl, bd, lim, masked ? -1 : out_compute(L, bd, vsum_at(k)),
-                  masked ? -1 : out_scale_at(row, k, x, bd, vsum_at(k)), static_cast<std::int64_t>(row), und_at.find(k));
-          if (spread.exact && !masked && std::isfinite(y) && std::isfinite(x) && std::isfinite(xl))
+          if (c.want_amax)
+            amax_lim = std::max(amax_lim, out_limit(profile, limits_in(row, DType::F32), unit_roundoff(DType::F32), bd,
+                                                    vsum_at(k), x));
+          scaled_element(acc, k, x, xl, bd, lim, masked ? -1 : out_compute(L, bd, vsum_at(k)),
+                         masked ? -1 : out_scale_at(row, k, x, bd, vsum_at(k)), static_cast<std::int64_t>(row),
+                         und_at.find(k));
+          // (the bias test's P part is in O's units: not run on an out scaled by o_scale)
+          if (spread.exact && !masked && !c.o_scale && std::isfinite(y) && std::isfinite(x) && std::isfinite(xl))
             bias_add(acc, row, k, y, x, xl, bd, vsum_at(k));
         }
       }
     }
   finish(acc);
+  if (c.want_amax) {
+    if (const RawTensor* got = result.find("amax"); !got || got->dtype != DType::F32 || !got->shape.empty()) {
+      fail("the result has no amax of dtype F32 and shape []");
+    } else {
+      const RawTensor* ga = gold("amax");
+      const double x = value_of(*ga, 0);  // the exact amax rounded once to F32: u |x| more
+      Acc a;
+      a.t.tensor = "amax";
+      element(a, *got, *ga, 0, x, 0, x, amax_lim + S * unit_roundoff(DType::F32) * std::fabs(x), -1, -1, 0);
+      finish(a);
+    }
+  }
 
   // weights and lse, per head row
   auto per_row = [&](const std::string& name, bool wanted, bool returns, bool weights) {

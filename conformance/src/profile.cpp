@@ -13,10 +13,10 @@ namespace attnoracle::conformance {
 
 std::vector<std::string> builtin_profile_names() {
   return {"fp64", "fp32", "fp16", "bf16", "flash-fp16", "flash-bf16", "torch-cpu-bf16", "fp8",
-          "flash-fp8"};
+          "flash-fp8", "fp8kv-fp32", "fp8kv-fp16", "fp8kv-bf16"};
 }
 
-std::vector<std::string> builtin_family_names() { return {"standard", "flash"}; }
+std::vector<std::string> builtin_family_names() { return {"standard", "flash", "fp8kv"}; }
 
 Profile builtin_profile(const std::string& name, const std::string& what) {
   Profile p;
@@ -49,6 +49,14 @@ Profile builtin_profile(const std::string& name, const std::string& what) {
       p.p = DType::F8_E4M3;
       p.lse_dtype = DType::F32;
     }
+  } else if (name == "fp8kv-fp32" || name == "fp8kv-fp16" || name == "fp8kv-bf16") {
+    // An FP8 inference kernel over a float query: K/V element x scale (or the scale on the score
+    // and the output) in F32, Q K^T, softmax and P V in F32, P rounded to E4M3 before P V, lse
+    // in F32; out in the case's dtype (BF16, or FP8 through o_scale).
+    p.input_dtypes = {name == "fp8kv-fp32" ? DType::F32 : name == "fp8kv-fp16" ? DType::F16 : DType::BF16};
+    p.projection = p.input_dtypes[0];
+    p.p = DType::F8_E4M3;
+    p.lse_dtype = DType::F32;
   } else if (name == "torch-cpu-bf16") {
     // BF16 matmuls (an F32 sum rounded to BF16), scale, softcap and bias in BF16, softmax rounding
     // P to BF16, P V a BF16 matmul again.
@@ -278,6 +286,11 @@ ProfileSet declared_profile_set(const std::string& spec, const std::string& mask
 ProfileSet load_profile_set(const std::string& spec, const std::string& what) {
   ProfileSet set;
   set.name = spec;
+  if (spec == "fp8kv") {  // an FP8 kernel family: float queries over stored K/V, and FP8 inputs
+    for (const char* n : {"fp8kv-fp32", "fp8kv-fp16", "fp8kv-bf16", "flash-fp8"})
+      add_member(set, builtin_profile(n, what), what);
+    return set;
+  }
   if (spec == "standard" || spec == "flash") {
     const bool flash = spec == "flash";
     for (const char* n : {"fp64", "fp32", flash ? "flash-fp16" : "fp16", flash ? "flash-bf16" : "bf16"})

@@ -14,6 +14,8 @@ double min_subnormal(DType t) {
   return std::ldexp(1.0, 2 - f.bias - f.precision);
 }
 
+bool stored_kv(const Case& c) { return c.kv_form && c.kv_form->scheme != KvScheme::Plain; }
+
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) {
   // A sink is one more term exp(sink - m) of Z, with no value vector: n + 1 terms, and m the
   // maximum over the scores and the sink, so max |S| covers |sink| too. The kernel keeps the
@@ -43,7 +45,10 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   // by (1 + u)^2 - 1 <= 3u), or dq dk formed and multiplied into the score (two roundings, 2u):
   // 3u on the dot's magnitude covers both. v's descale: one rounding of each v (or of the
   // output), u_pv on the bound, added in (4).
-  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale");
+  // K/V stored scaled or block-scaled (CONTRACT section 9): element x scale formed in the qk
+  // dtype (one rounding of k; nvfp4's E2M1 x E4M3 is exact, its global scale one more), or the
+  // scale multiplied into the score (one or two roundings): 3u on the dot's magnitude covers each.
+  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale") || stored_kv(c);
   if (descaled) r.score += 3 * uq * m.dot_abs;
   // (2) exp(S_j - m): both S_j and the row maximum m are off by `score`, the subtraction rounds
   // (us |S_j - m| <= 2 us max|S|), exp adds exp_ulps: a relative error of e_j of
@@ -61,7 +66,10 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   // (4) the output: P V over n terms (gamma_n of the accumulation) on sum_j A_j |v_j| = bound;
   // mha adds the projection of V and the output projection over H Dv terms.
   r.out_coef = r.weight_rel + (n + nb) * upv;
-  if (c.file.find("v_descale")) r.out_coef += 2 * upv;  // one rounding of v or of the output
+  // one rounding of v or of the output (v_descale, v's stored scales; nvfp4: two of v's)
+  if (c.file.find("v_descale") || stored_kv(c)) r.out_coef += 2 * upv;
+  // an FP8 out: O divided by o_scale (or times its reciprocal, rounded first) in pv_accum
+  if (c.o_scale) r.out_coef += 2 * upv;
   if (c.kind == Kind::Mha)
     r.out_coef += (static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
                   (static_cast<double>(c.Hq * c.Dv) + 1) * upv;

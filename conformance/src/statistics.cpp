@@ -290,12 +290,16 @@ Spread weight_spread(const Case& c, const Profile& p) {
   const std::int64_t H = c.Hq, Nk = c.Nk, Dk = c.Dk, Dv = c.Dv;
   const double scale = c.scale ? std::strtod(c.scale->c_str(), nullptr) : 1 / std::sqrt(static_cast<double>(Dk));
   const double cap = c.softcap ? std::strtod(c.softcap->c_str(), nullptr) : 0;
-  const double dot_k = std::sqrt(static_cast<double>(Dk) + 2) * uq * std::fabs(scale);
+  // stored K/V or FP8 descales: the scale's roundings on k (or on the score), 3 more (row_limits)
+  const bool scaled = stored_kv(c) || c.file.find("q_descale") || c.file.find("k_descale");
+  const double dot_k = std::sqrt(static_cast<double>(Dk) + (scaled ? 5 : 2)) * uq * std::fabs(scale);
   const std::size_t rows = static_cast<std::size_t>(c.B * H * c.Nq);
   s.key_sum.assign(rows, 0.0);
   s.key_max.assign(rows, 0.0);
   s.z_part.assign(rows, 0.0);
   for (std::vector<double>* v : {&s.key, &s.wv, &s.partial}) zeros(*v, rows * static_cast<std::size_t>(Dv));
+  const bool p8 = p.p == DType::F8_E4M3;
+  if (p8) s.sub_l.assign(rows, 0.0), s.w_norm.assign(rows, 0.0), zeros(s.sub_v, rows * static_cast<std::size_t>(Dv));
   std::vector<std::int64_t> keys;
   std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
@@ -414,6 +418,20 @@ Spread weight_spread(const Case& c, const Profile& p) {
           ps[e] = std::sqrt(ps[e]);
         }
         if (up == 0) continue;
+        const double wmax = *std::max_element(w.begin(), w.end());
+        if (p8) {  // the keys whose P_j falls below P's smallest normal, and their values
+          double* sv = &s.sub_v[row * static_cast<std::size_t>(Dv)];
+          double count = 0, w2 = 0;
+          for (std::size_t j = 0; j < keys.size(); ++j) {
+            w2 += sq(w[j]);
+            if (w[j] / wmax >= min_normal(p.p)) continue;
+            count += 1;
+            for (std::int64_t e = 0; e < Dv; ++e) sv[e] += sq(vrow(keys[j])[e]);
+          }
+          for (std::int64_t e = 0; e < Dv; ++e) sv[e] = wmax * std::sqrt(sv[e]);
+          s.sub_l[row] = wmax * std::sqrt(count);
+          s.w_norm[row] = std::sqrt(w2);
+        }
         // P's roundings on sum_c s_dc out_c: key j's rounding delta_j (|delta_j| <= up w_j, or half
         // P's subnormal s_p where P_j = w_j / w_max is below P's smallest normal) moves it by
         // delta_j (H_dj - theta X_d), H_dj = sum_c s_dc v_jc, X_d = sum_c s_dc x_c, theta 0 when l
@@ -425,7 +443,6 @@ Spread weight_spread(const Case& c, const Profile& p) {
           X[0] += xe;
           X[1] += std::fabs(xe);
         }
-        const double wmax = *std::max_element(w.begin(), w.end());
         h1s.resize(keys.size());
         std::size_t a4 = 0;
         for (; a4 + 4 <= keys.size(); a4 += 4) {
@@ -483,12 +500,16 @@ RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m) {
   // (into `softmax`, the bias); mha's projections of q and k first.
   double proj = 0;
   if (c.kind == Kind::Mha) proj = 2 * (std::sqrt(static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection));
-  r.score = std::sqrt(static_cast<double>(c.Dk) + 2) * uq * m.dot_abs + proj * m.dot_abs + 2 * us * m.score_abs;
+  const bool scaled = stored_kv(c) || c.file.find("q_descale") || c.file.find("k_descale");
+  r.score = std::sqrt(static_cast<double>(c.Dk) + (scaled ? 5 : 2)) * uq * m.dot_abs + proj * m.dot_abs +
+            2 * us * m.score_abs;
   // a bias rounded to its dtype first: one rounding, as in the worst-case limit
   if (p.bias) r.score += unit_roundoff(*p.bias) * m.bias_abs + min_subnormal(*p.bias) / 2;
   r.key_rel = r.score + 2 * us * m.score_abs + p.exp_ulps * us + us + up;
   r.sum_rel = std::sqrt(n) * us;
-  r.pv = upv;
+  // v's scale (stored K/V, v_descale) and an FP8 out's o_scale: one rounding each more on P V
+  const int more = (stored_kv(c) || c.file.find("v_descale") ? 1 : 0) + (c.o_scale ? 1 : 0);
+  r.pv = std::sqrt(1.0 + more) * upv;
   if (c.kind == Kind::Mha)
     r.extra = std::sqrt(static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
               std::sqrt(static_cast<double>(c.Hq * c.Dv) + 1) * upv;
@@ -513,9 +534,16 @@ double out_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
             s.extra * bound + u_out * ax) / kRoot3 + floors;
   // the weights' own errors, Z's summation, a rescaling's exp, P V's products, partial sums and
   // final division, the final rounding
-  const double var = sq(sp.key[k]) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
-                     sq(s.pv) * (pv_terms(sp, k) + sq(ax)) + sq(u_out * ax);
-  return std::sqrt(var) / kRoot3 + floors;
+  // P in E4M3 with l summed from the unrounded P: a rounding delta_j of w_j moves out by
+  // delta_j v_jc, not delta_j (v_jc - x_c) as in key[k]: u_p sqrt(sum_j (w_j v_jc)^2) covers it
+  const double p8 = p.p == DType::F8_E4M3 ? unit_roundoff(p.p) : 0;
+  double var = sq(sp.key[k]) + sq(us * sp.z_part[row] * ax) + sq(p.exp_ulps * us * ax) +
+               sq(s.pv) * (pv_terms(sp, k) + sq(ax)) + sq(u_out * ax) + sq(p8 * sp.wv[k]);
+  if (sp.sub_l.empty()) return std::sqrt(var) / kRoot3 + floors;
+  // P's underflow (step 4b) key by key, independent roundings of at most s_p / 2 each, over l:
+  // on the numerator sum_j delta_j v_jc / l, and on l (a relative sum_j delta_j / l, times x)
+  var += sq(L.p_sub * (sp.sub_v[k] + sp.sub_l[row] * ax));
+  return std::sqrt(var) / kRoot3 + L.floor;
 }
 
 double out_rest_scale(const Profile& p, const Spread& sp, const RowScales& s, const RowLimits& L, std::size_t row,
@@ -558,9 +586,13 @@ double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
   // lse = log sum exp(s_j): the weights' errors sum_j w_j eps_j, Z's summation, log's own on
   // log Z <= log n, the addition of the maximum, the final rounding
   const double us = unit_roundoff(p.softmax);
-  const double var = sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(p.exp_ulps * us * std::log(L.keys)) +
-                     sq(us * ax) + sq(u_out * ax);
-  return std::sqrt(var) / kRoot3 + floors;
+  double var = sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(p.exp_ulps * us * std::log(L.keys)) +
+               sq(us * ax) + sq(u_out * ax);
+  if (sp.w_norm.empty()) return std::sqrt(var) / kRoot3 + floors;
+  // P in E4M3: l sums P before its rounding (FlashAttention 3), so neither P's rounding
+  // (u_p in each kr_j: u_p sqrt(sum_j w_j^2) of key_sum) nor its underflow reaches lse
+  var -= std::min(sq(sp.key_sum[row]), sq(unit_roundoff(p.p) * sp.w_norm[row]));
+  return std::sqrt(var) / kRoot3 + L.floor;
 }
 
 Tier judge(Sample& s) {

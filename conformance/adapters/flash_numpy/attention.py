@@ -87,6 +87,17 @@ BUGS = {
                            "still skipped)",
     "nan_from_padded_key": "P V multiplies the zero weights of masked and padded keys by their value "
                            "rows instead of skipping them: a NaN or infinity there gives NaN",
+    # Stored K/V and FP8 outputs (the reading is the NumPy adapter's, with these mistakes)
+    "kv_descale_dropped": "stored K/V: the scales ignored (the stored elements used as they are)",
+    "kv_scale_head0": "stored K/V: kv head 0's scale used for every kv head",
+    "kv_scale_wrong_token": "stored K/V: a per-token scale read for the next token (paged: the next "
+                            "slot of the page)",
+    "e8m0_bias_off_by_one": "mxfp8: the E8M0 block scale read as 2^(e - 126) instead of 2^(e - 127)",
+    "nvfp4_nibbles_swapped": "nvfp4: the high nibble of each byte read as the first element",
+    "e5m2_saturate": "an F8_E5M2 out saturated at +-57344 where it overflows (the contract: infinity)",
+    "p_e4m3_stale_max": "with --arith fp8, each block's P rounded to E4M3 against the running maximum "
+                        "before the block's correction, then rescaled: a score jump above ln 448 "
+                        "within a row saturates P at 448",
     "descales_dropped": "FP8: q_descale, k_descale and v_descale ignored (the stored values used as they are)",
     "descales_kv_head0": "FP8: every head's descales taken from kv head 0 (descale[b, 0])",
     # Sinks
@@ -291,7 +302,7 @@ class Kernel:
         return np.where(ok, s, acc.type(masked))
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True):
+                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True, stored_kv=False):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
         if bug == "block_from_batch":        # BUG: the block size follows the batch size
@@ -307,8 +318,8 @@ class Kernel:
         acc = np.float64 if in_dtype == "F64" else np.float32
         f32 = acc == np.float32
         self.rnd = rnd = ROUND[self.arith] if in_dtype != "F64" else None
-        if self.arith == "fp8" and in_dtype not in nx.FP8:
-            raise nx.Unsupported(f"--arith fp8 is for F8_E4M3 and F8_E5M2 inputs (not {in_dtype})")
+        if self.arith == "fp8" and in_dtype not in nx.FP8 and not stored_kv:
+            raise nx.Unsupported(f"--arith fp8 is for F8_E4M3 and F8_E5M2 inputs and stored K/V (not {in_dtype})")
         # FP8 (FlashAttention 3): Q K^T of the stored values, times scale q_descale k_descale per
         # (b, h) in float32; the output times v_descale. Stored FP8 values are exact in float32.
         descales = {} if bug == "descales_dropped" else dict(descales or {})   # BUG: dropped
@@ -381,7 +392,10 @@ class Kernel:
                 l = stat_denominator(bug, alpha, l, p, acc)
                 if bug == "weights_stale":     # BUG: this block's weights from the running m, l
                     stale.append((p / l[..., None])[..., :min(j1, Nk) - j0])
-                if rnd is not None:                                      # P in F16 / BF16 before P V
+                if bug == "p_e4m3_stale_max" and self.arith == "fp8":   # BUG: P against the old max
+                    old = np.where(m == -np.inf, base, m).astype(acc)
+                    p = round_e4m3(exp(s - old[..., None])) * exp(old - base)[..., None]
+                elif rnd is not None:                                    # P in F16 / BF16 / E4M3 before P V
                     p = p_round(bug, rnd, self.arith, p)   # BUG p_truncate: toward zero
                 if ftz:                        # BUG: P's subnormals (F16's with --arith fp16) to 0
                     p = flush(p, 2.0 ** -14 if self.arith == "fp16" else np.finfo(np.float32).tiny)
@@ -610,8 +624,8 @@ def main(argv=None):
     parser.add_argument("--block", type=int, default=64, help="keys per block (default 64)")
     parser.add_argument("--arith", choices=sorted(ROUND), default="fp32",
                         help="fp32: everything in float32; fp16, bf16: P rounded to F16 or BF16 "
-                             "before P V (F64 inputs: float64 throughout); fp8 (FP8 inputs): P "
-                             "rounded to F8_E4M3 before P V, as FlashAttention 3")
+                             "before P V (F64 inputs: float64 throughout); fp8 (FP8 inputs, stored "
+                             "K/V): P rounded to F8_E4M3 before P V, as FlashAttention 3")
     parser.add_argument("--bug", choices=sorted(BUGS), default=None,
                         help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items())
                         .replace("%", "%%"))
@@ -620,6 +634,7 @@ def main(argv=None):
     if args.block < 1:
         parser.error("--block must be at least 1")
     nx.attention = kernel = Kernel(args.block, args.arith, args.bug)
+    nx.KV_BUG = args.bug
     nx.gradients = kernel.gradients
     nx.merge_states = kernel.merge
     # The NumPy adapter's job loop with this kernel; float64 carries every input dtype exactly.

@@ -106,7 +106,9 @@ class PlantedBugTest(unittest.TestCase):
             if bug.startswith("bwd_"):           # gradients: GradientTest, against eval
                 self.assertIn(bug, BWD_BUGS)
                 continue
-            self.assertTrue(hasattr(self, "test_bug_" + bug), f"--bug {bug} has no test")
+            # stored K/V and FP8 outputs: FlashFp8Test, at the gate on fp8_cases.py
+            self.assertTrue(hasattr(self, "test_bug_" + bug) or hasattr(FlashFp8Test, "test_bug_" + bug),
+                            f"--bug {bug} has no test")
 
     def both(self, bug, *args, **kw):
         return kernel(None, *args, **kw), kernel(bug, *args, **kw)
@@ -670,6 +672,73 @@ class FlashSplitKvTest(unittest.TestCase):
             self.assertEqual((status, report["passed"]), (0, 1), report["cases"])
             status, report = splitkv_cases.run(gate.cli(), suite, ADAPTER + ["--bug", "merge_nan_empty"], "fp32")
             self.assertEqual(gate.failed(report).keys(), {"merge_f32_sinks"})
+
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class FlashFp8Test(unittest.TestCase):
+    """Quantized K/V in every form and granularity, V as a view of K, FP8 out with o_scale and
+    amax, under the fp8kv profiles: the NumPy adapter and the kernel with P in E4M3 (blocks of 16
+    and 64) pass every case; each planted bug of stored K/V and FP8 outputs fails the cases that
+    show it (fp8_cases.py)."""
+
+    CAUGHT = {
+        "kv_descale_dropped": {"scaled_e4m3_tensor", "mxfp8_f16", "nvfp4_bf16", "paged_hnd_i8_slot"},
+        "kv_scale_head0": {"scaled_e5m2_head", "paged_nhd_e4m3_slot", "paged_hnd_i8_slot"},
+        "kv_scale_wrong_token": {"scaled_i8_token", "paged_nhd_e4m3_slot", "paged_hnd_i8_slot"},
+        "e8m0_bias_off_by_one": {"mxfp8_f16"},
+        "nvfp4_nibbles_swapped": {"nvfp4_bf16"},
+        "e5m2_saturate": {"out_e5m2_overflow"},
+        "p_e4m3_stale_max": {"score_jump"},
+    }
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
+        import fp8_cases
+        cls.tmp = tempfile.mkdtemp(prefix="attn_flash_fp8_")
+        cls.suite = fp8_cases.write(gate.cli(), cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def run_gate(self, impl):
+        import splitkv_cases
+        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
+
+    def test_correct_kernels_pass(self):
+        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
+        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
+                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
+            with self.subTest(impl=impl[1:]):
+                status, report = self.run_gate(impl)
+                self.assertEqual((status, report["failed"], report["skipped"]), (0, 0, 0), gate.failed(report))
+
+    def caught(self, bug):
+        status, report = self.run_gate(ADAPTER + ["--block", "16", "--arith", "fp8", "--bug", bug])
+        self.assertEqual(status, 1)
+        self.assertLessEqual(self.CAUGHT[bug], set(gate.failed(report)))
+
+    def test_bug_kv_descale_dropped(self):
+        self.caught("kv_descale_dropped")
+
+    def test_bug_kv_scale_head0(self):
+        self.caught("kv_scale_head0")
+
+    def test_bug_kv_scale_wrong_token(self):
+        self.caught("kv_scale_wrong_token")
+
+    def test_bug_e8m0_bias_off_by_one(self):
+        self.caught("e8m0_bias_off_by_one")
+
+    def test_bug_nvfp4_nibbles_swapped(self):
+        self.caught("nvfp4_nibbles_swapped")
+
+    def test_bug_e5m2_saturate(self):
+        self.caught("e5m2_saturate")
+
+    def test_bug_p_e4m3_stale_max(self):
+        self.caught("p_e4m3_stale_max")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
+import stored_kv_np  # noqa: E402
+
+# A kernel's mistakes in reading stored K/V and writing FP8 outputs (the FlashAttention-style
+# kernel sets it to its --bug: those stored_kv_np.py names, and "e5m2_saturate").
+KV_BUG = None
 
 BUGS = {
     "causal_leak": "the causal mask also allows the next key (j <= i + 1)",
@@ -75,7 +80,7 @@ GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs", "attn.kv_layout",
-        "attn.kv_split_size", "attn.lse_posinf"}
+        "attn.kv_split_size", "attn.lse_posinf", "attn.kv_block_scale", "attn.v_from_k"}
 PARTIALS = ("out_partial", "lse_partial")
 FLOATS = {"F64", "F32", "F16", "BF16"}
 FP8 = {"F8_E4M3", "F8_E5M2"}
@@ -113,13 +118,14 @@ def apply_descales(q, k, v, descales):
 
 
 def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-              seqlens_q=None, seqlens_k=None, descales=None, sinks=None):
+              seqlens_q=None, seqlens_k=None, descales=None, sinks=None, stored_kv=False):
     """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv], sinks [Hq] -> out, weights, lse,
     scores (compute dtype).
 
     seqlens_q, seqlens_k [B]: valid query and key counts per batch (padded varlen).
     in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels; descales
-    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays."""
+    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays; stored_kv (K/V stored
+    scaled, given here as their real values) matters only to other kernels."""
     if descales:
         q, k, v = apply_descales(q, k, v, descales)
     B, Hq, Nq, Dk = q.shape
@@ -467,8 +473,11 @@ def truncate(a, dtype):
 
 
 def output_dtypes(meta, outputs, out_dtype):
-    """{output: its dtype}: attn.output_dtypes (name:DTYPE,...) over attn.output_dtype."""
-    own = {}
+    """{output: its dtype}: attn.output_dtypes (name:DTYPE,...) over attn.output_dtype (out's
+    alone when that is FP8: the others are then F32, amax always)."""
+    own = {"amax": "F32"}
+    if out_dtype in FP8:
+        own.update({name: "F32" for name in outputs if name != "out"})
     for entry in meta["attn.output_dtypes"].split(",") if "attn.output_dtypes" in meta else []:
         name, _, dtype = entry.partition(":")
         if dtype not in FLOATS:
@@ -536,13 +545,18 @@ def run_case(path, compute, bug=None):
     if paged:
         if kind != "sdpa":
             raise Refused(f"{path}: k_cache: a paged KV cache is for attn.kind sdpa")
-        gather_paged(path, tensors, dtypes, meta)
     elif "attn.kv_layout" in meta:
         raise Refused(f"{path}: attn.kv_layout: given, but the case has no paged KV cache")
     in_dtype = dtypes["q" if kind == "sdpa" else "x_q"]
     out_dtype = meta.get("attn.output_dtype", in_dtype)
-    if (in_dtype not in FLOATS and (in_dtype not in FP8 or kind != "sdpa")) or out_dtype not in FLOATS:
+    if (in_dtype not in FLOATS and (in_dtype not in FP8 or kind != "sdpa")) or \
+            (out_dtype not in FLOATS and (out_dtype not in FP8 or kind != "sdpa" or "o_scale" not in tensors)):
         raise Unsupported(f"dtype {in_dtype} -> {out_dtype}")
+    stored = kind == "sdpa" and in_dtype in FLOATS and stored_kv_np.uses_stored_kv(tensors, meta)
+    if stored:                          # K/V: element x scale in the compute dtype
+        stored_kv_np.real_kv(tensors, dtypes, meta, compute.type, KV_BUG)
+    if paged:
+        gather_paged(path, tensors, dtypes, meta)
     outputs = meta.get("attn.outputs", "out").split(",")
     dtype_of = output_dtypes(meta, outputs + ["out"], out_dtype)
 
@@ -551,11 +565,14 @@ def run_case(path, compute, bug=None):
     x = {name: a.astype(compute) for name, a in tensors.items()
          if dtypes[name] in FLOATS or dtypes[name] in FP8}
     descales = {name: x.pop(name) for name in DESCALES if name in x}
+    o_scale = x.pop("o_scale", None)
     extra = dict(mask=tensors.get("mask"), bias=x.get("bias"), query_mask=tensors.get("query_mask"),
                  in_dtype=in_dtype, seqlens_q=tensors.get("seqlens_q"), seqlens_k=tensors.get("seqlens_k"),
                  sinks=x.get("sinks"))
     if descales:
         extra["descales"] = descales
+    if stored:
+        extra["stored_kv"] = True
     grads = [name for name in outputs if name in GRADIENTS]
     if grads:
         if paged:
@@ -596,14 +613,27 @@ def run_case(path, compute, bug=None):
             result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
         else:
             result.update(mha_gradients(f64, f64["dout"], meta, bug, grads, **extra64))
+    if out_dtype in FP8:                # O / o_scale in the compute dtype, then rounded to FP8
+        result["amax"] = np.float32(np.max(np.abs(out), initial=0))
+        result["out"] = fp8_out(out, o_scale, out_dtype)
     result = {name: result[name] for name in outputs + ["out"] * ("out" not in outputs)}  # out always
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
         result = {name: truncate(a, dtype_of[name]) for name, a in result.items()}
     numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
-    with np.errstate(over="ignore"):    # each output into its dtype; BF16 is rounded by the writer
-        result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] != "BF16" else a
+    with np.errstate(over="ignore"):    # each output into its dtype; BF16 and FP8 by the writer
+        result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] in numpy_type else a
                   for name, a in result.items()}
     return result, {name: dtype_of[name] for name in result}
+
+
+def fp8_out(out, o_scale, out_dtype):
+    """out / o_scale in out's dtype (the writer rounds it to FP8: E4M3 saturating, E5M2 to
+    infinity; under KV_BUG e5m2_saturate E5M2 saturates at 57344 as well)."""
+    with np.errstate(over="ignore"):
+        y = out / np.asarray(o_scale, out.dtype).reshape(())
+    if KV_BUG == "e5m2_saturate" and out_dtype == "F8_E5M2":
+        y = np.clip(y, -57344, 57344)
+    return y
 
 
 def write_text(path, text):

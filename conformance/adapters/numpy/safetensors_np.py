@@ -3,11 +3,12 @@
     tensors, metadata = load("case.safetensors")      # name -> np.ndarray, str -> str
     save("out.safetensors", {"out": out}, {"k": "v"}, dtypes={"out": "BF16"})
 
-Dtypes: F64, F32, F16, BF16, BOOL, I64, I32, and (read only) F8_E4M3, F8_E5M2. NumPy has no
+Dtypes: F64, F32, F16, BF16, BOOL, I64, I32, I8, U8, F8_E4M3, F8_E5M2. NumPy has no
 bfloat16: BF16 is read as uint16 and widened to float32 (the bits go in the upper half), and
 written by rounding to nearest-even. FP8 is read as uint8 and decoded exactly into float32
 through a table of its 256 values: F8_E4M3 is OCP's E4M3FN (bias 7, no infinities, largest
-448, NaN 0x7F and 0xFF), F8_E5M2 IEEE-style (bias 15, infinities).
+448, NaN 0x7F and 0xFF), F8_E5M2 IEEE-style (bias 15, infinities). FP8 is written by rounding
+to nearest-even (fp8_bits): E4M3 saturates at +-448, E5M2 overflows to infinity.
 """
 import json
 import os
@@ -16,7 +17,7 @@ import numpy as np
 
 # safetensors dtype name -> NumPy dtype of the stored bytes (little-endian).
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "BOOL": "?", "I64": "<i8",
-          "I32": "<i4", "F8_E4M3": "u1", "F8_E5M2": "u1"}
+          "I32": "<i4", "I8": "i1", "U8": "u1", "F8_E4M3": "u1", "F8_E5M2": "u1"}
 
 
 def _fp8_table(ebits, mbits, ieee):
@@ -40,6 +41,26 @@ def _fp8_table(ebits, mbits, ieee):
 
 
 FP8_TABLES = {"F8_E4M3": _fp8_table(4, 3, False), "F8_E5M2": _fp8_table(5, 2, True)}
+
+
+def fp8_bits(a, dtype):
+    """The bit patterns (uint8) of `a` rounded to nearest-even in F8_E4M3 (saturating at 448) or
+    F8_E5M2 (past 57344 + half its ulp: infinity); NaN to NaN. One rounding of float32 or float64."""
+    table = FP8_TABLES[dtype]
+    top = 0x7E if dtype == "F8_E4M3" else 0x7B             # the largest finite pattern
+    grid = table[:top + 1].astype(np.float64)               # 0 .. largest, increasing
+    a = np.asarray(a, np.float64)
+    x = np.abs(np.where(np.isnan(a), 0, a))
+    hi = np.clip(np.searchsorted(grid, np.minimum(x, grid[-1])), 1, top)
+    lo = hi - 1
+    dlo, dhi = x - grid[lo], grid[hi] - x
+    bits = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)
+    if dtype == "F8_E5M2":                                  # halfway past 57344 (ties to even: 0x7C)
+        bits = np.where(x >= 57344 + 4096, 0x7C, bits)
+    else:
+        bits = np.where(x >= grid[-1], top, bits)
+    bits = (bits | np.where(np.signbit(a), 0x80, 0)).astype(np.uint8)
+    return np.where(np.isnan(a), np.uint8(0x7F), bits).astype(np.uint8)
 
 
 class UnsupportedDtype(ValueError):
@@ -98,7 +119,8 @@ def bf16_bits(a):
 
 
 _NAMES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-          np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
+          np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
+          np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8"}
 
 
 def save(path, tensors, metadata=None, dtypes=None):
@@ -116,6 +138,8 @@ def save(path, tensors, metadata=None, dtypes=None):
             raise UnsupportedDtype(f"tensor {name}: cannot store {a.dtype} as {dtype}")
         if dtype == "BF16":
             data = bf16_bits(a).tobytes()
+        elif dtype in FP8_TABLES and a.dtype.kind == "f":
+            data = fp8_bits(a, dtype).tobytes()
         else:
             data = np.ascontiguousarray(a, DTYPES[dtype]).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape),

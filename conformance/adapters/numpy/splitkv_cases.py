@@ -52,9 +52,15 @@ def cases():
 
 def write(cli, directory):
     """The vector set in `directory` (cases/<id>.safetensors with golden tensors, manifest.json)."""
+    return write_set(cli, directory, cases(), "splitkv", "splitkv_cases.py", 8)
+
+
+def write_set(cli, directory, case_set, suite, generator, seed):
+    """Cases {id: (tensors, metadata, dtypes)} evaluated by `attnoracle eval` into a vector set in
+    `directory` named `suite`."""
     os.makedirs(os.path.join(directory, "cases"), exist_ok=True)
     entries = []
-    for id_, (tensors, meta, dtypes) in sorted(cases().items()):
+    for id_, (tensors, meta, dtypes) in sorted(case_set.items()):
         raw = os.path.join(directory, f"{id_}.in.safetensors")
         st.save(raw, tensors, meta, dtypes)
         path = os.path.join(directory, "cases", f"{id_}.safetensors")
@@ -64,8 +70,8 @@ def write(cli, directory):
         entries.append({"id": id_, "file": f"cases/{id_}.safetensors", "sha256": digest, "expect": "ok",
                         "tags": [id_.split("_")[0]]})
     with open(os.path.join(directory, "manifest.json"), "w", encoding="utf-8") as f:
-        json.dump({"format": "attnoracle-vectors/1", "suite": "splitkv", "generator": "splitkv_cases.py",
-                   "seed": 8, "cases": entries}, f)
+        json.dump({"format": "attnoracle-vectors/1", "suite": suite, "generator": generator,
+                   "seed": seed, "cases": entries}, f)
     return directory
 
 

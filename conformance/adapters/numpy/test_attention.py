@@ -1063,3 +1063,51 @@ class SplitKvTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+import stored_kv_np  # noqa: E402
+
+
+class StoredKvTest(unittest.TestCase):
+    """Stored K/V read into real values and FP8 outputs written, on values worked by hand."""
+
+    def test_fp8_bits_round_to_nearest_even_saturate_and_overflow(self):
+        # E4M3 between 1 (0x38) and 1.125 (0x39): 1.0625 is a tie, to the even 0x38; past 448 saturates
+        self.assertEqual(list(st.fp8_bits([1.0625, 1.07, 449, 1e9, -2.0], "F8_E4M3")), [0x38, 0x39, 0x7E, 0x7E, 0xC0])
+        # E5M2: 57344 is 0x7B; 61440 (halfway to 2^16) and past go to infinity (0x7C)
+        self.assertEqual(list(st.fp8_bits([57344, 61439, 61440, -1e6], "F8_E5M2")), [0x7B, 0x7B, 0x7C, 0xFC])
+
+    def test_block_scaled_elements(self):
+        # nvfp4: byte 0x21 holds 0.5 (low nibble 1) then 1 (high nibble 2), block scale 2, global 0.5
+        t = {"k": np.full((1, 1, 1, 8), 0x21, np.uint8), "v": np.full((1, 1, 1, 8), 0x9A, np.uint8),
+             "k_block_scale": np.full((1, 1, 1, 1), 2, np.float32), "v_block_scale": np.full((1, 1, 1, 1), 2, np.float32),
+             "k_global_scale": np.float32(0.5), "v_global_scale": np.float32(0.5)}
+        d = {n: "U8" for n in t}
+        stored_kv_np.real_kv(t, d, {"attn.kv_block_scale": "nvfp4"}, np.float32)
+        np.testing.assert_array_equal(t["k"][0, 0, 0, :2], [0.5, 1.0])
+        np.testing.assert_array_equal(t["v"][0, 0, 0, :2], [-1.0, -0.5])   # 0xA: -1, 0x9: -0.5 (sign bit 8)
+        self.assertNotIn("k_block_scale", t)
+        swapped = {"k": np.full((1, 1, 1, 16), 0x21, np.uint8)}
+        np.testing.assert_array_equal(stored_kv_np.nvfp4_elements(swapped["k"], "nvfp4_nibbles_swapped")[0, 0, 0, :2],
+                                      [1.0, 0.5])
+        # mxfp8: E8M0 128 is 2^1; v as k's view (attn.v_from_k)
+        t = {"k": np.full((1, 1, 1, 32), 1.5, np.float32), "k_block_scale": np.full((1, 1, 1, 1), 128, np.uint8)}
+        d = {"k": "F8_E4M3", "k_block_scale": "U8"}
+        stored_kv_np.real_kv(t, d, {"attn.kv_block_scale": "mxfp8", "attn.v_from_k": "16"}, np.float32)
+        self.assertEqual(float(t["k"][0, 0, 0, 0]), 3.0)
+        self.assertEqual(t["v"].shape, (1, 1, 1, 16))
+
+    def test_scales_per_head_and_token(self):
+        k = np.ones((1, 2, 3, 2), np.float32)
+        head = np.array([2.0, 3.0], np.float32).reshape(1, 2, 1, 1)
+        t = {"k": k.copy(), "v": k.copy(), "k_scale": head, "v_scale": np.float32(0.5)}
+        stored_kv_np.real_kv(t, {"k": "I8", "v": "I8"}, {}, np.float32)
+        np.testing.assert_array_equal(t["k"][0, :, 0, 0], [2, 3])
+        np.testing.assert_array_equal(t["v"], np.full_like(k, 0.5))
+        t = {"k": k.copy(), "v": k.copy(), "k_scale": head, "v_scale": np.float32(0.5)}
+        stored_kv_np.real_kv(t, {"k": "I8", "v": "I8"}, {}, np.float32, "kv_scale_head0")
+        np.testing.assert_array_equal(t["k"][0, :, 0, 0], [2, 2])
+        token = np.arange(1, 4, dtype=np.float32).reshape(1, 1, 3, 1)
+        t = {"k": k.copy(), "v": k.copy(), "k_scale": token, "v_scale": token}
+        stored_kv_np.real_kv(t, {"k": "I8", "v": "I8"}, {}, np.float32, "kv_scale_wrong_token")
+        np.testing.assert_array_equal(t["k"][0, 0, :, 0], [2, 3, 1])

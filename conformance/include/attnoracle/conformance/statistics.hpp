@@ -38,6 +38,11 @@ struct Spread {
   // the proxies of sum_k s_dk (P's roundings' part of out_k's error), s_0 = 1, s_1 = sign(x),
   // over the even bins (p_bias[2 d]) and the odd ones (p_bias[2 d + 1])
   double p_bias[4] = {0, 0, 0, 0};
+  // P in E4M3 (its subnormals start at 2^-6 of the row maximum's weight), over the keys whose
+  // P_j = w_j / max_j w_j is below P's smallest normal, with 1 / l = max_j w_j: per row
+  // max_j w_j sqrt(their count) (sub_l) and sqrt(sum_j w_j^2) over every key (w_norm); per element
+  // of out max_j w_j sqrt(sum_j v_jc^2) over them (sub_v). Empty for other profiles.
+  std::vector<double> sub_l, w_norm, sub_v;
 };
 Spread weight_spread(const Case& c, const Profile& p);
 

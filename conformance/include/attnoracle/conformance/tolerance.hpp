@@ -42,6 +42,9 @@ struct RowLimits {
   double keys;        // n, the allowed keys of the row
 };
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m);
+// K/V stored scaled or block-scaled (CONTRACT section 9): each real element is an element
+// times its scales, formed by the implementation in its own arithmetic.
+bool stored_kv(const Case& c);
 
 // The limits of one element, the safety factor included (TOLERANCE.md, "The limits"): x the
 // exact value, bound its out.bound, out the output dtype.
