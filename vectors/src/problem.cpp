@@ -463,8 +463,7 @@ std::optional<std::string> stored_kv_error(const ProblemSpec& p) {
   if (p.kv_scale_binades != 0 && !stored) return "kv_scale_binades needs a kv_format";
   if (!stored && !p.v_from_k) return std::nullopt;
   if (p.kind != Kind::Sdpa) return "kv_format and v_from_k need kind sdpa";
-  if (stored && (is_fp8(p.dtype) || !p.output_dtype))
-    return "kv_format needs a float dtype (q's: F64, F32, F16 or BF16) and an output_dtype";
+  if (stored && is_fp8(p.dtype)) return "kv_format needs a float dtype (q's: F64, F32, F16 or BF16)";
   if (p.wants_gradients()) return "stored K/V and v_from_k have no gradients";
   if (p.poison) return "poison is not built for stored K/V or v_from_k";
   if (p.descales && p.v_from_k) return "v_from_k takes no descales (v_descale is refused)";

@@ -223,7 +223,7 @@ TEST(VectorsStoredKv, RefusesWhatCannotBeBuilt) {
   EXPECT_EQ(error(p), "kv_scale_binades needs a kv_format");
   p = stored("I8");
   p.dtype = DType::F8_E4M3;
-  EXPECT_EQ(error(p), "kv_format needs a float dtype (q's: F64, F32, F16 or BF16) and an output_dtype");
+  EXPECT_EQ(error(p), "kv_format needs a float dtype (q's: F64, F32, F16 or BF16)");
   p = stored("I8");
   p.want_dq = true;
   EXPECT_EQ(error(p), "stored K/V and v_from_k have no gradients");
