@@ -464,6 +464,8 @@ std::optional<std::string> stored_kv_error(const ProblemSpec& p) {
   if (!stored && !p.v_from_k) return std::nullopt;
   if (p.kind != Kind::Sdpa) return "kv_format and v_from_k need kind sdpa";
   if (stored && is_fp8(p.dtype)) return "kv_format needs a float dtype (q's: F64, F32, F16 or BF16)";
+  if (stored && (p.generator == "subnormal" || p.generator == "wide_range"))
+    return "kv_format is not built for generator " + p.generator + " (its scales would leave F32's normal range)";
   if (p.wants_gradients()) return "stored K/V and v_from_k have no gradients";
   if (p.poison) return "poison is not built for stored K/V or v_from_k";
   if (p.descales && p.v_from_k) return "v_from_k takes no descales (v_descale is refused)";

@@ -224,6 +224,9 @@ TEST(VectorsStoredKv, RefusesWhatCannotBeBuilt) {
   p = stored("I8");
   p.dtype = DType::F8_E4M3;
   EXPECT_EQ(error(p), "kv_format needs a float dtype (q's: F64, F32, F16 or BF16)");
+  p = stored("F8_E5M2");
+  p.generator = "subnormal";
+  EXPECT_EQ(error(p), "kv_format is not built for generator subnormal (its scales would leave F32's normal range)");
   p = stored("I8");
   p.want_dq = true;
   EXPECT_EQ(error(p), "stored K/V and v_from_k have no gradients");
