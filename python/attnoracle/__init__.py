@@ -23,12 +23,13 @@ import numpy as np
 
 from . import _attnoracle as _native
 from . import _stored_kv
+from ._stored_kv import e4m3_bits, e8m0_bits, pack_e2m1
 
 __version__ = _native.__version__
 
 __all__ = ["evaluate", "assert_close", "Profile", "clear_cache", "load_case", "write_case", "Suite", "Case",
            "SuiteEntry", "Result", "Verdict", "InputError", "InvariantViolation", "Refused", "Unsupported",
-           "parametrize_suite", "vector_set", "FEATURES"]
+           "parametrize_suite", "vector_set", "FEATURES", "pack_e2m1", "e4m3_bits", "e8m0_bits"]
 
 
 class InputError(ValueError):

@@ -95,3 +95,73 @@ def metadata(meta, *, kv_block_scale, v_from_k, dropout_p, number_text, error, f
         meta["attn.v_from_k"] = str(int(v_from_k))
     if dropout_p is not None:
         meta["attn.dropout_p"] = number_text(dropout_p, "attn.dropout_p", file)
+
+
+# The bit patterns of stored elements and scales from the values they stand for. Each value must
+# be one the format holds exactly: nothing is rounded, a value it does not hold is refused.
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of nibbles 0 to 7
+
+
+def _values(x, what):
+    a = np.asarray(x)
+    if a.dtype.kind not in "iuf":
+        raise ValueError(f"{what}: an array of {a.dtype} is not numeric")
+    return a.astype(np.float64)
+
+
+def _refuse(flat, ok, what, holds):
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"{what}: element {i} (flat index), {flat[i]!r}, is not {holds}")
+
+
+def pack_e2m1(values):
+    """nvfp4 elements: an array of E2M1 values [..., D] (0, +-0.5, +-1, +-1.5, +-2, +-3, +-4,
+    +-6; D even) packed two per uint8 byte along the last axis, low nibble first: [..., D / 2].
+    The nibble is s ee m; -0.0 keeps its sign bit. ValueError names the first value E2M1 does not
+    hold."""
+    a = _values(values, "pack_e2m1")
+    if a.ndim == 0 or a.shape[-1] % 2:
+        raise ValueError(f"pack_e2m1: the last axis must have an even length (two nibbles a byte), not shape "
+                         f"{list(a.shape)}")
+    flat = a.reshape(-1)
+    mag = np.abs(flat)
+    code = np.searchsorted(np.array(E2M1_VALUES), mag)
+    ok = np.isfinite(mag) & (code < 8)
+    ok[ok] &= np.array(E2M1_VALUES)[code[ok]] == mag[ok]
+    _refuse(flat, ok, "pack_e2m1", "an E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives)")
+    nibbles = (code | (np.signbit(flat) << 3)).astype(np.uint8).reshape(a.shape)
+    return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+
+
+def _e4m3_table():
+    """The 127 non-negative finite F8_E4M3 values, ascending, indexed by their bit pattern."""
+    bits = np.arange(0x7F)
+    e, m = bits >> 3, bits & 7
+    return np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def e4m3_bits(values):
+    """F8_E4M3 (OCP E4M3FN) bit patterns, uint8, of values it holds exactly: nvfp4 block scales
+    (0 to 448; -0.0 keeps its sign bit). ValueError names the first value it does not hold."""
+    a = _values(values, "e4m3_bits")
+    flat = a.reshape(-1)
+    table = _e4m3_table()
+    mag = np.abs(flat)
+    idx = np.minimum(np.searchsorted(table, mag), len(table) - 1)
+    ok = np.isfinite(mag) & (table[idx] == mag)
+    _refuse(flat, ok, "e4m3_bits", "an F8_E4M3 value (exactly; largest finite 448)")
+    return (idx | (np.signbit(flat) << 7)).astype(np.uint8).reshape(a.shape)
+
+
+def e8m0_bits(values):
+    """E8M0 bit patterns, uint8, of mxfp8 block scales: each a power of two 2^k, k from -127 to
+    127, is the byte k + 127. ValueError names the first value that is not one."""
+    a = _values(values, "e8m0_bits")
+    flat = a.reshape(-1)
+    with np.errstate(invalid="ignore"):
+        m, e = np.frexp(flat)  # flat = m 2^e, 1/2 <= m < 1: 2^(e - 1) when m is 1/2
+    ok = np.isfinite(flat) & (m == 0.5) & (e - 1 >= -127) & (e - 1 <= 127)
+    _refuse(flat, ok, "e8m0_bits", "a power of two 2^k with k from -127 to 127 (an E8M0 scale)")
+    return (e - 1 + 127).astype(np.uint8).reshape(a.shape)

@@ -113,7 +113,7 @@ class Gen {
           {"large_scores", &Gen::large_scores}, {"ties", &Gen::ties},
           {"near_ties", &Gen::near_ties},       {"dominant", &Gen::dominant},
           {"cancel", &Gen::cancel},             {"wide_range", &Gen::wide_range},
-          {"subnormal", &Gen::subnormal}};
+          {"subnormal", &Gen::subnormal},       {"score_jump", &Gen::score_jump}};
       const auto it = std::find_if(std::begin(kGenerators), std::end(kGenerators),
                                    [&](const auto& e) { return e.first == g; });
       if (it == std::end(kGenerators))
@@ -173,6 +173,18 @@ class Gen {
     for (auto& s : sign) s = rng_.sign();
     designed([&](std::int64_t g, std::int64_t i) { return sign[sz(g * p_.Nq + i)] * c; },
              [&](std::int64_t, std::int64_t) { return c; }, 1.0, spread);
+  }
+
+  // Scores that jump by about `jump` at key `at`: the first coordinate of every query is c and
+  // of keys j >= at c (of the others 0), with c^2 scale = jump. A blocked online softmax whose
+  // maximum comes from the keys before `at` meets exp(jump) > 448 after them: FP8 P saturates.
+  void score_jump() {
+    const double jump = param(p_, "jump");
+    const auto at = static_cast<std::int64_t>(param(p_, "at"));
+    const double scale = scale_value(p_.scale, static_cast<long>(p_.Dk));
+    const double c = rn(sqrt_rn(jump / scale));
+    designed([&](std::int64_t, std::int64_t) { return c; },
+             [&](std::int64_t, std::int64_t j) { return j >= at ? c : 0.0; }, 1.0, 1.0);
   }
 
   // One key per group scores far above the others: gaps put the other weights across the
@@ -328,6 +340,9 @@ const std::vector<GeneratorInfo>& generators() {
       {"cancel", {}, "key pairs with opposite values: outputs cancel to near zero"},
       {"wide_range", {}, "exponents spread over the format's range"},
       {"subnormal", {}, "inputs in the format's subnormal range"},
+      {"score_jump",
+       {{"jump", 8.0}, {"at", 64.0}},
+       "scores that rise by `jump` from key `at` on: FP8 P saturates against a stale row maximum"},
   };
   return g;
 }

@@ -43,14 +43,15 @@ Values values(const SafeTensorsFile& f, const std::string& name) {
   return out;
 }
 
-// y (in format t) is the rounding of the exact value whose F64 rounding is ref: then y is a
-// neighbour in t of ref, and the rounding of ref or of one of its F64 neighbours (double
-// rounding can move a midpoint).
-bool consistent(double y, double ref, DType t) {
+// y (in format t) is the rounding of an exact value within `ulps` F64 ulps of ref (ref its F64
+// rounding: 1; double rounding can move a midpoint): y lies between the roundings of ref's
+// neighbours that far (rounding is monotone, and they are at most one step of t apart).
+bool consistent(double y, double ref, DType t, int ulps = 1) {
   if (std::isnan(y) || std::isnan(ref)) return false;
   if (t == DType::F64) return y == ref;
-  if (y == round_double(ref, t)) return true;
-  return y == round_double(std::nextafter(ref, -INFINITY), t) || y == round_double(std::nextafter(ref, INFINITY), t);
+  double lo = ref, hi = ref;
+  for (int k = 0; k < ulps; ++k) lo = std::nextafter(lo, -INFINITY), hi = std::nextafter(hi, INFINITY);
+  return round_double(lo, t) <= y && y <= round_double(hi, t);
 }
 
 class Checker {
@@ -125,7 +126,7 @@ class Checker {
         }
       }
     // Each rounded tensor against its F64 companion, after the checks that say more.
-    if (auto p = pairs("out", out, ref, c_.dtype_of("out"))) return p;
+    if (auto p = pairs("out", out, ref, c_.dtype_of("out"), c_.o_scale)) return p;
     if (auto p = pairs("weights", w, wr, c_.dtype_of("weights"))) return p;
     if (auto p = pairs("lse", lse, lser, c_.dtype_of("lse"))) return p;
     if (auto p = pairs("scores", sc, scr, c_.dtype_of("scores"))) return p;
@@ -146,12 +147,15 @@ class Checker {
     return tensor + shape_string(pos) + ": " + what;
   }
 
+  // An FP8 out is the rounding of O / o_scale: ref / o_scale in F64 is within 2^-52 of it
+  // relatively (ref's rounding and the division's), two ulps.
   std::optional<std::string> pairs(const std::string& name, const Values& y, const Values& ref,
-                                   DType o) const {
+                                   DType o, std::optional<double> o_scale = std::nullopt) const {
     for (std::int64_t e = 0; e < static_cast<std::int64_t>(y.v.size()); ++e) {
       if (y.undecided.count(e) || ref.undecided.count(e)) continue;
-      if (!consistent(y[e], ref[e], o))
-        return at(name, e, hexf(y[e]) + " is not a rounding of " + name + ".ref " + hexf(ref[e]));
+      if (!consistent(y[e], o_scale ? ref[e] / *o_scale : ref[e], o, o_scale ? 2 : 1))
+        return at(name, e, hexf(y[e]) + " is not a rounding of " + name + ".ref " + hexf(ref[e]) +
+                               (o_scale ? " / o_scale " + hexf(*o_scale) : ""));
     }
     return std::nullopt;
   }
@@ -236,8 +240,11 @@ class Checker {
       if (!(mn <= r && r <= mx))
         return at("out.ref", base + col,
                   hexf(r) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
+      // an FP8 out is O / o_scale: the quotients' F64 neighbours keep the rounding's bounds
       const DType o = c_.dtype_of("out");
-      if (!(round_double(mn, o) <= y && y <= round_double(mx, o)))
+      const double lo = c_.o_scale ? std::nextafter(mn / *c_.o_scale, -INFINITY) : mn;
+      const double hi = c_.o_scale ? std::nextafter(mx / *c_.o_scale, INFINITY) : mx;
+      if (!(round_double(lo, o) <= y && y <= round_double(hi, o)))
         return at("out", base + col,
                   hexf(y) + " outside [" + hexf(mn) + ", " + hexf(mx) + "] of the allowed values");
     }

@@ -11,6 +11,8 @@
 namespace attnoracle::vectors {
 namespace {
 
+using Shape = std::vector<std::int64_t>;
+
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
 std::vector<std::int64_t> int_values(const RawTensor& t) {
@@ -41,10 +43,22 @@ std::int64_t shared_pages(const ProblemSpec& p, const std::vector<std::int64_t>&
 
 }  // namespace
 
+// The [B, Hkv, Nk, X] tensors that hold one row per key: k and v (any stored dtype), their
+// block scales, and their per-token scales.
+std::vector<std::string> key_row_tensors(const ProblemSpec& p, const SafeTensorsFile& f) {
+  std::vector<std::string> names;
+  for (const char* side : {"k", "v"}) {
+    const std::string s = side;
+    for (const std::string& n : {s, s + "_block_scale", s + "_scale"})
+      if (f.find(n) && (n != s + "_scale" || p.kv_scale == "token")) names.push_back(n);
+  }
+  return names;
+}
+
 void share_prefix(const ProblemSpec& p, SafeTensorsFile& f) {
   if (p.page_size <= 0 || p.pages != ProblemSpec::Pages::Shared) return;
   const std::vector<std::int64_t> lk = key_lengths(p, f);
-  for (const char* name : {"k", "v"}) {
+  for (const std::string& name : key_row_tensors(p, f)) {
     RawTensor* t = f.find(name);
     const std::size_t row = sz(t->shape[3]) * dtype_size(t->dtype);
     for (std::int64_t b = 1; b < p.B; ++b) {
@@ -97,44 +111,65 @@ void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed)
         id = (b + m) % 3 == 0 ? -1 : (b + m) % 3 == 1 ? 0 : pages + 7;
     }
 
-  for (const char* name : {"k", "v"}) {
+  // The key each slot holds: that of an owner that uses it (its k and v rows then finite), else
+  // the first owner's unused row; the spare page a row of batch 0 (NaN with `poison`).
+  auto finite = [&](std::int64_t b, std::int64_t g, std::int64_t j) {
+    for (const char* name : {"k", "v"}) {
+      const RawTensor* t = f.find(name);
+      if (t && is_float_format(t->dtype) &&
+          !std::isfinite(decode_float(t->dtype, t->data.data() + sz(((b * p.Hkv + g) * p.Nk + j) * t->shape[3]) * dtype_size(t->dtype))))
+        return false;
+    }
+    return true;
+  };
+  struct Key {
+    std::int64_t b, j;  // b < 0: the poisoned spare page
+  };
+  std::vector<Key> held(sz(pages * P * p.Hkv));  // by (allocation id, slot, kv head)
+  for (std::int64_t id = 0; id < pages; ++id)
+    for (std::int64_t s = 0; s < P; ++s)
+      for (std::int64_t g = 0; g < p.Hkv; ++g) {
+        Key& key = held[sz((id * P + s) * p.Hkv + g)];
+        key = {0, p.Nk - 1 - s % p.Nk};
+        if (owners[sz(id)].empty() && p.poison) key.b = -1;
+        bool chosen = false;
+        for (const Owner& o : owners[sz(id)]) {
+          const std::int64_t j = o.m * P + s;
+          if (!chosen || (j < lk[sz(o.b)] && finite(o.b, g, j))) key = {o.b, j};
+          chosen = true;
+        }
+      }
+
+  for (const std::string& name : key_row_tensors(p, f)) {
     const RawTensor* t = f.find(name);
     const std::int64_t D = t->shape[3];
+    const bool token_scale = name == "k_scale" || name == "v_scale";  // [pages, P, Hkv]: no D
     const std::size_t es = dtype_size(t->dtype), row = sz(D) * es;
-    RawTensor cache{std::string(name) + "_cache", t->dtype,
-                    p.kv_layout_hnd ? std::vector<std::int64_t>{pages, p.Hkv, P, D}
-                                    : std::vector<std::int64_t>{pages, P, p.Hkv, D},
+    Shape shape = p.kv_layout_hnd ? Shape{pages, p.Hkv, P, D} : Shape{pages, P, p.Hkv, D};
+    if (token_scale) shape.pop_back();
+    RawTensor cache{name == "k" || name == "v" ? name + "_cache" : name, t->dtype, shape,
                     std::vector<unsigned char>(sz(pages * P * p.Hkv) * row)};
-    auto source = [&](std::int64_t b, std::int64_t g, std::int64_t j) {
-      return t->data.data() + sz((b * p.Hkv + g) * p.Nk + j) * row;
-    };
     for (std::int64_t id = 0; id < pages; ++id)
       for (std::int64_t s = 0; s < P; ++s)
         for (std::int64_t g = 0; g < p.Hkv; ++g) {
-          // Slot s of the page: the key of an owner that uses it (its row is then finite), else
-          // the first owner's unused row; the spare page holds NaN with `poison`, else a row of
-          // batch 0.
           const std::int64_t slot = p.kv_layout_hnd ? (place[sz(id)] * p.Hkv + g) * P + s
                                                     : (place[sz(id)] * P + s) * p.Hkv + g;
           unsigned char* to = cache.data.data() + sz(slot) * row;
-          if (owners[sz(id)].empty() && p.poison) {
+          const Key key = held[sz((id * P + s) * p.Hkv + g)];
+          if (key.b < 0)
             for (std::int64_t e = 0; e < D; ++e) encode_float(t->dtype, NAN, to + sz(e) * es);
-            continue;
-          }
-          const unsigned char* from = nullptr;
-          for (const Owner& o : owners[sz(id)]) {
-            const std::int64_t j = o.m * P + s;
-            const unsigned char* r = source(o.b, g, j);
-            if (!from || (j < lk[sz(o.b)] && std::isfinite(decode_float(t->dtype, r)))) from = r;
-          }
-          if (!from) from = source(0, g, p.Nk - 1 - s % p.Nk);
-          std::memcpy(to, from, row);
+          else
+            std::memcpy(to, t->data.data() + sz((key.b * p.Hkv + g) * p.Nk + key.j) * row, row);
         }
     f.put(std::move(cache));
   }
   f.tensors.erase(std::remove_if(f.tensors.begin(), f.tensors.end(),
                                  [](const RawTensor& t) { return t.name == "k" || t.name == "v"; }),
                   f.tensors.end());
+  // Per-head scales [1, Hkv, 1, 1] broadcast to the slots as [Hkv] (NHD) or [Hkv, 1] (HND).
+  if (p.kv_scale == "head")
+    for (const char* name : {"k_scale", "v_scale"})
+      if (RawTensor* t = f.find(name)) t->shape = p.kv_layout_hnd ? Shape{p.Hkv, 1} : Shape{p.Hkv};
   RawTensor bt{"block_table", DType::I32, {p.B, M}, {}};
   for (std::int64_t x : table)
     for (int byte = 0; byte < 4; ++byte)  // little-endian two's complement

@@ -15,6 +15,7 @@
 #include "data.hpp"
 #include "numbers.hpp"
 #include "prng.hpp"
+#include "stored_kv.hpp"
 
 namespace attnoracle::vectors {
 namespace {
@@ -333,7 +334,7 @@ std::string outputs_text(const ProblemSpec& p) {
          (p.want_scores ? ",scores" : "") + (p.want_dq ? ",dq" : "") + (p.want_dk ? ",dk" : "") +
          (p.want_dv ? ",dv" : "") + mha_outputs(p) + (p.want_dbias ? ",dbias" : "") +
          (p.want_dsinks ? ",dsinks" : "") + (p.want_out_partial ? ",out_partial" : "") +
-         (p.want_lse_partial ? ",lse_partial" : "");
+         (p.want_lse_partial ? ",lse_partial" : "") + (p.want_amax ? ",amax" : "");
 }
 
 }  // namespace
@@ -443,6 +444,38 @@ std::optional<std::string> output_dtypes_error(const ProblemSpec& p) {
   return std::nullopt;
 }
 
+// Stored K/V, V as a view of K and FP8 outputs (CONTRACT section 9).
+std::optional<std::string> stored_kv_error(const ProblemSpec& p) {
+  const bool fp8_out = p.output_dtype && is_fp8(*p.output_dtype);
+  if (fp8_out && p.kind != Kind::Sdpa) return "an FP8 output_dtype needs kind sdpa";
+  if (fp8_out != !p.o_scale.empty()) return "o_scale goes with an FP8 output_dtype (F8_E4M3, F8_E5M2), and only there";
+  if (!p.o_scale.empty()) {
+    const auto s = parse_text_number(p.o_scale);
+    if (!s || !(*s > 0) || !std::isfinite(round_double(*s, DType::F32)) || round_double(*s, DType::F32) == 0)
+      return "o_scale \"" + printable(p.o_scale) + "\" is not a number > 0 that F32 holds (rounded to nearest)";
+  }
+  if (p.want_amax && !fp8_out) return "amax needs an FP8 output_dtype (F8_E4M3 or F8_E5M2)";
+  if (fp8_out && (p.wants_gradients() || is_fp8(p.dtype)))
+    return "an FP8 output_dtype takes a float input dtype and no gradients";
+  const bool stored = !p.kv_format.empty();
+  if (!p.kv_scale.empty() && p.kv_format != "F8_E4M3" && p.kv_format != "F8_E5M2" && p.kv_format != "I8")
+    return "kv_scale needs kv_format F8_E4M3, F8_E5M2 or I8";
+  if (p.kv_scale_binades != 0 && !stored) return "kv_scale_binades needs a kv_format";
+  if (!stored && !p.v_from_k) return std::nullopt;
+  if (p.kind != Kind::Sdpa) return "kv_format and v_from_k need kind sdpa";
+  if (stored && is_fp8(p.dtype)) return "kv_format needs a float dtype (q's: F64, F32, F16 or BF16)";
+  if (stored && (p.generator == "subnormal" || p.generator == "wide_range"))
+    return "kv_format is not built for generator " + p.generator + " (its scales would leave F32's normal range)";
+  if (p.wants_gradients()) return "stored K/V and v_from_k have no gradients";
+  if (p.poison) return "poison is not built for stored K/V or v_from_k";
+  if (p.descales && p.v_from_k) return "v_from_k takes no descales (v_descale is refused)";
+  if (p.v_from_k && p.Dv > p.Dk) return "v_from_k needs Dv <= Dk";
+  const std::int64_t block = p.kv_format == "mxfp8" ? 32 : p.kv_format == "nvfp4" ? 16 : 1;
+  if (p.Dk % block != 0 || (!p.v_from_k && p.Dv % block != 0))
+    return "kv_format " + p.kv_format + " needs Dk and Dv multiples of " + std::to_string(block);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> problem_error(const ProblemSpec& p) {
@@ -480,8 +513,9 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
                           limit)
     return "the problem is too large (a tensor over 2^28 elements)";
   if (!is_input_format(p.dtype)) return "dtype must be F64, F32, F16, BF16, F8_E4M3 or F8_E5M2";
-  if (p.output_dtype && !is_float_format(*p.output_dtype))
-    return "output_dtype must be F64, F32, F16 or BF16";
+  if (p.output_dtype && !is_float_format(*p.output_dtype) && !is_fp8(*p.output_dtype))
+    return "output_dtype must be F64, F32, F16, BF16, F8_E4M3 or F8_E5M2";
+  if (auto e = stored_kv_error(p)) return e;
   if (auto e = output_dtypes_error(p)) return e;
   if (is_fp8(p.dtype)) {
     if (mha) return "FP8 dtypes need kind sdpa";
@@ -557,6 +591,8 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
     return "ties needs an integer distinct >= 0";
   if (gn == "near_ties" && !integer(par("ulps"), 1, 1 << 20))
     return "near_ties needs an integer ulps in [1, 2^20]";
+  if (gn == "score_jump" && (!(par("jump") > 0) || !integer(par("at"), 0, 1 << 24)))
+    return "score_jump needs jump > 0 and an integer at >= 0";
   // The largest magnitude a generator draws must be finite in the input dtype.
   const Limits l = limits(p.dtype);
   const double max_finite = p.dtype == DType::F8_E4M3
@@ -571,6 +607,7 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   double largest = 6;  // normal data elsewhere: Irwin-Hall stays within 6
   if (gn == "uniform") largest = std::max(std::fabs(par("lo")), std::fabs(par("hi")));
   if (gn == "normal") largest = 6 * par("sigma");
+  if (gn == "score_jump") largest = std::max(6.0, sqrt_rn(par("jump") / std::fabs(scale)));
   if (gn == "large_scores")
     largest = std::max(sqrt_rn(par("offset") / std::fabs(scale)), 6 * par("spread"));
   if (gn == "dominant") {
@@ -686,6 +723,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     f.put(float_tensor("dout", p.dtype, mha ? std::vector<std::int64_t>{p.B, p.Nq, p.Dout}
                                             : std::vector<std::int64_t>{p.B, p.Hq, p.Nq, p.Dv}, g));
   }
+  store_kv(p, f, mix64(seed, 8));
   share_prefix(p, f);
   if (p.poison) poison_unused(f);
   page_kv_cache(p, f, mix64(seed, 7));

@@ -22,12 +22,13 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 30> kOptions = {
+constexpr std::array<std::string_view, 35> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
     "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
-    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial"};
+    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial",
+    "kv_format",  "kv_scale",   "kv_scale_binades", "v_from_k", "o_scale"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -281,11 +282,11 @@ class SpecReader {
           names.push_back(string(v[a], path + "[" + std::to_string(a) + "]"));
       } else {
         fail(path, "must be a comma list or an array of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, "
-                   "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, out_partial, lse_partial, not " + brief(v));
+                   "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, out_partial, lse_partial, amax, not " + brief(v));
       }
       p.want_weights = p.want_lse = p.want_scores = false;
       p.want_dq = p.want_dk = p.want_dv = p.want_dbias = p.want_dsinks = false;
-      p.want_out_partial = p.want_lse_partial = false;
+      p.want_out_partial = p.want_lse_partial = p.want_amax = false;
       p.want_mha = {};
       for (const auto& n : names) {
         const auto mha = std::find_if(kMhaGradients.begin(), kMhaGradients.end(), [&](const char* g) { return n == g; });
@@ -311,9 +312,11 @@ class SpecReader {
           p.want_out_partial = true;
         else if (n == "lse_partial")
           p.want_lse_partial = true;
+        else if (n == "amax")
+          p.want_amax = true;
         else if (n != "out")
           fail(path, "\"" + printable(n) + "\" is not one of out, weights, lse, scores, dq, dk, dv, dbias, dsinks, "
-                     "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, out_partial, lse_partial");
+                     "dx_q, dx_kv, dw_q, dw_k, dw_v, dw_o, out_partial, lse_partial, amax");
       }
     } else if (key == "page_size") {  // 0: contiguous k and v
       p.page_size = integer(v, path, 0, 1 << 24);
@@ -326,6 +329,17 @@ class SpecReader {
                                   : ProblemSpec::Pages::Shared;
     } else if (key == "lse_partial") {
       p.lse_partial = choice(v, path, {"normal", "wide", "neg_inf", "pos_inf", "all_neg_inf"});
+    } else if (key == "kv_format") {
+      const std::string c = choice(v, path, {"none", "F8_E4M3", "F8_E5M2", "I8", "mxfp8", "nvfp4"});
+      p.kv_format = c == "none" ? "" : c;
+    } else if (key == "kv_scale") {
+      p.kv_scale = choice(v, path, {"tensor", "head", "token"});
+    } else if (key == "kv_scale_binades") {
+      p.kv_scale_binades = integer(v, path, 0, 30);
+    } else if (key == "v_from_k") {
+      p.v_from_k = boolean(v, path);
+    } else if (key == "o_scale") {
+      p.o_scale = number_text(v, path);
     } else if (key == "kv_split_size") {  // 0: none
       p.kv_split_size = integer(v, path, 0, 1 << 24);
     } else if (key == "self") {
@@ -581,6 +595,16 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
   }
   if (p.kv_split_size > 0) t.push_back("split_kv");
   if (p.want_out_partial || p.want_lse_partial) t.push_back("partials");
+  if (!p.kv_format.empty()) {
+    t.push_back("stored_kv");
+    t.push_back("kv_" + lower(p.kv_format));
+    if (p.kv_format != "mxfp8" && p.kv_format != "nvfp4")
+      t.push_back("kv_scale_" + (p.kv_scale.empty() ? std::string("tensor") : p.kv_scale));
+    if (p.kv_scale_binades > 0) t.push_back("kv_scale_binades");
+  }
+  if (p.v_from_k) t.push_back("v_from_k");
+  if (!p.o_scale.empty()) t.push_back("o_scale");
+  if (p.want_amax) t.push_back("amax");
   if (p.Nk >= 4096) t.push_back("long_rows");
   return t;
 }

@@ -311,6 +311,34 @@ TEST_F(VectorsCli, SpecRefusals) {
       "generator": "normal", "fixed": {"bias": "fill", "bias_fill": "-1e400"}}]})",
                       "families[0].fixed.bias_fill",
                       "bias_fill \"-1e400\" is not -inf, -max or a negative finite number");
+  expect_spec_refused(dir_, R"({"suite": "s", "seed": 1, "families": [{"name": "a",
+      "generator": "normal", "fixed": {"kv_format": "fp4"}}]})",
+                      "families[0].fixed.kv_format", "\"fp4\" is not one of none, F8_E4M3, F8_E5M2, I8, mxfp8, nvfp4");
+  expect_spec_refused(dir_, R"({"suite": "s", "seed": 1, "families": [{"name": "a",
+      "generator": "normal", "fixed": {"kv_format": "I8", "poison": true, "shape": [1, 1, 1, 2, 2, 4, 4]}}]})",
+                      "families[0]", "case a-000: poison is not built for stored K/V or v_from_k");
+}
+
+// Stored K/V, V as a view of K and FP8 outputs through gen, then verify with --recompute: each
+// case re-evaluated equals its golden tensors bit for bit.
+TEST_F(VectorsCli, StoredKvCasesGenerateAndRecompute) {
+  write_text(dir_ / "q.json", R"({"suite": "q", "seed": 2, "families": [
+  {"name": "scaled", "generator": "normal", "cross": {"kv_format": ["F8_E4M3", "I8"], "kv_scale": ["head", "token"]},
+   "fixed": {"dtype": "BF16", "shape": [2, 4, 2, 3, 32, 32, 32], "seqlens": "decode", "page_size": 8,
+             "pages": "shared", "kv_scale_binades": 6, "outputs": "out,lse"}},
+  {"name": "block", "generator": "normal", "cross": {"kv_format": ["mxfp8", "nvfp4"]},
+   "fixed": {"shape": [1, 4, 1, 2, 16, 64, 32], "v_from_k": true, "kv_scale_binades": 3,
+             "output_dtype": "F8_E4M3", "o_scale": "0x1p-6", "outputs": "out,amax"}}
+]})");
+  const CliResult g = run_cli({"gen", (dir_ / "q.json").string(), "-o", (dir_ / "q").string(), "--jobs", "2", "--quiet"});
+  ASSERT_EQ(g.status, 0) << g.err;
+  const CliResult v = verify("q", {"--recompute", "--jobs", "2"});
+  EXPECT_EQ(v.status, 0) << v.out;
+  EXPECT_NE(v.err.find("6 cases, 6 checked and recomputed, 0 problems"), std::string::npos) << v.err;
+  const SafeTensorsFile f = read_safetensors(dir_ / "q/cases/block-001.safetensors");
+  EXPECT_EQ(f.metadata.at("attn.kv_block_scale"), "nvfp4");
+  EXPECT_EQ(f.find("v"), nullptr);
+  EXPECT_EQ(f.find("amax")->dtype, DType::F32);
 }
 
 TEST_F(VectorsCli, UsageErrors) {

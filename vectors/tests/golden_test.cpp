@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "attnoracle/oracle/oracle.hpp"
+#include "attnoracle/reference/round.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "attnoracle/vectors/verify.hpp"
 
@@ -158,6 +159,30 @@ TEST(VectorsGoldenChecks, Sinks) {
   EXPECT_NE(problem(e, [&](SafeTensorsFile& f) { set(f, "scores.ref", sink_row * Nk, 1.0); })
                 .find("for a key that is not allowed, not -inf"),
             std::string::npos);
+}
+
+// An FP8 out is O / o_scale rounded: clean as evaluated (with saturated elements), and an
+// element moved by one E4M3 step, or left undivided, is caught.
+TEST(VectorsGolden, Fp8OutIsTheRoundingOfOOverOScale) {
+  ProblemSpec p = spec(DType::F32, MaskKind::None);
+  p.want_weights = false;
+  p.output_dtype = DType::F8_E4M3;
+  p.o_scale = "0x1p-11";  // |O| up to about 1: past 448 after the division, saturated
+  const Evaluated e = evaluated(p);
+  EXPECT_EQ(problem(e, [](SafeTensorsFile&) {}), "");
+  int saturated = 0;
+  for (std::size_t k = 0; k < 30; ++k) saturated += std::fabs(get(e.f, "out", k)) == 448;
+  EXPECT_GT(saturated, 0);
+  std::size_t k = 0;  // an element below saturation, one step up is still in range
+  while (std::fabs(get(e.f, "out", k)) >= 224) ++k;
+  int exp = 0;
+  const double x = get(e.f, "out", k);
+  std::frexp(x, &exp);  // |x| = m 2^exp, 1/2 <= m < 1: E4M3's step there is 2^(exp - 4), 2^-9 at least
+  const double up = x + std::ldexp(1.0, std::max(exp - 4, -9));
+  EXPECT_NE(problem(e, [&](SafeTensorsFile& f) { set(f, "out", k, up); }).find("is not a rounding of out.ref"),
+            std::string::npos);
+  EXPECT_NE(problem(e, [&](SafeTensorsFile& f) { set(f, "out", k, round_double(get(f, "out.ref", k), DType::F8_E4M3)); }),
+            "");
 }
 
 }  // namespace

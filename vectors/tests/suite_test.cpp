@@ -115,7 +115,7 @@ TEST(VectorsSuite, RefusalsNameTheJsonPath) {
   EXPECT_EQ(
       error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "gauss"}]})"),
       "spec.json: families[0].generator: unknown generator \"gauss\" (known: uniform, normal, "
-      "large_scores, ties, near_ties, dominant, cancel, wide_range, subnormal)");
+      "large_scores, ties, near_ties, dominant, cancel, wide_range, subnormal, score_jump)");
   EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal",
       "cross": {"dtype": ["F32", "F12"]}}]})"),
             "spec.json: families[0].cross.dtype[1]: \"F12\" is not one of F64, F32, F16, BF16, "
@@ -172,6 +172,50 @@ TEST(VectorsSuite, RefusalsNameTheJsonPath) {
       "fixed": {"bias": "fill", "bias_fill": true}}]})"),
             "spec.json: families[0].fixed.bias_fill: must be a number or a string holding one, not "
             "true");
+}
+
+// The options of stored K/V and FP8 outputs: bad values refused at their JSON path.
+TEST(VectorsSuite, StoredKvOptionsRefusals) {
+  const std::string head = R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "normal", )";
+  EXPECT_EQ(error_of(head + R"("cross": {"kv_format": ["I8", "I4"]}}]})"),
+            "spec.json: families[0].cross.kv_format[1]: \"I4\" is not one of none, F8_E4M3, F8_E5M2, I8, mxfp8, nvfp4");
+  EXPECT_EQ(error_of(head + R"("fixed": {"kv_format": "I8", "kv_scale": "page"}}]})"),
+            "spec.json: families[0].fixed.kv_scale: \"page\" is not one of tensor, head, token");
+  EXPECT_EQ(error_of(head + R"("fixed": {"kv_format": "I8", "kv_scale_binades": 31}}]})"),
+            "spec.json: families[0].fixed.kv_scale_binades: must be between 0 and 30, not 31");
+  EXPECT_EQ(error_of(head + R"("fixed": {"v_from_k": 1}}]})"),
+            "spec.json: families[0].fixed.v_from_k: must be true or false, not 1");
+  EXPECT_EQ(error_of(head + R"("fixed": {"o_scale": [1]}}]})"),
+            "spec.json: families[0].fixed.o_scale: must be a number or a string holding one, not [1]");
+  EXPECT_EQ(error_of(head + R"("fixed": {"kv_format": "mxfp8", "shape": [1, 1, 1, 1, 2, 16, 16]}}]})"),
+            "spec.json: families[0]: case a-000: kv_format mxfp8 needs Dk and Dv multiples of 32");
+  EXPECT_EQ(error_of(head + R"("fixed": {"output_dtype": "F8_E4M3", "o_scale": 0}}]})"),
+            "spec.json: families[0]: case a-000: o_scale \"0\" is not a number > 0 that F32 holds (rounded to nearest)");
+  EXPECT_EQ(error_of(head + R"("fixed": {"outputs": "out,amax"}}]})"),
+            "spec.json: families[0]: case a-000: amax needs an FP8 output_dtype (F8_E4M3 or F8_E5M2)");
+  EXPECT_EQ(error_of(head + R"("fixed": {"params": {"jump": 8}}}]})"),
+            "spec.json: families[0]: case a-000: generator normal has no parameter \"jump\"");
+  EXPECT_EQ(error_of(R"({"suite": "s", "seed": 1, "families": [{"name": "a", "generator": "score_jump",
+      "fixed": {"params": {"at": 1.5}}}]})"),
+            "spec.json: families[0]: case a-000: score_jump needs jump > 0 and an integer at >= 0");
+}
+
+TEST(VectorsSuite, StoredKvOptionsExpandAndTag) {
+  const Suite s = parse_suite("spec.json", R"({"suite": "s", "seed": 1, "families": [{"name": "a",
+      "generator": "normal", "cross": {"kv_format": ["F8_E5M2", "nvfp4"]},
+      "fixed": {"shape": [1, 2, 1, 1, 4, 32, 16], "v_from_k": true, "output_dtype": "F8_E4M3",
+                "o_scale": "0x1p-3", "outputs": "out,amax", "kv_scale_binades": 2}}]})");
+  ASSERT_EQ(s.cases.size(), 2u);
+  EXPECT_EQ(s.cases[0].problem.kv_format, "F8_E5M2");
+  EXPECT_EQ(s.cases[1].problem.kv_format, "nvfp4");
+  EXPECT_TRUE(s.cases[0].problem.v_from_k && s.cases[0].problem.want_amax);
+  EXPECT_EQ(s.cases[0].problem.o_scale, "0x1p-3");
+  const auto& t0 = s.cases[0].tags;
+  for (const char* t : {"stored_kv", "kv_f8_e5m2", "kv_scale_tensor", "kv_scale_binades", "v_from_k", "o_scale", "amax", "out_f8_e4m3"})
+    EXPECT_NE(std::find(t0.begin(), t0.end(), t), t0.end()) << t;
+  const auto& t1 = s.cases[1].tags;
+  EXPECT_NE(std::find(t1.begin(), t1.end(), "kv_nvfp4"), t1.end());
+  EXPECT_EQ(std::find(t1.begin(), t1.end(), "kv_scale_tensor"), t1.end());  // block forms have none
 }
 
 TEST(VectorsSuite, CommittedSpecsParse) {

@@ -115,6 +115,18 @@ struct ProblemSpec {
   // (attn.lse_posinf empty), "all_neg_inf" a quarter of the rows with every split empty. An
   // empty split's o_partial holds NaN, inf and 0.
   std::string lse_partial = "normal";
+  // Stored K/V (CONTRACT section 9), written after the data are drawn in q's dtype: empty for
+  // float k and v, or F8_E4M3, F8_E5M2, I8 (scaled), mxfp8, nvfp4 (block-scaled). kv_scale:
+  // the granularity of a scaled form's k_scale and v_scale, "tensor", "head" or "token" (per
+  // cache slot on a paged cache); empty: tensor. kv_scale_binades W: each scale (block scale)
+  // moved from the one that fits its elements by 2^t, t uniform in [-W, W].
+  std::string kv_format;
+  std::string kv_scale;
+  std::int64_t kv_scale_binades = 0;
+  bool v_from_k = false;  // no v: v is k[..., 0:Dv] (attn.v_from_k)
+  // FP8 out: o_scale's text (an F32 scalar; empty: none), and amax among the outputs.
+  std::string o_scale;
+  bool want_amax = false;
   std::string generator = "normal";
   std::map<std::string, double> params;  // generator parameters; absent ones take defaults
 };
