@@ -114,6 +114,7 @@ BUGS = {
     "bwd_tail_block_skipped": "the backward skips the last key block when it is partial (Nk not a "
                               "multiple of --block): those keys get dk = dv = 0 and give dq nothing",
 }
+BUGS.update(nx.rotary_np.BUGS)          # rotary (../numpy/rotary_np.py): planted through nx.ROTARY_BUG
 
 
 # ---- The statistical tier's bugs (stat_*, in BUGS above): each a hook on one step.
@@ -611,6 +612,7 @@ def main(argv=None):
     nx.attention = kernel = Kernel(args.block, args.arith, args.bug)
     nx.gradients = kernel.gradients
     nx.merge_states = kernel.merge
+    nx.ROTARY_BUG = args.bug if args.bug in nx.rotary_np.BUGS else None
     # The NumPy adapter's job loop with this kernel; float64 carries every input dtype exactly.
     return nx.main(["--dtype", "float64", args.jobs])
 
