@@ -18,8 +18,10 @@ double rotary_rel(const Profile& p, const Case& c) {
   if (!c.rotary) return 0;
   // The kernel's rotated value: two products and a sum in qk_accum (within 3 u_qk of the
   // magnitude m = |x1 c| + |x2 s|), rounded to `projection`; the case's: the exact value
-  // rounded once to rotary_round. Both within those of the exact value: u_r + u_proj + 4 u_qk.
-  return unit_roundoff(c.rotary->round) + unit_roundoff(p.projection) + 4 * unit_roundoff(p.qk_accum);
+  // rounded once to rotary_round. Both within those of the exact value, the kernel's rounding to
+  // either dtype: u_r + max(u_r, u_proj) + 4 u_qk.
+  const double ur = unit_roundoff(c.rotary->round);
+  return ur + std::max(ur, unit_roundoff(p.projection)) + 4 * unit_roundoff(p.qk_accum);
 }
 
 void rotate_back_errors(const Case& c, std::int64_t t, double* e) {
