@@ -81,13 +81,16 @@ void Comparer::gradients() {
   // dq sums over the row's keys; dk and dv over the group's query heads and rows (GQA partial
   // sums per query head may be rounded to the output dtype first: group u_out more); dbias over
   // the entries its element was broadcast to.
+  // Rotary: R^T taken in grad_accum, two products and a sum on the bound (G.bound is |R^T| of
+  // the rotated one's): 3 terms more for dq and dk.
+  const double rot = c.rotary ? 3 : 0;
   judge("dq", c.want_dq, c.q.shape, ge.dq, ge.dq_spread, static_cast<std::size_t>(c.Dk), [&](std::size_t k) {
-    return limits[k / static_cast<std::size_t>(c.Dk)].keys; }, 0.0);
+    return limits[k / static_cast<std::size_t>(c.Dk)].keys + rot; }, 0.0);
   const double rows = group * static_cast<double>(c.Nq);
   const double gqa = group > 1 ? group : 0;
   const auto head = static_cast<std::size_t>(c.Nk);
   judge("dk", c.want_dk, c.k.shape, ge.dk, ge.dk_spread, head * static_cast<std::size_t>(c.Dk),
-        [&](std::size_t) { return rows; }, gqa);
+        [&](std::size_t) { return rows + rot; }, gqa);
   judge("dv", c.want_dv, c.v.shape, ge.dv, ge.dv_spread, head * static_cast<std::size_t>(c.Dv),
         [&](std::size_t) { return rows; }, gqa);
   if (c.bias) {

@@ -48,6 +48,8 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   std::vector<double> b_p(g.dbias.size()), b_s(b_p), b_osq(b_p), b_fl(b_p);
   std::vector<char> b_on(g.dbias.size());
   std::vector<std::size_t> touched;
+  // Rotary: the kernel's rotated k (in dq) and q (in dk) are off by eps_rot on their magnitudes.
+  const double e_rot = rotary_rel(p, c);
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < Nq; ++i) {
@@ -194,6 +196,12 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           for (std::int64_t d = 0; d < Dk; ++d) {
             const double ak = scale * std::fabs(kb[j * Dk + d]), aq = scale * std::fabs(q[d]);
             dq[d] += d_dt * ak;
+            if (e_rot > 0) {  // |dT| <= M t on a k (q) off by eps_rot km (qm)
+              const auto row_d = row * static_cast<std::size_t>(Dk) + static_cast<std::size_t>(d);
+              dq[d] += e_rot * M * t[jj] * scale * c.rotary->k_mag[kj * static_cast<std::size_t>(Dk) + static_cast<std::size_t>(d)];
+              g.dk[kj * static_cast<std::size_t>(Dk) + static_cast<std::size_t>(d)] +=
+                  e_rot * M * t[jj] * scale * c.rotary->q_mag[row_d];
+            }
             sum_p[static_cast<std::size_t>(d)] += P[jj] * t[jj] * kb[j * Dk + d];
             sum_s[static_cast<std::size_t>(d)] += dS[jj] * t[jj] * kb[j * Dk + d];
             osq[static_cast<std::size_t>(d)] += sq(O * ak);
@@ -230,6 +238,11 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
               scale * (Es * std::fabs(sum_p[ud]) + pc * std::fabs(sum_s[ud])) + std::sqrt(osq[ud]);
           g.dq_spread.floor[row * static_cast<std::size_t>(Dk) + ud] = flr[ud];
         }
+        if (c.rotary) {  // dq = R^T dq' (TOLERANCE.md, "Rotary embedding")
+          const std::int64_t pos = rotary_query_position(c, b, i);
+          const std::size_t at = row * static_cast<std::size_t>(Dk);
+          for (std::vector<double>* e : {&g.dq, &g.dq_spread.random, &g.dq_spread.floor}) rotate_back_errors(c, pos, e->data() + at);
+        }
         for (const std::size_t bi : touched) {
           g.dbias_spread.random[bi] += sq(Es * std::fabs(b_p[bi]) + pc * std::fabs(b_s[bi]) + std::sqrt(b_osq[bi]));
           g.dbias_spread.floor[bi] += b_fl[bi];
@@ -249,6 +262,12 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   // dk, dv, dbias, dsinks summed squares over independent rows: their roots
   for (GradientSpread* sp : {&g.dk_spread, &g.dv_spread, &g.dbias_spread, &g.dsinks_spread})
     for (double& x : sp->random) x = std::sqrt(x);
+  if (c.rotary)  // dk = R^T dk', key j at position j
+    for (std::int64_t kj = 0; kj < c.B * Hk * Nk; ++kj) {
+      const std::size_t at = static_cast<std::size_t>(kj * Dk);
+      for (std::vector<double>* e : {&g.dk, &g.dk_spread.random, &g.dk_spread.floor})
+        rotate_back_errors(c, kj % Nk, e->data() + at);
+    }
   return g;
 }
 

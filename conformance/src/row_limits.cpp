@@ -16,6 +16,30 @@ double min_subnormal(DType t) {
 
 bool stored_kv(const Case& c) { return c.kv_form && c.kv_form->scheme != KvScheme::Plain; }
 
+double rotary_rel(const Profile& p, const Case& c) {
+  if (!c.rotary) return 0;
+  // The kernel's rotated value: two products and a sum in qk_accum (within 3 u_qk of the
+  // magnitude m = |x1 c| + |x2 s|), rounded to `projection`; the case's: the exact value
+  // rounded once to rotary_round. Both within those of the exact value, the kernel's rounding to
+  // either dtype: u_r + max(u_r, u_proj) + 4 u_qk.
+  const double ur = unit_roundoff(c.rotary->round);
+  return ur + std::max(ur, unit_roundoff(p.projection)) + 4 * unit_roundoff(p.qk_accum);
+}
+
+void rotate_back_errors(const Case& c, std::int64_t t, double* e) {
+  if (!c.rotary || t < 0 || t >= c.rotary->Nrot) return;
+  const Rotary& r = *c.rotary;
+  const std::int64_t half = r.R / 2;
+  for (std::int64_t f = 0; f < half; ++f) {
+    const auto k = static_cast<std::size_t>(t * half + f);
+    const double cs = std::fabs(r.cos[k]), sn = std::fabs(r.sin[k]);
+    double& e1 = e[r.first(f)];
+    double& e2 = e[r.second(f)];
+    const double a = e1 * cs + e2 * sn, b = e2 * cs + e1 * sn;
+    e1 = a, e2 = b;
+  }
+}
+
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) {
   // A sink is one more term exp(sink - m) of Z, with no value vector: n + 1 terms, and m the
   // maximum over the scores and the sink, so max |S| covers |sink| too. The kernel keeps the
@@ -50,6 +74,9 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   // scale multiplied into the score (one or two roundings): 3u on the dot's magnitude covers each.
   const bool descaled = c.file.find("q_descale") || c.file.find("k_descale") || stored_kv(c);
   if (descaled) r.score += 3 * uq * m.dot_abs;
+  // Rotary: q and k each off by eps_rot on their magnitudes, so a product q_d k_d by at most
+  // (2 eps_rot (1 + u_r) + eps_rot^2) qm_d km_d <= 3 eps_rot qm_d km_d (eps_rot <= 1/2).
+  r.score += 3 * rotary_rel(p, c) * m.rotary_abs;
   // (2) exp(S_j - m): both S_j and the row maximum m are off by `score`, the subtraction rounds
   // (us |S_j - m| <= 2 us max|S|), exp adds exp_ulps: a relative error of e_j of
   double e_rel = 2 * r.score + 2 * us * m.score_abs + p.exp_ulps * us;

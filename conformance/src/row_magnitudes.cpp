@@ -59,6 +59,25 @@ bool float_safe(const std::vector<double>& v, std::uint32_t& top) {
   return bad == 0;
 }
 
+// Rotary: each row's max over its allowed keys of scale * sum_d qm_d km_d (every allowed key,
+// the negligible ones too).
+void rotary_magnitudes(const Case& c, double scale, std::vector<RowMagnitudes>& out) {
+  const Rotary& r = *c.rotary;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i) {
+        const auto row = static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i);
+        const double* qm = &r.q_mag[row * static_cast<std::size_t>(c.Dk)];
+        for (std::int64_t j = 0; j < c.Nk; ++j) {
+          if (!c.allowed(b, h, i, j)) continue;
+          const double* km = &r.k_mag[static_cast<std::size_t>(((b * c.Hkv + c.kv_head(h)) * c.Nk + j) * c.Dk)];
+          double s = 0;
+          for (std::int64_t d = 0; d < c.Dk; ++d) s += qm[d] * km[d];  // 0 past R
+          out[row].rotary_abs = std::max(out[row].rotary_abs, s * scale);
+        }
+      }
+}
+
 }  // namespace
 
 std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
@@ -313,6 +332,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Case& c) {
         }
       }
     }
+  if (c.rotary) rotary_magnitudes(c, scale, out);
   return out;
 }
 

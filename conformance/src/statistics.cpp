@@ -503,6 +503,7 @@ RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m) {
   const bool scaled = stored_kv(c) || c.file.find("q_descale") || c.file.find("k_descale");
   r.score = std::sqrt(static_cast<double>(c.Dk) + (scaled ? 5 : 2)) * uq * m.dot_abs + proj * m.dot_abs +
             2 * us * m.score_abs;
+  r.score += 3 * rotary_rel(p, c) * m.rotary_abs;  // the rotation's, as in the worst-case limit
   // a bias rounded to its dtype first: one rounding, as in the worst-case limit
   if (p.bias) r.score += unit_roundoff(*p.bias) * m.bias_abs + min_subnormal(*p.bias) / 2;
   r.key_rel = r.score + 2 * us * m.score_abs + p.exp_ulps * us + us + up;

@@ -511,5 +511,33 @@ TEST(Compare, MalformedResultsFail) {
   EXPECT_EQ(compare_case("t", fx.golden, "ok", j, builtin_profile("fp16")).status, CaseStatus::Skip);
 }
 
+// Rotary (TOLERANCE.md, "Rotary embedding"): eps_rot = u_r + max(u_r, u_proj) + 4 u_qk, the
+// score's 3 eps_rot A_rot on top of the plain row's, and R^T on a pair's error magnitudes.
+TEST(Tolerance, RotaryTermsOfTheDocs) {
+  Case c;
+  c.kind = Kind::Sdpa;
+  c.Dk = 4;
+  c.output_dtype = DType::F32;
+  RowMagnitudes m{2.0, 3.0, 8};
+  m.rotary_abs = 1.5;
+  const double plain = row_limits(builtin_profile("fp32"), c, m).score;
+  EXPECT_EQ(rotary_rel(builtin_profile("fp32"), c), 0);
+  c.rotary = Rotary{RotaryPairing::Half, 2, 1, DType::BF16, {0.5}, {-0.25}, {}, {}};
+  const double eps = 0x1p-8 + 0x1p-8 + 4 * 0x1p-24;  // u_r BF16, u_proj F32 < u_r, u_qk F32
+  EXPECT_DOUBLE_EQ(rotary_rel(builtin_profile("fp32"), c), eps);
+  EXPECT_DOUBLE_EQ(row_limits(builtin_profile("fp32"), c, m).score, plain + 3 * eps * 1.5);
+  c.rotary->round = DType::F32;  // fp16: u_proj F16 above u_r
+  EXPECT_DOUBLE_EQ(rotary_rel(builtin_profile("fp16"), c), 0x1p-24 + 0x1p-11 + 4 * 0x1p-24);
+  // pair (0, 1) at position 0: e1 |cos| + e2 |sin|, e2 |cos| + e1 |sin|; features past R kept
+  double e[4] = {4, 8, 1, 1};
+  c.Dk = 4;
+  rotate_back_errors(c, 0, e);
+  EXPECT_EQ(e[0], 4 * 0.5 + 8 * 0.25);
+  EXPECT_EQ(e[1], 8 * 0.5 + 4 * 0.25);
+  EXPECT_EQ(e[2], 1);
+  rotate_back_errors(c, 1, e);  // past the table: untouched
+  EXPECT_EQ(e[0], 4);
+}
+
 }  // namespace
 }  // namespace attnoracle::conformance

@@ -84,6 +84,10 @@ Slice slice(const Case& c, std::int64_t b, std::int64_t g) {
   }
   if (c.seqlens_q) t.seqlens_q = std::vector<std::int64_t>{(*c.seqlens_q)[static_cast<std::size_t>(b)]};
   if (c.seqlens_k) t.seqlens_k = std::vector<std::int64_t>{(*c.seqlens_k)[static_cast<std::size_t>(b)]};
+  if (c.rotary) {  // q and k are rotated already; the tables take dq and dk back (same positions)
+    t.rotary = c.rotary;
+    t.rotary->q_mag.clear(), t.rotary->k_mag.clear();
+  }
   if (c.sinks) {  // the slice's heads' sinks (its dsinks is not compared: the case's sums batches)
     const auto from = c.sinks->values.begin() + h0;
     t.sinks = FloatTensor{c.sinks->dtype, {G}, std::vector<double>(from, from + G)};

@@ -27,6 +27,7 @@
 #include "golden_buffer.hpp"
 #include "backward_parts.hpp"
 #include "interval.hpp"
+#include "rotary_grad.hpp"
 
 namespace attnoracle {
 namespace {
@@ -248,6 +249,16 @@ class Backward {
     if (strict) all = all && mpfr_get_d(bd.lo, MPFR_RNDU) + 0.0 == bhi + 0.0;
   }
 
+  // A row of gradient gk (dq or dk: flat index base + cc) rounded, rotated back first where
+  // rotary applies at position t (the rotated row's gradient taken through R^T).
+  void round_row(std::size_t gk, std::int64_t base, std::int64_t t, std::vector<Enclosure>& v,
+                 std::vector<Enclosure>& bd, mpfr_prec_t p, std::vector<Pending>& pend,
+                 std::vector<std::pair<std::int64_t, double>>& bounds, bool& all, bool strict = false) const {
+    if (c_.rotary && t >= 0 && t < c_.rotary->Nrot) rotate_back(*c_.rotary, t, v, bd, p);
+    for (std::size_t cc = 0; cc < v.size(); ++cc)
+      round_element(gk, base + static_cast<std::int64_t>(cc), v[cc], bd[cc], pend, bounds, all, strict);
+  }
+
   void commit(std::size_t gk, mpfr_prec_t p, const std::vector<Pending>& pend,
               const std::vector<std::pair<std::int64_t, double>>& bounds) {
     std::uint64_t und = 0;
@@ -308,7 +319,7 @@ class Backward {
         if (st.valid) fast_.set_row_stat(b, h, i, st.lse, st.d, st.dabs);
       }
       if (!c_.want_dq) return;  // the statistics are all the row pass was for
-      if (done) {
+      if (done && !c_.rotary) {  // the balls hold the rotated row's dq only
         commit_fast(0, static_cast<std::int64_t>(u) * c_.Dk, dq);
         fast_units_.fetch_add(1);
         return;
@@ -395,9 +406,12 @@ class Backward {
       mpfr_set(Ahi[a], e.At.hi, MPFR_RNDU);
     }
     Terms t, tb;
-    Enclosure v(p), bd(p);
+    std::vector<Enclosure> vs, bds;
+    vs.reserve(static_cast<std::size_t>(Dk)), bds.reserve(static_cast<std::size_t>(Dk));
     std::vector<double> kc(n);
     for (std::int64_t cc = 0; cc < Dk; ++cc) {
+      Enclosure& v = vs.emplace_back(p);
+      Enclosure& bd = bds.emplace_back(p);
       // With a sink, sum_j dS_ij = D_i - D_i (1 - P_sink_i) = P_sink_i D_i: no centring.
       bool centred = !k.softcap && !c_.sinks;
       const double k0 = k_row(b, g, keys[0])[cc];
@@ -425,8 +439,8 @@ class Backward {
       detail::mul_interval(v.lo, v.hi, v.lo, v.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
       mpfr_mul(bd.lo, bd.lo, k.abs_scale.lo, MPFR_RNDD);
       mpfr_mul(bd.hi, bd.hi, k.abs_scale.hi, MPFR_RNDU);
-      round_element(0, base + cc, v, bd, pend, bounds, all);
     }
+    round_row(0, base, c_.rotary ? rotary_query_position(c_, b, i) : -1, vs, bds, p, pend, bounds, all);
     return all;
   }
 
@@ -542,7 +556,7 @@ class Backward {
     std::vector<std::unique_ptr<RowStat>> fresh(static_cast<std::size_t>(G_ * c_.Nq));
     if (fast_.applies()) {
       fast::DecidedGrad dk, dv;
-      if (fast_.key(b, g, j, dk, dv)) {
+      if (!(c_.rotary && c_.want_dk) && fast_.key(b, g, j, dk, dv)) {  // the balls hold the rotated key's dk
         const auto key = static_cast<std::int64_t>(key_id(b, g, j));
         if (c_.want_dk) commit_fast(1, key * c_.Dk, dk);
         if (c_.want_dv) commit_fast(2, key * c_.Dv, dv);
@@ -627,9 +641,12 @@ class Backward {
     const std::size_t n = rows.size();
     bool all = true;
     Terms t, tb;
-    Enclosure v(p), bd(p);
-    if (c_.want_dk)
+    if (c_.want_dk) {
+      std::vector<Enclosure> vs, bds;
+      vs.reserve(static_cast<std::size_t>(c_.Dk)), bds.reserve(static_cast<std::size_t>(c_.Dk));
       for (std::int64_t cc = 0; cc < c_.Dk; ++cc) {
+        Enclosure& v = vs.emplace_back(p);
+        Enclosure& bd = bds.emplace_back(p);
         t.reset(n, p), tb.reset(n, p);
         for (std::size_t a = 0; a < n; ++a, ++t.n, ++tb.n) {
           const double x = q_row(b, rows[a].first, rows[a].second)[cc];
@@ -641,9 +658,11 @@ class Backward {
         detail::mul_interval(v.lo, v.hi, v.lo, v.hi, k.scale.lo, k.scale.hi, e.tmp.lo);
         mpfr_mul(bd.lo, bd.lo, k.abs_scale.lo, MPFR_RNDD);
         mpfr_mul(bd.hi, bd.hi, k.abs_scale.hi, MPFR_RNDU);
-        round_element(1, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dk + cc, v, bd, pk, bk, all, strict);
-        if (strict && !all) return false;
       }
+      round_row(1, static_cast<std::int64_t>(key_id(b, g, j)) * c_.Dk, j, vs, bds, p, pk, bk, all, strict);
+      if (strict && !all) return false;
+    }
+    Enclosure v(p), bd(p);
     if (c_.want_dv)
       for (std::int64_t cc = 0; cc < c_.Dv; ++cc) {
         t.reset(n, p), tb.reset(n, p);

@@ -80,9 +80,6 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
   if (c.paged)
     fail(kRotaryCosName, "given with a paged KV cache, whose keys are stored as kernels keep them (rotated)");
   if (c.kv_form) fail(kRotaryCosName, "given with K/V in a stored form of section 9, which holds keys as stored");
-  if (c.want_dq || c.want_dk)
-    fail("attn.outputs", std::string("asks for ") + (c.want_dq ? "dq" : "dk") +
-                             ", which attn.rotary does not support (dv, dbias and dsinks are supported)");
   for (const RawTensor* t : {tc, ts}) {
     if (t->dtype != DType::F32 && t->dtype != c.input_dtype)
       fail(t->name, "dtype " + std::string(dtype_name(t->dtype)) + " is not F32" +
@@ -121,8 +118,11 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
       fail(kRotaryCosName, "has Nrot = " + std::to_string(nrot) + " positions, but b=" + std::to_string(b) +
                                " has " + std::to_string(c.key_length(b)) + " keys");
   }
+  Rotary rot{*pairing, R, nrot, *round, std::move(cosv), std::move(sinv), {}, {}};
   // Rotates the first R features of each row of x [B, H, N, Dk] at the position of its row.
-  const auto rotate = [&](FloatTensor& x, std::int64_t H, std::int64_t N, bool queries, const char* name) {
+  const auto rotate = [&](FloatTensor& x, std::vector<double>& mag, std::int64_t H, std::int64_t N, bool queries,
+                          const char* name) {
+    mag.assign(x.values.size(), 0.0);
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t n = 0; n < N; ++n) {
@@ -131,8 +131,7 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
           const bool used = queries ? c.query_valid(b, n) : n < c.key_length(b);
           double* row = x.values.data() + ((b * H + h) * N + n) * c.Dk;
           for (std::int64_t f = 0; f < half; ++f) {
-            const std::int64_t i1 = *pairing == RotaryPairing::Interleaved ? 2 * f : f;
-            const std::int64_t i2 = *pairing == RotaryPairing::Interleaved ? 2 * f + 1 : f + half;
+            const std::int64_t i1 = rot.first(f), i2 = rot.second(f);
             double& x1 = row[i1];
             double& x2 = row[i2];
             if (!std::isfinite(x1) || !std::isfinite(x2)) {  // left to the unused-position rules
@@ -140,8 +139,11 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
               continue;
             }
             const auto e = static_cast<std::size_t>(t * half + f);
+            const auto at = static_cast<std::size_t>(row - x.values.data());
+            mag[at + static_cast<std::size_t>(i1)] = std::fabs(x1 * rot.cos[e]) + std::fabs(x2 * rot.sin[e]);
+            mag[at + static_cast<std::size_t>(i2)] = std::fabs(x1 * rot.sin[e]) + std::fabs(x2 * rot.cos[e]);
             double y1, y2;
-            rotate_pair(x1, x2, cosv[e], sinv[e], *round, y1, y2);
+            rotate_pair(x1, x2, rot.cos[e], rot.sin[e], *round, y1, y2);
             if (used && (!std::isfinite(y1) || !std::isfinite(y2)))
               fail(kRotaryRoundKey, std::string("rotated ") + name + " element " +
                                         std::to_string(row - x.values.data() + (std::isfinite(y1) ? i2 : i1)) +
@@ -150,9 +152,9 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
           }
         }
   };
-  rotate(c.q, c.Hq, c.Nq, true, "q");
-  rotate(c.k, c.Hkv, c.Nk, false, "k");
-  c.rotary = Rotary{*pairing, R, nrot, *round};
+  rotate(c.q, rot.q_mag, c.Hq, c.Nq, true, "q");
+  rotate(c.k, rot.k_mag, c.Hkv, c.Nk, false, "k");
+  c.rotary = std::move(rot);
 }
 
 }  // namespace attnoracle

@@ -1,7 +1,7 @@
 // Rotary embedding from given tables (CONTRACT section 10): hand-worked rotations for both
 // pairings, a decode offset and rounding; one rotated pair decided exactly where F64 arithmetic
 // would round twice; random problems whose golden bytes equal those of their twins of q and k
-// rotated by this test's own exact rational arithmetic.
+// rotated by this test's own exact rational arithmetic; dq and dk through quarter turns.
 #include <gmp.h>
 #include <gtest/gtest.h>
 #include <mpfr.h>
@@ -276,6 +276,88 @@ void check_random_problem() {
 // Three problems per run: 300 at RapidCheck's 100 runs.
 RC_GTEST_PROP(RotaryProperty, EqualsItsTwinRotatedByThisTest, ()) {
   for (int n = 0; n < 3; ++n) check_random_problem();
+}
+
+// dq and dk through quarter turns: with every (cos, sin) in {(1, 0), (0, 1), (-1, 0), (0, -1)}
+// the rotation permutes and negates exactly, so the case is its twin of q and k turned by this
+// test, and dq, dk must be the twin's taken back by R^T, (g1, g2) -> (g1 c + g2 s, g2 c - g1 s)
+// (exact here), their bounds permuted (|c| b1 + |s| b2). dv is the twin's byte for byte.
+void check_quarter_turns() {
+  const std::int64_t Hkv = *rc::gen::inRange<std::int64_t>(1, 3), Hq = Hkv * *rc::gen::inRange<std::int64_t>(1, 3);
+  const std::int64_t Nk = *rc::gen::inRange<std::int64_t>(1, 6), Nq = *rc::gen::inRange<std::int64_t>(1, Nk + 1);
+  const std::int64_t half = *rc::gen::inRange<std::int64_t>(1, 4), Dk = 2 * half + *rc::gen::inRange<std::int64_t>(0, 3);
+  const std::int64_t Dv = *rc::gen::inRange<std::int64_t>(1, 3);
+  const bool interleaved = *rc::gen::arbitrary<bool>();
+  const auto small = [](std::int64_t n) {  // multiples of 1/16 in [-4, 4]
+    return *rc::gen::container<std::vector<double>>(static_cast<std::size_t>(n),
+                                                    rc::gen::map(rc::gen::inRange(-64, 65), [](int m) { return m / 16.0; }));
+  };
+  const auto turns = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(Nk * half), rc::gen::inRange(0, 4));
+  std::vector<double> cosv, sinv;
+  for (int t : turns) cosv.push_back(t == 0 ? 1 : t == 2 ? -1 : 0), sinv.push_back(t == 1 ? 1 : t == 3 ? -1 : 0);
+  std::vector<double> q = small(Hq * Nq * Dk), k = small(Hkv * Nk * Dk);
+  const std::vector<double> v = small(Hkv * Nk * Dv), dout = small(Hq * Nq * Dv);
+  SafeTensorsFile f, twin;
+  f.metadata = twin.metadata = {{"attn.format", "1"}, {"attn.outputs", "out,dq,dk,dv"}};
+  f.metadata["attn.rotary"] = interleaved ? "interleaved" : "half";
+  f.metadata["attn.rotary_round"] = "F32";
+  f.put(f32("q", {1, Hq, Nq, Dk}, q));
+  f.put(f32("k", {1, Hkv, Nk, Dk}, k));
+  f.put(f32("rotary_cos", {Nk, half}, cosv));
+  f.put(f32("rotary_sin", {Nk, half}, sinv));
+  const auto pair = [&](std::int64_t fq) {
+    return interleaved ? std::pair{2 * fq, 2 * fq + 1} : std::pair{fq, fq + half};
+  };
+  // x's rows [H, N, Dk] turned at their positions: forward (sign 1) or back by R^T (sign -1).
+  const auto turn = [&](std::vector<double>& x, std::int64_t H, std::int64_t N, bool queries, double sign) {
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t fq = 0; fq < half; ++fq) {
+          const std::int64_t t = queries ? n + Nk - Nq : n;
+          const auto e = static_cast<std::size_t>(t * half + fq);
+          const double c = cosv[e], s = sign * sinv[e];
+          const auto [i1, i2] = pair(fq);
+          double& x1 = x[static_cast<std::size_t>((h * N + n) * Dk + i1)];
+          double& x2 = x[static_cast<std::size_t>((h * N + n) * Dk + i2)];
+          const double y1 = x1 * c - x2 * s, y2 = x1 * s + x2 * c;
+          x1 = y1, x2 = y2;
+        }
+  };
+  turn(q, Hq, Nq, true, 1);
+  turn(k, Hkv, Nk, false, 1);
+  twin.put(f32("q", {1, Hq, Nq, Dk}, q));
+  twin.put(f32("k", {1, Hkv, Nk, Dk}, k));
+  for (SafeTensorsFile* g : {&f, &twin}) g->put(f32("v", {1, Hkv, Nk, Dv}, v)), g->put(f32("dout", {1, Hq, Nq, Dv}, dout));
+  const EvalResult a = evaluate(case_from_file("rot.safetensors", f), EvalOptions{});
+  const EvalResult b = evaluate(case_from_file("twin.safetensors", twin), EvalOptions{});
+  RC_ASSERT(a.stats.undecided == 0u);
+  const auto values = [](const EvalResult& r, const std::string& name) {
+    for (const RawTensor& t : r.golden)
+      if (t.name == name) {
+        std::vector<double> x(t.data.size() / dtype_size(t.dtype));
+        for (std::size_t e = 0; e < x.size(); ++e) x[e] = decode_float(t.dtype, t.data.data() + e * dtype_size(t.dtype));
+        return x;
+      }
+    RC_FAIL("no golden " + name);
+    return std::vector<double>{};
+  };
+  for (const std::string g : {"dq", "dk"}) {
+    const bool queries = g == "dq";
+    for (const std::string part : {"", ".ref"}) {
+      std::vector<double> want = values(b, g + part);
+      turn(want, queries ? Hq : Hkv, queries ? Nq : Nk, queries, -1);
+      RC_ASSERT(values(a, g + part) == want);
+    }
+    std::vector<double> bound = values(b, g + ".bound"), got = values(a, g + ".bound");
+    turn(bound, queries ? Hq : Hkv, queries ? Nq : Nk, queries, -1);
+    for (double& x : bound) x = std::fabs(x);
+    RC_ASSERT(got == bound);
+  }
+  RC_ASSERT(values(a, "dv") == values(b, "dv"));
+}
+
+RC_GTEST_PROP(RotaryProperty, QuarterTurnsGradientsAreTheTwinsTurnedBack, ()) {
+  for (int n = 0; n < 3; ++n) check_quarter_turns();
 }
 
 }  // namespace

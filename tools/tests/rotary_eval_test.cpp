@@ -61,6 +61,23 @@ TEST_F(RotaryEval, DecodeQueryAtItsPositionByHand) {
   EXPECT_NE(values(evaluated(plain, "plain"), "weights"), (std::vector<double>{0.5, 0.5}));
 }
 
+// dq and dk through the rotation: the case above with k0 = (1, 1), so k0' = (1, 1), k1' = (0, 1),
+// q' = (0, 1) and still both scores 1, A = (1/2, 1/2), dP = (2, 4), D = 3, dS = (-1/2, 1/2).
+// dq' = dS k' = (-1/2, 0), and R^T at position 1 (cos 0, sin 1) gives dq = (0, 1/2): q' = (-x2,
+// x1), so the scores are x1 - x2 and x1. dk0' = dS0 q' = (0, -1/2) at position 0 (no turn);
+// dk1' = (0, 1/2), and R^T gives dk1 = (1/2, 0): the score of k1 = (a, b) is q' . (-b, a) = a.
+TEST_F(RotaryEval, DqDkThroughTheRotationByHand) {
+  const SafeTensorsFile f =
+      with(with_meta(decode_case(), "attn.outputs", "out,dq,dk,dv"), floats("k", {1, 1, 2, 2}, {1, 1, 1, 0}));
+  const SafeTensorsFile g = evaluated(f, "grads");
+  EXPECT_EQ(values(g, "out"), std::vector<double>{3});
+  EXPECT_EQ(values(g, "dq"), (std::vector<double>{0, 0.5}));
+  EXPECT_EQ(values(g, "dk"), (std::vector<double>{0, -0.5, 0.5, 0}));
+  EXPECT_EQ(values(g, "dv"), (std::vector<double>{0.5, 0.5}));
+  // Half pairing is the same pairing at Dk = 2.
+  EXPECT_EQ(values(evaluated(with_meta(f, "attn.rotary", "half"), "half"), "dk"), values(g, "dk"));
+}
+
 TEST_F(RotaryEval, Refusals) {
   const SafeTensorsFile f = decode_case();
   expect_refused(with_meta(f, "attn.rotary", "neox"), "attn.rotary", "value \"neox\" is not interleaved or half");
@@ -96,8 +113,6 @@ TEST_F(RotaryEval, Refusals) {
   expect_refused(with(with(f, floats("q", {1, 1, 1, 2}, {0x1p127, 0x1p127})), floats("rotary_cos", {2, 1}, {1, 1})),
                  "attn.rotary_round",
                  "rotated q element 1 overflows F32");
-  expect_refused(with_meta(f, "attn.outputs", "out,dq"), "attn.outputs", "asks for dq, which attn.rotary does not support");
-  expect_refused(with_meta(f, "attn.outputs", "out,dk"), "attn.outputs", "asks for dk, which attn.rotary does not support");
   // No compared query (seqlens_q = 0): the keys alone need the table's rows.
   const auto i32 = [](const std::string& name, Shape shape, std::vector<std::int32_t> v) {
     RawTensor r{name, DType::I32, std::move(shape), std::vector<unsigned char>(4 * v.size())};

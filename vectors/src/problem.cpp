@@ -322,6 +322,32 @@ void put_seqlens(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
   f.put(int_tensor("seqlens_k", p.seqlens_dtype, lk));
 }
 
+// Rotary tables [Nk, R/2] in F32: cos and sin of t 10000^(-2f/R), each computed at 256 bits and
+// correctly rounded, so the bytes are the same on every machine.
+void put_rotary_tables(const ProblemSpec& p, SafeTensorsFile& f) {
+  const std::int64_t R = p.rotary_dim > 0 ? p.rotary_dim : p.Dk, half = R / 2;
+  std::vector<double> cs(sz(p.Nk * half)), sn(cs.size());
+  mpfr_t inv, a, x;
+  mpfr_inits2(256, inv, a, x, static_cast<mpfr_ptr>(nullptr));
+  for (std::int64_t fq = 0; fq < half; ++fq) {
+    mpfr_set_si(a, -2 * fq, MPFR_RNDN);
+    mpfr_div_si(a, a, R, MPFR_RNDN);
+    mpfr_ui_pow(inv, 10000, a, MPFR_RNDN);
+    for (std::int64_t t = 0; t < p.Nk; ++t) {
+      mpfr_mul_si(a, inv, t, MPFR_RNDN);
+      mpfr_cos(x, a, MPFR_RNDN);
+      cs[sz(t * half + fq)] = mpfr_get_flt(x, MPFR_RNDN);
+      mpfr_sin(x, a, MPFR_RNDN);
+      sn[sz(t * half + fq)] = mpfr_get_flt(x, MPFR_RNDN);
+    }
+  }
+  mpfr_clears(inv, a, x, static_cast<mpfr_ptr>(nullptr));
+  f.metadata["attn.rotary"] = p.rotary;
+  f.metadata["attn.rotary_round"] = std::string(dtype_name(p.rotary_round));
+  f.put(float_tensor("rotary_cos", DType::F32, {p.Nk, half}, cs));
+  f.put(float_tensor("rotary_sin", DType::F32, {p.Nk, half}, sn));
+}
+
 std::string mha_outputs(const ProblemSpec& p) {
   std::string s;
   for (std::size_t k = 0; k < kMhaGradients.size(); ++k)
@@ -540,6 +566,14 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   if (!p.sinks.empty() && p.sinks != "near" && p.sinks != "dominant" && p.sinks != "negligible" &&
       !parse_text_number(p.sinks))
     return "sinks \"" + printable(p.sinks) + "\" is not near, dominant, negligible or a finite number";
+  if (!p.rotary.empty()) {
+    const std::int64_t R = p.rotary_dim > 0 ? p.rotary_dim : p.Dk;
+    if (mha) return "rotary needs kind sdpa";
+    if (is_fp8(p.dtype) || p.page_size > 0) return "rotary needs plain K/V (not FP8, not paged)";
+    if (R % 2 != 0 || R > p.Dk) return "rotary_dim must be even and at most Dk";
+    if (p.seqlens != SeqlensKind::None || p.Nq > p.Nk) return "rotary needs Nq <= Nk and no seqlens";
+    if (!is_float_format(p.rotary_round)) return "rotary_round must be F64, F32, F16 or BF16";
+  }
   if (p.poison && mha) return "poison needs kind sdpa (kind mha inputs are all finite)";
   if (p.page_size > 0) {
     if (mha) return "page_size needs kind sdpa";
@@ -701,6 +735,7 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     }
     f.put(float_tensor("sinks", p.sinks_dtype, {p.Hq}, s));
   }
+  if (!p.rotary.empty()) put_rotary_tables(p, f);
   if (p.wants_gradients()) {
     // its own stream: the other inputs keep their values
     Rng rng(mix64(seed, 6));

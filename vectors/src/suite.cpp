@@ -22,13 +22,14 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 35> kOptions = {
+constexpr std::array<std::string_view, 38> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
     "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
     "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial",
-    "kv_format",  "kv_scale",   "kv_scale_binades", "v_from_k", "o_scale"};
+    "kv_format",  "kv_scale",   "kv_scale_binades", "v_from_k", "o_scale",
+    "rotary",     "rotary_dim", "rotary_round"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -348,6 +349,13 @@ class SpecReader {
       p.sinks = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
     } else if (key == "sinks_dtype") {
       p.sinks_dtype = dtype(v, path);
+    } else if (key == "rotary") {
+      const std::string c = choice(v, path, {"none", "interleaved", "half"});
+      p.rotary = c == "none" ? "" : c;
+    } else if (key == "rotary_dim") {  // 0: Dk
+      p.rotary_dim = integer(v, path, 0, 1 << 20);
+    } else if (key == "rotary_round") {
+      p.rotary_round = dtype(v, path);
     } else if (key == "dout") {
       p.dout = string(v, path);
     } else if (key == "params") {
@@ -586,6 +594,10 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
     t.push_back("dout_" + p.dout);
   }
   if (!p.sinks.empty()) t.push_back("sinks");
+  if (!p.rotary.empty()) {
+    t.push_back("rotary");
+    t.push_back("rotary_" + p.rotary);
+  }
   if (p.page_size > 0) {
     t.push_back("paged");
     t.push_back("page_size_" + std::to_string(p.page_size));

@@ -131,6 +131,7 @@ BUGS = {
     "block_from_batch": "keys per block --block divided by the batch size (a split chosen to fill the "
                         "machine): a row's rounding depends on how many rows share the batch",
 }
+BUGS.update(nx.rotary_np.BUGS)          # rotary (../numpy/rotary_np.py): planted through nx.ROTARY_BUG
 
 
 # ---- The statistical tier's bugs (stat_*, in BUGS above): each a hook on one step.
@@ -637,6 +638,7 @@ def main(argv=None):
     nx.KV_BUG = args.bug
     nx.gradients = kernel.gradients
     nx.merge_states = kernel.merge
+    nx.ROTARY_BUG = args.bug if args.bug in nx.rotary_np.BUGS else None
     # The NumPy adapter's job loop with this kernel; float64 carries every input dtype exactly.
     return nx.main(["--dtype", "float64", args.jobs])
 

@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
 import stored_kv_np  # noqa: E402
+import rotary_np  # noqa: E402
 
 # A kernel's mistakes in reading stored K/V and writing FP8 outputs (the FlashAttention-style
 # kernel sets it to its --bug: those stored_kv_np.py names, and "e5m2_saturate").
@@ -80,7 +81,9 @@ GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs", "attn.kv_layout",
-        "attn.kv_split_size", "attn.lse_posinf", "attn.kv_block_scale", "attn.v_from_k"}
+        "attn.kv_split_size", "attn.lse_posinf", "attn.kv_block_scale", "attn.v_from_k",
+        "attn.rotary", "attn.rotary_round"}
+ROTARY_BUG = None                       # a rotary_np.BUGS name, set by an adapter built on this one
 PARTIALS = ("out_partial", "lse_partial")
 FLOATS = {"F64", "F32", "F16", "BF16"}
 FP8 = {"F8_E4M3", "F8_E5M2"}
@@ -589,6 +592,13 @@ def run_case(path, compute, bug=None):
             raise Refused(f"{path}: attn.outputs: dbias asked for, but the case has no bias")
         if "dsinks" in grads and "sinks" not in tensors:
             raise Refused(f"{path}: attn.outputs: dsinks asked for, but the case has no sinks")
+    rotary = "rotary_cos" in tensors or "rotary_sin" in tensors or "attn.rotary" in meta
+    if rotary:                          # CONTRACT section 10: q and k turned before attention
+        if kind != "sdpa" or paged or "rotary_sin" not in tensors or "attn.rotary" not in meta:
+            raise Unsupported("rotary: kind sdpa with both tables and attn.rotary only, K/V not paged")
+        turn = lambda q, k, v: rotary_np.apply(q, k, v, tensors, meta, in_dtype, tensors.get("seqlens_q"),
+                                               tensors.get("seqlens_k"), ROTARY_BUG)
+        x["q"], x["k"], x["v"], _ = turn(x["q"], x["k"], x["v"])
     if kind == "sdpa":
         out, w, lse, scores = attention(x["q"], x["k"], x["v"], meta, bug, **extra)
     else:
@@ -610,7 +620,12 @@ def run_case(path, compute, bug=None):
         f64 = {name: tensors[name].astype(np.float64) for name in tensors if dtypes[name] in FLOATS}
         extra64 = dict(extra, bias=f64.get("bias"), sinks=f64.get("sinks"), out_dtype=dtype_of["out"])
         if kind == "sdpa":
-            result.update(gradients(f64["q"], f64["k"], f64["v"], f64["dout"], meta, bug, grads, **extra64))
+            q, k, v, back = turn(f64["q"], f64["k"], f64["v"]) if rotary else (f64["q"], f64["k"], f64["v"], None)
+            g = gradients(q, k, v, f64["dout"], meta, bug, grads, **extra64)
+            if back:                    # dq and dk of the given q and k: R^T
+                g["dq"], g["dk"] = back(g.get("dq"), g.get("dk"))
+                g = {name: a for name, a in g.items() if a is not None}
+            result.update(g)
         else:
             result.update(mha_gradients(f64, f64["dout"], meta, bug, grads, **extra64))
     if out_dtype in FP8:                # O / o_scale in the compute dtype, then rounded to FP8

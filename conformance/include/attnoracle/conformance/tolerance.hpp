@@ -21,7 +21,15 @@ struct RowMagnitudes {
   double score_abs = 0;  // max over allowed j of |S_j| (after softcap and bias)
   std::int64_t keys = 0; // allowed keys
   double bias_abs = 0;   // max over allowed j of |bias_j|
+  double rotary_abs = 0; // rotary: max over allowed j of scale * sum_d qm_d km_d (Rotary's q_mag, k_mag)
 };
+
+// Rotary (TOLERANCE.md, "Rotary embedding"): eps_rot, the relative error (on the rotation's
+// magnitudes q_mag, k_mag) of a kernel's rotated q and k against the case's: 0 without rotary.
+double rotary_rel(const Profile& p, const Case& c);
+// Error magnitudes e of one row of Dk (dq or dk) for the rotated row at position t, taken through
+// R^T: e1 |cos| + e2 |sin|, e2 |cos| + e1 |sin| per pair (positions outside the tables untouched).
+void rotate_back_errors(const Case& c, std::int64_t t, double* e);
 
 // Per row of a case: [B, Hq, Nq] for sdpa, [B, Nq] for mha (the heads' maximum).
 std::vector<RowMagnitudes> row_magnitudes(const Case& c);

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "attnoracle/reference/dtype.hpp"
 #include "attnoracle/reference/safetensors.hpp"
@@ -30,6 +31,14 @@ struct Rotary {
   std::int64_t R = 0;    // rotated features, even, at most Dk
   std::int64_t Nrot = 0; // positions the tables hold
   DType round = DType::F32;
+  std::vector<double> cos, sin;  // the tables, [Nrot, R/2] row-major
+  // Per element of q and of k: |x1 cos| + |x2 sin| for the first of a rotated pair, |x1 sin| +
+  // |x2 cos| for the second, from the values as given (0 past R and at unused positions): the
+  // magnitude a kernel's own rotation rounds on.
+  std::vector<double> q_mag, k_mag;
+  // Features (i1, i2) of pair f: (2f, 2f + 1) interleaved, (f, f + R/2) half.
+  std::int64_t first(std::int64_t f) const { return pairing == RotaryPairing::Interleaved ? 2 * f : f; }
+  std::int64_t second(std::int64_t f) const { return pairing == RotaryPairing::Interleaved ? 2 * f + 1 : f + R / 2; }
 };
 
 // Whether the file names any of the rotary inputs (tables or keys).

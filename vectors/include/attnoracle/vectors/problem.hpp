@@ -87,6 +87,12 @@ struct ProblemSpec {
   // number (every head).
   std::string sinks;
   DType sinks_dtype = DType::F32;
+  // Rotary (sdpa): empty none, else "interleaved" or "half"; rotary_dim R (0: Dk); rotary_round
+  // the dtype rotated q and k are rounded to. Tables [Nk, R/2] in F32: cos and sin of
+  // t 10000^(-2f/R), correctly rounded.
+  std::string rotary;
+  std::int64_t rotary_dim = 0;
+  DType rotary_round = DType::F32;
   MaskKind mask = MaskKind::None;
   BiasKind bias = BiasKind::None;
   DType bias_dtype = DType::F32;
