@@ -30,7 +30,7 @@ bool has_refusable_row(const Case& c) {
   return false;
 }
 
-// What a case holds that no profile's error model describes yet (CONTRACT sections 9 and 10):
+// What a case holds that no profile's error model describes yet (CONTRACT section 9):
 // such a case is skipped with the reason, never judged by a model of other arithmetic.
 std::string unmodelled(const Case& c) {
   if (c.kv_form && c.kv_form->scheme != KvScheme::Plain)
@@ -39,7 +39,6 @@ std::string unmodelled(const Case& c) {
   if (c.o_scale)  // amax comes only with an FP8 out
     return "out in " + std::string(dtype_name(c.dtype_of("out"))) + " with o_scale" + (c.want_amax ? " and amax" : "") +
            ": no profile declares FP8 outputs yet";
-  if (c.dropout) return "dropout: no profile declares its scaling yet";
   return "";
 }
 

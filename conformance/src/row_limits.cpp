@@ -1,6 +1,7 @@
 // The forward error analysis of one row (TOLERANCE.md, steps 1 to 5): row_limits.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "attnoracle/conformance/tolerance.hpp"
 #include "no_contraction.hpp"
@@ -12,6 +13,23 @@ double min_normal(DType t) { return std::ldexp(1.0, 1 - float_format(t).bias); }
 double min_subnormal(DType t) {
   const FloatFormat f = float_format(t);
   return std::ldexp(1.0, 2 - f.bias - f.precision);
+}
+
+namespace {
+bool scaled_dropout(const Case& c) { return c.dropout && std::strtod(c.dropout->p.c_str(), nullptr) != 0; }
+}  // namespace
+
+double dropout_scale_error(const Profile& p, const Case& c) {
+  if (!scaled_dropout(c)) return 0;
+  // fl(1 / fl(1 - fl(p))): fl(p) = p (1 + d) moves 1 - p by u p, a relative u p / (1 - p); the
+  // subtraction and the division round once each; the last u covers the products of these
+  const double pv = std::strtod(c.dropout->p.c_str(), nullptr);
+  return (pv / (1 - pv) + 3) * unit_roundoff(p.softmax);
+}
+
+double dropout_product_error(const Profile& p, const Case& c) {
+  // a kept weight times the scale, rounded in `softmax`, or the output times it in `pv_accum`
+  return scaled_dropout(c) ? std::max(unit_roundoff(p.softmax), unit_roundoff(p.pv_accum)) : 0;
 }
 
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) {
@@ -62,6 +80,9 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   // mha adds the projection of V and the output projection over H Dv terms.
   r.out_coef = r.weight_rel + (n + nb) * upv;
   if (c.file.find("v_descale")) r.out_coef += 2 * upv;  // one rounding of v or of the output
+  // (4d) dropout: the keep scale's own error and one product by it, relative to the kept terms,
+  // whose magnitude out.bound is (it includes keep / (1 - p)); weights and lse keep their limits
+  r.out_coef += dropout_scale_error(p, c) + dropout_product_error(p, c);
   if (c.kind == Kind::Mha)
     r.out_coef += (static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
                   (static_cast<double>(c.Hq * c.Dv) + 1) * upv;

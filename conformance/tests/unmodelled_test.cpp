@@ -1,6 +1,6 @@
-// Cases whose arithmetic no profile declares yet (stored K/V, FP8 outputs, amax, dropout) are
-// skipped with the reason, even when the result is the golden one; the same case without the
-// feature is judged and passes.
+// Cases whose arithmetic no profile declares yet (stored K/V, FP8 outputs, amax) are skipped
+// with the reason, even when the result is the golden one; the same case without the feature is
+// judged and passes, and so is a dropout case.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -67,13 +67,20 @@ TEST(Unmodelled, Fp8OutAndAmaxAreSkipped) {
   EXPECT_EQ(r.reason, "out in F8_E4M3 with o_scale and amax: no profile declares FP8 outputs yet");
 }
 
-TEST(Unmodelled, DropoutIsSkipped) {
+// Dropout is judged (TOLERANCE.md, "Dropout"): the golden result passes; an out without the
+// keep scale 1 / (1 - p) = 2 (half the golden one) fails.
+TEST(Unmodelled, DropoutIsJudged) {
   SafeTensorsFile f = plain();
   f.metadata["attn.dropout_p"] = "0.5";
   f.put(RawTensor{"dropout_mask", DType::BOOL, {2}, {1, 0}});
-  const CaseReport r = judged(f);
-  EXPECT_EQ(r.status, CaseStatus::Skip);
-  EXPECT_EQ(r.reason, "dropout: no profile declares its scaling yet");
+  const SafeTensorsFile golden = testing::golden_of(f);
+  const Profile fp32 = builtin_profile("fp32");
+  EXPECT_EQ(compare_case("c", golden, "ok", testing::golden_result(golden, {"out"}), fp32).status, CaseStatus::Pass);
+  JobResult half = testing::golden_result(golden, {"out"});
+  RawTensor& out = testing::tensor(half, "out");
+  for (std::size_t k = 0; k < out.data.size() / 4; ++k) testing::set(out, k, testing::get(out, k) / 2.0);
+  const CaseReport r = compare_case("c", golden, "ok", half, fp32);
+  EXPECT_EQ(r.status, CaseStatus::Fail) << r.reason;
 }
 
 }  // namespace
