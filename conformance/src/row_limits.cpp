@@ -21,10 +21,11 @@ bool scaled_dropout(const Case& c) { return c.dropout && std::strtod(c.dropout->
 
 double dropout_scale_error(const Profile& p, const Case& c) {
   if (!scaled_dropout(c)) return 0;
-  // fl(1 / fl(1 - fl(p))): fl(p) = p (1 + d) moves 1 - p by u p, a relative u p / (1 - p); the
-  // subtraction and the division round once each; the last u covers the products of these
-  const double pv = std::strtod(c.dropout->p.c_str(), nullptr);
-  return (pv / (1 - pv) + 3) * unit_roundoff(p.softmax);
+  // fl(1 / fl(1 - fl(p))) = c (1 + t): fl(p) = p (1 + d) moves 1 - p by a relative d r (r = p /
+  // (1 - p)), the subtraction and the division round once each, so 1 + t lies between
+  // (1 - u) / ((1 + r u)(1 + u)) and (1 + u) / ((1 - r u)(1 - u)): |t| <= (r + 2) u / (1 - (r + 1) u)
+  const double pv = std::strtod(c.dropout->p.c_str(), nullptr), r = pv / (1 - pv), u = unit_roundoff(p.softmax);
+  return (r + 1) * u < 1 ? (r + 2) * u / (1 - (r + 1) * u) : INFINITY;
 }
 
 double dropout_product_error(const Profile& p, const Case& c) {

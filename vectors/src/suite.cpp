@@ -22,12 +22,13 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 30> kOptions = {
+constexpr std::array<std::string_view, 31> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
     "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
-    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial"};
+    "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial",
+    "dropout"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -332,6 +333,8 @@ class SpecReader {
       p.self_attention = boolean(v, path);
     } else if (key == "sinks") {
       p.sinks = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
+    } else if (key == "dropout") {
+      p.dropout = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
     } else if (key == "sinks_dtype") {
       p.sinks_dtype = dtype(v, path);
     } else if (key == "dout") {
@@ -572,6 +575,7 @@ std::vector<std::string> option_tags(const ProblemSpec& p) {
     t.push_back("dout_" + p.dout);
   }
   if (!p.sinks.empty()) t.push_back("sinks");
+  if (!p.dropout.empty()) t.push_back("dropout");
   if (p.page_size > 0) {
     t.push_back("paged");
     t.push_back("page_size_" + std::to_string(p.page_size));

@@ -87,6 +87,9 @@ struct ProblemSpec {
   // number (every head).
   std::string sinks;
   DType sinks_dtype = DType::F32;
+  // Dropout (CONTRACT section 10): attn.dropout_p as written (empty: none), with a keep mask
+  // [B, Hq, Nq, Nk] drawn from its own stream, each weight kept with probability 1 - p.
+  std::string dropout;
   MaskKind mask = MaskKind::None;
   BiasKind bias = BiasKind::None;
   DType bias_dtype = DType::F32;
