@@ -17,24 +17,15 @@
 namespace attnoracle::conformance {
 namespace {
 
-using Shape = std::vector<std::int64_t>;
-
-RawTensor f32(const std::string& name, Shape shape, const std::vector<float>& v) {
-  RawTensor r{name, DType::F32, std::move(shape), {}};
-  r.data.resize(4 * v.size());
-  std::memcpy(r.data.data(), v.data(), r.data.size());
-  return r;
-}
-
 // A case of H heads, N queries and N keys (Dk = Dv = 1), its given mask all kept.
 SafeTensorsFile case_file(std::int64_t H, std::int64_t N, const std::string& p, const std::string& causal = "none") {
   SafeTensorsFile f;
   f.metadata = {{"attn.format", "1"}, {"attn.dropout_p", p}, {"attn.causal", causal}};
   std::vector<float> x(static_cast<std::size_t>(H * N));
   for (std::size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(k % 7) / 8 - 0.375f;
-  f.put(f32("q", {1, H, N, 1}, x));
-  f.put(f32("k", {1, H, N, 1}, x));
-  f.put(f32("v", {1, H, N, 1}, x));
+  f.put(testing::f32_tensor("q", {1, H, N, 1}, x));
+  f.put(testing::f32_tensor("k", {1, H, N, 1}, x));
+  f.put(testing::f32_tensor("v", {1, H, N, 1}, x));
   f.put(RawTensor{"dropout_mask", DType::BOOL, {1}, {1}});
   return f;
 }
