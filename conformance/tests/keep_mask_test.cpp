@@ -115,6 +115,13 @@ TEST(KeepMask, TheGateJudgesAgainstTheReturnedMask) {
   r = compare_case("c", golden, "ok", bad, fp32);
   EXPECT_EQ(r.status, CaseStatus::Fail);
   EXPECT_EQ(r.reason, "dropout_mask: returned as BOOL [8,8], expected BOOL [1,2,8,8]");
+  RawTensor twos = mask;  // a byte other than 0 and 1: the case with it is bad input
+  twos.data[3] = 2;
+  JobResult odd = testing::golden_result(golden, {"out"});
+  odd.output.put(twos);
+  r = compare_case("c", golden, "ok", odd, fp32);
+  EXPECT_EQ(r.status, CaseStatus::Fail);
+  EXPECT_EQ(r.reason.rfind("dropout_mask: returned, and the case with it is refused: ", 0), 0u) << r.reason;
   set_case_evaluator({});
   r = compare_case("c", golden, "ok", right, fp32);
   EXPECT_EQ(r.status, CaseStatus::Fail);

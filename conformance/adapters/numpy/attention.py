@@ -574,8 +574,6 @@ def run_case(path, compute, bug=None):
     if descales:
         extra["descales"] = descales
     if "dropout_mask" in tensors:       # the keep mask given (CONTRACT section 10), or drawn here
-        if kind != "sdpa":
-            raise Refused(f"{path}: dropout_mask: is for attn.kind sdpa only")
         p = number(meta["attn.dropout_p"])
         keep = tensors["dropout_mask"].astype(bool)
         if DRAW is not None:            # --draw-dropout: a mask of its own, returned with the outputs
