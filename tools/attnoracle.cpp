@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "attnoracle/conformance/keep_mask.hpp"
 #include "attnoracle/conformance/stored_model.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/vectors/model_store.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/version.hpp"
@@ -28,6 +30,11 @@ int main(int argc, char** argv) {
                                 [](const Case& c, const SafeTensorsFile& golden) {
                                   (void)conformance::stored_model(c, golden, "");
                                 }});
+  // the gate's golden values of a case with the keep mask an implementation drew (run, check)
+  conformance::set_case_evaluator([](const SafeTensorsFile& f) {
+    const Case c = case_from_file("<returned dropout_mask>", f);
+    return golden_file(c, evaluate(c, {}));
+  });
   CLI::App app{"attnoracle: certified reference and conformance oracle for attention"};
   app.set_version_flag("--version", std::string(kNameAndVersion));
   app.require_subcommand(1);

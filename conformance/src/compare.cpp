@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "attnoracle/conformance/keep_mask.hpp"
+#include "attnoracle/reference/dropout.hpp"
 #include "comparer.hpp"
 
 namespace attnoracle::conformance {
@@ -30,11 +32,28 @@ bool has_refusable_row(const Case& c) {
   return false;
 }
 
-// What a case holds that no profile's error model describes yet (CONTRACT section 10): such a
-// case is skipped with the reason, never judged by a model of other arithmetic.
-std::string unmodelled(const Case& c) {
-  if (c.dropout) return "dropout: no profile declares its scaling yet";
-  return "";
+// A keep mask the implementation drew and returned (CONTRACT section 5): checked, and the golden
+// file of the case with it in place of the given one; nullopt with `why` when it cannot serve.
+std::optional<SafeTensorsFile> golden_with_mask(const Case& c, const SafeTensorsFile& golden, const RawTensor& mask,
+                                                std::string& why) {
+  const std::vector<std::int64_t> shape{c.B, c.Hq, c.Nq, c.Nk};
+  if (mask.dtype != DType::BOOL || mask.shape != shape) {
+    why = std::string(kDropoutMaskName) + ": returned as " + std::string(dtype_name(mask.dtype)) + " " +
+          shape_string(mask.shape) + ", expected BOOL " + shape_string(shape);
+    return std::nullopt;
+  }
+  if (!case_evaluator()) {
+    why = std::string(kDropoutMaskName) + ": returned, but this program has no evaluator for its golden values";
+    return std::nullopt;
+  }
+  SafeTensorsFile f = strip_golden(golden);
+  f.put(mask);
+  try {
+    return case_evaluator()(f);
+  } catch (const std::exception& e) {
+    why = std::string(kDropoutMaskName) + ": returned, and the case with it is refused: " + e.what();
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -53,11 +72,6 @@ CaseReport compare_plain_case(const std::string& id, const SafeTensorsFile& gold
   if (!profile.covers(c.input_dtype)) {
     rep.status = CaseStatus::Skip;
     rep.reason = "profile " + profile.name + " does not cover " + std::string(dtype_name(c.input_dtype)) + " inputs";
-    return rep;
-  }
-  if (std::string why = unmodelled(c); !why.empty()) {
-    rep.status = CaseStatus::Skip;
-    rep.reason = std::move(why);
     return rep;
   }
   const bool refusable = has_refusable_row(c);
@@ -121,14 +135,36 @@ CaseReport compare_plain_case(const std::string& id, const SafeTensorsFile& gold
                  " elements of fully masked rows checked against the declared convention";
     return rep;
   }
-  Comparer cmp{c, golden, result.output, profile, rep, {}, 0, 0, {}, {}, {}, nullptr};
+  // A mask the implementation drew: judged against the golden values of the case with that mask,
+  // and tested as a draw of independent keeps of probability 1 - p.
+  const RawTensor* drawn = c.dropout ? result.output.find(kDropoutMaskName) : nullptr;
+  std::optional<SafeTensorsFile> redone;
+  std::optional<Case> with_mask;
+  if (drawn) {
+    std::string why;
+    redone = golden_with_mask(c, golden, *drawn, why);
+    if (!redone) {
+      rep.status = CaseStatus::Fail;
+      rep.reason = why;
+      return rep;
+    }
+    with_mask.emplace(comparing::declared_case(id, *redone, profile));
+  }
+  const Case& cc = with_mask ? *with_mask : c;
+  const SafeTensorsFile& gold = redone ? *redone : golden;
+  Comparer cmp{cc, gold, result.output, profile, rep, {}, 0, 0, {}, {}, {}, nullptr};
   std::optional<PictureCollector> collector;
   if (pictures) {
-    collector.emplace(c);
+    collector.emplace(cc);
     cmp.pictures = &*collector;
   }
   cmp.run();
-  diagnose(c, golden, result.output, rep);
+  diagnose(cc, gold, result.output, rep);
+  if (drawn)
+    if (std::string why = keep_mask_verdict(keep_mask_tests(cc, *drawn)); !why.empty()) {
+      rep.status = CaseStatus::Fail;
+      rep.reason = why + (rep.reason.empty() ? "" : "; " + rep.reason);
+    }
   if (collector && rep.status == CaseStatus::Fail) {
     std::int64_t compared[3] = {-1, -1, -1};
     for (const auto& t : rep.tensors)

@@ -23,7 +23,10 @@ void Comparer::run() {
   for (const auto& m : mags) limits.push_back(row_limits(profile, c, m));
   scales.reserve(mags.size());
   for (const auto& m : mags) scales.push_back(row_scales(profile, c, m));
-  spread = stored_sp ? std::move(*stored_sp) : weight_spread(c, profile);
+  // dropout: the exact weights' spread does not see the keep mask; the linear bounds on out.bound
+  // (which does) serve instead (TOLERANCE.md, "Dropout")
+  spread = c.dropout ? Spread{} : stored_sp ? std::move(*stored_sp) : weight_spread(c, profile);
+  sys_rel = dropout_scale_error(profile, c);
   // P's underflow term needs sum_j |v_jc| per element, only where some row may underflow.
   bool underflows = false;
   for (const auto& L : limits) underflows = underflows || L.p_sub > 0;
@@ -112,7 +115,7 @@ void Comparer::run() {
             std::memcpy(&bd, br + 8 * k, 8);
             acc.t.largest_limit = std::max(acc.t.largest_limit, out_limit(profile, L, uo, bd, vsum_at(k), x));
             const double sc = out_scale_at(row, k, x, bd, vsum_at(k));
-            acc.sample.add(static_cast<std::int64_t>(row), 0, final_share(uo, x, sc));
+            acc.sample.add(static_cast<std::int64_t>(row), 0, final_share(uo, x, sc), 1, shift_of(x, sc));
             if (x != 0) {
               if (xlr) std::memcpy(&xl, xlr + 8 * k, 8);
               const double compute = out_compute(L, bd, vsum_at(k));
@@ -172,6 +175,7 @@ void Comparer::run() {
       finish(a);
     }
   }
+  sys_rel = 0;  // weights, lse and scores are those without dropout
 
   // weights and lse, per head row
   auto per_row = [&](const std::string& name, bool wanted, bool returns, bool weights) {
@@ -292,6 +296,7 @@ void Comparer::run() {
       finish(a);
     }
 
+  sys_rel = dropout_scale_error(profile, c);  // every gradient carries the keep scale
   if (c.wants_gradients()) gradients();
 
   if (rep.failed_elements > 0 && rep.worst) {

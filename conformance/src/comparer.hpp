@@ -32,6 +32,11 @@ struct Comparer {
   Spread spread;
   std::vector<RowMagnitudes> mags;      // per row, as row_magnitudes
   PictureCollector* pictures = nullptr;  // when the report draws pictures
+  // The relative systematic error the statistical tier allows the tensor being compared: dropout's
+  // keep scale (dropout_scale_error) on out and the gradients, 0 elsewhere. It enters as a shift
+  // of each z of at most sys_rel |x| / scale (Sample::add).
+  double sys_rel = 0;
+  double shift_of(double x, double scale) const { return sys_rel > 0 ? sys_rel * std::fabs(x) / scale : 0; }
 
   // Checks dtype and shape of a returned tensor; records the failure.
   const RawTensor* returned(const std::string& name, const std::vector<std::int64_t>& shape);

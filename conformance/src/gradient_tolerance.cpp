@@ -42,6 +42,11 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
   const double ub = p.bias ? unit_roundoff(*p.bias) : 0;
   const double dot_k = std::sqrt(static_cast<double>(Dk) + 2) * uq * scale;
   const double root_dv = std::sqrt(static_cast<double>(Dv) + 1);
+  // Dropout: dP and Z = P keep / (1 - p) carry the keep scale, kept keys only; its relative
+  // error (formed in `softmax`) and one product by it on each (TOLERANCE.md, "Dropout").
+  const double keep_scale = c.dropout ? 1 / (1 - std::strtod(c.dropout->p.c_str(), nullptr)) : 1;
+  const double u_keep = dropout_product_error(p, c), e_keep = dropout_scale_error(p, c) + u_keep;
+  std::vector<double> kc(static_cast<std::size_t>(Nk), 1.0);
   std::vector<double> s(static_cast<std::size_t>(Nk)), t(s), P(s), a(s), dabs(s), own(s), dS(s);
   std::vector<char> on(s.size());
   std::vector<double> sum_p(static_cast<std::size_t>(Dk)), sum_s(sum_p), osq(sum_p), flr(sum_p);
@@ -117,6 +122,11 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
             a[jj] += std::fabs(dout[e] * vb[j * Dv + e]);
             dS[jj] += dout[e] * vb[j * Dv + e];  // dP_ij, made dS_ij below
           }
+          if (c.dropout) {  // dP = (dout V^T) keep / (1 - p)
+            kc[jj] = c.kept(b, h, i, j) ? keep_scale : 0;
+            a[jj] *= kc[jj];
+            dS[jj] *= kc[jj];
+          }
           R += P[jj] * a[jj];
           A += a[jj];
         }
@@ -137,7 +147,7 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           E_flash += std::fabs(dout[e]) * (out_compute(L, out_bound[k], vs) + u_out * std::fabs(out_ref[k]));
         }
         E_flash += (static_cast<double>(Dv) + 1) * ug * o;
-        const double E_math = ((n + 1) * ug + p_rel + (static_cast<double>(Dv) + 1) * ug + u_dp) * R + p_abs * A;
+        const double E_math = ((n + 1) * ug + p_rel + (static_cast<double>(Dv) + 1) * ug + u_dp + e_keep) * R + p_abs * A;
         const double E = std::max(E_flash, E_math);
         if (c.sinks) key_sq += sq(std::exp(c.sink(h) - mx) / Z) * sink_own;
         const double pc = std::sqrt(key_sq + sq(us * std::sqrt(zp)) + sq(p.exp_ulps * us * std::log(n)) +
@@ -156,7 +166,7 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (on[static_cast<std::size_t>(j)]) {
             const auto jj = static_cast<std::size_t>(j);
-            Es_math_sq += sq(P[jj] * a[jj]) * (sq(own[jj]) + (static_cast<double>(Dv) + 1) * sq(ug) + sq(u_dp));
+            Es_math_sq += sq(P[jj] * a[jj]) * (sq(own[jj]) + (static_cast<double>(Dv) + 1) * sq(ug) + sq(u_dp) + sq(u_keep));
           }
         const double Es = std::max(Es_flash, pc * std::fabs(Dx) + std::sqrt(Es_math_sq) + std::sqrt(n + 1) * ug * R);
         const double E_fl = p_abs * A;
@@ -164,7 +174,7 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           if (on[static_cast<std::size_t>(j)]) dS[static_cast<std::size_t>(j)] = P[static_cast<std::size_t>(j)] * (dS[static_cast<std::size_t>(j)] - Dx);
         // dS = P (dP - D): P's error on |dP - D| <= a_j + o, dP's Dv + 1 roundings and its rounding
         // to grad_dp, the subtraction and product (2 u_g), dS rounded to grad_ds.
-        const double c1 = p_rel + (static_cast<double>(Dv) + 3) * ug + u_dp + u_ds;
+        const double c1 = p_rel + (static_cast<double>(Dv) + 3) * ug + u_dp + u_ds + e_keep;
         // softcap: 1 - tanh^2(T/c) from a tanh off by score/c (tanh' <= 1) and exp_ulps, squared
         // and subtracted: an absolute error of at most twice that.
         const double f_abs = cap > 0 ? 2 * L.score / cap + 2 * (p.exp_ulps + 1) * us : 0;
@@ -188,7 +198,7 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
           // underflow terms.
           const double Cs = P[jj] * Es + pc * std::fabs(dS[jj]);
           const double Os = P[jj] * std::sqrt(sq(own[jj] * (a[jj] + o)) + (static_cast<double>(Dv) + 1) * sq(ug * a[jj]) +
-                                              sq(u_dp * a[jj]) + (2 * sq(ug) + sq(u_ds)) * sq(a[jj] + o));
+                                              sq(u_dp * a[jj]) + sq(u_keep * a[jj]) + (2 * sq(ug) + sq(u_ds)) * sq(a[jj] + o));
           const double Fs = p_abs * (a[jj] + o) + P[jj] * E_fl;
           // dT = dS t, the softcap's factor off by f_abs (the key's own tanh)
           const double C = Cs * t[jj], O = std::hypot(Os * t[jj], M * f_abs), F = Fs * t[jj];
@@ -212,13 +222,16 @@ GradientErrors gradient_errors(const Profile& p, const Case& c, const std::vecto
             g.dk_spread.random[kd] += sq((C + O) * aq);
             g.dk_spread.floor[kd] += F * aq;
           }
-          // dv = P^T dout with P off by p_rel, rounded to grad_ds, and P's underflow
-          const double pr = P[jj] * (pc + std::hypot(own[jj], u_ds));
+          // dv = P^T dout with P off by p_rel, rounded to grad_ds, and P's underflow; under dropout
+          // Z = P kc in its place (a dropped key adds 0; a kept one P's errors times the scale,
+          // and the scale's own)
+          const double pr = P[jj] * kc[jj] * (pc + std::hypot(std::hypot(own[jj], u_ds), u_keep));
+          const double z_abs = p_abs * kc[jj];
           for (std::int64_t e = 0; e < Dv; ++e) {
             const std::size_t ke = kj * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(e);
-            g.dv[ke] += ((p_rel + u_ds) * P[jj] + p_abs) * std::fabs(dout[e]);
+            g.dv[ke] += ((p_rel + u_ds + e_keep) * P[jj] * kc[jj] + z_abs) * std::fabs(dout[e]);
             g.dv_spread.random[ke] += sq(pr * dout[e]);
-            g.dv_spread.floor[ke] += p_abs * std::fabs(dout[e]);
+            g.dv_spread.floor[ke] += z_abs * std::fabs(dout[e]);
           }
           if (c.bias) {
             const std::size_t bi = c.bias_index(b, h, i, j);

@@ -78,7 +78,8 @@ void Comparer::element(Acc& acc, const RawTensor& got, const RawTensor& gold, st
     statistics(acc, y, x_hi, x_lo, compute);
   }
   if (scale > 0 && std::isfinite(scale) && std::isfinite(d) && std::isfinite(x_hi))
-    acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale, final_share(fmt_u, x_hi, scale));
+    acc.sample.add(row, d == 0 ? 0 : ((y - x_hi) - x_lo) / scale, final_share(fmt_u, x_hi, scale), 1,
+                   shift_of(x_hi, scale));
   else
     ++acc.unsampled;
 }

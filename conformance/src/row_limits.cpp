@@ -1,6 +1,7 @@
 // The forward error analysis of one row (TOLERANCE.md, steps 1 to 5): row_limits.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "attnoracle/conformance/tolerance.hpp"
 #include "no_contraction.hpp"
@@ -38,6 +39,24 @@ void rotate_back_errors(const Case& c, std::int64_t t, double* e) {
     const double a = e1 * cs + e2 * sn, b = e2 * cs + e1 * sn;
     e1 = a, e2 = b;
   }
+}
+
+namespace {
+bool scaled_dropout(const Case& c) { return c.dropout && std::strtod(c.dropout->p.c_str(), nullptr) != 0; }
+}  // namespace
+
+double dropout_scale_error(const Profile& p, const Case& c) {
+  if (!scaled_dropout(c)) return 0;
+  // fl(1 / fl(1 - fl(p))) = c (1 + t): fl(p) = p (1 + d) moves 1 - p by a relative d r (r = p /
+  // (1 - p)), the subtraction and the division round once each, so 1 + t lies between
+  // (1 - u) / ((1 + r u)(1 + u)) and (1 + u) / ((1 - r u)(1 - u)): |t| <= (r + 2) u / (1 - (r + 1) u)
+  const double pv = std::strtod(c.dropout->p.c_str(), nullptr), r = pv / (1 - pv), u = unit_roundoff(p.softmax);
+  return (r + 1) * u < 1 ? (r + 2) * u / (1 - (r + 1) * u) : INFINITY;
+}
+
+double dropout_product_error(const Profile& p, const Case& c) {
+  // a kept weight times the scale, rounded in `softmax`, or the output times it in `pv_accum`
+  return scaled_dropout(c) ? std::max(unit_roundoff(p.softmax), unit_roundoff(p.pv_accum)) : 0;
 }
 
 RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) {
@@ -97,6 +116,12 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   if (c.file.find("v_descale") || stored_kv(c)) r.out_coef += 2 * upv;
   // an FP8 out: O divided by o_scale (or times its reciprocal, rounded first) in pv_accum
   if (c.o_scale) r.out_coef += 2 * upv;
+}
+
+  if (c.file.find("v_descale")) r.out_coef += 2 * upv;  // one rounding of v or of the output
+  // (4d) dropout: the keep scale's own error and one product by it, relative to the kept terms,
+  // whose magnitude out.bound is (it includes keep / (1 - p)); weights and lse keep their limits
+  r.out_coef += dropout_scale_error(p, c) + dropout_product_error(p, c);
   if (c.kind == Kind::Mha)
     r.out_coef += (static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
                   (static_cast<double>(c.Hq * c.Dv) + 1) * upv;

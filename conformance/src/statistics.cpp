@@ -514,6 +514,8 @@ RowScales row_scales(const Profile& p, const Case& c, const RowMagnitudes& m) {
   if (c.kind == Kind::Mha)
     r.extra = std::sqrt(static_cast<double>(c.D) + 1) * uq + unit_roundoff(p.projection) +
               std::sqrt(static_cast<double>(c.Hq * c.Dv) + 1) * upv;
+  // dropout: the product of each kept weight (or of the output) by the keep scale, on out.bound
+  r.extra += dropout_product_error(p, c);
   r.log_abs = p.exp_ulps * us * (1 + m.score_abs);
   return r;
 }
@@ -609,6 +611,11 @@ Tier judge(Sample& s) {
   // of the rest (rows independent, within a row any dependence): the roots of the proxies add
   t.mean_limit = std::sqrt(2 * std::log(2 / delta)) * (std::sqrt(s.own) + std::sqrt(s.shared)) /
                  static_cast<double>(std::max<std::int64_t>(t.n, 1));
+  // a systematic shift s_k of every z_k (dropout's keep scale): |z| <= |z0| + max s, the rms of
+  // the rows' means by Minkowski's inequality, the mean by the mean shift
+  t.q99_limit += s.shift_max;
+  t.rms_limit += std::sqrt(s.row_mean_shift_sq / R);
+  t.mean_limit += s.shift_sum / static_cast<double>(std::max<std::int64_t>(t.n, 1));
   t.headroom = std::numeric_limits<double>::infinity();
   if (t.n < kMinSample) return t;
   t.tested = true;

@@ -6,11 +6,20 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/reference/evaluate.hpp"
 
 namespace attnoracle::testing {
+
+// An F32 tensor of `values`.
+inline RawTensor f32_tensor(const std::string& name, std::vector<std::int64_t> shape, const std::vector<float>& values) {
+  RawTensor r{name, DType::F32, std::move(shape), {}};
+  r.data.resize(4 * values.size());
+  std::memcpy(r.data.data(), values.data(), r.data.size());
+  return r;
+}
 
 // The case file f evaluated: its golden file.
 inline SafeTensorsFile golden_of(const SafeTensorsFile& f) {

@@ -46,6 +46,40 @@ TEST(Tolerance, FlashProfileRoundsP) {
   EXPECT_EQ(row_limits(builtin_profile("flash-fp16"), c, m).lse_abs, row_limits(builtin_profile("fp16"), c, m).lse_abs);
 }
 
+// Dropout (TOLERANCE.md, "Dropout"): the worked example's row with p = 0.5 and p = 0.1 under
+// fp32 and flash-bf16; weights and lse keep their limits, p = 0 changes nothing.
+TEST(Tolerance, DropoutAddsTheKeepScaleAndOneProduct) {
+  Case c;
+  c.kind = Kind::Sdpa;
+  c.Dk = 4;
+  c.output_dtype = DType::F32;
+  const RowMagnitudes m{2.0, 3.0, 8};
+  const double u = 0x1p-24;
+  const RowLimits plain = row_limits(builtin_profile("fp32"), c, m);
+  c.dropout = Case::Dropout{"0.5", {}};
+  EXPECT_DOUBLE_EQ(dropout_scale_error(builtin_profile("fp32"), c), 3 * u / (1 - 2 * u));  // p / (1 - p) = 1
+  EXPECT_DOUBLE_EQ(dropout_product_error(builtin_profile("fp32"), c), u);
+  const RowLimits half = row_limits(builtin_profile("fp32"), c, m);
+  EXPECT_DOUBLE_EQ(half.out_coef, 111 * u + 3 * u / (1 - 2 * u) + u);
+  EXPECT_EQ(half.weight_rel, plain.weight_rel);
+  EXPECT_EQ(half.lse_abs, plain.lse_abs);
+  c.dropout->p = "0.1";  // p / (1 - p) = 1/9
+  const double e9 = (1.0 / 9 + 2) * u / (1 - (1.0 / 9 + 1) * u);
+  EXPECT_DOUBLE_EQ(dropout_scale_error(builtin_profile("fp32"), c), e9);
+  // flash-bf16: the scale formed in F32 (softmax), P rounded to BF16 as before (u_p in weight_rel)
+  c.output_dtype = DType::BF16;
+  const Profile fb = builtin_profile("flash-bf16");
+  Case nodrop = c;
+  nodrop.dropout.reset();
+  EXPECT_NEAR(row_limits(fb, c, m).out_coef - row_limits(fb, nodrop, m).out_coef, e9 + u, 1e-6 * u);
+  // under torch-cpu-bf16 (the scale formed in BF16) p = 0.999 passes what the bound covers
+  c.dropout->p = "0.999";
+  EXPECT_EQ(dropout_scale_error(builtin_profile("torch-cpu-bf16"), c), INFINITY);
+  c.dropout->p = "0";  // a mask without scaling: nothing is formed or multiplied
+  EXPECT_EQ(dropout_scale_error(fb, c), 0);
+  EXPECT_EQ(row_limits(fb, c, m).out_coef, row_limits(fb, nodrop, m).out_coef);
+}
+
 // partials (TOLERANCE.md, "A split-KV kernel's out and lse"): BF16 partials add u_part = 2^-8 and
 // the merge's F32 terms to out's coefficient, and the merge's to lse; nothing else changes.
 TEST(Tolerance, SplitKvPartialsAddTheirRoundingAndTheMerge) {

@@ -1,5 +1,5 @@
-// Cases whose arithmetic no profile declares yet (dropout) are skipped with the reason, even
-// when the result is the golden one; stored K/V and FP8 outputs with amax are judged and pass.
+// Cases with stored K/V, FP8 outputs with amax, and dropout are judged: the golden result
+// passes, and the judgement is not a skip.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,22 +13,13 @@
 namespace attnoracle::conformance {
 namespace {
 
-using Shape = std::vector<std::int64_t>;
-
-RawTensor f32(const std::string& name, Shape shape, const std::vector<float>& v) {
-  RawTensor r{name, DType::F32, std::move(shape), {}};
-  r.data.resize(4 * v.size());
-  std::memcpy(r.data.data(), v.data(), r.data.size());
-  return r;
-}
-
 // One query over two keys, F32: q = (1, 0), k = (0.5, 1), (0, -1), v = (2, 4), (6, 8).
 SafeTensorsFile plain() {
   SafeTensorsFile f;
   f.metadata = {{"attn.format", "1"}};
-  f.put(f32("q", {1, 1, 1, 2}, {1, 0}));
-  f.put(f32("k", {1, 1, 2, 2}, {0.5f, 1, 0, -1}));
-  f.put(f32("v", {1, 1, 2, 2}, {2, 4, 6, 8}));
+  f.put(testing::f32_tensor("q", {1, 1, 1, 2}, {1, 0}));
+  f.put(testing::f32_tensor("k", {1, 1, 2, 2}, {0.5f, 1, 0, -1}));
+  f.put(testing::f32_tensor("v", {1, 1, 2, 2}, {2, 4, 6, 8}));
   return f;
 }
 
@@ -43,8 +34,8 @@ TEST(Unmodelled, StoredKvIsJudged) {
   SafeTensorsFile f = plain();
   // k as E4M3 patterns of 0.5, 1, 0, -1 (exponent bias 7) with a per-tensor scale of 1
   f.put(RawTensor{"k", DType::F8_E4M3, {1, 1, 2, 2}, {0x30, 0x38, 0x00, 0xB8}});
-  f.put(f32("k_scale", {}, {1}));
-  f.put(f32("v_scale", {}, {1}));
+  f.put(testing::f32_tensor("k_scale", {}, {1}));
+  f.put(testing::f32_tensor("v_scale", {}, {1}));
   f.put(RawTensor{"v", DType::F8_E4M3, {1, 1, 2, 2}, {0x40, 0x48, 0x4C, 0x50}});  // 2, 4, 6, 8
   f.metadata["attn.output_dtype"] = "F32";
   const CaseReport r = judged(f);
@@ -54,19 +45,26 @@ TEST(Unmodelled, StoredKvIsJudged) {
 TEST(Unmodelled, Fp8OutAndAmaxAreJudged) {
   SafeTensorsFile f = plain();
   f.metadata["attn.output_dtype"] = "F8_E4M3";
-  f.put(f32("o_scale", {}, {0.25f}));
+  f.put(testing::f32_tensor("o_scale", {}, {0.25f}));
   EXPECT_EQ(judged(f).status, CaseStatus::Pass);
   f.metadata["attn.outputs"] = "out,amax";
   EXPECT_EQ(judged(f).status, CaseStatus::Pass);
 }
 
-TEST(Unmodelled, DropoutIsSkipped) {
+// Dropout is judged (TOLERANCE.md, "Dropout"): the golden result passes; an out without the
+// keep scale 1 / (1 - p) = 2 (half the golden one) fails.
+TEST(Unmodelled, DropoutIsJudged) {
   SafeTensorsFile f = plain();
   f.metadata["attn.dropout_p"] = "0.5";
   f.put(RawTensor{"dropout_mask", DType::BOOL, {2}, {1, 0}});
-  const CaseReport r = judged(f);
-  EXPECT_EQ(r.status, CaseStatus::Skip);
-  EXPECT_EQ(r.reason, "dropout: no profile declares its scaling yet");
+  const SafeTensorsFile golden = testing::golden_of(f);
+  const Profile fp32 = builtin_profile("fp32");
+  EXPECT_EQ(compare_case("c", golden, "ok", testing::golden_result(golden, {"out"}), fp32).status, CaseStatus::Pass);
+  JobResult half = testing::golden_result(golden, {"out"});
+  RawTensor& out = testing::tensor(half, "out");
+  for (std::size_t k = 0; k < out.data.size() / 4; ++k) testing::set(out, k, testing::get(out, k) / 2.0);
+  const CaseReport r = compare_case("c", golden, "ok", half, fp32);
+  EXPECT_EQ(r.status, CaseStatus::Fail) << r.reason;
 }
 
 }  // namespace

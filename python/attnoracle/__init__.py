@@ -603,6 +603,13 @@ class Case:
             for name, a in dict(outputs).items():
                 if a is None:
                     continue
+                if name == "dropout_mask":      # the keep mask the implementation drew (CONTRACT section 5)
+                    m = np.asarray(a)
+                    if m.dtype == np.bool_:
+                        result.append((name, "BOOL", [int(n) for n in m.shape], np.ascontiguousarray(m).tobytes()))
+                    else:                       # values: the gate refuses the dtype, naming it
+                        result.append(_float_tensor(name, m, "F32", True, self.id + " (result)"))
+                    continue
                 result.append(_float_tensor(name, a, own.get(name, self.output_dtype), True, self.id + " (result)"))
         if returns is not None and not isinstance(returns, str):
             returns = ",".join(returns)

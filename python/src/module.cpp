@@ -15,6 +15,7 @@
 #include "attnoracle/conformance/adapter.hpp"
 #include "attnoracle/conformance/compare.hpp"
 #include "attnoracle/conformance/gate.hpp"
+#include "attnoracle/conformance/keep_mask.hpp"
 #include "attnoracle/conformance/profile.hpp"
 #include "attnoracle/oracle/oracle.hpp"
 #include "attnoracle/reference/case_file.hpp"
@@ -279,6 +280,11 @@ void raise(PyObject* type, const std::string& message, py::object file, py::obje
 }  // namespace
 
 PYBIND11_MODULE(_attnoracle, m) {
+  // the gate's golden values of a case with the keep mask an implementation drew (check)
+  conformance::set_case_evaluator([](const SafeTensorsFile& f) {
+    const Case c = case_from_file("<returned dropout_mask>", f);
+    return golden_file(c, evaluate(c, {}));
+  });
   m.doc() = "The AttnOracle C++ libraries (use the attnoracle package)";
   m.attr("__version__") = std::string(kVersion);
   m.attr("name_and_version") = std::string(kNameAndVersion);

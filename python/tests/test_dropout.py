@@ -85,3 +85,18 @@ def test_dropout_refusals():
         attnoracle.evaluate(q, k, v, dropout_mask=np.array([0.5, 1, 1, 1]), dropout_p=0.5)
     with pytest.raises(attnoracle.InputError, match=r"dropout_mask: shape \[3\] does not broadcast"):
         attnoracle.evaluate(q, k, v, dropout_mask=np.ones(3, bool), dropout_p=0.5)
+
+
+def test_check_judges_against_the_mask_the_implementation_returns(tmp_path):
+    # the implementation draws its own mask: judged against the case evaluated with that mask
+    q, k, v = (a.astype(np.float32) for a in problem())
+    path = attnoracle.write_case(tmp_path / "c.safetensors", q, k, v, dropout_mask=np.ones((1, 2, 3, 4), bool),
+                                 dropout_p=0.5)
+    assert run_cli("eval", path, "-o", str(tmp_path / "g.safetensors"), "-q").returncode == 0
+    case = attnoracle.load_case(tmp_path / "g.safetensors")
+    drawn = np.random.default_rng(3).random((1, 2, 3, 4)) >= 0.5
+    mine = np.array(attnoracle.evaluate(q, k, v, dropout_mask=drawn, dropout_p=0.5)["out"])
+    assert case.check({"out": mine, "dropout_mask": drawn}).passed
+    assert case.check({"out": np.array(case.golden["out"]), "dropout_mask": drawn}).failed
+    bad = case.check({"out": mine, "dropout_mask": drawn.astype(np.float32)})
+    assert bad.failed and bad.reason.startswith("dropout_mask: returned as F32"), bad.reason

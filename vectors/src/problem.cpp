@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "attnoracle/reference/dropout.hpp"
 #include "attnoracle/reference/error.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "data.hpp"
@@ -523,6 +524,11 @@ std::optional<std::string> problem_error(const ProblemSpec& p) {
   } else if (p.lse_partial != "normal") {
     return "lse_partial needs kind merge";
   }
+  if (!p.dropout.empty()) {
+    if (p.kind != Kind::Sdpa) return "dropout needs kind sdpa";
+    if (!dropout_p_in_range(p.dropout)) return "dropout \"" + printable(p.dropout) + "\" is not a number in [0, 1)";
+    if (p.want_out_partial || p.want_lse_partial) return "dropout has no partial states (out_partial, lse_partial)";
+  }
   const bool mha = p.kind == Kind::Mha;
   for (auto d : {p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.Dk, p.Dv})
     if (d < 1) return "every size must be at least 1";
@@ -736,6 +742,14 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
     f.put(float_tensor("sinks", p.sinks_dtype, {p.Hq}, s));
   }
   if (!p.rotary.empty()) put_rotary_tables(p, f);
+  if (!p.dropout.empty()) {  // its own stream: kept with probability 1 - p
+    Rng rng(mix64(seed, 12));
+    const double pv = std::strtod(p.dropout.c_str(), nullptr);
+    RawTensor keep{"dropout_mask", DType::BOOL, {p.B, p.Hq, p.Nq, p.Nk}, std::vector<unsigned char>(sz(p.B * p.Hq * p.Nq * p.Nk))};
+    for (auto& x : keep.data) x = rng.uniform() >= pv ? 1 : 0;
+    f.put(std::move(keep));
+    f.metadata["attn.dropout_p"] = p.dropout;
+  }
   if (p.wants_gradients()) {
     // its own stream: the other inputs keep their values
     Rng rng(mix64(seed, 6));

@@ -22,14 +22,14 @@ using nlohmann::json;
 constexpr std::size_t kMaxCases = 100000;
 
 // The options of a family, in expansion order: the first varies slowest.
-constexpr std::array<std::string_view, 38> kOptions = {
+constexpr std::array<std::string_view, 39> kOptions = {
     "kind",       "dtype",      "output_dtype", "shape",   "causal",     "window",
     "softcap",    "scale",      "mask",         "bias",    "bias_dtype", "bias_fill",
     "query_mask", "seqlens",    "seqlens_dtype", "poison", "masked_rows", "outputs",
     "self",       "params",     "descales",     "sinks",   "sinks_dtype", "dout",
     "output_dtypes", "page_size", "kv_layout", "pages", "kv_split_size", "lse_partial",
     "kv_format",  "kv_scale",   "kv_scale_binades", "v_from_k", "o_scale",
-    "rotary",     "rotary_dim", "rotary_round"};
+    "rotary",     "rotary_dim", "rotary_round", "dropout"};
 
 std::string brief(const json& j) { return printable(j.dump()); }
 
@@ -347,6 +347,8 @@ class SpecReader {
       p.self_attention = boolean(v, path);
     } else if (key == "sinks") {
       p.sinks = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
+    } else if (key == "dropout") {
+      p.dropout = v.is_string() && v.get<std::string>() == "none" ? "" : number_text(v, path);
     } else if (key == "sinks_dtype") {
       p.sinks_dtype = dtype(v, path);
     } else if (key == "rotary") {

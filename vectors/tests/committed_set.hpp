@@ -1,5 +1,5 @@
 // Checks shared by the tests of the suites distributed as a committed manifest and sample
-// (vectors/kernels, vectors/serving): the manifest lists the spec's cases with their tags, and
+// (vectors/kernels, vectors/serving, vectors/training): the manifest lists the spec's cases with their tags, and
 // the sample regenerates byte for byte with the manifest's hashes.
 #pragma once
 

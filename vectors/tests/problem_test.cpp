@@ -734,6 +734,33 @@ TEST(VectorsSinks, KindsDtypesAndRefusals) {
   EXPECT_FALSE(c.first_refused_row().has_value());
 }
 
+// Dropout: a keep mask [B, Hq, Nq, Nk] from its own stream (the other inputs unchanged), kept at
+// a rate near 1 - p, attn.dropout_p as written; and the refusals.
+TEST(VectorsDropout, KeepMaskAndRefusals) {
+  ProblemSpec p = sdpa("normal", DType::BF16, 1, 4, 2, 64, 64);
+  const Case plain = make_case(p);
+  EXPECT_FALSE(plain.dropout);
+  p.dropout = "0.3";
+  const Case c = make_case(p);
+  ASSERT_TRUE(c.dropout);
+  EXPECT_EQ(c.dropout->p, "0.3");
+  EXPECT_EQ(c.dropout->keep.shape, (std::vector<std::int64_t>{1, 4, 64, 64}));
+  EXPECT_EQ(c.q.values, plain.q.values);
+  EXPECT_EQ(c.v.values, plain.v.values);
+  double kept = 0;
+  for (auto x : c.dropout->keep.values) kept += x;
+  EXPECT_NEAR(kept / 16384, 0.7, 0.02);  // 3.5 standard deviations: sqrt(0.21 / 16384) = 0.0036
+  p.dropout = "1";
+  EXPECT_EQ(problem_error(p).value_or(""), "dropout \"1\" is not a number in [0, 1)");
+  p.dropout = "0.5";
+  p.kv_split_size = 16;
+  p.want_out_partial = true;
+  EXPECT_EQ(problem_error(p).value_or(""), "dropout has no partial states (out_partial, lse_partial)");
+  ProblemSpec m = p;
+  m.kind = Kind::Mha;
+  EXPECT_EQ(problem_error(m).value_or(""), "dropout needs kind sdpa");
+}
+
 // dsinks: asked with sinks it is in attn.outputs (with dout); without sinks the spec is refused.
 TEST(VectorsSinks, Dsinks) {
   ProblemSpec p = sdpa("normal", DType::F32, 1, 4, 2, 5, 9);

@@ -1,8 +1,10 @@
 // The training suite (vectors/suites/training.json): its committed manifest lists the spec's
 // cases, the committed sample regenerates byte for byte with the manifest's hashes, and the
 // sample's rotary tables are those the spec names (cos and sin of t 10000^(-2f/R)) up to
-// positions past 4000.
+// positions past 4000, and its dropout cases hold a keep mask over every (b, h, i, j) kept at a
+// rate near 1 - p.
 #include <cmath>
+#include <cstdlib>
 
 #include "attnoracle/reference/safetensors.hpp"
 #include "committed_set.hpp"
@@ -18,7 +20,7 @@ const char* kRegenerate = "regenerate with: attnoracle gen vectors/suites/traini
 TEST(VectorsTraining, ManifestListsTheSpecsCases) { expect_manifest_lists_spec(kSpec, kSet, kRegenerate); }
 
 TEST(VectorsTraining, SampleRegeneratesWithTheManifestsHashes) {
-  expect_sample_regenerates(kSpec, kSet, 4, 4, kRegenerate);
+  expect_sample_regenerates(kSpec, kSet, 8, 8, kRegenerate);
 }
 
 // Each sample case's tables against std::cos and std::sin (within 2^-22 relative to 1: an F32
@@ -29,6 +31,7 @@ TEST(VectorsTraining, SampleTablesAreTheSpecsAngles) {
     const SafeTensorsFile f = read_safetensors(e.path().string());
     const RawTensor* c = f.find("rotary_cos");
     const RawTensor* s = f.find("rotary_sin");
+    if (!c && !s) continue;  // a dropout case
     ASSERT_TRUE(c && s) << e.path();
     const std::int64_t nrot = c->shape[0], half = c->shape[1];
     longest = std::max(longest, nrot - 1);
@@ -41,6 +44,27 @@ TEST(VectorsTraining, SampleTablesAreTheSpecsAngles) {
       }
   }
   EXPECT_GE(longest, 4000);
+}
+
+// Each dropout case of the sample: a full BOOL mask, kept within 5 standard deviations of 1 - p.
+TEST(VectorsTraining, SampleDropoutMasksKeepNearOneMinusP) {
+  int dropout = 0;
+  for (const auto& e : fs::directory_iterator(kSet / "sample")) {
+    const SafeTensorsFile f = read_safetensors(e.path().string());
+    const RawTensor* keep = f.find("dropout_mask");
+    if (!keep) continue;
+    ++dropout;
+    const RawTensor& q = *f.find("q");
+    const RawTensor& k = *f.find("k");
+    ASSERT_EQ(keep->dtype, DType::BOOL) << e.path();
+    EXPECT_EQ(keep->shape, (std::vector<std::int64_t>{q.shape[0], q.shape[1], q.shape[2], k.shape[2]})) << e.path();
+    const double p = std::strtod(f.metadata.at("attn.dropout_p").c_str(), nullptr);
+    double kept = 0;
+    for (auto x : keep->data) kept += x;
+    const double n = static_cast<double>(keep->data.size());
+    EXPECT_NEAR(kept / n, 1 - p, 5 * std::sqrt(p * (1 - p) / n)) << e.path();
+  }
+  EXPECT_GE(dropout, 4);
 }
 
 }  // namespace

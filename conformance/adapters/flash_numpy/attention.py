@@ -130,8 +130,45 @@ BUGS = {
                                  "run (os.urandom), so dq's sum over them rounds differently from run to run",
     "block_from_batch": "keys per block --block divided by the batch size (a split chosen to fill the "
                         "machine): a row's rounding depends on how many rows share the batch",
+    # Dropout (the keep mask given, or drawn with --draw-dropout)
+    "dropout_no_scale": "dropout: the kept weights not scaled by 1 / (1 - p)",
+    "dropout_on_output": "dropout: the keep mask and 1 / (1 - p) applied after P V, to the output "
+                         "(column c takes keep[..., c mod Nk]), not to P",
+    "dropout_transposed": "dropout: the keep mask read transposed (keep[j, i] for query i, key j)",
+    "dropout_head0": "dropout: head 0's keep mask used for every head",
+    "dropout_keep_p": "dropout: p taken as the keep probability: scaled by 1 / p (and, drawing its own "
+                      "mask, each weight kept with probability p)",
 }
 BUGS.update(nx.rotary_np.BUGS)          # rotary (../numpy/rotary_np.py): planted through nx.ROTARY_BUG
+
+
+# ---- Dropout: the keep mask and 1 / (1 - p) as this kernel applies them, with its bugs.
+def dropout_keep(bug, keep, full):
+    """The keep mask as the kernel reads it, broadcast to [B, Hq, Nq, Nk]."""
+    keep = np.broadcast_to(keep, full)
+    if bug == "dropout_transposed":          # BUG: keep[j, i], cropped, True past its edges
+        t = np.swapaxes(keep, -1, -2)[..., :full[2], :full[3]]
+        keep = np.ones(full, bool)
+        keep[..., :t.shape[2], :t.shape[3]] = t
+    if bug == "dropout_head0":               # BUG: head 0's mask for every head
+        keep = np.broadcast_to(keep[:, :1], full)
+    return keep
+
+
+def draw_keep(bug, rng, shape, p):
+    """A keep mask of the kernel's own (--draw-dropout): kept with probability 1 - p."""
+    if bug == "dropout_head0":               # BUG: one draw for head 0, reused by every head
+        return np.broadcast_to(rng.random(shape[:1] + (1,) + shape[2:]) >= p, shape)
+    return rng.random(shape) < (p if bug == "dropout_keep_p" else 1 - p)   # BUG: kept with probability p
+
+
+def dropout_scale(bug, p, acc):
+    """1 / (1 - p) formed in the accumulation dtype (float32: fl(1 / fl(1 - fl(p))))."""
+    if bug == "dropout_no_scale":            # BUG: no scaling
+        return acc(1)
+    if bug == "dropout_keep_p":              # BUG: p is the keep probability
+        return acc(1) / acc(p)
+    return acc(1) / (acc(1) - acc(p))
 
 
 # ---- The statistical tier's bugs (stat_*, in BUGS above): each a hook on one step.
@@ -304,6 +341,7 @@ class Kernel:
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
                  seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True, stored_kv=False):
+                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True, dropout=None):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
         if bug == "block_from_batch":        # BUG: the block size follows the batch size
@@ -356,6 +394,11 @@ class Kernel:
         if self.mask is not None and bug == "mask_batch0":    # BUG: batch 0's mask everywhere
             self.mask = np.broadcast_to(self.mask[:1], full)
         bias = None if bias is None else np.broadcast_to(bias, full)
+        # dropout: P's kept weights times 1 / (1 - p) (formed in acc) before P's rounding and P V;
+        # l sums the weights before dropout
+        keep = None if dropout is None else dropout_keep(bug, dropout[0], full)
+        rp = None if dropout is None else dropout_scale(bug, dropout[1], acc)
+        on_output = keep is not None and bug == "dropout_on_output"
         if bias is not None and bug == "bias_head0":          # BUG: head 0's bias everywhere
             bias = np.broadcast_to(bias[:, :1], full)
         scale = nx.number(meta["attn.scale"]) if "attn.scale" in meta else \
@@ -397,6 +440,11 @@ class Kernel:
                     old = np.where(m == -np.inf, base, m).astype(acc)
                     p = round_e4m3(exp(s - old[..., None])) * exp(old - base)[..., None]
                 elif rnd is not None:                                    # P in F16 / BF16 / E4M3 before P V
+                if keep is not None and not on_output:
+                    kb_keep = keep[..., j0:j1] if j1 <= Nk else np.concatenate(
+                        [keep[..., j0:], np.zeros(full[:3] + (j1 - Nk,), bool)], -1)
+                    p = (p * kb_keep * rp).astype(acc)
+                if rnd is not None:                                      # P in F16 / BF16 before P V
                     p = p_round(bug, rnd, self.arith, p)   # BUG p_truncate: toward zero
                 if ftz:                        # BUG: P's subnormals (F16's with --arith fp16) to 0
                     p = flush(p, 2.0 ** -14 if self.arith == "fp16" else np.finfo(np.float32).tiny)
@@ -421,6 +469,8 @@ class Kernel:
 
         if "v_descale" in descales:
             o = (o * acc(dv)).astype(acc)
+        if on_output:                        # BUG: the mask and scale on the output's columns
+            o = (o * keep[..., np.arange(Dv) % Nk] * rp).astype(acc)
         live = m != -np.inf                            # a row with an allowed key has l >= 1
         if meta.get("attn.masked_rows", "error") == "error" and sinks is None:
             is_query = np.ones((B, Nq), bool) if query_mask is None else query_mask
@@ -500,7 +550,7 @@ class Kernel:
         return out, np.where(row, m + np.log(one), -np.inf).astype(f32)
 
     def gradients(self, q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None,
-                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
+                  in_dtype=None, seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None, dropout=None):
         """dq, dk, dv, dbias, dsinks (those in `names`), FlashAttention-2's backward: the forward above
         for out and lse, then per key block P = exp(S - lse) recomputed, and per query block
         dv += P^T dout, dP = dout V^T, dS = P (dP - D) with D_i = rowsum(dout * out) (out rounded
@@ -508,12 +558,13 @@ class Kernel:
         accumulation dtype (F32; F64 for F64 inputs); dq, dk times the scale at the end, dk and dv
         summed over each kv head's query heads; with sinks (their term in lse) dsinks[h] =
         -sum over b, i of exp(sink_h - lse_i) D_i in acc. --arith fp16/bf16: dout, P and dT rounded to the
-        input format before their products, as the kernel's matmul inputs."""
+        input format before their products, as the kernel's matmul inputs. Dropout: dP and dv's P
+        times keep / (1 - p), the forward's mask and scale."""
         bug = self.bug
         forward = dict(meta, **{"attn.outputs": "out,lse"})
         out, _, lse, _ = self(q, k, v, forward, None, mask=mask, bias=bias, query_mask=query_mask,
                               in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k, sinks=sinks,
-                              returned=False)
+                              returned=False, dropout=dropout)
         acc = np.float64 if in_dtype == "F64" else np.float32
         rnd = self.rnd or (lambda a: a)
         B, Hq, Nq, Dk = q.shape
@@ -540,6 +591,8 @@ class Kernel:
         blocks = [(j0, min(j0 + self.block, Nk)) for j0 in range(0, Nk, self.block)]
         if bug == "dq_block_order_random":   # BUG: an order of the key blocks drawn per run
             random.Random(os.urandom(8)).shuffle(blocks)
+        keep = None if dropout is None else dropout_keep(bug, dropout[0], full)
+        rp = None if dropout is None else dropout_scale(bug, dropout[1], acc)
         other = dict(meta, **{"attn.causal": {"top_left": "bottom_right", "bottom_right": "top_left"}
                               .get(meta.get("attn.causal", "none"), "none")})
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -580,8 +633,14 @@ class Kernel:
                 for i0 in range(0, Nq, self.block):
                     i1 = min(i0 + self.block, Nq)
                     do, d = dout[:, :, i0:i1], delta[:, :, i0:i1, None]
-                    dv_b = dv_b + np.swapaxes(rnd(pv[:, :, i0:i1]), -1, -2) @ do
+                    pd = pv[:, :, i0:i1]
+                    if keep is not None:     # Z = P keep / (1 - p) and dP likewise
+                        kk = keep[:, :, i0:i1, j0:j1]
+                        pd = (pd * kk * rp).astype(acc)
+                    dv_b = dv_b + np.swapaxes(rnd(pd), -1, -2) @ do
                     dp = do @ np.swapaxes(vb, -1, -2)
+                    if keep is not None:
+                        dp = (dp * kk * rp).astype(acc)
                     ds = p[:, :, i0:i1] * (dp if bug == "bwd_no_delta" else dp - d)   # BUG: no D
                     ds_q = p_dq[:, :, i0:i1] * (dp - d) if p_dq is not p else ds
                     if ds_all is not None:
@@ -630,6 +689,9 @@ def main(argv=None):
     parser.add_argument("--bug", choices=sorted(BUGS), default=None,
                         help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items())
                         .replace("%", "%%"))
+    parser.add_argument("--draw-dropout", metavar="SEED", default=None,
+                        help="draw each dropout case's keep mask from a generator seeded with SEED "
+                             "and return it as the output dropout_mask (the NumPy adapter's option)")
     parser.add_argument("jobs", help="jobs file, one JSON object a line")
     args = parser.parse_args(argv)
     if args.block < 1:
@@ -639,8 +701,10 @@ def main(argv=None):
     nx.gradients = kernel.gradients
     nx.merge_states = kernel.merge
     nx.ROTARY_BUG = args.bug if args.bug in nx.rotary_np.BUGS else None
+    nx.draw_keep = lambda rng, shape, p: draw_keep(args.bug, rng, shape, p)
     # The NumPy adapter's job loop with this kernel; float64 carries every input dtype exactly.
-    return nx.main(["--dtype", "float64", args.jobs])
+    draw = [] if args.draw_dropout is None else ["--draw-dropout", args.draw_dropout]
+    return nx.main(["--dtype", "float64"] + draw + [args.jobs])
 
 if __name__ == "__main__":
     sys.exit(main())

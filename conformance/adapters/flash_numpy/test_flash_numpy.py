@@ -90,7 +90,7 @@ def t(*rows):
 def kernel(bug, q, k, v, block=16, arith="fp32", in_dtype="F32", **meta_and_tensors):
     """(out, weights, lse) of the kernel with --bug `bug` (None: the correct kernel); keyword
     arguments mask, bias are tensors, the others attn.* metadata (scale 1 unless given)."""
-    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias", "seqlens_q", "seqlens_k", "sinks")
+    tensors = {n: meta_and_tensors.pop(n) for n in ("mask", "bias", "seqlens_q", "seqlens_k", "sinks", "dropout")
                if n in meta_and_tensors}
     meta = {"attn.scale": "1", "attn.masked_rows": "zero", "attn.outputs": "out,weights,lse"}
     meta.update({"attn." + key: str(value) for key, value in meta_and_tensors.items()})
@@ -122,6 +122,48 @@ class PlantedBugTest(unittest.TestCase):
         self.assertAlmostEqual(l.item(), math.log(2), places=6)
         bad, _ = attention.Kernel(16, "fp32", "merge_nan_empty").merge(o, lse, {"attn.masked_rows": "zero"}, None)
         self.assertTrue(np.isnan(bad.item()))
+
+    # Dropout. Two heads, two queries, two keys of score 0 (weights 1/2), V = [2, 6]; keep mask
+    # [[1, 0], [1, 1]] in head 0 and [[0, 1], [1, 1]] in head 1, p = 0.5 (scale 2): out = 2,
+    # 8 in head 0 and 6, 8 in head 1; the weights stay 1/2.
+    def dropout_case(self, bug, p=0.5):
+        keep = np.array([[[1, 0], [1, 1]], [[0, 1], [1, 1]]], bool)[None]
+        q, k, v = np.zeros((1, 2, 2, 1)), np.zeros((1, 2, 2, 1)), np.array([2.0, 6.0]).reshape(1, 1, 2, 1).repeat(2, 1)
+        return self.both(bug, q, k, v, dropout=(keep, p))
+
+    def test_dropout(self):
+        (out, w, _, _), _ = self.dropout_case(None)
+        self.assertEqual(out[..., 0].tolist(), [[[2, 8], [6, 8]]])
+        self.assertTrue(np.all(w == 0.5))
+        (out, _, _, _), _ = self.dropout_case(None, p=0.75)       # scale 4
+        self.assertEqual(out[0, 0, :, 0].tolist(), [4, 16])
+
+    def test_bug_dropout_no_scale(self):
+        _, (out, _, _, _) = self.dropout_case("dropout_no_scale")
+        self.assertEqual(out[0, 0, :, 0].tolist(), [1, 4])
+
+    def test_bug_dropout_on_output(self):                        # O = 4 times keep[i, 0] * 2
+        _, (out, _, _, _) = self.dropout_case("dropout_on_output")
+        self.assertEqual(out[..., 0].tolist(), [[[8, 8], [0, 8]]])
+
+    def test_bug_dropout_transposed(self):                       # head 0 reads [[1, 1], [0, 1]]
+        _, (out, _, _, _) = self.dropout_case("dropout_transposed")
+        self.assertEqual(out[0, 0, :, 0].tolist(), [8, 6])
+
+    def test_bug_dropout_head0(self):
+        _, (out, _, _, _) = self.dropout_case("dropout_head0")
+        self.assertEqual(out[0, 1, :, 0].tolist(), [2, 8])
+
+    def test_bug_dropout_keep_p(self):                           # 1 / p = 4 at p = 0.25, not 4/3
+        (right, _, _, _), (out, _, _, _) = self.dropout_case("dropout_keep_p", p=0.25)
+        self.assertEqual(out[0, 0, :, 0].tolist(), [4, 16])
+        np.testing.assert_allclose(right[0, 0, :, 0], [4 / 3, 16 / 3], rtol=1e-6)
+        # drawing its own mask, a weight is kept with probability p
+        rng = np.random.default_rng(1)
+        self.assertAlmostEqual(attention.draw_keep("dropout_keep_p", rng, (1, 1, 100, 100), 0.25).mean(), 0.25, delta=0.02)
+        self.assertAlmostEqual(attention.draw_keep(None, rng, (1, 1, 100, 100), 0.25).mean(), 0.75, delta=0.02)
+        heads = attention.draw_keep("dropout_head0", rng, (1, 3, 10, 10), 0.5)
+        self.assertTrue(np.array_equal(heads[:, 0], heads[:, 2]))
 
     # Online softmax. Scores [0, 10] in blocks of 1 key, V = [0, 1]: out = e^10 / (1 + e^10).
     def rising(self, bug):

@@ -82,12 +82,13 @@ GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks") + MHA_GRADIENTS
 KEYS = {"attn.format", "attn.kind", "attn.scale", "attn.causal", "attn.window", "attn.softcap",
         "attn.masked_rows", "attn.output_dtype", "attn.output_dtypes", "attn.outputs", "attn.kv_layout",
         "attn.kv_split_size", "attn.lse_posinf", "attn.kv_block_scale", "attn.v_from_k",
-        "attn.rotary", "attn.rotary_round"}
+        "attn.rotary", "attn.rotary_round", "attn.dropout_p"}
 ROTARY_BUG = None                       # a rotary_np.BUGS name, set by an adapter built on this one
 PARTIALS = ("out_partial", "lse_partial")
 FLOATS = {"F64", "F32", "F16", "BF16"}
 FP8 = {"F8_E4M3", "F8_E5M2"}
 DESCALES = ("q_descale", "k_descale", "v_descale")
+DRAW = None   # --draw-dropout: the generator of this adapter's own keep masks
 
 
 class Refused(Exception):
@@ -121,14 +122,17 @@ def apply_descales(q, k, v, descales):
 
 
 def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-              seqlens_q=None, seqlens_k=None, descales=None, sinks=None, stored_kv=False):
+              seqlens_q=None, seqlens_k=None, descales=None, sinks=None, stored_kv=False,
+              dropout=None):
     """q [B,Hq,Nq,Dk], k [B,Hkv,Nk,Dk], v [B,Hkv,Nk,Dv], sinks [Hq] -> out, weights, lse,
     scores (compute dtype).
 
     seqlens_q, seqlens_k [B]: valid query and key counts per batch (padded varlen).
     in_dtype (the case's input dtype name) matters only to the bugs of F16 kernels; descales
     (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays; stored_kv (K/V stored
-    scaled, given here as their real values) matters only to other kernels."""
+    scaled, given here as their real values) matters only to other kernels. dropout: (keep, p),
+    the boolean keep mask and p: out = (weights * keep / (1 - p)) v, the weights returned as they
+    are (CONTRACT section 10)."""
     if descales:
         q, k, v = apply_descales(q, k, v, descales)
     B, Hq, Nq, Dk = q.shape
@@ -249,7 +253,7 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
         w = np.where(mask_late, w, 0).astype(dt)
     # Unused positions may hold NaN or infinities: a value row no query other than padding
     # attends (the contract refuses any other). As 0, it keeps 0 * NaN out of the other rows.
-    out = w @ np.where(np.isfinite(v), v, 0).astype(dt)
+    out = dropped(w, dropout) @ np.where(np.isfinite(v), v, 0).astype(dt)
     if bug == "pv_f16_accumulation" and in_dtype == "F16":   # BUG: a float16 accumulator
         acc = np.zeros(out.shape, np.float16)
         for key in range(Nk):
@@ -259,6 +263,20 @@ def attention(q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtyp
 
 
 numpy_attention = attention   # the backward's forward, whatever kernel replaces `attention`
+
+
+def dropped(w, dropout):
+    """w * keep / (1 - p) (dropout = (keep, p)), the scale formed in w's dtype; w without dropout."""
+    if dropout is None:
+        return w
+    keep, p = dropout
+    dt = w.dtype.type
+    return (w * np.broadcast_to(keep, w.shape) * (dt(1) / (dt(1) - dt(p)))).astype(w.dtype)
+
+
+def draw_keep(rng, shape, p):
+    """A keep mask of its own: each element kept with probability 1 - p, independently."""
+    return rng.random(shape) >= p
 
 
 def query_rows(B, Nq, query_mask=None, seqlens_q=None):
@@ -280,7 +298,7 @@ def reduce_to(g, shape, bug=None):
 
 
 def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=None, in_dtype=None,
-              seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None):
+              seqlens_q=None, seqlens_k=None, out_dtype=None, sinks=None, dropout=None):
     """dq, dk, dv, dbias, dsinks (those in `names`) of kind sdpa, in float64 whatever --dtype: the forward
     again in float64 (this adapter's arithmetic: scale times Q K^T, c tanh(t / c), + bias, the
     softmax with the row maximum subtracted), then dS = P (dP - D) with dP = dout V^T and
@@ -288,7 +306,7 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
     dv = P^T dout, dbias = dS reduced over the bias's broadcast dimensions, and with sinks
     dsinks[h] = - sum over b, i of P_sink D_i, P_sink = exp(sink - lse). Padding rows get 0
     and add nothing; so do fully masked rows (P = 0), rows with only their sink (out = 0, so
-    D = 0) and unused positions."""
+    D = 0) and unused positions. Dropout (keep, p): dP and dv's weights times keep / (1 - p)."""
     f64 = np.float64
     B, Hq, Nq, Dk = q.shape
     Hkv = k.shape[1]
@@ -301,7 +319,7 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
     dout = np.where(rows[:, None, :, None], finite(dout), 0)
     out, p, lse, _ = numpy_attention(q, k, v, meta, None, mask=mask, bias=bias, query_mask=query_mask,
                                      in_dtype=in_dtype, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
-                                     sinks=sinks)
+                                     sinks=sinks, dropout=dropout)
     if sinks is not None:               # P_sink = exp(sink - lse), lse holding the sink's term
         lse = np.where(rows[:, None, :], lse.reshape(B, Hq, Nq), 0)   # padding rows: -inf there
         p_sink = np.where(rows[:, None, :], np.exp(sinks.astype(f64)[None, :, None] - lse), 0)
@@ -314,7 +332,7 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
     g = np.arange(Hq) // group
     kg, vg = k[:, g], v[:, g]
     scale = number(meta["attn.scale"]) if "attn.scale" in meta else 1.0 / math.sqrt(Dk)
-    dp = dout @ np.swapaxes(vg, -1, -2)
+    dp = dropped(dout @ np.swapaxes(vg, -1, -2), dropout)
     delta = np.sum(dout * out, axis=-1, keepdims=True)
     ds = p * (dp - delta)
     cap = number(meta.get("attn.softcap", "0"))
@@ -332,7 +350,7 @@ def gradients(q, k, v, dout, meta, bug, names, mask=None, bias=None, query_mask=
     if "dk" in names:
         result["dk"] = per_kv_head(scale * (np.swapaxes(dt, -1, -2) @ q))
     if "dv" in names:
-        result["dv"] = per_kv_head(np.swapaxes(p, -1, -2) @ dout)
+        result["dv"] = per_kv_head(np.swapaxes(dropped(p, dropout), -1, -2) @ dout)
     if "dbias" in names:
         padded = (1,) * (4 - bias.ndim) + bias.shape
         # broadcast along the keys: each row of dS sums to 0 (with a sink, to P_sink D_i)
@@ -574,8 +592,10 @@ def run_case(path, compute, bug=None):
                  sinks=x.get("sinks"))
     if descales:
         extra["descales"] = descales
-    if stored:
-        extra["stored_kv"] = True
+    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays; stored_kv (K/V stored
+    scaled, given here as their real values) matters only to other kernels. dropout: (keep, p),
+    the boolean keep mask and p: out = (weights * keep / (1 - p)) v, the weights returned as they
+    are (CONTRACT section 10)."""
     grads = [name for name in outputs if name in GRADIENTS]
     if grads:
         if paged:
@@ -632,11 +652,15 @@ def run_case(path, compute, bug=None):
         result["amax"] = np.float32(np.max(np.abs(out), initial=0))
         result["out"] = fp8_out(out, o_scale, out_dtype)
     result = {name: result[name] for name in outputs + ["out"] * ("out" not in outputs)}  # out always
+    if "dropout" in extra and DRAW is not None:
+        result["dropout_mask"], dtype_of["dropout_mask"] = np.broadcast_to(extra["dropout"][0], out.shape[:3] + (x["k"].shape[2],)), "BOOL"
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
         result = {name: truncate(a, dtype_of[name]) for name, a in result.items()}
     numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
-    with np.errstate(over="ignore"):    # each output into its dtype; BF16 and FP8 by the writer
-        result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] in numpy_type else a
+    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays; stored_kv (K/V stored
+    scaled, given here as their real values) matters only to other kernels. dropout: (keep, p),
+    the boolean keep mask and p: out = (weights * keep / (1 - p)) v, the weights returned as they
+    are (CONTRACT section 10)."""
                   for name, a in result.items()}
     return result, {name: dtype_of[name] for name in result}
 
@@ -677,8 +701,14 @@ def main(argv=None):
                         help="compute dtype (default float32)")
     parser.add_argument("--bug", choices=sorted(BUGS), default=None,
                         help="plant a known bug: " + "; ".join(f"{k}: {v}" for k, v in BUGS.items()).replace("%", "%%"))
+    parser.add_argument("--draw-dropout", type=int, metavar="SEED", default=None,
+                        help="draw each dropout case's keep mask (keep probability 1 - p) from a "
+                             "generator seeded with SEED instead of taking the given one, and return "
+                             "it as the output dropout_mask")
     parser.add_argument("jobs", help="jobs file, one JSON object a line")
     args = parser.parse_args(argv)
+    global DRAW
+    DRAW = None if args.draw_dropout is None else np.random.default_rng(args.draw_dropout)
     with open(args.jobs, encoding="utf-8") as f:
         for line in f:
             if line.strip():

@@ -98,7 +98,10 @@ struct Sample {
   double sum = 0;          // of z
   double own = 0;          // sum of the shares
   double shared = 0;       // sum over the closed rows of (sum over the row of sqrt(1 - share))^2
-  void add(std::int64_t row, double zi, double share, std::int64_t count = 1) {
+  // A systematic shift of z bounded per element (dropout's keep scale: TOLERANCE.md, "Dropout"):
+  // its largest, its sum, and the sum over the closed rows of their mean shift^2.
+  double shift_max = 0, shift_sum = 0, row_mean_shift_sq = 0;
+  void add(std::int64_t row, double zi, double share, std::int64_t count = 1, double shift = 0) {
     if (count <= 0) return;
     if (row != last_row_) {
       close();
@@ -107,6 +110,11 @@ struct Sample {
     }
     share = std::clamp(share, 0.0, 1.0);
     const double n = static_cast<double>(count);
+    if (shift > 0) {
+      shift_max = std::max(shift_max, shift);
+      shift_sum += n * shift;
+      row_shift_sq_ += n * shift * shift;
+    }
     row_n_ += count;
     own += n * share;
     row_rest_ += n * std::sqrt(1 - share);
@@ -120,15 +128,16 @@ struct Sample {
   }
   void close() {
     if (row_n_ > 0) row_mean_sq += row_sq_ / static_cast<double>(row_n_);
+    if (row_n_ > 0) row_mean_shift_sq += row_shift_sq_ / static_cast<double>(row_n_);
     shared += row_rest_ * row_rest_;
-    row_sq_ = row_rest_ = 0;
+    row_sq_ = row_rest_ = row_shift_sq_ = 0;
     row_n_ = 0;
   }
   std::int64_t size() const { return static_cast<std::int64_t>(z.size()) + zeros; }
 
  private:
   std::int64_t last_row_ = -1, row_n_ = 0;
-  double row_sq_ = 0, row_rest_ = 0;
+  double row_sq_ = 0, row_rest_ = 0, row_shift_sq_ = 0;
 };
 
 // The root of a sum of squares, scaled as it goes (no overflow, no underflow: LAPACK's dnrm2).

@@ -54,6 +54,12 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& m);
 // times its scales, formed by the implementation in its own arithmetic.
 bool stored_kv(const Case& c);
 
+// Dropout (TOLERANCE.md, "Dropout"): the relative error of the kernel's keep scale 1 / (1 - p)
+// formed from p in the softmax dtype, one factor for the whole case (0 for p = 0 and without
+// dropout); and the relative error of one product by it (of a weight or of the output).
+double dropout_scale_error(const Profile& p, const Case& c);
+double dropout_product_error(const Profile& p, const Case& c);
+
 // The limits of one element, the safety factor included (TOLERANCE.md, "The limits"): x the
 // exact value, bound its out.bound, out the output dtype.
 // The computing part of out's limit (before S): the analysis on out.bound, the floor, and P's

@@ -93,6 +93,9 @@ struct ProblemSpec {
   std::string rotary;
   std::int64_t rotary_dim = 0;
   DType rotary_round = DType::F32;
+  // Dropout (CONTRACT section 10): attn.dropout_p as written (empty: none), with a keep mask
+  // [B, Hq, Nq, Nk] drawn from its own stream, each weight kept with probability 1 - p.
+  std::string dropout;
   MaskKind mask = MaskKind::None;
   BiasKind bias = BiasKind::None;
   DType bias_dtype = DType::F32;
