@@ -116,9 +116,6 @@ RowLimits row_limits(const Profile& p, const Case& c, const RowMagnitudes& row) 
   if (c.file.find("v_descale") || stored_kv(c)) r.out_coef += 2 * upv;
   // an FP8 out: O divided by o_scale (or times its reciprocal, rounded first) in pv_accum
   if (c.o_scale) r.out_coef += 2 * upv;
-}
-
-  if (c.file.find("v_descale")) r.out_coef += 2 * upv;  // one rounding of v or of the output
   // (4d) dropout: the keep scale's own error and one product by it, relative to the kept terms,
   // whose magnitude out.bound is (it includes keep / (1 - p)); weights and lse keep their limits
   r.out_coef += dropout_scale_error(p, c) + dropout_product_error(p, c);
