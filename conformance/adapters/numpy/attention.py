@@ -592,10 +592,14 @@ def run_case(path, compute, bug=None):
                  sinks=x.get("sinks"))
     if descales:
         extra["descales"] = descales
-    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays; stored_kv (K/V stored
-    scaled, given here as their real values) matters only to other kernels. dropout: (keep, p),
-    the boolean keep mask and p: out = (weights * keep / (1 - p)) v, the weights returned as they
-    are (CONTRACT section 10)."""
+    if stored:
+        extra["stored_kv"] = True
+    if "dropout_mask" in tensors:       # the keep mask given (CONTRACT section 10), or drawn here
+        p = number(meta["attn.dropout_p"])
+        keep = tensors["dropout_mask"].astype(bool)
+        if DRAW is not None:            # --draw-dropout: a mask of its own, returned with the outputs
+            keep = draw_keep(DRAW, (x["q"].shape[0], x["q"].shape[1], x["q"].shape[2], x["k"].shape[2]), p)
+        extra["dropout"] = (keep, p)
     grads = [name for name in outputs if name in GRADIENTS]
     if grads:
         if paged:
@@ -657,10 +661,9 @@ def run_case(path, compute, bug=None):
     if bug == "truncate_output":        # BUG: rounded toward zero into the output dtype
         result = {name: truncate(a, dtype_of[name]) for name, a in result.items()}
     numpy_type = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
-    (FP8 inputs) maps q_descale, k_descale, v_descale to [B, Hkv] arrays; stored_kv (K/V stored
-    scaled, given here as their real values) matters only to other kernels. dropout: (keep, p),
-    the boolean keep mask and p: out = (weights * keep / (1 - p)) v, the weights returned as they
-    are (CONTRACT section 10)."""
+    numpy_type["BOOL"] = np.bool_
+    with np.errstate(over="ignore"):    # each output into its dtype; BF16 and FP8 by the writer
+        result = {name: a.astype(numpy_type[dtype_of[name]]) if dtype_of[name] in numpy_type else a
                   for name, a in result.items()}
     return result, {name: dtype_of[name] for name in result}
 
