@@ -340,8 +340,8 @@ class Kernel:
         return np.where(ok, s, acc.type(masked))
 
     def __call__(self, q, k, v, meta, bug, mask=None, bias=None, query_mask=None, in_dtype=None,
-                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True, stored_kv=False):
-                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True, dropout=None):
+                 seqlens_q=None, seqlens_k=None, descales=None, sinks=None, returned=True, stored_kv=False,
+                 dropout=None):
         bug = self.bug
         B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
         if bug == "block_from_batch":        # BUG: the block size follows the batch size
@@ -436,15 +436,14 @@ class Kernel:
                 l = stat_denominator(bug, alpha, l, p, acc)
                 if bug == "weights_stale":     # BUG: this block's weights from the running m, l
                     stale.append((p / l[..., None])[..., :min(j1, Nk) - j0])
-                if bug == "p_e4m3_stale_max" and self.arith == "fp8":   # BUG: P against the old max
-                    old = np.where(m == -np.inf, base, m).astype(acc)
-                    p = round_e4m3(exp(s - old[..., None])) * exp(old - base)[..., None]
-                elif rnd is not None:                                    # P in F16 / BF16 / E4M3 before P V
                 if keep is not None and not on_output:
                     kb_keep = keep[..., j0:j1] if j1 <= Nk else np.concatenate(
                         [keep[..., j0:], np.zeros(full[:3] + (j1 - Nk,), bool)], -1)
                     p = (p * kb_keep * rp).astype(acc)
-                if rnd is not None:                                      # P in F16 / BF16 before P V
+                if bug == "p_e4m3_stale_max" and self.arith == "fp8":   # BUG: P against the old max
+                    old = np.where(m == -np.inf, base, m).astype(acc)
+                    p = round_e4m3(exp(s - old[..., None])) * exp(old - base)[..., None]
+                elif rnd is not None:                                    # P in F16 / BF16 / E4M3 before P V
                     p = p_round(bug, rnd, self.arith, p)   # BUG p_truncate: toward zero
                 if ftz:                        # BUG: P's subnormals (F16's with --arith fp16) to 0
                     p = flush(p, 2.0 ** -14 if self.arith == "fp16" else np.finfo(np.float32).tiny)
