@@ -106,6 +106,8 @@ class PlantedBugTest(unittest.TestCase):
             if bug.startswith("bwd_"):           # gradients: GradientTest, against eval
                 self.assertIn(bug, BWD_BUGS)
                 continue
+            if bug in attention.nx.rotary_np.BUGS:   # test_rotary_gate.py runs each at the gate
+                continue
             # stored K/V and FP8 outputs: FlashFp8Test, at the gate on fp8_cases.py
             self.assertTrue(hasattr(self, "test_bug_" + bug) or hasattr(FlashFp8Test, "test_bug_" + bug),
                             f"--bug {bug} has no test")
