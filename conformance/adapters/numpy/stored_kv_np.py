@@ -59,6 +59,8 @@ def real_kv(tensors, dtypes, meta, compute, bug=None):
     for name in names:
         if name not in tensors:
             continue                                  # v under attn.v_from_k
+        if scheme == "scaled" and name[0] + "_scale" not in tensors:
+            continue                                  # float K/V (V a view of it alone)
         x, which = tensors[name], name[0]
         if scheme == "nvfp4":
             elem = nvfp4_elements(x.astype(np.uint8), bug)
