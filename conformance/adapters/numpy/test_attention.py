@@ -1097,6 +1097,15 @@ class StoredKvTest(unittest.TestCase):
         self.assertEqual(float(t["k"][0, 0, 0, 0]), 3.0)
         self.assertEqual(t["v"].shape, (1, 1, 1, 16))
 
+    def test_float_k_with_v_as_its_view(self):
+        # latent attention without scales: a BF16 k read as it is, v its first 2 columns
+        k = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+        t, d = {"k": k.copy()}, {"k": "BF16"}
+        stored_kv_np.real_kv(t, d, {"attn.v_from_k": "2"}, np.float32)
+        np.testing.assert_array_equal(t["k"], k)
+        np.testing.assert_array_equal(t["v"], k[..., :2])
+        self.assertEqual(d["v"], "BF16")
+
     def test_scales_per_head_and_token(self):
         k = np.ones((1, 2, 3, 2), np.float32)
         head = np.array([2.0, 3.0], np.float32).reshape(1, 2, 1, 1)
