@@ -7,7 +7,6 @@ drawing its own mask (--draw-dropout) and returning it.
 
     cd conformance/adapters/flash_numpy && /usr/bin/python3 -m unittest -v test_dropout
 """
-import hashlib
 import json
 import os
 import shlex
@@ -22,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
 import gate  # noqa: E402
-import safetensors_np  # noqa: E402
+import splitkv_cases  # noqa: E402
 
 FLASH = [sys.executable, os.path.join(HERE, "attention.py")]
 NUMPY = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
@@ -40,8 +39,7 @@ PROFILES = "fp32,flash-bf16,flash-fp16"
 
 def write_set(root):
     """The cases, evaluated by `attnoracle eval` into cases/, and their manifest."""
-    os.makedirs(os.path.join(root, "cases"))
-    entries = []
+    case_set = {}
     for seed, (cid, (dtype, B, Hq, Hkv, Nq, Nk, D, p, causal, shape)) in enumerate(CASES.items()):
         rng = np.random.default_rng(seed)
         x = {n: rng.standard_normal(s).astype(np.float32) for n, s in
@@ -54,17 +52,8 @@ def write_set(root):
             tensors.update({n: a.astype(np.float16) for n, a in x.items()})
         meta = {"attn.format": "1", "attn.dropout_p": p, "attn.causal": causal,
                 "attn.outputs": "out,lse,dq,dk,dv"}
-        src = os.path.join(root, cid + ".in.safetensors")
-        safetensors_np.save(src, tensors, meta, dtypes)
-        out = os.path.join(root, "cases", cid + ".safetensors")
-        subprocess.run([gate.cli(), "eval", src, "-o", out], check=True, capture_output=True)
-        with open(out, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        entries.append({"id": cid, "file": f"cases/{cid}.safetensors", "sha256": digest, "expect": "ok",
-                        "tags": ["dropout", dtype.lower()]})
-    with open(os.path.join(root, "manifest.json"), "w") as f:
-        json.dump({"format": "attnoracle-vectors/1", "suite": "dropout-test", "generator": "test_dropout.py",
-                   "seed": 0, "cases": entries}, f)
+        case_set[cid] = (tensors, meta, dtypes)
+    splitkv_cases.write_set(gate.cli(), root, case_set, "dropout-test", "test_dropout.py", 0)
 
 
 @unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")

@@ -6,7 +6,6 @@ case, and each rotary bug planted in the latter fails at least one.
 
     cd conformance/adapters/flash_numpy && /usr/bin/python3 -m unittest -v test_rotary_gate
 """
-import hashlib
 import json
 import os
 import shlex
@@ -22,7 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "numpy"))
 import gate  # noqa: E402
 import rotary_np  # noqa: E402
-import safetensors_np as st  # noqa: E402
+import splitkv_cases  # noqa: E402
 
 FLASH = [sys.executable, os.path.join(HERE, "attention.py"), "--block", "4"]
 NUMPY = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py"), "--dtype", "float64"]
@@ -57,22 +56,9 @@ class RotaryGateTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="attn_rotary_")
         cls.root = os.path.join(cls.tmp.name, "set")
-        os.makedirs(os.path.join(cls.root, "cases"))
         rng = np.random.default_rng(20261207)
-        entries = []
-        for cid, spec in CASES.items():
-            t, meta, dtypes = case_tensors(rng, *spec)
-            src = os.path.join(cls.tmp.name, cid + ".safetensors")
-            st.save(src, t, meta, dtypes)
-            path = os.path.join(cls.root, "cases", cid + ".safetensors")
-            subprocess.run([gate.cli(), "eval", src, "-o", path, "-q"], check=True)
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            entries.append({"id": cid, "file": f"cases/{cid}.safetensors", "sha256": digest, "expect": "ok",
-                            "tags": ["rotary"]})
-        with open(os.path.join(cls.root, "manifest.json"), "w") as f:
-            json.dump({"format": "attnoracle-vectors/1", "suite": "rotary_gate", "generator": "test", "seed": 0,
-                       "cases": entries}, f)
+        case_set = {cid: case_tensors(rng, *spec) for cid, spec in CASES.items()}
+        splitkv_cases.write_set(gate.cli(), cls.root, case_set, "rotary_gate", "test", 0)
 
     @classmethod
     def tearDownClass(cls):
