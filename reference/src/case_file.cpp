@@ -340,9 +340,13 @@ class CaseReader {
       if (theirs.count(t.name))
         fail(t.name, std::string("is an input of kind ") + (is_sdpa ? "mha" : "sdpa") +
                          " but attn.kind is " + (is_sdpa ? "sdpa" : "mha"));
-      fail(printable(t.name), std::string("unknown tensor (expected ") +
-                                  (is_sdpa ? "q, k, v" : "x_q, x_kv, w_q, w_k, w_v, w_o") +
-                                  ", and optionally mask, bias, query_mask, seqlens_q, seqlens_k, sinks, dout, dropout_mask)");
+      fail(printable(t.name),
+           is_sdpa ? "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask, seqlens_q, seqlens_k, "
+                     "sinks, dout, dropout_mask, rotary_cos, rotary_sin, q_descale, k_descale, v_descale, o_scale, "
+                     "k_cache, v_cache, block_table, k_scale, v_scale, k_block_scale, v_block_scale, "
+                     "k_global_scale, v_global_scale)"
+                   : "unknown tensor (expected x_q, x_kv, w_q, w_k, w_v, w_o, and optionally mask, bias, query_mask, "
+                     "seqlens_q, seqlens_k, sinks, dout, dropout_mask)");
     }
     file_ = &file;
     if (is_sdpa)

@@ -324,7 +324,12 @@ TEST(CaseTensors, Missing) {
 TEST(CaseTensors, Unknown) {
   expect_refused(with(sdpa(), floats("qq", {1})), "qq",
                  "unknown tensor (expected q, k, v, and optionally mask, bias, query_mask, seqlens_q, "
-                 "seqlens_k, sinks, dout, dropout_mask)");
+                 "seqlens_k, sinks, dout, dropout_mask, rotary_cos, rotary_sin, q_descale, k_descale, "
+                 "v_descale, o_scale, k_cache, v_cache, block_table, k_scale, v_scale, k_block_scale, "
+                 "v_block_scale, k_global_scale, v_global_scale)");
+  expect_refused(with(mha(), floats("k_scale", {1})), "k_scale",
+                 "unknown tensor (expected x_q, x_kv, w_q, w_k, w_v, w_o, and optionally mask, bias, "
+                 "query_mask, seqlens_q, seqlens_k, sinks, dout, dropout_mask)");
 }
 
 TEST(CaseTensors, OtherKind) {
