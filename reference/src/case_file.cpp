@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,32 @@ namespace attnoracle {
 namespace {
 
 using Shape = std::vector<std::int64_t>;
+
+// The elements of an F32 or F64 tensor widened into v (sized to them) in one loop; whether they
+// are all finite (false for other dtypes: decoded and checked element by element instead).
+bool widened_finite(const RawTensor& t, std::vector<double>& v) {
+  if constexpr (std::endian::native != std::endian::little) return false;
+  if (t.dtype != DType::F32 && t.dtype != DType::F64) return false;
+  const unsigned char* p = t.data.data();
+  const std::size_t n = v.size();
+  if (t.dtype == DType::F64) {
+    std::memcpy(v.data(), p, n * 8);
+  } else {
+    for (std::size_t e = 0; e < n; ++e) {
+      float f;
+      std::memcpy(&f, p + 4 * e, 4);
+      v[e] = static_cast<double>(f);  // exact
+    }
+  }
+  // exponent all ones: infinite or NaN
+  std::uint64_t bad = 0;
+  for (const double x : v) {
+    std::uint64_t b;
+    std::memcpy(&b, &x, 8);
+    bad |= static_cast<std::uint64_t>((b & 0x7ff0'0000'0000'0000u) == 0x7ff0'0000'0000'0000u);
+  }
+  return bad == 0;
+}
 
 constexpr std::array<std::string_view, 10> kMetadataKeys = {
     "attn.format",  "attn.kind",        "attn.scale",        "attn.causal",        "attn.window",
@@ -611,6 +638,7 @@ class CaseReader {
     const auto n = static_cast<std::size_t>(t.numel());
     reserve_large(out.values, n);
     out.values.resize(n);
+    if (widened_finite(t, out.values)) return out;
     for (std::size_t e = 0; e < n; ++e) {
       const double x = decode_float(t.dtype, t.data.data() + e * size);
       out.values[e] = x;
