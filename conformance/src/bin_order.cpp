@@ -12,14 +12,21 @@ void sort_bin_pairs(std::vector<std::pair<std::uint64_t, double>>& bins) {
     std::sort(bins.begin(), bins.end());
     return;
   }
-  // every digit's counts in one pass; a digit all bins share needs no pass
+  // a digit all bins share needs no pass: the bits set in some bin and clear in another
+  std::uint64_t any = 0, all = ~std::uint64_t{0};
+  for (const auto& b : bins) any |= b.first, all &= b.first;
+  const std::uint64_t varies = any ^ all;
+  int digits[8], nd = 0;
+  for (int d = 0; d < 8; ++d)
+    if ((varies >> (8 * d)) & 0xff) digits[nd++] = d;
+  // the counts of every varying digit in one pass
   std::vector<std::size_t> at(8 * 257, 0);
   for (const auto& b : bins)
-    for (int d = 0; d < 8; ++d) ++at[257 * d + ((b.first >> (8 * d)) & 0xff) + 1];
+    for (int m = 0; m < nd; ++m) ++at[257 * m + ((b.first >> (8 * digits[m])) & 0xff) + 1];
   std::vector<std::pair<std::uint64_t, double>> spare;
-  for (int d = 0; d < 8; ++d) {
-    std::size_t* const digit = at.data() + 257 * d;
-    if (std::count(digit + 1, digit + 257, n) == 1) continue;  // the same digit everywhere
+  for (int m = 0; m < nd; ++m) {
+    const int d = digits[m];
+    std::size_t* const digit = at.data() + 257 * m;
     if (spare.empty()) spare.resize(n);
     for (int k = 0; k < 256; ++k) digit[k + 1] += digit[k];
     const int shift = 8 * d;

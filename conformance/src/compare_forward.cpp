@@ -12,6 +12,35 @@
 
 namespace attnoracle::conformance::comparing {
 
+namespace {
+
+// The weights [0, n) of a block (n <= kBlock), ref their exact values, slowed[e] set for those
+// element() compared: the largest limit over all of them, and the others (error 0) into the
+// sample with their shares; the element-wise path's operations in the same order, split into
+// loops without branches (the first vectorizes on whole blocks).
+void zero_error_weights(Comparer::Acc& a, const unsigned char* ref, std::size_t n, const char* slowed,
+                        const Profile& p, const RowLimits& L, double u, const RowWeightScale& ws, std::int64_t row) {
+  double lim[kBlock], f2[kBlock];
+  const auto at = [&](std::size_t e) {
+    double x;
+    std::memcpy(&x, ref + 8 * e, 8);
+    lim[e] = weight_limit(p, L, u, x);
+    const double f = u * std::fabs(x) / std::sqrt(3.0) / ws.at(x);  // final_share before its min
+    f2[e] = f * f;
+  };
+  if (n == kBlock)
+    for (std::size_t e = 0; e < kBlock; ++e) at(e);
+  else
+    for (std::size_t e = 0; e < n; ++e) at(e);
+  double big = a.t.largest_limit;
+  for (std::size_t e = 0; e < n; ++e) big = std::max(big, lim[e]);
+  a.t.largest_limit = big;
+  for (std::size_t e = 0; e < n; ++e)
+    if (!slowed[e]) a.sample.add(row, 0, std::min(1.0, f2[e]));
+}
+
+}  // namespace
+
 void Comparer::run() {
   const bool mha = c.kind == Kind::Mha;
   const std::int64_t H = c.Hq, W = mha ? c.Dout : c.Dv;
@@ -252,6 +281,11 @@ void Comparer::run() {
               });
             // the largest limit, over the elements counted without their limit too; those
             // (error 0) join the statistical tier's sample
+            if (weights) {
+              zero_error_weights(a, rd + 8 * k, n, slowed.data(), profile, L, u_t, ws, static_cast<std::int64_t>(hrow));
+              j += static_cast<std::int64_t>(n);
+              continue;
+            }
             const RowScales& R = scales[lrow];
             for (std::size_t e = k; e < k + n; ++e) {
               double x;

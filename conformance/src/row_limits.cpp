@@ -8,11 +8,37 @@
 
 namespace attnoracle::conformance {
 
-double unit_roundoff(DType t) { return std::ldexp(1.0, -float_format(t).precision); }
-double min_normal(DType t) { return std::ldexp(1.0, 1 - float_format(t).bias); }
+// Called per element: the usual formats' values written out (2^-p, 2^(1 - bias) and
+// 2^(2 - bias - p) of float_format's fields), the others computed.
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::F64: return 0x1p-53;
+    case DType::F32: return 0x1p-24;
+    case DType::F16: return 0x1p-11;
+    case DType::BF16: return 0x1p-8;
+    default: return std::ldexp(1.0, -float_format(t).precision);
+  }
+}
+double min_normal(DType t) {
+  switch (t) {
+    case DType::F64: return 0x1p-1022;
+    case DType::F32:
+    case DType::BF16: return 0x1p-126;
+    case DType::F16: return 0x1p-14;
+    default: return std::ldexp(1.0, 1 - float_format(t).bias);
+  }
+}
 double min_subnormal(DType t) {
-  const FloatFormat f = float_format(t);
-  return std::ldexp(1.0, 2 - f.bias - f.precision);
+  switch (t) {
+    case DType::F64: return 0x1p-1074;
+    case DType::F32: return 0x1p-149;
+    case DType::F16: return 0x1p-24;
+    case DType::BF16: return 0x1p-133;
+    default: {
+      const FloatFormat f = float_format(t);
+      return std::ldexp(1.0, 2 - f.bias - f.precision);
+    }
+  }
 }
 
 bool stored_kv(const Case& c) { return c.kv_form && c.kv_form->scheme != KvScheme::Plain; }

@@ -390,6 +390,19 @@ TEST(Tolerance, UlpAtZeroAndSubnormals) {
   }
 }
 
+// The constants unit_roundoff, min_normal and min_subnormal return, against float_format's fields.
+TEST(Tolerance, FormatConstantsFollowTheirFields) {
+  for (const DType t : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::F8_E5M2}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const FloatFormat f = float_format(t);
+    EXPECT_EQ(unit_roundoff(t), std::ldexp(1.0, -f.precision));
+    EXPECT_EQ(min_normal(t), std::ldexp(1.0, 1 - f.bias));
+    EXPECT_EQ(min_subnormal(t), std::ldexp(1.0, 2 - f.bias - f.precision));
+  }
+  EXPECT_EQ(unit_roundoff(DType::F32), 0x1p-24);  // by hand: 24 bits of precision
+  EXPECT_EQ(min_subnormal(DType::F16), 0x1p-24);  // 2^-14 over 2^10
+}
+
 TEST(Tolerance, InfinitiesAndNan) {
   for (const Fmt& f : kFormats) {
     SCOPED_TRACE(std::string(dtype_name(f.t)));

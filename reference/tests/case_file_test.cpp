@@ -544,6 +544,31 @@ TEST(CaseFinite, Infinity) {
                  "element 0 is -infinity");
 }
 
+// F32 and F64 inputs are widened and checked by blocks of 64 elements, then the rest: q of 160
+// elements (two blocks and 32 more) read exactly, subnormals and -0 included, and a non-finite
+// element refused by its index in a block, on a block's edge and in the rest.
+TEST(CaseFinite, InputsReadByBlocks) {
+  Dims d;
+  d.Nq = 10;
+  for (const DType t : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    std::vector<double> values(160);
+    for (std::size_t e = 0; e < values.size(); ++e) values[e] = 0.25 * static_cast<double>(e % 9) - 1;
+    values[1] = -0.0;
+    values[100] = std::ldexp(1.0, t == DType::F32 ? -140 : -1070);  // subnormal
+    const Case c = accept(with(sdpa(d, t), floats("q", {2, 4, 10, 2}, t, values)));
+    ASSERT_EQ(c.q.values.size(), values.size());
+    for (std::size_t e = 0; e < values.size(); ++e) EXPECT_EQ(c.q.values[e], values[e]) << e;
+    EXPECT_TRUE(std::signbit(c.q.values[1]));
+    for (const std::size_t at : {std::size_t{5}, std::size_t{63}, std::size_t{64}, std::size_t{130}, std::size_t{159}}) {
+      std::vector<double> bad = values;
+      bad[at] = at % 2 ? std::nan("") : -kInf;
+      expect_refused(with(sdpa(d, t), floats("q", {2, 4, 10, 2}, t, bad)), "q",
+                     "element " + std::to_string(at) + " is " + (at % 2 ? "NaN" : "-infinity"));
+    }
+  }
+}
+
 TEST(CaseFinite, MhaWeights) {
   std::vector<double> values(63, 0);
   values[62] = std::nan("");
