@@ -357,8 +357,8 @@ class Kernel:
         acc = np.float64 if in_dtype == "F64" else np.float32
         f32 = acc == np.float32
         self.rnd = rnd = ROUND[self.arith] if in_dtype != "F64" else None
-        if self.arith == "fp8" and in_dtype not in nx.FP8 and not stored_kv:
-            raise nx.Unsupported(f"--arith fp8 is for F8_E4M3 and F8_E5M2 inputs and stored K/V (not {in_dtype})")
+        # fp8 over float K/V (an unquantized cache): K/V read as they are, a stored form of scale 1
+        # (their F16 / BF16 elements exact in F32), P in E4M3 as with a quantized cache.
         # FP8 (FlashAttention 3): Q K^T of the stored values, times scale q_descale k_descale per
         # (b, h) in float32; the output times v_descale. Stored FP8 values are exact in float32.
         descales = {} if bug == "descales_dropped" else dict(descales or {})   # BUG: dropped
@@ -373,7 +373,7 @@ class Kernel:
         if bug != "nan_from_padded_key":     # BUG: the value rows kept as they are
             v = np.where(np.isfinite(v), v, 0)
         v = v.astype(acc)
-        if rnd is not None and self.arith != "fp8":     # fp8: the inputs are FP8 already
+        if rnd is not None and self.arith != "fp8":     # fp8: every input read as it is
             q, k, v = rnd(q), rnd(k), rnd(v)
         if ftz:                              # BUG: float32 subnormal inputs read as 0
             q, k, v = (flush(a, np.finfo(np.float32).tiny) for a in (q, k, v))

@@ -483,6 +483,16 @@ class PlantedBugTest(unittest.TestCase):
                                                  np.float32)),
                                       np.array([1.0, 1.0, 1.25, 1.25, 448, 448, -2 ** -9 * 2, 0, 0], np.float32))
 
+    def test_fp8_over_bf16_kv(self):
+        # BF16 K/V under --arith fp8 (an unquantized cache): read as they are, P in E4M3.
+        # Scores (0, -1.203125) (BF16 values): P = (1, 0.30022) with 0.30022 rounded to 0.3125
+        # (E4M3 spacing 2^-5 in [0.25, 0.5)); l sums P unrounded: out = 0.3125 / 1.30022.
+        q, k, v = t([1.0]), t([0.0], [-1.203125]), t([0.0], [1.0])
+        p = np.exp(np.float32(-1.203125))
+        out = kernel(None, q, k, v, arith="fp8", in_dtype="BF16")[0][0, 0, 0, 0]
+        self.assertAlmostEqual(out, 0.3125 / (1 + p), delta=1e-7)
+        self.assertGreater(abs(out - p / (1 + p)), 1e-3)    # not P in F32
+
     def test_bug_gqa_pack2(self):
         def heads(bug, hq, hkv):
             v = np.arange(hkv, dtype=np.float64).reshape(1, hkv, 1, 1)
