@@ -87,6 +87,9 @@ BUGS = {
                            "still skipped)",
     "nan_from_padded_key": "P V multiplies the zero weights of masked and padded keys by their value "
                            "rows instead of skipping them: a NaN or infinity there gives NaN",
+    "paged_tail_page_read": "paged KV cache: each row's last page read whole, its slots past seqlens_k "
+                            "masked but their value rows (element x scale) multiplied by their zero "
+                            "weights: a NaN or infinity there gives NaN",
     # Stored K/V and FP8 outputs (the reading is the NumPy adapter's, with these mistakes)
     "kv_descale_dropped": "stored K/V: the scales ignored (the stored elements used as they are)",
     "kv_scale_head0": "stored K/V: kv head 0's scale used for every kv head",
@@ -368,11 +371,13 @@ class Kernel:
         tf32 = bug == "tf32_matmul" and f32
         # Q, K, V in the input dtype (kind mha: the projections rounded to it, or to the P dtype).
         # Unused positions (keys no query attends, padding queries) may hold NaN or infinities:
-        # read as 0, so that 0 * NaN in P V never reaches a used row.
-        q, k = (np.where(np.isfinite(a), a, 0).astype(acc) for a in (q, k))
-        if bug != "nan_from_padded_key":     # BUG: the value rows kept as they are
+        # read as 0 in acc, so that 0 * NaN in P V never reaches a used row (stored K/V come as
+        # element x scale in float64: an unused I8 row times F32's largest scale overflows here).
+        with np.errstate(over="ignore"):
+            q, k, v = (np.asarray(a).astype(acc) for a in (q, k, v))
+        q, k = (np.where(np.isfinite(a), a, 0) for a in (q, k))
+        if bug not in ("nan_from_padded_key", "paged_tail_page_read"):   # BUG: value rows kept as they are
             v = np.where(np.isfinite(v), v, 0)
-        v = v.astype(acc)
         if rnd is not None and self.arith != "fp8":     # fp8: every input read as it is
             q, k, v = rnd(q), rnd(k), rnd(v)
         if ftz:                              # BUG: float32 subnormal inputs read as 0

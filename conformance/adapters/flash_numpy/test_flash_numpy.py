@@ -552,6 +552,22 @@ class PlantedBugTest(unittest.TestCase):
         wrong = kernel("nan_from_padded_key", q, k, v, seqlens_k=np.array([2]))[0]
         self.assertTrue(np.isnan(wrong[0, 0, 0, 0]))
 
+    def test_bug_paged_tail_page_read(self):
+        # 3 keys in pages of 2 (table [1, 0]); slot 1 of page 0, key 3, is past seqlens_k and NaN
+        def paged(bug):
+            tensors = {"k_cache": np.zeros((2, 2, 1, 1)), "block_table": np.array([[1, 0]]),
+                       "v_cache": np.array([5.0, np.nan, 1.0, 3.0]).reshape(2, 2, 1, 1),
+                       "seqlens_k": np.array([3])}
+            attention.nx.KV_BUG = bug
+            try:
+                attention.nx.gather_paged("case", tensors, {n: "F32" for n in tensors}, {})
+            finally:
+                attention.nx.KV_BUG = None
+            return kernel(bug, np.zeros((1, 1, 1, 1)), tensors["k"], tensors["v"],
+                          seqlens_k=tensors["seqlens_k"])[0][0, 0, 0, 0]
+        self.assertEqual(paged(None), 3.0)        # the mean of 1, 3, 5
+        self.assertTrue(np.isnan(paged("paged_tail_page_read")))
+
 
 # -- gradients (CONTRACT section 7) against `attnoracle eval` ------------------------------
 
