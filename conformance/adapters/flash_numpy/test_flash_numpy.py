@@ -6,9 +6,11 @@ The gate tests need the attnoracle binary (ATTNORACLE_CLI, or build/attnoracle) 
 saying why, without it; the tests of the planted bugs call the kernel directly, on arrays worked by
 hand, with the right and the wrong results.
 """
+import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -809,6 +811,57 @@ class FlashFp8Test(unittest.TestCase):
 
     def test_bug_p_e4m3_stale_max(self):
         self.caught("p_e4m3_stale_max")
+
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class PoisonedKvTest(unittest.TestCase):
+    """The quantized suite's poisoned families (vectors/suites/quantized.json, tag poison: NaN,
+    infinities and extreme elements at every unused position of stored K/V, contiguous and paged),
+    generated with `attnoracle gen`, under fp8kv: the NumPy adapter and the kernel with P in E4M3
+    pass every case; the bugs that multiply zero weights by unused value rows fail the cases whose
+    poison reaches them."""
+
+    CONTIGUOUS = {"poison_scaled-000", "poison_scaled-001", "poison_scaled-002", "poison_block-000"}
+    PAGED = {"poison_scaled-003", "poison_scaled-004", "poison_scaled-005", "poison_block-002",
+             "poison_block-003", "poison_latent-000", "poison_latent-001"}
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(gate.REPO, "vectors", "suites", "quantized.json"), encoding="utf-8") as f:
+            spec = json.load(f)
+        spec["families"] = [fam for fam in spec["families"] if "poison" in fam.get("tags", [])]
+        cls.tmp = tempfile.mkdtemp(prefix="attn_flash_poison_")
+        with open(os.path.join(cls.tmp, "poison.json"), "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        cls.suite = os.path.join(cls.tmp, "set")
+        subprocess.run([gate.cli(), "gen", os.path.join(cls.tmp, "poison.json"), "-o", cls.suite, "--jobs", "2",
+                        "--quiet"], check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def run_gate(self, impl):
+        import splitkv_cases
+        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
+
+    def test_correct_kernels_pass(self):
+        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
+        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
+                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
+            with self.subTest(impl=impl[1:]):
+                status, report = self.run_gate(impl)
+                self.assertEqual((status, report["passed"], report["failed"], report["skipped"]), (0, 12, 0, 0),
+                                 gate.failed(report))
+
+    def test_zero_weights_times_poison_fail(self):
+        # nvfp4's contiguous case (poison_block-001) holds +-6, finite: neither bug sees it
+        for bug, cases in (("nan_from_padded_key", self.CONTIGUOUS),
+                           ("paged_tail_page_read", self.CONTIGUOUS | self.PAGED)):
+            with self.subTest(bug=bug):
+                status, report = self.run_gate(ADAPTER + ["--block", "64", "--arith", "fp8", "--bug", bug])
+                self.assertEqual(status, 1)
+                self.assertEqual(set(gate.failed(report)), cases)
 
 
 if __name__ == "__main__":
