@@ -746,8 +746,29 @@ class FlashSplitKvTest(unittest.TestCase):
             self.assertEqual(gate.failed(report).keys(), {"merge_f32_sinks"})
 
 
+class Fp8kvSet:
+    """A vector set in cls.suite (made by setUpClass in cls.tmp) judged under fp8kv, where the
+    NumPy adapter and the kernel with P in E4M3 (blocks of 16 and 64) pass every case."""
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def run_gate(self, impl):
+        import splitkv_cases
+        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
+
+    def test_correct_kernels_pass(self):
+        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
+        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
+                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
+            with self.subTest(impl=impl[1:]):
+                status, report = self.run_gate(impl)
+                self.assertEqual((status, report["failed"], report["skipped"]), (0, 0, 0), gate.failed(report))
+
+
 @unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
-class FlashFp8Test(unittest.TestCase):
+class FlashFp8Test(Fp8kvSet, unittest.TestCase):
     """Quantized K/V in every form and granularity, V as a view of K, FP8 out with o_scale and
     amax, under the fp8kv profiles: the NumPy adapter and the kernel with P in E4M3 (blocks of 16
     and 64) pass every case; each planted bug of stored K/V and FP8 outputs fails the cases that
@@ -769,22 +790,6 @@ class FlashFp8Test(unittest.TestCase):
         import fp8_cases
         cls.tmp = tempfile.mkdtemp(prefix="attn_flash_fp8_")
         cls.suite = fp8_cases.write(gate.cli(), cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp)
-
-    def run_gate(self, impl):
-        import splitkv_cases
-        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
-
-    def test_correct_kernels_pass(self):
-        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
-        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
-                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
-            with self.subTest(impl=impl[1:]):
-                status, report = self.run_gate(impl)
-                self.assertEqual((status, report["failed"], report["skipped"]), (0, 0, 0), gate.failed(report))
 
     def caught(self, bug):
         status, report = self.run_gate(ADAPTER + ["--block", "16", "--arith", "fp8", "--bug", bug])
@@ -814,7 +819,7 @@ class FlashFp8Test(unittest.TestCase):
 
 
 @unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
-class PoisonedKvTest(unittest.TestCase):
+class PoisonedKvTest(Fp8kvSet, unittest.TestCase):
     """The quantized suite's poisoned families (vectors/suites/quantized.json, tag poison: NaN,
     infinities and extreme elements at every unused position of stored K/V, contiguous and paged),
     generated with `attnoracle gen`, under fp8kv: the NumPy adapter and the kernel with P in E4M3
@@ -836,23 +841,6 @@ class PoisonedKvTest(unittest.TestCase):
         cls.suite = os.path.join(cls.tmp, "set")
         subprocess.run([gate.cli(), "gen", os.path.join(cls.tmp, "poison.json"), "-o", cls.suite, "--jobs", "2",
                         "--quiet"], check=True)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp)
-
-    def run_gate(self, impl):
-        import splitkv_cases
-        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
-
-    def test_correct_kernels_pass(self):
-        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
-        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
-                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
-            with self.subTest(impl=impl[1:]):
-                status, report = self.run_gate(impl)
-                self.assertEqual((status, report["passed"], report["failed"], report["skipped"]), (0, 12, 0, 0),
-                                 gate.failed(report))
 
     def test_zero_weights_times_poison_fail(self):
         # nvfp4's contiguous case (poison_block-001) holds +-6, finite: neither bug sees it
