@@ -110,9 +110,9 @@ void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed,
         id = (b + m) % 3 == 0 ? -1 : (b + m) % 3 == 1 ? 0 : pages + 7;
     }
 
-  // The key each slot holds: that of an owner that uses it (its k and v rows then finite), else
-  // the first owner's unused row; the spare page a row of batch 0 (NaN with `poison`).
-  auto finite = [&](std::int64_t b, std::int64_t g, std::int64_t j) {  // not poisoned
+  // The key each slot holds: that of an owner that uses it (its rows then not poisoned), else
+  // the first owner's unused row; the spare page a row of batch 0 (poisoned with `poison`).
+  auto clean = [&](std::int64_t b, std::int64_t g, std::int64_t j) {
     return read.empty() || read[sz((b * p.Hkv + g) * p.Nk + j)];
   };
   struct Key {
@@ -128,7 +128,7 @@ void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed,
         bool chosen = false;
         for (const Owner& o : owners[sz(id)]) {
           const std::int64_t j = o.m * P + s;
-          if (!chosen || (j < lk[sz(o.b)] && finite(o.b, g, j))) key = {o.b, j};
+          if (!chosen || (j < lk[sz(o.b)] && clean(o.b, g, j))) key = {o.b, j};
           chosen = true;
         }
       }
