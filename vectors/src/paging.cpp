@@ -7,6 +7,7 @@
 
 #include "attnoracle/vectors/problem.hpp"
 #include "prng.hpp"
+#include "stored_kv.hpp"
 
 namespace attnoracle::vectors {
 namespace {
@@ -43,8 +44,6 @@ std::int64_t shared_pages(const ProblemSpec& p, const std::vector<std::int64_t>&
 
 }  // namespace
 
-// The [B, Hkv, Nk, X] tensors that hold one row per key: k and v (any stored dtype), their
-// block scales, and their per-token scales.
 std::vector<std::string> key_row_tensors(const ProblemSpec& p, const SafeTensorsFile& f) {
   std::vector<std::string> names;
   for (const char* side : {"k", "v"}) {
@@ -70,7 +69,7 @@ void share_prefix(const ProblemSpec& p, SafeTensorsFile& f) {
   }
 }
 
-void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
+void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed, const std::vector<bool>& read) {
   if (p.page_size <= 0) return;
   Rng rng(seed);
   const std::int64_t P = p.page_size, M = p.Nk / P;  // problem_error: P divides Nk
@@ -111,16 +110,10 @@ void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed)
         id = (b + m) % 3 == 0 ? -1 : (b + m) % 3 == 1 ? 0 : pages + 7;
     }
 
-  // The key each slot holds: that of an owner that uses it (its k and v rows then finite), else
-  // the first owner's unused row; the spare page a row of batch 0 (NaN with `poison`).
-  auto finite = [&](std::int64_t b, std::int64_t g, std::int64_t j) {
-    for (const char* name : {"k", "v"}) {
-      const RawTensor* t = f.find(name);
-      if (t && is_float_format(t->dtype) &&
-          !std::isfinite(decode_float(t->dtype, t->data.data() + sz(((b * p.Hkv + g) * p.Nk + j) * t->shape[3]) * dtype_size(t->dtype))))
-        return false;
-    }
-    return true;
+  // The key each slot holds: that of an owner that uses it (its rows then not poisoned), else
+  // the first owner's unused row; the spare page a row of batch 0 (poisoned with `poison`).
+  auto clean = [&](std::int64_t b, std::int64_t g, std::int64_t j) {
+    return read.empty() || read[sz((b * p.Hkv + g) * p.Nk + j)];
   };
   struct Key {
     std::int64_t b, j;  // b < 0: the poisoned spare page
@@ -135,7 +128,7 @@ void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed)
         bool chosen = false;
         for (const Owner& o : owners[sz(id)]) {
           const std::int64_t j = o.m * P + s;
-          if (!chosen || (j < lk[sz(o.b)] && finite(o.b, g, j))) key = {o.b, j};
+          if (!chosen || (j < lk[sz(o.b)] && clean(o.b, g, j))) key = {o.b, j};
           chosen = true;
         }
       }
@@ -157,7 +150,7 @@ void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed)
           unsigned char* to = cache.data.data() + sz(slot) * row;
           const Key key = held[sz((id * P + s) * p.Hkv + g)];
           if (key.b < 0)
-            for (std::int64_t e = 0; e < D; ++e) encode_float(t->dtype, NAN, to + sz(e) * es);
+            poison_row(name, t->dtype, to, D, true);
           else
             std::memcpy(to, t->data.data() + sz((key.b * p.Hkv + g) * p.Nk + key.j) * row, row);
         }

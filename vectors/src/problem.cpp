@@ -416,34 +416,36 @@ FillValue bias_fill_value(const ProblemSpec& p) {
   }
 }
 
-// Fills every unused position of a valid sdpa case (CONTRACT section 1) with NaN, +inf and
-// -inf in turn: the k and v rows of keys that no query other than padding attends, through any
-// head reading their kv head, and the q rows of padding queries.
-void poison_unused(SafeTensorsFile& f) {
-  const Case c = case_from_file("poison", f);
-  auto fill = [&](const char* name, std::int64_t row, std::int64_t width) {
-    RawTensor* t = f.find(name);
-    const std::size_t es = dtype_size(t->dtype);
-    for (std::int64_t e = 0; e < width; ++e) {
-      const double x = e % 3 == 0 ? NAN : e % 3 == 1 ? INFINITY : -INFINITY;
-      encode_float(t->dtype, x, t->data.data() + sz(row * width + e) * es);
-    }
+// Fills every unused position of a valid sdpa case (CONTRACT section 1) with poison_row's
+// values: the k and v rows of keys that no query other than padding attends, through any head
+// reading their kv head, in any stored dtype, and the q rows of padding queries. A key's scales
+// are read by every key of contiguous K/V and by the used slots of a paged cache (section 9):
+// they are poisoned only past seqlens_k of a paged case; an I8 key's per-token scale elsewhere
+// becomes F32's largest, so that element x scale overflows F32 (I8 has no NaN).
+void poison_unused(const ProblemSpec& p, const Case& c, const std::vector<bool>& used, SafeTensorsFile& f) {
+  auto row_of = [&](RawTensor& t, std::int64_t row) {
+    return t.data.data() + sz(row * t.shape.back()) * dtype_size(t.dtype);
   };
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t g = 0; g < c.Hkv; ++g)
-      for (std::int64_t j = 0; j < c.Nk; ++j) {
-        bool used = false;
-        for (std::int64_t h = 0; h < c.Hq && !used; ++h)
-          for (std::int64_t i = 0; i < c.Nq && !used; ++i)
-            used = c.kv_head(h) == g && c.query_valid(b, i) && c.allowed(b, h, i, j);
-        if (used) continue;
-        fill("k", (b * c.Hkv + g) * c.Nk + j, c.Dk);
-        fill("v", (b * c.Hkv + g) * c.Nk + j, c.Dv);
-      }
+  for (const std::string& name : key_row_tensors(p, f)) {
+    RawTensor& t = *f.find(name);
+    const bool elements = name == "k" || name == "v";
+    const bool i8_scale = t.dtype == DType::F32 && p.kv_format == "I8";
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t g = 0; g < c.Hkv; ++g)
+        for (std::int64_t j = 0; j < c.Nk; ++j) {
+          const std::int64_t row = (b * c.Hkv + g) * c.Nk + j;
+          if (used[sz(row)]) continue;
+          if (elements || (p.page_size > 0 && j >= c.key_length(b)))
+            poison_row(name, t.dtype, row_of(t, row), t.shape.back(), false);
+          else if (i8_scale)
+            encode_float(DType::F32, std::ldexp(2 - std::ldexp(1.0, -23), 127), row_of(t, row));
+        }
+  }
+  RawTensor& q = *f.find("q");
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t i = 0; i < c.Nq; ++i)
       if (!c.query_valid(b, i))
-        for (std::int64_t h = 0; h < c.Hq; ++h) fill("q", (b * c.Hq + h) * c.Nq + i, c.Dk);
+        for (std::int64_t h = 0; h < c.Hq; ++h) poison_row("q", q.dtype, row_of(q, (b * c.Hq + h) * c.Nq + i), c.Dk, false);
 }
 
 namespace {
@@ -494,7 +496,6 @@ std::optional<std::string> stored_kv_error(const ProblemSpec& p) {
   if (stored && (p.generator == "subnormal" || p.generator == "wide_range"))
     return "kv_format is not built for generator " + p.generator + " (its scales would leave F32's normal range)";
   if (p.wants_gradients()) return "stored K/V and v_from_k have no gradients";
-  if (p.poison) return "poison is not built for stored K/V or v_from_k";
   if (p.descales && p.v_from_k) return "v_from_k takes no descales (v_descale is refused)";
   if (p.v_from_k && p.Dv > p.Dk) return "v_from_k needs Dv <= Dk";
   const std::int64_t block = p.kv_format == "mxfp8" ? 32 : p.kv_format == "nvfp4" ? 16 : 1;
@@ -774,8 +775,13 @@ SafeTensorsFile make_problem(const ProblemSpec& p, std::uint64_t seed) {
   }
   store_kv(p, f, mix64(seed, 8));
   share_prefix(p, f);
-  if (p.poison) poison_unused(f);
-  page_kv_cache(p, f, mix64(seed, 7));
+  std::vector<bool> used;  // with poison, the key rows a query reads (the paging needs them too)
+  if (p.poison) {
+    const Case c = case_from_file("poison", f);
+    used = used_key_rows(c);
+    poison_unused(p, c, used, f);
+  }
+  page_kv_cache(p, f, mix64(seed, 7), used);
   return f;
 }
 

@@ -161,6 +161,35 @@ std::uint8_t e2m1_nearest(double y) {
   return static_cast<std::uint8_t>(best == 0 ? 0 : (y < 0 ? 8u : 0u) | best);
 }
 
+std::vector<bool> used_key_rows(const Case& c) {
+  std::vector<bool> used(sz(c.B * c.Hkv * c.Nk));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t g = 0; g < c.Hkv; ++g)
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        bool u = false;
+        for (std::int64_t h = 0; h < c.Hq && !u; ++h)
+          for (std::int64_t i = 0; i < c.Nq && !u; ++i)
+            u = c.kv_head(h) == g && c.query_valid(b, i) && c.allowed(b, h, i, j);
+        used[sz((b * c.Hkv + g) * c.Nk + j)] = u;
+      }
+  return used;
+}
+
+void poison_row(const std::string& name, DType t, unsigned char* row, std::int64_t n, bool nan_only) {
+  const bool block_scale = name.size() > 12 && name.compare(name.size() - 12, 12, "_block_scale") == 0;
+  for (std::int64_t e = 0; e < n; ++e) {
+    unsigned char* to = row + sz(e) * dtype_size(t);
+    if (t == DType::F8_E4M3)
+      *to = nan_only || e % 2 == 0 ? 0x7F : 0xFF;
+    else if (t == DType::I8)
+      *to = e % 2 == 0 ? 0x80 : 0x7F;
+    else if (t == DType::U8)
+      *to = block_scale ? 0xFF : 0x7F;  // nvfp4: low nibble 0xF (-6), high 0x7 (6)
+    else
+      encode_float(t, nan_only || e % 3 == 0 ? NAN : e % 3 == 1 ? INFINITY : -INFINITY, to);
+  }
+}
+
 void store_kv(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed) {
   if (p.v_from_k) {
     f.tensors.erase(std::remove_if(f.tensors.begin(), f.tensors.end(), [](const RawTensor& t) { return t.name == "v"; }),

@@ -314,9 +314,6 @@ TEST_F(VectorsCli, SpecRefusals) {
   expect_spec_refused(dir_, R"({"suite": "s", "seed": 1, "families": [{"name": "a",
       "generator": "normal", "fixed": {"kv_format": "fp4"}}]})",
                       "families[0].fixed.kv_format", "\"fp4\" is not one of none, F8_E4M3, F8_E5M2, I8, mxfp8, nvfp4");
-  expect_spec_refused(dir_, R"({"suite": "s", "seed": 1, "families": [{"name": "a",
-      "generator": "normal", "fixed": {"kv_format": "I8", "poison": true, "shape": [1, 1, 1, 2, 2, 4, 4]}}]})",
-                      "families[0]", "case a-000: poison is not built for stored K/V or v_from_k");
 }
 
 // Stored K/V, V as a view of K and FP8 outputs through gen, then verify with --recompute: each

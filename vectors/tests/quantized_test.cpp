@@ -2,6 +2,7 @@
 // cases, the committed sample regenerates byte for byte with the manifest's hashes, every family
 // and stored form is present, and the sample's cases are aimed (stored K/V with saturated
 // elements, a latent case with V a view of K, an FP8 out with amax).
+#include <cmath>
 #include <set>
 
 #include "attnoracle/reference/safetensors.hpp"
@@ -28,16 +29,21 @@ TEST(VectorsQuantized, EveryFormIsPresent) {
   for (const auto& c : m.cases) tags.insert(c.tags.begin(), c.tags.end());
   for (const char* t : {"kv_f8_e4m3", "kv_f8_e5m2", "kv_i8", "kv_mxfp8", "kv_nvfp4", "kv_scale_tensor", "kv_scale_head",
                         "kv_scale_token", "kv_scale_binades", "paged", "v_from_k", "score_jump", "out_f8_e4m3",
-                        "out_f8_e5m2", "amax", "lse_f32", "head_dim_576_512", "head_dim_64", "head_dim_256"})
+                        "out_f8_e5m2", "amax", "lse_f32", "head_dim_576_512", "head_dim_64", "head_dim_256", "poison"})
     EXPECT_TRUE(tags.count(t)) << t;
 }
 
 // The sample's stored cases hold what the suite aims at: E4M3 elements saturated at 448 beside
-// subnormal ones, V as a view of K, and an FP8 out beside its o_scale and amax.
+// subnormal ones, V as a view of K, an FP8 out beside its o_scale and amax, and a poisoned I8
+// cache (unused slots -128 and 127 with NaN scales).
 TEST(VectorsQuantized, SampleCasesAreAimed) {
-  int saturated_and_subnormal = 0, latent = 0, fp8_out = 0;
+  int saturated_and_subnormal = 0, latent = 0, fp8_out = 0, poisoned = 0;
   for (const auto& e : fs::directory_iterator(kSet / "sample")) {
     const SafeTensorsFile f = read_safetensors(e.path().string());
+    const RawTensor* slot_scale = f.find("k_scale");
+    if (f.find("k_cache") && f.find("k_cache")->dtype == DType::I8 && slot_scale && slot_scale->dtype == DType::F32)
+      for (std::int64_t s = 0; s < slot_scale->numel(); ++s)
+        poisoned += std::isnan(decode_float(DType::F32, slot_scale->data.data() + 4 * s));
     for (const char* name : {"k", "k_cache"}) {
       const RawTensor* k = f.find(name);
       if (!k || k->dtype != DType::F8_E4M3 || f.metadata.count("attn.kv_block_scale")) continue;
@@ -62,6 +68,7 @@ TEST(VectorsQuantized, SampleCasesAreAimed) {
   EXPECT_GE(saturated_and_subnormal, 1);
   EXPECT_GE(latent, 1);
   EXPECT_GE(fp8_out, 1);
+  EXPECT_GE(poisoned, 1);
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 // twin's real values, and what cannot be built is refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "attnoracle/reference/case_file.hpp"
+#include "attnoracle/reference/evaluate.hpp"
 #include "attnoracle/reference/round.hpp"
 #include "attnoracle/vectors/problem.hpp"
 #include "stored_kv.hpp"
@@ -143,6 +145,58 @@ TEST(VectorsStoredKv, E2M1NearestTiesToEven) {
   EXPECT_EQ(e2m1_nearest(-1.4), 0xB);  // -1.5
 }
 
+// The poison markers of a stored case: E4M3 and E5M2 elements and F32 scales that are NaN or
+// infinite, E8M0 block scales 255, nvfp4 bytes 0x7F (-6, 6) and I8 per-token scales of F32's largest.
+std::size_t poison_markers(const SafeTensorsFile& f) {
+  std::size_t n = 0;
+  for (const RawTensor& t : f.tensors) {
+    if (t.name[0] != 'k' && t.name[0] != 'v') continue;
+    const bool e8m0 = t.name.find("block_scale") != std::string::npos && t.dtype == DType::U8;
+    for (std::size_t e = 0; e < static_cast<std::size_t>(t.numel()); ++e) {
+      if (t.dtype == DType::U8)
+        n += e8m0 ? t.data[e] == 0xFF : t.data[e] == 0x7F;
+      else if (t.dtype != DType::I8 && t.dtype != DType::I32)
+        n += !std::isfinite(at(t, e)) || at(t, e) == std::ldexp(2 - std::ldexp(1.0, -23), 127);
+    }
+  }
+  return n;
+}
+
+// poison with stored K/V: the unused key rows of every form, contiguous and paged, hold their
+// format's poison (and a paged cache's slots past a row's length their scales' too), the case
+// is valid, and the golden out and lse of every row that is not padding are the clean case's.
+TEST(VectorsStoredKv, PoisonFillsUnusedRowsAndChangesNoGoldenValue) {
+  for (const char* format : {"F8_E4M3", "F8_E5M2", "I8", "mxfp8", "nvfp4"})
+    for (const std::int64_t page : {0, 4}) {
+      ProblemSpec p = stored(format, format[0] == 'm' || format[0] == 'n' ? "" : "token", 2);
+      p.seqlens = SeqlensKind::Varlen, p.causal = Causal::BottomRight, p.want_lse = true;
+      p.page_size = page, p.pages = ProblemSpec::Pages::Shuffled;
+      const SafeTensorsFile clean_file = make_problem(p, 5);
+      const Case clean = case_from_file("clean", clean_file);
+      p.poison = true;
+      const SafeTensorsFile dirty_file = make_problem(p, 5);
+      // nvfp4's saturated bytes may be 0x7F already
+      EXPECT_GE(poison_markers(dirty_file), poison_markers(clean_file) + 8) << format << " page " << page;
+      const Case dirty = case_from_file("poisoned", dirty_file);
+      const EvalResult a = evaluate(clean, {}), b = evaluate(dirty, {});
+      for (const char* name : {"out", "lse.ref"}) {
+        const auto find = [&](const EvalResult& r) {
+          return *std::find_if(r.golden.begin(), r.golden.end(), [&](const RawTensor& g) { return g.name == name; });
+        };
+        const RawTensor ga = find(a), gb = find(b);
+        const auto rows = static_cast<std::size_t>(clean.B * clean.Hq * clean.Nq), per_row = ga.data.size() / rows;
+        for (std::size_t r = 0; r < rows; ++r) {
+          const auto row = static_cast<std::int64_t>(r);
+          if (!clean.query_valid(row / (clean.Hq * clean.Nq), row % clean.Nq)) continue;
+          EXPECT_TRUE(std::equal(ga.data.begin() + static_cast<std::ptrdiff_t>(r * per_row),
+                                 ga.data.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_row),
+                                 gb.data.begin() + static_cast<std::ptrdiff_t>(r * per_row)))
+              << name << " row " << r << " " << format << " page " << page;
+        }
+      }
+    }
+}
+
 // A paged stored case holds, through its table, the real keys and values of its contiguous twin
 // (per-slot scales and block scales paged with their keys; shared pages share them).
 TEST(VectorsStoredKv, PagedFormsHoldTheContiguousTwin) {
@@ -230,9 +284,6 @@ TEST(VectorsStoredKv, RefusesWhatCannotBeBuilt) {
   p = stored("I8");
   p.want_dq = true;
   EXPECT_EQ(error(p), "stored K/V and v_from_k have no gradients");
-  p = stored("I8");
-  p.poison = true;
-  EXPECT_EQ(error(p), "poison is not built for stored K/V or v_from_k");
   p = stored("I8");
   p.kind = Kind::Mha, p.Hq = p.Hkv = 2, p.D = 4, p.Dout = 4;
   EXPECT_EQ(error(p), "kv_format and v_from_k need kind sdpa");

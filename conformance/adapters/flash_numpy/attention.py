@@ -87,6 +87,9 @@ BUGS = {
                            "still skipped)",
     "nan_from_padded_key": "P V multiplies the zero weights of masked and padded keys by their value "
                            "rows instead of skipping them: a NaN or infinity there gives NaN",
+    "paged_tail_page_read": "paged KV cache: each row's last page read whole, its slots past seqlens_k "
+                            "masked but their value rows (element x scale) multiplied by their zero "
+                            "weights: a NaN or infinity there gives NaN",
     # Stored K/V and FP8 outputs (the reading is the NumPy adapter's, with these mistakes)
     "kv_descale_dropped": "stored K/V: the scales ignored (the stored elements used as they are)",
     "kv_scale_head0": "stored K/V: kv head 0's scale used for every kv head",
@@ -357,8 +360,8 @@ class Kernel:
         acc = np.float64 if in_dtype == "F64" else np.float32
         f32 = acc == np.float32
         self.rnd = rnd = ROUND[self.arith] if in_dtype != "F64" else None
-        if self.arith == "fp8" and in_dtype not in nx.FP8 and not stored_kv:
-            raise nx.Unsupported(f"--arith fp8 is for F8_E4M3 and F8_E5M2 inputs and stored K/V (not {in_dtype})")
+        # fp8 over float K/V (an unquantized cache): K/V read as they are, a stored form of scale 1
+        # (their F16 / BF16 elements exact in F32), P in E4M3 as with a quantized cache.
         # FP8 (FlashAttention 3): Q K^T of the stored values, times scale q_descale k_descale per
         # (b, h) in float32; the output times v_descale. Stored FP8 values are exact in float32.
         descales = {} if bug == "descales_dropped" else dict(descales or {})   # BUG: dropped
@@ -368,12 +371,14 @@ class Kernel:
         tf32 = bug == "tf32_matmul" and f32
         # Q, K, V in the input dtype (kind mha: the projections rounded to it, or to the P dtype).
         # Unused positions (keys no query attends, padding queries) may hold NaN or infinities:
-        # read as 0, so that 0 * NaN in P V never reaches a used row.
-        q, k = (np.where(np.isfinite(a), a, 0).astype(acc) for a in (q, k))
-        if bug != "nan_from_padded_key":     # BUG: the value rows kept as they are
+        # read as 0 in acc, so that 0 * NaN in P V never reaches a used row (stored K/V come as
+        # element x scale in float64: an unused I8 row times F32's largest scale overflows here).
+        with np.errstate(over="ignore"):
+            q, k, v = (np.asarray(a).astype(acc) for a in (q, k, v))
+        q, k = (np.where(np.isfinite(a), a, 0) for a in (q, k))
+        if bug not in ("nan_from_padded_key", "paged_tail_page_read"):   # BUG: value rows kept as they are
             v = np.where(np.isfinite(v), v, 0)
-        v = v.astype(acc)
-        if rnd is not None and self.arith != "fp8":     # fp8: the inputs are FP8 already
+        if rnd is not None and self.arith != "fp8":     # fp8: every input read as it is
             q, k, v = rnd(q), rnd(k), rnd(v)
         if ftz:                              # BUG: float32 subnormal inputs read as 0
             q, k, v = (flush(a, np.finfo(np.float32).tiny) for a in (q, k, v))

@@ -6,9 +6,11 @@ The gate tests need the attnoracle binary (ATTNORACLE_CLI, or build/attnoracle) 
 saying why, without it; the tests of the planted bugs call the kernel directly, on arrays worked by
 hand, with the right and the wrong results.
 """
+import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -483,6 +485,16 @@ class PlantedBugTest(unittest.TestCase):
                                                  np.float32)),
                                       np.array([1.0, 1.0, 1.25, 1.25, 448, 448, -2 ** -9 * 2, 0, 0], np.float32))
 
+    def test_fp8_over_bf16_kv(self):
+        # BF16 K/V under --arith fp8 (an unquantized cache): read as they are, P in E4M3.
+        # Scores (0, -1.203125) (BF16 values): P = (1, 0.30022) with 0.30022 rounded to 0.3125
+        # (E4M3 spacing 2^-5 in [0.25, 0.5)); l sums P unrounded: out = 0.3125 / 1.30022.
+        q, k, v = t([1.0]), t([0.0], [-1.203125]), t([0.0], [1.0])
+        p = np.exp(np.float32(-1.203125))
+        out = kernel(None, q, k, v, arith="fp8", in_dtype="BF16")[0][0, 0, 0, 0]
+        self.assertAlmostEqual(out, 0.3125 / (1 + p), delta=1e-7)
+        self.assertGreater(abs(out - p / (1 + p)), 1e-3)    # not P in F32
+
     def test_bug_gqa_pack2(self):
         def heads(bug, hq, hkv):
             v = np.arange(hkv, dtype=np.float64).reshape(1, hkv, 1, 1)
@@ -541,6 +553,22 @@ class PlantedBugTest(unittest.TestCase):
         self.assertEqual(right[0, 0, 0, 0], 2.0)
         wrong = kernel("nan_from_padded_key", q, k, v, seqlens_k=np.array([2]))[0]
         self.assertTrue(np.isnan(wrong[0, 0, 0, 0]))
+
+    def test_bug_paged_tail_page_read(self):
+        # 3 keys in pages of 2 (table [1, 0]); slot 1 of page 0, key 3, is past seqlens_k and NaN
+        def paged(bug):
+            tensors = {"k_cache": np.zeros((2, 2, 1, 1)), "block_table": np.array([[1, 0]]),
+                       "v_cache": np.array([5.0, np.nan, 1.0, 3.0]).reshape(2, 2, 1, 1),
+                       "seqlens_k": np.array([3])}
+            attention.nx.KV_BUG = bug
+            try:
+                attention.nx.gather_paged("case", tensors, {n: "F32" for n in tensors}, {})
+            finally:
+                attention.nx.KV_BUG = None
+            return kernel(bug, np.zeros((1, 1, 1, 1)), tensors["k"], tensors["v"],
+                          seqlens_k=tensors["seqlens_k"])[0][0, 0, 0, 0]
+        self.assertEqual(paged(None), 3.0)        # the mean of 1, 3, 5
+        self.assertTrue(np.isnan(paged("paged_tail_page_read")))
 
 
 # -- gradients (CONTRACT section 7) against `attnoracle eval` ------------------------------
@@ -718,8 +746,29 @@ class FlashSplitKvTest(unittest.TestCase):
             self.assertEqual(gate.failed(report).keys(), {"merge_f32_sinks"})
 
 
+class Fp8kvSet:
+    """A vector set in cls.suite (made by setUpClass in cls.tmp) judged under fp8kv, where the
+    NumPy adapter and the kernel with P in E4M3 (blocks of 16 and 64) pass every case."""
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def run_gate(self, impl):
+        import splitkv_cases
+        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
+
+    def test_correct_kernels_pass(self):
+        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
+        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
+                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
+            with self.subTest(impl=impl[1:]):
+                status, report = self.run_gate(impl)
+                self.assertEqual((status, report["failed"], report["skipped"]), (0, 0, 0), gate.failed(report))
+
+
 @unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
-class FlashFp8Test(unittest.TestCase):
+class FlashFp8Test(Fp8kvSet, unittest.TestCase):
     """Quantized K/V in every form and granularity, V as a view of K, FP8 out with o_scale and
     amax, under the fp8kv profiles: the NumPy adapter and the kernel with P in E4M3 (blocks of 16
     and 64) pass every case; each planted bug of stored K/V and FP8 outputs fails the cases that
@@ -741,22 +790,6 @@ class FlashFp8Test(unittest.TestCase):
         import fp8_cases
         cls.tmp = tempfile.mkdtemp(prefix="attn_flash_fp8_")
         cls.suite = fp8_cases.write(gate.cli(), cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp)
-
-    def run_gate(self, impl):
-        import splitkv_cases
-        return splitkv_cases.run(gate.cli(), self.suite, impl, "fp8kv")
-
-    def test_correct_kernels_pass(self):
-        numpy_adapter = [sys.executable, os.path.join(HERE, "..", "numpy", "attention.py")]
-        for impl in (numpy_adapter, ADAPTER + ["--block", "16", "--arith", "fp8"],
-                     ADAPTER + ["--block", "64", "--arith", "fp8"]):
-            with self.subTest(impl=impl[1:]):
-                status, report = self.run_gate(impl)
-                self.assertEqual((status, report["failed"], report["skipped"]), (0, 0, 0), gate.failed(report))
 
     def caught(self, bug):
         status, report = self.run_gate(ADAPTER + ["--block", "16", "--arith", "fp8", "--bug", bug])
@@ -783,6 +816,40 @@ class FlashFp8Test(unittest.TestCase):
 
     def test_bug_p_e4m3_stale_max(self):
         self.caught("p_e4m3_stale_max")
+
+
+@unittest.skipUnless(gate.cli(), "the attnoracle binary was not found (ATTNORACLE_CLI or build/attnoracle)")
+class PoisonedKvTest(Fp8kvSet, unittest.TestCase):
+    """The quantized suite's poisoned families (vectors/suites/quantized.json, tag poison: NaN,
+    infinities and extreme elements at every unused position of stored K/V, contiguous and paged),
+    generated with `attnoracle gen`, under fp8kv: the NumPy adapter and the kernel with P in E4M3
+    pass every case; the bugs that multiply zero weights by unused value rows fail the cases whose
+    poison reaches them."""
+
+    CONTIGUOUS = {"poison_scaled-000", "poison_scaled-001", "poison_scaled-002", "poison_block-000"}
+    PAGED = {"poison_scaled-003", "poison_scaled-004", "poison_scaled-005", "poison_block-002",
+             "poison_block-003", "poison_latent-000", "poison_latent-001"}
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(gate.REPO, "vectors", "suites", "quantized.json"), encoding="utf-8") as f:
+            spec = json.load(f)
+        spec["families"] = [fam for fam in spec["families"] if "poison" in fam.get("tags", [])]
+        cls.tmp = tempfile.mkdtemp(prefix="attn_flash_poison_")
+        with open(os.path.join(cls.tmp, "poison.json"), "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        cls.suite = os.path.join(cls.tmp, "set")
+        subprocess.run([gate.cli(), "gen", os.path.join(cls.tmp, "poison.json"), "-o", cls.suite, "--jobs", "2",
+                        "--quiet"], check=True)
+
+    def test_zero_weights_times_poison_fail(self):
+        # nvfp4's contiguous case (poison_block-001) holds +-6, finite: neither bug sees it
+        for bug, cases in (("nan_from_padded_key", self.CONTIGUOUS),
+                           ("paged_tail_page_read", self.CONTIGUOUS | self.PAGED)):
+            with self.subTest(bug=bug):
+                status, report = self.run_gate(ADAPTER + ["--block", "64", "--arith", "fp8", "--bug", bug])
+                self.assertEqual(status, 1)
+                self.assertEqual(set(gate.failed(report)), cases)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import stored_kv_np  # noqa: E402
 import rotary_np  # noqa: E402
 
 # A kernel's mistakes in reading stored K/V and writing FP8 outputs (the FlashAttention-style
-# kernel sets it to its --bug: those stored_kv_np.py names, and "e5m2_saturate").
+# kernel sets it to its --bug: those stored_kv_np.py names, "e5m2_saturate" and
+# "paged_tail_page_read", the last page of each row gathered whole).
 KV_BUG = None
 
 BUGS = {
@@ -532,11 +533,14 @@ def gather_paged(path, tensors, dtypes, meta):
         if ((page < 0) | (page >= pages))[used].any():
             b, m = np.argwhere(used & ((page < 0) | (page >= pages)))[0]
             raise Refused(f"{path}: block_table: entry [{b}, {m // P}] is outside [0, {pages})")
+        read = used
+        if KV_BUG == "paged_tail_page_read":           # BUG: each row's last page read whole
+            read = j[None, :] < (lk[:, None] + P - 1) // P * P
         if pages == 0:
             gathered = np.zeros((len(lk), len(j), Hkv, D), cache.dtype)
         else:
-            gathered = cache[np.where(used, page, 0), j % P]             # [B, Nk, Hkv, D]
-            gathered = np.where(used[:, :, None, None], gathered, 0).astype(cache.dtype)
+            gathered = cache[np.where(read, page, 0), j % P]             # [B, Nk, Hkv, D]
+            gathered = np.where(read[:, :, None, None], gathered, 0).astype(cache.dtype)
         tensors[name] = np.ascontiguousarray(np.swapaxes(gathered, 1, 2))
         dtypes[name] = dtypes.pop(name + "_cache")
 

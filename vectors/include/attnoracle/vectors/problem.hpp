@@ -179,8 +179,9 @@ SafeTensorsFile make_merge_problem(const ProblemSpec& p, std::uint64_t seed);
 // Replaces k and v of a generated sdpa case by a paged cache (CONTRACT section 8) holding the
 // same keys: the golden values do not change. Unused block-table entries get -1, 0 or an index
 // past the cache; one spare page and the slots past each row's length hold what the unused rows
-// of k and v held (NaN, inf with `poison`). Deterministic in (spec, seed).
-void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed);
+// of k and v held (NaN, inf with `poison`). `read`: with `poison`, whether a query reads each key
+// row, (b Hkv + g) Nk + j (the others poisoned); empty: every row. Deterministic in (spec, seed).
+void page_kv_cache(const ProblemSpec& p, SafeTensorsFile& f, std::uint64_t seed, const std::vector<bool>& read = {});
 // Batch rows >= 1 take batch 0's keys and values on the pages they will share with it.
 void share_prefix(const ProblemSpec& p, SafeTensorsFile& f);
 
