@@ -298,7 +298,8 @@ Command add_invariants(CLI::App& app) {
                   "--long-keys do not apply)");
   a->returns_option = sub->add_option("--returns", a->returns,
                                       "optional outputs the implementation returns, as for run: weights,lse, and gradients "
-                                      "(asked only of the reruns); '' or none: out only (default: all)");
+                                      "(related by the twins of the toy problems up to --max-len keys, compared by "
+                                      "the reruns); '' or none: out only (default: all)");
   sub->add_option("--profile", a->profile,
                   "the gate's profile, as for run: fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON "
                   "file; its arithmetic gives each side's limit, other input dtypes are skipped");
@@ -316,10 +317,11 @@ Command add_invariants(CLI::App& app) {
       "the profile returns them, and check that no bit changes (relation deterministic)")
       ->check(CLI::Range(2, 100));
   sub->add_flag("--deterministic", a->deterministic,
-                "the implementation declares itself deterministic: --reruns 3 unless --reruns is given");
+                "the implementation declares itself deterministic: --reruns 3 unless --reruns is given (as a "
+                "profile with \"deterministic\": true)");
   sub->add_flag("--batch-invariant", a->batch_invariant,
                 "the implementation declares itself batch invariant: a batch row's results keep their bits alone "
-                "and among other rows (relation batch_invariance)");
+                "and among other rows (relation batch_invariance; as a profile with \"batch_invariant\": true)");
   return {sub, [a, reruns] {
             if (a->deterministic && reruns->count() == 0) a->reruns = 3;
             return run_invariants(*a);
