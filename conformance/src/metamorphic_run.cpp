@@ -311,8 +311,10 @@ bool twin_gradients(const TwinPair& p, const Case& ca, const Case& cb, const Sid
         }
   }
   if (got.count("dsinks"))
-    for (std::int64_t h = 0; h < H; ++h)
-      if (p.sink_heads[static_cast<std::size_t>(h)]) one("dsinks", static_cast<std::size_t>(h), static_cast<std::size_t>(h), idx({h}));
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto at = static_cast<std::size_t>(h);
+      if (p.sink_heads[at]) one("dsinks", at, at, idx({h}));
+    }
   // dbias: the same shape, or one key more in b (a padding key appended); its last extent runs
   // over the keys when it is not 1 (a broadcast one stays)
   if (got.count("dbias")) {

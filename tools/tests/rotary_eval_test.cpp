@@ -64,7 +64,8 @@ TEST_F(RotaryEval, DecodeQueryAtItsPositionByHand) {
 // The exact rotation (no attn.rotary_round) of the case above: quarter turns are exact, so the
 // results are those of the rounded rotation.
 TEST_F(RotaryEval, ExactRotationByHand) {
-  const SafeTensorsFile f = with_meta(without_meta(decode_case(), "attn.rotary_round"), "attn.outputs", "out,weights,lse");
+  const SafeTensorsFile f =
+      with_meta(without_meta(decode_case(), "attn.rotary_round"), "attn.outputs", "out,weights,lse");
   const SafeTensorsFile g = evaluated(f, "exact");
   EXPECT_EQ(values(g, "out"), std::vector<double>{3});
   EXPECT_EQ(values(g, "weights"), (std::vector<double>{0.5, 0.5}));
