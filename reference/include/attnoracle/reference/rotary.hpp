@@ -42,7 +42,7 @@ struct Rotary {
   // k_parts hold per element of q and k the two doubles whose sum it is ([..., Dk, 2]; the value
   // and 0 where nothing rotates), q and k of the case the sums rounded to double.
   bool exact = false;
-  std::vector<double> q_parts = {}, k_parts = {};
+  std::vector<double> q_parts, k_parts;
   // Features (i1, i2) of pair f: (2f, 2f + 1) interleaved, (f, f + R/2) half.
   std::int64_t first(std::int64_t f) const { return pairing == RotaryPairing::Interleaved ? 2 * f : f; }
   std::int64_t second(std::int64_t f) const { return pairing == RotaryPairing::Interleaved ? 2 * f + 1 : f + R / 2; }
