@@ -151,7 +151,8 @@ vectors::ProblemSpec with_gradients(vectors::ProblemSpec p, const conformance::P
   return vectors::problem_error(p) ? vectors::ProblemSpec{} : p;
 }
 
-void write_json(const std::string& path, const InvariantsArgs& a, const conformance::MetamorphicReport& r,
+void write_json(const std::string& path, const InvariantsArgs& a, const conformance::MetamorphicOptions& opt,
+                const conformance::MetamorphicReport& r,
                 const std::vector<std::pair<std::string, vectors::ProblemSpec>>& specs) {
   nlohmann::ordered_json j;
   j["impl"] = a.impl;
@@ -162,8 +163,8 @@ void write_json(const std::string& path, const InvariantsArgs& a, const conforma
   j["violated"] = r.violated;
   j["skipped"] = r.skipped;
   j["bitwise"] = r.bitwise;
-  j["reruns"] = a.reruns;
-  j["batch_invariant"] = a.batch_invariant;
+  j["reruns"] = opt.reruns;
+  j["batch_invariant"] = opt.batch_invariant;
   j["problem_sizes"] = nlohmann::ordered_json::array();
   for (const auto& [id, p] : specs)
     j["problem_sizes"].push_back({{"problem", id}, {"B", p.B}, {"Hq", p.Hq}, {"Hkv", p.Hkv}, {"Nq", p.Nq},
@@ -216,8 +217,9 @@ int run_invariants(const InvariantsArgs& a) {
   if (a.safety > 0) opt.profile.safety = a.safety;
   if (returns_given) conformance::declare_returns(opt.profile, a.returns);
   opt.timeout = a.timeout;
-  opt.batch_invariant = a.batch_invariant;
-  opt.reruns = a.reruns;
+  // what the profile declares, unless the flags ask more (--reruns N sets the count)
+  opt.batch_invariant = a.batch_invariant || opt.profile.batch_invariant;
+  opt.reruns = a.reruns >= 2 ? a.reruns : opt.profile.deterministic ? 3 : 0;
   opt.failures_dir = a.failures;
   const bool temp_failures = a.failures.empty();
   if (temp_failures) opt.failures_dir = make_temp_dir("attnoracle-invariants-failures");
@@ -238,14 +240,19 @@ int run_invariants(const InvariantsArgs& a) {
     char id[64];
     std::snprintf(id, sizeof id, "p%03d-%s-%s", k, spec.kind == Kind::Mha ? "mha" : "sdpa",
                   std::string(dtype_name(spec.dtype)).c_str());
-    problems.emplace_back(id, vectors::make_problem(spec, seed));
-    specs.emplace_back(id, spec);
-    if (a.reruns < 2) continue;
+    // The gradients where the profile returns them: the twins relate them on the toy problems
+    // that are not long (each twin's gradient limits need the reference's backward of both
+    // sides), the reruns compare them on every problem.
     const vectors::ProblemSpec grad = with_gradients(spec, opt.profile);
-    reruns.emplace_back(id, grad.wants_gradients() ? vectors::make_problem(grad, seed) : problems.back().second);
+    const bool twin_grads = grad.wants_gradients() && a.shapes == "toy" && spec.Nk <= a.max_len;
+    problems.emplace_back(id, vectors::make_problem(twin_grads ? grad : spec, seed));
+    specs.emplace_back(id, spec);
+    if (opt.reruns < 2) continue;
+    reruns.emplace_back(id, !twin_grads && grad.wants_gradients() ? vectors::make_problem(grad, seed)
+                                                                   : problems.back().second);
   }
   conformance::MetamorphicReport r = conformance::run_metamorphic(problems, opt);
-  if (a.reruns >= 2) conformance::check_reruns(reruns, opt, r);
+  if (opt.reruns >= 2) conformance::check_reruns(reruns, opt, r);
   if (r.violated) failures_guard.release();
 
   for (const auto& x : r.results)
@@ -256,12 +263,12 @@ int run_invariants(const InvariantsArgs& a) {
   std::printf("%zu relations on %d problems (seed %llu, profile %s%s%s): %zu passed (%zu bit for bit), "
               "%zu violated, %zu skipped\n",
               r.results.size(), a.problems, static_cast<unsigned long long>(a.seed), a.profile.c_str(),
-              a.reruns >= 2 ? (", " + std::to_string(a.reruns) + " runs each").c_str() : "",
-              a.batch_invariant ? ", batch invariant" : "", r.passed, r.bitwise, r.violated, r.skipped);
+              opt.reruns >= 2 ? (", " + std::to_string(opt.reruns) + " runs each").c_str() : "",
+              opt.batch_invariant ? ", batch invariant" : "", r.passed, r.bitwise, r.violated, r.skipped);
   if (r.violated)
     std::printf("replay: the failing cases are in %s; rerun with --seed %llu --problems %d\n",
                 opt.failures_dir.c_str(), static_cast<unsigned long long>(a.seed), a.problems);
-  if (!a.json.empty()) write_json(a.json, a, r, specs);
+  if (!a.json.empty()) write_json(a.json, a, opt, r, specs);
   return r.violated ? 1 : 0;
 }
 
@@ -291,7 +298,8 @@ Command add_invariants(CLI::App& app) {
                   "--long-keys do not apply)");
   a->returns_option = sub->add_option("--returns", a->returns,
                                       "optional outputs the implementation returns, as for run: weights,lse, and gradients "
-                                      "(asked only of the reruns); '' or none: out only (default: all)");
+                                      "(related by the twins of the toy problems up to --max-len keys, compared by "
+                                      "the reruns); '' or none: out only (default: all)");
   sub->add_option("--profile", a->profile,
                   "the gate's profile, as for run: fp64, fp32, fp16, bf16, flash-fp16, flash-bf16, or a JSON "
                   "file; its arithmetic gives each side's limit, other input dtypes are skipped");
@@ -309,10 +317,11 @@ Command add_invariants(CLI::App& app) {
       "the profile returns them, and check that no bit changes (relation deterministic)")
       ->check(CLI::Range(2, 100));
   sub->add_flag("--deterministic", a->deterministic,
-                "the implementation declares itself deterministic: --reruns 3 unless --reruns is given");
+                "the implementation declares itself deterministic: --reruns 3 unless --reruns is given (as a "
+                "profile with \"deterministic\": true)");
   sub->add_flag("--batch-invariant", a->batch_invariant,
                 "the implementation declares itself batch invariant: a batch row's results keep their bits alone "
-                "and among other rows (relation batch_invariance)");
+                "and among other rows (relation batch_invariance; as a profile with \"batch_invariant\": true)");
   return {sub, [a, reruns] {
             if (a->deterministic && reruns->count() == 0) a->reruns = 3;
             return run_invariants(*a);

@@ -25,11 +25,13 @@ double finite_abs(double x) { return std::isfinite(x) ? std::fabs(x) : 0; }
 struct Side {
   const Case& c;
   const Profile& p;
+  std::vector<RowMagnitudes> mags;
   std::vector<RowLimits> rows;  // per row of row_magnitudes
   std::vector<double> bound;    // out.bound from above, per element of out
   double uo;
-  Side(const Case& c_, const Profile& p_) : c(c_), p(p_), bound(out_bound_above(c_)), uo(unit_roundoff(c_.output_dtype)) {
-    for (const auto& m : row_magnitudes(c)) rows.push_back(row_limits(p, c, m));
+  Side(const Case& c_, const Profile& p_)
+      : c(c_), p(p_), mags(row_magnitudes(c_)), bound(out_bound_above(c_)), uo(unit_roundoff(c_.output_dtype)) {
+    for (const auto& m : mags) rows.push_back(row_limits(p, c, m));
   }
   const RowLimits& row(std::int64_t b, std::int64_t h, std::int64_t i) const {
     return rows[static_cast<std::size_t>(c.kind == Kind::Mha ? b * c.Nq + i : (b * c.Hq + h) * c.Nq + i)];
@@ -93,11 +95,13 @@ bool same_bits(const Tensor& a, std::size_t ia, const Tensor& b, std::size_t ib)
 // values rounded to F64); empty vectors for tensors the case does not ask for.
 struct Golden {
   std::vector<double> out, weights, lse;
+  std::vector<RawTensor> all;  // every golden tensor (the gradients' .ref and .bound among them)
 };
 
 Golden reference_of(const SafeTensorsFile& f) {
   const EvalResult r = evaluate(case_from_file("twin", f), {});
   Golden g;
+  g.all = r.golden;
   for (const RawTensor& t : r.golden) {
     std::vector<double>* dst = t.name == "out.ref" ? &g.out : t.name == "weights.ref" ? &g.weights
                                : t.name == "lse.ref" ? &g.lse : nullptr;
@@ -235,8 +239,101 @@ bool gradient_bits(const Case& c, const conformance::JobResult& ra, const confor
   return true;
 }
 
-// `golden` gives the reference's results of both sides, for reference twins; called only once
-// both sides have results.
+// The gradients a pair relates (TwinPair::dq, key_rows, sink_heads, dbias), element by element
+// through the pair's mapping: within both sides' gate limits (gradient_limits), or for reference
+// twins b - a against the reference's. False with `why` when a side's tensor is missing or of
+// another dtype or shape.
+template <class QueryOf>
+bool twin_gradients(const TwinPair& p, const Case& ca, const Case& cb, const Side& sa, const Side& sb,
+                    const conformance::JobResult& ra, const conformance::JobResult& rb, const Golden& xa,
+                    const Golden& xb, QueryOf qb, Comparison& cmp, std::string& why) {
+  struct Wanted {
+    const char* name;
+    bool asked;
+    std::vector<std::int64_t> shape_a, shape_b;
+  };
+  const std::vector<std::int64_t> none;
+  const Wanted wanted[] = {
+      {"dq", p.dq && ca.want_dq && cb.want_dq, ca.q.shape, cb.q.shape},
+      {"dk", !p.key_rows.empty() && ca.want_dk && cb.want_dk, ca.k.shape, cb.k.shape},
+      {"dv", !p.key_rows.empty() && ca.want_dv && cb.want_dv, ca.v.shape, cb.v.shape},
+      {"dsinks", !p.sink_heads.empty() && ca.want_dsinks && cb.want_dsinks, {ca.Hq}, {cb.Hq}},
+      {"dbias", p.dbias && ca.want_dbias && cb.want_dbias, ca.bias ? ca.bias->shape : none,
+       cb.bias ? cb.bias->shape : none}};
+  std::map<std::string, DType> dtypes;
+  std::map<std::string, std::pair<Tensor, Tensor>> got;
+  for (const Wanted& w : wanted) {
+    if (!w.asked) continue;
+    const RawTensor* t = ra.output.find(w.name);
+    if (!t) {
+      why = std::string("result has no tensor ") + w.name;
+      return false;
+    }
+    auto& [ta, tb] = got[w.name];
+    if (!read_result(ra.output, w.name, t->dtype, w.shape_a, ta, why) ||
+        !read_result(rb.output, w.name, t->dtype, w.shape_b, tb, why))
+      return false;
+    dtypes[w.name] = t->dtype;
+  }
+  const auto la = gradient_limits(sa.p, ca, sa.mags, sa.rows, xa.all, dtypes);
+  const auto lb = gradient_limits(sb.p, cb, sb.mags, sb.rows, xb.all, dtypes);
+  auto one = [&](const std::string& name, std::size_t ia, std::size_t ib, const std::string& where) {
+    const auto a = la.find(name), b = lb.find(name);
+    if (a == la.end() || b == lb.end()) return;
+    const auto& [ta, tb] = got.at(name);
+    const double tol = a->second.limit[ia] + b->second.limit[ib];
+    if (p.reference)
+      cmp.change(name.c_str(), where, ta.v[ia], tb.v[ib], tol, same_bits(ta, ia, tb, ib), a->second.ref[ia],
+                 b->second.ref[ib]);
+    else
+      cmp.element(name.c_str(), where, ta.v[ia], tb.v[ib], tol, same_bits(ta, ia, tb, ib));
+  };
+  auto jb = [&](std::int64_t j) { return p.perm.empty() ? j : p.perm[static_cast<std::size_t>(j)]; };
+  const std::int64_t H = ca.Hq, G = ca.Hkv;
+  if (got.count("dq"))
+    for (std::int64_t b = 0; b < ca.B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < ca.Nq; ++i) {
+          if (!p.rows[static_cast<std::size_t>((b * H + h) * ca.Nq + i)]) continue;
+          for (std::int64_t e = 0; e < ca.Dk; ++e)
+            one("dq", static_cast<std::size_t>(((b * H + h) * ca.Nq + i) * ca.Dk + e),
+                static_cast<std::size_t>(((b * H + h) * cb.Nq + qb(i)) * ca.Dk + e), idx({b, h, i, e}));
+        }
+  for (const auto& [name, D] : {std::pair<std::string, std::int64_t>{"dk", ca.Dk}, {"dv", ca.Dv}}) {
+    if (!got.count(name)) continue;
+    for (std::int64_t b = 0; b < ca.B; ++b)
+      for (std::int64_t g = 0; g < G; ++g)
+        for (std::int64_t j = 0; j < ca.Nk; ++j) {
+          if (!p.key_rows[static_cast<std::size_t>((b * G + g) * ca.Nk + j)]) continue;
+          for (std::int64_t e = 0; e < D; ++e)
+            one(name, static_cast<std::size_t>(((b * G + g) * ca.Nk + j) * D + e),
+                static_cast<std::size_t>(((b * G + g) * cb.Nk + jb(j)) * D + e), idx({b, g, j, e}));
+        }
+  }
+  if (got.count("dsinks"))
+    for (std::int64_t h = 0; h < H; ++h) {
+      const auto at = static_cast<std::size_t>(h);
+      if (p.sink_heads[at]) one("dsinks", at, at, idx({h}));
+    }
+  // dbias: the same shape, or one key more in b (a padding key appended); its last extent runs
+  // over the keys when it is not 1 (a broadcast one stays)
+  if (got.count("dbias")) {
+    const auto &sa_ = ca.bias->shape, &sb_ = cb.bias->shape;
+    const bool fits = !sa_.empty() && sa_.size() == sb_.size() &&
+                      std::equal(sa_.begin(), sa_.end() - 1, sb_.begin()) &&
+                      (sb_.back() == sa_.back() || (p.extra_key && sb_.back() == sa_.back() + 1));
+    const std::int64_t La = fits ? sa_.back() : 0, Lb = fits ? sb_.back() : 0;
+    const bool keys = La == ca.Nk && La > 1;
+    for (std::size_t k = 0; fits && k < got.at("dbias").first.v.size(); ++k) {
+      const auto outer = static_cast<std::int64_t>(k) / La, j = static_cast<std::int64_t>(k) % La;
+      one("dbias", k, static_cast<std::size_t>(outer * Lb + (keys ? jb(j) : j)), idx({outer, j}));
+    }
+  }
+  return true;
+}
+
+// `golden` gives the reference's results of both sides, for reference twins and the twins
+// whose gradients are compared; called only once both sides have results.
 void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const conformance::JobResult& rb,
                   const MetamorphicOptions& opt, RelationResult& res,
                   const std::function<std::pair<const Golden*, const Golden*>()>& golden) {
@@ -268,15 +365,23 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
   // the row of b that row i of a compares with (decode twins hold one query a batch row)
   auto qb = [&](std::int64_t i) { return p.query_of.empty() ? i : std::int64_t{0}; };
   Comparison cmp{res};
-  if (p.reference) {
+  // gradients related: each side's limits from the reference's results of that side
+  const bool grads = opt.profile.returns_gradients && ca.kind == Kind::Sdpa && ca.wants_gradients() &&
+                     cb.wants_gradients() && (p.dq || !p.key_rows.empty() || !p.sink_heads.empty() || p.dbias);
+  const Golden *ga = nullptr, *gb = nullptr;
+  if (p.reference || grads) {
     try {
-      std::tie(cmp.ga, cmp.gb) = golden();
+      std::tie(ga, gb) = golden();
     } catch (const std::exception& e) {
-      res.status = St::Skipped;
-      res.detail = std::string("the reference does not evaluate the pair: ") + e.what();
-      return;
+      if (p.reference) {
+        res.status = St::Skipped;
+        res.detail = std::string("the reference does not evaluate the pair: ") + e.what();
+        return;
+      }
+      ga = gb = nullptr;  // an exact twin: out, weights and lse are still related
     }
   }
+  if (p.reference) cmp.ga = ga, cmp.gb = gb;
   // each side within its own limit of its exact value
   auto compare = [&](const char* tensor, const std::string& where, double a, double b, double tol, bool bits,
                      const std::vector<double> Golden::*t, std::size_t ia, std::size_t ib) {
@@ -353,8 +458,11 @@ void compare_pair(const TwinPair& p, const conformance::JobResult& ra, const con
                   at, atb);
         }
   }
-  if (p.bitwise && opt.profile.returns_gradients && ca.wants_gradients() && !gradient_bits(ca, ra, rb, p, cmp, why))
+  const bool same_shapes = ca.B == cb.B && ca.Nq == cb.Nq && ca.Nk == cb.Nk;  // reruns
+  if (p.bitwise && same_shapes && opt.profile.returns_gradients && ca.wants_gradients() &&
+      !gradient_bits(ca, ra, rb, p, cmp, why))
     return unreadable();
+  if (grads && ga && !twin_gradients(p, ca, cb, sa, sb, ra, rb, *ga, *gb, qb, cmp, why)) return unreadable();
   res.worst = cmp.worst_seen;
   res.bitwise = cmp.bitwise;
   res.status = cmp.worst_seen <= 1 ? St::Pass : St::Violated;

@@ -165,6 +165,12 @@ std::vector<char> all_tokens(const Case& c) {
   return r;
 }
 
+void all_gradients(const Case& c, TwinPair& p) {
+  p.dq = p.dbias = true;
+  p.key_rows.assign(static_cast<std::size_t>(c.B * c.Hkv * c.Nk), 1);
+  p.sink_heads.assign(static_cast<std::size_t>(c.Hq), 1);
+}
+
 std::vector<TwinPair> plain_twins(const Case& c) {
   SafeTensorsFile inputs = c.file;  // golden tensors dropped
   std::vector<TwinPair> out;
@@ -172,6 +178,7 @@ std::vector<TwinPair> plain_twins(const Case& c) {
   // Permuted keys and values (and mask and bias columns).
   if (c.Nk > 1) {
     TwinPair p{name(oracle::Invariant::KeyPermutation), "permuted", "keys and values permuted", inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
+    all_gradients(c, p);  // dk, dv and the bias's key columns move with the keys
     p.perm.resize(static_cast<std::size_t>(c.Nk));
     std::iota(p.perm.begin(), p.perm.end(), 0);
     std::reverse(p.perm.begin(), p.perm.end());
@@ -207,6 +214,7 @@ std::vector<TwinPair> plain_twins(const Case& c) {
     for (std::size_t k = 0; k < vals.size(); ++k)
       encode_float(bt, vals[k] + cst, nb.data.data() + k * dtype_size(bt));  // -inf stays -inf
     p.b.put(std::move(nb));
+    all_gradients(c, p);  // P, and so every gradient, unchanged
     if (c.sinks) {
       const DType st = c.sinks->dtype;
       RawTensor ns{"sinks", st, c.sinks->shape, std::vector<unsigned char>(c.sinks->values.size() * dtype_size(st))};
@@ -239,6 +247,7 @@ std::vector<TwinPair> plain_twins(const Case& c) {
             p.rows[static_cast<std::size_t>((b * c.Hq + h) * c.Nq + i)] = li < from && c.query_valid(b, i);
             p.out_rows[static_cast<std::size_t>(b * c.Nq + i)] = li < from && c.query_valid(b, i);
           }
+      p.dq = true;  // of the rows that see no changed key; dk and dv sum over every row
       out.push_back(std::move(p));
     }
   }
@@ -246,6 +255,7 @@ std::vector<TwinPair> plain_twins(const Case& c) {
   // A padding key appended and masked out: its values must not matter.
   {
     TwinPair p{name(oracle::Invariant::MaskedZero), "padding", "a masked padding key appended", inputs, inputs, {}, 0, true, all_rows(c), all_tokens(c), false, {}};
+    all_gradients(c, p);  // the padding key's own gradients are not compared
     fold_positions(c, p.b);
     for (auto& [name, dim] : key_tensors(c)) append_dim(need(p.b, name), dim, 0, true);
     RawTensor& m = need(p.b, "mask");
@@ -302,6 +312,7 @@ std::vector<TwinPair> plain_twins(const Case& c) {
         if (!c.query_valid(b, i))
           for (std::int64_t h = 0; h < c.Hq; ++h) fill("q", (b * c.Hq + h) * c.Nq + i, c.Dk);
     }
+    p.dq = true;  // dk and dv take the NaN queries of padding rows
     if (filled > 0) out.push_back(std::move(p));
   }
 
@@ -321,6 +332,11 @@ std::vector<TwinPair> plain_twins(const Case& c) {
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t i = 0; i < c.Nq; ++i)
         p.rows[static_cast<std::size_t>((b * c.Hq + r) * c.Nq + i)] = 0;
+    all_gradients(c, p);  // but the kv head head r reads, head r's sink, and a bias's sums
+    p.dbias = false;
+    p.sink_heads[static_cast<std::size_t>(r)] = 0;
+    for (std::size_t k = 0; k < p.key_rows.size(); ++k)
+      if (static_cast<std::int64_t>(k) / c.Nk % c.Hkv == c.kv_head(r)) p.key_rows[k] = 0;
     out.push_back(std::move(p));
   } else if (c.kind == Kind::Mha && c.Hq > 1) {
     // W_o's rows of head r zeroed in both, so that out no longer depends on head r; then head
@@ -345,6 +361,7 @@ std::vector<TwinPair> plain_twins(const Case& c) {
   auto ref_twin = [&](const char* relation, const char* tag, const std::string& what) {
     TwinPair p{relation, tag, what, inputs, inputs, {}, 0, false, all_rows(c), all_tokens(c), false, {}};
     p.reference = true;
+    all_gradients(c, p);
     return p;
   };
 

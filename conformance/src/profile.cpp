@@ -159,7 +159,8 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
     static const char* known[] = {"name", "base", "input_dtypes", "projection", "qk_accum", "softmax", "p",
                                   "pv_accum", "exp_ulps", "safety", "masked_rows", "returns_weights",
                                   "returns_lse", "returns_scores", "returns_gradients", "bias", "key_block",
-                                  "grad_dp", "grad_ds", "grad_accum", "lse_dtype", "partials"};
+                                  "grad_dp", "grad_ds", "grad_accum", "lse_dtype", "partials",
+                                  "deterministic", "batch_invariant"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     if (!ok) throw InputError(path, printable(key), "unknown profile field");
@@ -211,6 +212,8 @@ Profile profile_from_object(const nlohmann::json& j, const std::string& path) {
   flag("returns_lse", p.returns_lse);
   flag("returns_scores", p.returns_scores);
   flag("returns_gradients", p.returns_gradients);
+  flag("deterministic", p.deterministic);
+  flag("batch_invariant", p.batch_invariant);
   if (j.contains("masked_rows")) {
     const auto m = convention_from_name(j["masked_rows"].is_string() ? j["masked_rows"].get<std::string>() : "");
     if (!m) throw InputError(path, "masked_rows", "must be error, zero, nan or mean");

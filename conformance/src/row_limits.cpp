@@ -49,6 +49,8 @@ double rotary_rel(const Profile& p, const Case& c) {
   // magnitude m = |x1 c| + |x2 s|), rounded to `projection`; the case's: the exact value
   // rounded once to rotary_round. Both within those of the exact value, the kernel's rounding to
   // either dtype: u_r + max(u_r, u_proj) + 4 u_qk.
+  // An exact rotation (no rotary_round): the kernel's rounding and sum alone.
+  if (c.rotary->exact) return unit_roundoff(p.projection) + 4 * unit_roundoff(p.qk_accum);
   const double ur = unit_roundoff(c.rotary->round);
   return ur + std::max(ur, unit_roundoff(p.projection)) + 4 * unit_roundoff(p.qk_accum);
 }

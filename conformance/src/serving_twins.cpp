@@ -289,6 +289,16 @@ std::vector<TwinPair> serving_twins(const Case& c) {
           std::memcpy(nq.data.data() + sz(b * c.Hq + h) * qrow,
                       q.data.data() + sz((b * c.Hq + h) * c.Nq + src_row(b)) * qrow, qrow);
       p.b.put(std::move(nq));
+      if (const RawTensor* d = inputs.find("dout")) {  // the gradients' dout, that query's
+        const std::size_t drow = sz(c.Dv) * dtype_size(d->dtype);
+        RawTensor nd{"dout", d->dtype, {c.B, c.Hq, 1, c.Dv}, std::vector<unsigned char>(sz(c.B * c.Hq) * drow)};
+        for (std::int64_t b = 0; b < c.B; ++b)
+          for (std::int64_t h = 0; h < c.Hq; ++h)
+            std::memcpy(nd.data.data() + sz(b * c.Hq + h) * drow,
+                        d->data.data() + sz((b * c.Hq + h) * c.Nq + src_row(b)) * drow, drow);
+        p.b.put(std::move(nd));
+      }
+      p.dq = true;  // dk and dv sum over the other queries too
       if (c.mask) {
         RawTensor m{"mask", DType::BOOL, {c.B, c.Hq, 1, c.Nk}, std::vector<unsigned char>(sz(c.B * c.Hq * c.Nk))};
         for (std::int64_t b = 0; b < c.B; ++b)
@@ -357,6 +367,10 @@ std::vector<TwinPair> serving_twins(const Case& c) {
     for (std::int64_t h = 0; h < c.Hq; ++h)
       for (std::int64_t i = 0; i < c.Nq; ++i) p.rows[sz(h * c.Nq + i)] = 0;
     for (std::int64_t i = 0; i < c.Nq; ++i) p.out_rows[sz(i)] = 0;
+    all_gradients(c, p);  // of the other rows (dsinks and a bias's sums run over the batch)
+    std::fill_n(p.key_rows.begin(), c.Hkv * c.Nk, 0);
+    p.dbias = false;
+    p.sink_heads.clear();
     out.push_back(std::move(p));
   }
   return out;
@@ -402,6 +416,12 @@ std::vector<TwinPair> batch_twins(const Case& c) {
     for (std::int64_t b = 1; b < c.B; ++b) {  // row 0 alone is compared
       std::fill_n(p.rows.begin() + static_cast<std::ptrdiff_t>(b * c.Hq * c.Nq), c.Hq * c.Nq, 0);
       std::fill_n(p.out_rows.begin() + static_cast<std::ptrdiff_t>(b * c.Nq), c.Nq, 0);
+    }
+    if (c.kind == Kind::Sdpa) {  // batch row 0's dq, dk and dv
+      all_gradients(c, p);
+      std::fill(p.key_rows.begin() + static_cast<std::ptrdiff_t>(c.Hkv * c.Nk), p.key_rows.end(), 0);
+      p.dbias = false;
+      p.sink_heads.clear();
     }
     return p;
   };

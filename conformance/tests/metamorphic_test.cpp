@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 
@@ -286,7 +287,9 @@ def run_case(path, compute, bug=None):
     qm = attention.safetensors_np.read(path)[0].get("query_mask")
     if qm is not None:
         pad = ~qm.astype(bool)
-        for name in result:
+        for name in result:  # what the contract leaves free: dq too, not dk, dv, dbias, dsinks
+            if name not in ("out", "weights", "lse", "dq"):
+                continue
             a = np.array(result[name])
             (a if name == "out" and a.ndim == 3 else np.swapaxes(a, 1, 2))[pad] = FILL
             result[name] = a
@@ -465,6 +468,44 @@ TEST_F(InvariantsCommand, BatchInvarianceCatchesABlockSizeFromTheBatch) {
   // holds), but a row's bits change with the batch once it is declared batch invariant.
   expect_caught_only_with(flash_adapter(" --bug block_from_batch"), common(), "--batch-invariant", "batch_invariance",
                           "out");
+}
+
+TEST_F(InvariantsCommand, DeclaredInTheProfile) {
+  // A profile declaring determinism and batch invariance: the reruns (3 runs) and relation
+  // batch_invariance without the flags, which catch a backward summing its key blocks in an order
+  // drawn per run; --reruns still sets the count.
+  const std::string profile = (dir_ / "declared.json").string();
+  auto write_text = [](const std::string& path, const char* text) { std::ofstream(path) << text; };
+  write_text(profile, R"({"name": "declared", "base": "fp32", "deterministic": true, "batch_invariant": true})");
+  const std::string impl = flash_adapter(" --block 16 --bug dq_block_order_random");
+  std::string out;
+  EXPECT_EQ(run("invariants --impl " + impl + common() + " --profile " + profile, out), 1) << out;
+  EXPECT_NE(out.find(", 3 runs each, batch invariant): "), std::string::npos) << out;
+  EXPECT_NE(out.find("  deterministic ("), std::string::npos) << out;
+  EXPECT_EQ(run("invariants --impl " + flash_adapter(" --block 16") + common() + " --profile " + profile +
+                    " --reruns 2", out), 0) << out;
+  EXPECT_NE(out.find(", 2 runs each, batch invariant): "), std::string::npos) << out;
+  EXPECT_NE(out.find(" 0 violated"), std::string::npos) << out;
+  write_text(profile, R"({"name": "declared", "deterministic": "yes"})");
+  EXPECT_EQ(run("invariants --impl true" + common() + " --profile " + profile, out), 2) << out;
+  EXPECT_NE(out.find("declared.json: deterministic: must be true or false"), std::string::npos) << out;
+}
+
+TEST_F(InvariantsCommand, TwinsRelateTheGradients) {
+  // Backward bugs no forward output shows: dk and dv summed over the wrong query heads (a dk
+  // from the wrong kv head), and the last partial key block skipped. The twins that ask the
+  // gradients catch them; with --returns without gradients nothing is compared, nothing fails.
+  std::string out;
+  const std::string tiled = numpy_adapter(" --bug bwd_gqa_sum_tiled");
+  EXPECT_EQ(run("invariants --impl " + tiled + common(), out), 1) << out;
+  EXPECT_NE(out.find("): dk["), std::string::npos) << out;
+  EXPECT_NE(out.find("  scale_sensitivity ("), std::string::npos) << out;
+  EXPECT_EQ(run("invariants --impl " + tiled + common() + " --returns weights,lse", out), 0) << out;
+  // an exact twin (the keys permuted: other keys land in the skipped block of 4) sees it in dv
+  const std::string tail = flash_adapter(" --block 4 --bug bwd_tail_block_skipped");
+  EXPECT_EQ(run("invariants --impl " + tail + common(), out), 1) << out;
+  EXPECT_NE(out.find("  key_permutation (keys and values permuted): dv["), std::string::npos) << out;
+  EXPECT_EQ(run("invariants --impl " + tail + common() + " --returns weights,lse", out), 0) << out;
 }
 
 TEST_F(InvariantsCommand, NaNPayloadsAreNotDifferences) {

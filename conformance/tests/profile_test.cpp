@@ -116,6 +116,22 @@ TEST_F(Profiles, BackwardFields) {
             std::string::npos);
 }
 
+TEST_F(Profiles, DeclaredDeterminismAndBatchInvariance) {
+  // no built-in declares either; a JSON profile may, each on its own
+  for (const std::string& name : conformance::builtin_profile_names()) {
+    EXPECT_FALSE(conformance::builtin_profile(name).deterministic) << name;
+    EXPECT_FALSE(conformance::builtin_profile(name).batch_invariant) << name;
+  }
+  file("d.json", R"({"name": "d", "base": "fp32", "deterministic": true})");
+  const Profile p = conformance::profile_from_json((dir_ / "d.json").string());
+  EXPECT_TRUE(p.deterministic);
+  EXPECT_FALSE(p.batch_invariant);
+  file("d2.json", R"({"name": "d2", "batch_invariant": 1})");
+  EXPECT_NE(refusal([&] { conformance::profile_from_json((dir_ / "d2.json").string()); })
+                .find("d2.json: batch_invariant: must be true or false"),
+            std::string::npos);
+}
+
 // lse_dtype: the flash profiles (and so the flash family) return lse in F32; a JSON profile sets
 // it by name, or clears it with null.
 TEST_F(Profiles, LseDtype) {

@@ -569,7 +569,7 @@ TEST(Tolerance, RotaryTermsOfTheDocs) {
   m.rotary_abs = 1.5;
   const double plain = row_limits(builtin_profile("fp32"), c, m).score;
   EXPECT_EQ(rotary_rel(builtin_profile("fp32"), c), 0);
-  c.rotary = Rotary{RotaryPairing::Half, 2, 1, DType::BF16, {0.5}, {-0.25}, {}, {}};
+  c.rotary = Rotary{RotaryPairing::Half, 2, 1, DType::BF16, {0.5}, {-0.25}, {}, {}, false, {}, {}};
   const double eps = 0x1p-8 + 0x1p-8 + 4 * 0x1p-24;  // u_r BF16, u_proj F32 < u_r, u_qk F32
   EXPECT_DOUBLE_EQ(rotary_rel(builtin_profile("fp32"), c), eps);
   EXPECT_DOUBLE_EQ(row_limits(builtin_profile("fp32"), c, m).score, plain + 3 * eps * 1.5);

@@ -340,6 +340,11 @@ EvalResult Driver::finish(double seconds) {
 
 EvalResult evaluate(const Case& c, const EvalOptions& opt) {
   if (c.kind == Kind::Merge) return evaluate_merge(c, opt);
+  if (c.rotary && c.rotary->exact) {  // the same scores through doubles (rotary.hpp); MPFR rows
+    EvalOptions o = opt;
+    o.fast_path = false;
+    return evaluate(exact_rotation_case(c), o);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   // Refuse before any work, naming the first fully masked row in (b, h, i) order.
   if (const auto r = c.first_refused_row()) throw FullyMaskedRow(r->b, r->h, r->i);

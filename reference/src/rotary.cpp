@@ -2,6 +2,7 @@
 
 #include <mpfr.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -71,10 +72,17 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
   if (!has_key) fail(kRotaryCosName, "given, but attn.rotary is missing (interleaved or half)");
   const auto pairing = rotary_pairing_from_name(key->second);
   if (!pairing) fail(kRotaryKey, "value " + quote(key->second) + " is not interleaved or half");
-  if (!has_round)
-    fail(kRotaryKey, "given without attn.rotary_round: an unrounded rotation is not supported "
-                     "(name the dtype rotated q and k are rounded to: F32, F16 or BF16)");
-  const auto round = dtype_from_name(rkey->second);
+  // Without attn.rotary_round the rotated values stay exact: two products of values of at most
+  // 24 significant bits each, exact in double (48 bits, exponents far inside its range).
+  const bool exact = !has_round;
+  if (exact && float_format(c.input_dtype).precision > 24)
+    fail(kRotaryKey, "given without attn.rotary_round on " + std::string(dtype_name(c.input_dtype)) +
+                         " inputs: an exact rotation is evaluated for F32, F16 and BF16 inputs (name the dtype "
+                         "rotated q and k are rounded to)");
+  if (exact && c.wants_gradients())
+    fail(kRotaryKey, "given without attn.rotary_round: the gradients of an exact rotation are not evaluated "
+                     "(name the dtype rotated q and k are rounded to, or ask out, weights, lse and scores only)");
+  const auto round = exact ? std::optional<DType>(DType::F64) : dtype_from_name(rkey->second);
   if (!round || !is_float_format(*round))
     fail(kRotaryRoundKey, "value " + quote(rkey->second) + " is not F64, F32, F16 or BF16");
   if (c.paged)
@@ -118,11 +126,15 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
       fail(kRotaryCosName, "has Nrot = " + std::to_string(nrot) + " positions, but b=" + std::to_string(b) +
                                " has " + std::to_string(c.key_length(b)) + " keys");
   }
-  Rotary rot{*pairing, R, nrot, *round, std::move(cosv), std::move(sinv), {}, {}};
+  Rotary rot{*pairing, R, nrot, *round, std::move(cosv), std::move(sinv), {}, {}, exact, {}, {}};
   // Rotates the first R features of each row of x [B, H, N, Dk] at the position of its row.
-  const auto rotate = [&](FloatTensor& x, std::vector<double>& mag, std::int64_t H, std::int64_t N, bool queries,
-                          const char* name) {
+  const auto rotate = [&](FloatTensor& x, std::vector<double>& mag, std::vector<double>& parts, std::int64_t H,
+                          std::int64_t N, bool queries, const char* name) {
     mag.assign(x.values.size(), 0.0);
+    if (exact) {  // (x, 0) where nothing rotates
+      parts.assign(2 * x.values.size(), 0.0);
+      for (std::size_t e = 0; e < x.values.size(); ++e) parts[2 * e] = x.values[e];
+    }
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t n = 0; n < N; ++n) {
@@ -134,15 +146,23 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
             const std::int64_t i1 = rot.first(f), i2 = rot.second(f);
             double& x1 = row[i1];
             double& x2 = row[i2];
+            const auto at = static_cast<std::size_t>(row - x.values.data());
+            const auto p1 = 2 * (at + static_cast<std::size_t>(i1)), p2 = 2 * (at + static_cast<std::size_t>(i2));
             if (!std::isfinite(x1) || !std::isfinite(x2)) {  // left to the unused-position rules
               x1 = x2 = std::numeric_limits<double>::quiet_NaN();
+              if (exact) parts[p1] = parts[p2] = x1;
               continue;
             }
             const auto e = static_cast<std::size_t>(t * half + f);
-            const auto at = static_cast<std::size_t>(row - x.values.data());
             mag[at + static_cast<std::size_t>(i1)] = std::fabs(x1 * rot.cos[e]) + std::fabs(x2 * rot.sin[e]);
             mag[at + static_cast<std::size_t>(i2)] = std::fabs(x1 * rot.sin[e]) + std::fabs(x2 * rot.cos[e]);
             double y1, y2;
+            if (exact) {  // each product exact (see above); the sums rounded to double for q and k
+              parts[p1] = x1 * rot.cos[e], parts[p1 + 1] = -(x2 * rot.sin[e]);
+              parts[p2] = x1 * rot.sin[e], parts[p2 + 1] = x2 * rot.cos[e];
+              x1 = parts[p1] + parts[p1 + 1], x2 = parts[p2] + parts[p2 + 1];
+              continue;
+            }
             rotate_pair(x1, x2, rot.cos[e], rot.sin[e], *round, y1, y2);
             if (used && (!std::isfinite(y1) || !std::isfinite(y2)))
               fail(kRotaryRoundKey, std::string("rotated ") + name + " element " +
@@ -152,9 +172,31 @@ void apply_rotary(const std::string& path, const SafeTensorsFile& file, Case& c)
           }
         }
   };
-  rotate(c.q, rot.q_mag, c.Hq, c.Nq, true, "q");
-  rotate(c.k, rot.k_mag, c.Hkv, c.Nk, false, "k");
+  rotate(c.q, rot.q_mag, rot.q_parts, c.Hq, c.Nq, true, "q");
+  rotate(c.k, rot.k_mag, rot.k_parts, c.Hkv, c.Nk, false, "k");
   c.rotary = std::move(rot);
+}
+
+Case exact_rotation_case(const Case& c) {
+  Case e = c;
+  const Rotary& r = *c.rotary;
+  // q' = (a, a, b, b), k' = (a', b', a', b'): q'.k' = (a + b)(a' + b') feature by feature
+  const auto expand = [](FloatTensor& x, const std::vector<double>& parts, bool query) {
+    std::vector<double> out(2 * parts.size());
+    for (std::size_t f = 0; f < parts.size() / 2; ++f) {
+      const double a = parts[2 * f], b = parts[2 * f + 1];
+      const double v[4] = {a, query ? a : b, query ? b : a, b};
+      std::copy(v, v + 4, out.begin() + static_cast<std::ptrdiff_t>(4 * f));
+    }
+    x.values = std::move(out);
+    x.shape.back() *= 4;
+  };
+  expand(e.q, r.q_parts, true);
+  expand(e.k, r.k_parts, false);
+  e.scale_features = c.scale_features ? c.scale_features : c.Dk;
+  e.Dk = 4 * c.Dk;
+  e.rotary.reset();
+  return e;
 }
 
 }  // namespace attnoracle

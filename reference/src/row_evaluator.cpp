@@ -245,7 +245,7 @@ void scores(HeadWork& w) {
   if (c.scale) {
     enclose_text(sclo.x, schi.x, *c.scale);
   } else {  // 1/sqrt(Dk), correctly rounded each way
-    mpfr_set_si(w.tmp.x, c.Dk, MPFR_RNDN);
+    mpfr_set_si(w.tmp.x, c.scale_features ? c.scale_features : c.Dk, MPFR_RNDN);
     mpfr_rec_sqrt(sclo.x, w.tmp.x, MPFR_RNDD);
     mpfr_rec_sqrt(schi.x, w.tmp.x, MPFR_RNDU);
   }

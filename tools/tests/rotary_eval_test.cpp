@@ -61,6 +61,17 @@ TEST_F(RotaryEval, DecodeQueryAtItsPositionByHand) {
   EXPECT_NE(values(evaluated(plain, "plain"), "weights"), (std::vector<double>{0.5, 0.5}));
 }
 
+// The exact rotation (no attn.rotary_round) of the case above: quarter turns are exact, so the
+// results are those of the rounded rotation.
+TEST_F(RotaryEval, ExactRotationByHand) {
+  const SafeTensorsFile f =
+      with_meta(without_meta(decode_case(), "attn.rotary_round"), "attn.outputs", "out,weights,lse");
+  const SafeTensorsFile g = evaluated(f, "exact");
+  EXPECT_EQ(values(g, "out"), std::vector<double>{3});
+  EXPECT_EQ(values(g, "weights"), (std::vector<double>{0.5, 0.5}));
+  EXPECT_EQ(values(g, "lse"), std::vector<double>{static_cast<float>(1 + std::log(2.0))});
+}
+
 // dq and dk through the rotation: the case above with k0 = (1, 1), so k0' = (1, 1), k1' = (0, 1),
 // q' = (0, 1) and still both scores 1, A = (1/2, 1/2), dP = (2, 4), D = 3, dS = (-1/2, 1/2).
 // dq' = dS k' = (-1/2, 0), and R^T at position 1 (cos 0, sin 1) gives dq = (0, 1/2): q' = (-x2,
@@ -82,7 +93,14 @@ TEST_F(RotaryEval, Refusals) {
   const SafeTensorsFile f = decode_case();
   expect_refused(with_meta(f, "attn.rotary", "neox"), "attn.rotary", "value \"neox\" is not interleaved or half");
   expect_refused(without_meta(f, "attn.rotary"), "rotary_cos", "given, but attn.rotary is missing");
-  expect_refused(without_meta(f, "attn.rotary_round"), "attn.rotary", "given without attn.rotary_round");
+  // An exact rotation (no attn.rotary_round): no gradient, no F64 input.
+  expect_refused(without_meta(f, "attn.rotary_round"), "attn.rotary",
+                 "given without attn.rotary_round: the gradients of an exact rotation are not evaluated");
+  const SafeTensorsFile exact = with_meta(without_meta(f, "attn.rotary_round"), "attn.outputs", "out");
+  expect_refused(with(with(with(exact, floats("q", {1, 1, 1, 2}, {1, 0}, DType::F64)),
+                           floats("k", {1, 1, 2, 2}, {0, 1, 1, 0}, DType::F64)),
+                      floats("v", {1, 1, 2, 1}, {2, 4}, DType::F64)),
+                 "attn.rotary", "given without attn.rotary_round on F64 inputs");
   expect_refused(with_meta(f, "attn.rotary_round", "F8_E4M3"), "attn.rotary_round",
                  "value \"F8_E4M3\" is not F64, F32, F16 or BF16");
   expect_refused(without(f, "rotary_sin"), "rotary_cos", "given, but the case has no rotary_sin tensor");

@@ -34,6 +34,13 @@ struct TwinPair {
   // Every compared element must keep its bits (NaN against NaN counts as equal, whatever the
   // payload), the gradients included; the limits still apply.
   bool bitwise = false;
+  // Gradients, kind sdpa (where the problem asks them and the profile returns them), related as
+  // out is (within both limits, or through the reference): dq on `rows` when `dq`; dk and dv on
+  // the keys `key_rows` ([B, Hkv, Nk] of a; key j of a is key perm[j] of b); dsinks on the heads
+  // `sink_heads` ([Hq]); dbias when `dbias` (along the keys as they are). Empty: not compared.
+  bool dq = false;
+  std::vector<char> key_rows = {}, sink_heads = {};
+  bool dbias = false;
 };
 
 // The twins of one problem. Permuted keys, a constant added to every score through the bias,

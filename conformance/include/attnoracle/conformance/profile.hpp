@@ -34,6 +34,10 @@ struct Profile {
   bool returns_lse = true;
   bool returns_scores = true;
   bool returns_gradients = true;  // dq, dk, dv, dbias when a case asks for them
+  // declared by the implementation: invariants then checks relation deterministic (3 runs of
+  // every problem) and relation batch_invariance without being asked
+  bool deterministic = false;
+  bool batch_invariant = false;
   // The dtype it returns lse in, whatever the case's output dtype (FlashAttention: F32); none:
   // the case's. The runner then asks for it in attn.output_dtypes and lse is judged in it.
   std::optional<DType> lse_dtype;

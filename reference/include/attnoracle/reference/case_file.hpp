@@ -84,6 +84,7 @@ struct Case {
     return output_dtype;
   }
   std::optional<std::string> scale;    // attn.scale text; empty = 1/sqrt(Dk)
+  std::int64_t scale_features = 0;     // the Dk of that default scale where it is not Dk (0: Dk)
   std::optional<std::string> softcap;  // attn.softcap text when nonzero
   Causal causal = Causal::None;
   bool window = false;
