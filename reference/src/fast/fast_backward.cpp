@@ -144,13 +144,19 @@ struct FastBackward::Impl {
   // The same from the ball of q.k.
   bool weight(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const Ball& dot, const RowStat& st,
               Ball& P) const {
+    Ball x;
+    if (!exponent(b, h, i, j, dot, st, x)) return false;
+    P = exp(x);
+    return true;
+  }
+  // Its argument x = scale q.k + bias - lse, false where exp's ball rule does not hold for it.
+  bool exponent(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const Ball& dot, const RowStat& st,
+                Ball& x) const {
     Ball sc = mul(s.scale, dot);
     const double bias = c.bias_at(b, h, i, j);
     if (bias != 0) sc = add(sc, bias);
-    const Ball x = add(sc, neg(st.lse));
-    if (!finite(x) || !exp_applies(x)) return false;
-    P = exp(x);
-    return true;
+    x = add(sc, neg(st.lse));
+    return finite(x) && exp_applies(x);
   }
 
   // Decides element e of gradient `name` from the value's and the bound's balls; calls the
@@ -259,8 +265,7 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   std::vector<double> kc;
   std::vector<char> centred;
   if (!whole) {
-    kc.resize(static_cast<std::size_t>(Dk));
-    centred.assign(kc.size(), 1);
+    centred.assign(static_cast<std::size_t>(Dk), 1);
     for (std::int64_t cc = 0; cc < Dk; ++cc) {
       const double k0 = K[keys[0] * Dk + cc];
       for (std::int64_t j : keys) {
@@ -279,18 +284,26 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   dpabs.run(adout.data(), m.avt.data() + head * blocks * Dv * static_cast<std::int64_t>(kKeyBlock), Dv, blocks);
   BallSums val(static_cast<std::size_t>(Dk)), bnd(static_cast<std::size_t>(Dk));
   const double* k0 = K + keys[0] * Dk;
-  for (std::int64_t j : keys) {
-    const auto ju = static_cast<std::size_t>(j);
-    const Entry e = entry(fr.weights[ju], dp.ball(ju), dpabs.ball(ju), st);
-    const double* k = K + j * Dk;
+  const std::size_t n = keys.size();
+  std::vector<Ball> dS(n), A(n);
+  std::vector<const double*> kr(n), akr(n);
+  if (!whole) kc.resize(n * static_cast<std::size_t>(Dk));
+  for (std::size_t t = 0; t < n; ++t) {
+    const auto j = static_cast<std::size_t>(keys[t]);
+    const Entry e = entry(fr.weights[j], dp.ball(j), dpabs.ball(j), st);
+    dS[t] = e.dS, A[t] = e.A;
+    const double* k = K + keys[t] * Dk;
     if (whole) {
-      val.add(e.dS, m.kc.data() + (head * c.Nk + j) * Dk);
+      kr[t] = m.kc.data() + (head * c.Nk + keys[t]) * Dk;
     } else {
-      for (std::size_t ci = 0; ci < kc.size(); ++ci) kc[ci] = centred[ci] ? k[ci] - k0[ci] : k[ci];
-      val.add(e.dS, kc.data());
+      double* row = kc.data() + t * static_cast<std::size_t>(Dk);
+      for (std::int64_t ci = 0; ci < Dk; ++ci) row[ci] = centred[static_cast<std::size_t>(ci)] ? k[ci] - k0[ci] : k[ci];
+      kr[t] = row;
     }
-    bnd.add(e.A, AK + j * Dk);
+    akr[t] = AK + keys[t] * Dk;
   }
+  val.add(n, dS.data(), kr.data());
+  bnd.add(n, A.data(), akr.data());
   dq = DecidedGrad{};
   const auto base = static_cast<std::int64_t>(r) * Dk;
   for (std::int64_t cc = 0; cc < Dk; ++cc) {
@@ -319,24 +332,44 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
   qk.run(k, m.qt.data() + head * blocks * Dk * kb, Dk, blocks);
   dp.run(v, m.doutt.data() + head * blocks * Dv * kb, Dv, blocks);
   dpabs.run(av.data(), m.adoutt.data() + head * blocks * Dv * kb, Dv, blocks);
+  // The rows that see key j and the arguments of their weights, then the weights' exp_dd in lanes.
+  std::vector<std::size_t> rows, slots;
+  std::vector<Ball> x;
+  std::vector<double> xh, xl;
   for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
     for (std::int64_t i = 0; i < c.Nq; ++i) {
       if (!c.query_valid(b, i) || !c.allowed(b, h, i, j)) continue;  // row_has_key follows
       const std::size_t r = m.row_id(b, h, i), a = static_cast<std::size_t>((h - g * G) * c.Nq + i);
       const RowStat& st = m.stats[r];
       if (!st.ok) return false;
-      Ball P;
-      if (!m.weight(b, h, i, j, qk.ball(a), st, P)) return false;
-      const Entry e = entry(P, dp.ball(a), dpabs.ball(a), st);
-      if (kval.size()) {
-        kval.add(e.dS, c.q.values.data() + r * static_cast<std::size_t>(Dk));
-        kbnd.add(e.A, m.aq.data() + r * static_cast<std::size_t>(Dk));
-      }
-      if (vval.size()) {
-        vval.add(P, m.dout_row(r));
-        vbnd.add(P, m.adout.data() + r * static_cast<std::size_t>(Dv));
-      }
+      Ball xa;
+      if (!m.exponent(b, h, i, j, qk.ball(a), st, xa)) return false;
+      rows.push_back(r), slots.push_back(a), x.push_back(xa);
+      xh.push_back(xa.mid.hi < kExpMin ? 0 : xa.mid.hi), xl.push_back(xa.mid.hi < kExpMin ? 0 : xa.mid.lo);
     }
+  const std::size_t n = rows.size();
+  std::vector<double> eh(n), el(n);
+  exp_dd_many(xh.data(), xl.data(), n, eh.data(), el.data());
+  std::vector<Ball> P(n), dS(n), A(n);
+  std::vector<const double*> qr(n), aqr(n), dr(n), adr(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    // exp(x): exp_ball on exp_dd of the midpoint, or [0, kTinyExp] below kExpMin (ball.hpp)
+    P[t] = x[t].mid.hi < kExpMin ? Ball{DD{}, kTinyExp} : exp_ball(x[t], DD{eh[t], el[t]});
+    const Entry e = entry(P[t], dp.ball(slots[t]), dpabs.ball(slots[t]), m.stats[rows[t]]);
+    dS[t] = e.dS, A[t] = e.A;
+    qr[t] = c.q.values.data() + rows[t] * static_cast<std::size_t>(Dk);
+    aqr[t] = m.aq.data() + rows[t] * static_cast<std::size_t>(Dk);
+    dr[t] = m.dout_row(rows[t]);
+    adr[t] = m.adout.data() + rows[t] * static_cast<std::size_t>(Dv);
+  }
+  if (kval.size()) {
+    kval.add(n, dS.data(), qr.data());
+    kbnd.add(n, A.data(), aqr.data());
+  }
+  if (vval.size()) {
+    vval.add(n, P.data(), dr.data());
+    vbnd.add(n, P.data(), adr.data());
+  }
   dk = DecidedGrad{};
   dv = DecidedGrad{};
   for (std::size_t cc = 0; cc < kval.size(); ++cc)
