@@ -17,7 +17,10 @@ round (A B C D A B C D ...) so that machine noise spreads over all of them:
 
 at N = 64, 256, 1024 with D = 64 (--sizes, -d), and with --large `attnoracle eval` and the floor
 at N = 4096, 8192 with D = 128 (--large-sizes, --large-d), then eval, the floor and NumPy at
-B = 1, H = 32, N = 4096, D = 128, BF16 inputs and outputs (--large-heads, --large-heads-n). Each command:
+B = 1, H = 32, N = 4096, D = 128, BF16 inputs and outputs (--large-heads, --large-heads-n); and the
+backward, eval against bench/torch_grad_ref.py (PyTorch float64 autograd), on B = 1, H = 1, N = 1024
+(and 4096 with --large), D = 128, BF16 inputs and outputs, dq, dk and dv (--backward-sizes,
+--large-backward-sizes, --backward-heads, --backward-d). Each command:
 wall time (median of the runs, measured around the process), peak resident memory (GNU time's
 %M), for eval the rows decided by the fast path, by MPFR and those that fell back (parsed from
 eval's summary line on stderr), for eval and the floor their evaluation time (from their
