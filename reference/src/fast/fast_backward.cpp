@@ -61,6 +61,23 @@ struct DotLanes {
   Ball ball(std::size_t a) const { return dot2_ball(sh[a], sl[a], sabs[a], factor); }
 };
 
+// Per column c of the keys K[., Dk]: whether K_jc - K_j0c is exact for every j of `keys` (j0 its
+// first), so that the column may be centred on key j0 without a rounding.
+std::vector<char> exact_differences(const double* K, std::int64_t Dk, const std::vector<std::int64_t>& keys) {
+  std::vector<char> centred(static_cast<std::size_t>(Dk), 1);
+  for (std::int64_t cc = 0; cc < Dk; ++cc) {
+    const double k0 = K[keys[0] * Dk + cc];
+    for (std::int64_t j : keys) {
+      const double kj = K[j * Dk + cc], dd = kj - k0;
+      if (!(std::isfinite(dd) && dd + k0 == kj && kj - dd == k0)) {
+        centred[static_cast<std::size_t>(cc)] = 0;
+        break;
+      }
+    }
+  }
+  return centred;
+}
+
 std::vector<double> magnitudes(const std::vector<double>& x) {
   std::vector<double> a(x.size());
   absolute(x.data(), static_cast<std::int64_t>(x.size()), a.data());
@@ -78,7 +95,6 @@ struct FastBackward::Impl {
   // Transposed in blocks (simd.hpp): V and |V| per kv head over its keys; Q, dout and |dout| per
   // kv head over the rows of its query heads. Row-major magnitudes |K|, |Q|, |dout|, and kc.
   std::vector<double> vt, avt, qt, doutt, adoutt, ak, aq, adout, kc;
-  std::vector<char> centred;  // [B * Hkv * Dk]
 
   Impl(const Case& cs, const EvalOptions& o) : c(cs), opt(o) {
     if (!opt.fast_path) {
@@ -112,22 +128,18 @@ struct FastBackward::Impl {
   }
 
   // kc holds K_jc - K_0c per (batch, kv head) where every such difference over its keys is exact
-  // (centred[c]), else K_jc: what row() uses for a row that allows every key.
+  // (exact_differences), else K_jc: what row() uses for a row that allows every key.
   void centre_keys() {
     const std::int64_t Nk = c.Nk, Dk = c.Dk;
     kc = c.k.values;
-    centred.assign(static_cast<std::size_t>(c.B * c.Hkv * Dk), 1);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(Nk));
+    for (std::int64_t j = 0; j < Nk; ++j) all[static_cast<std::size_t>(j)] = j;
     for (std::int64_t hd = 0; hd < c.B * c.Hkv; ++hd) {
       const double* K = c.k.values.data() + hd * Nk * Dk;
-      char* cen = centred.data() + hd * Dk;
-      for (std::int64_t j = 0; j < Nk; ++j)
-        for (std::int64_t cc = 0; cc < Dk; ++cc) {
-          const double k0 = K[cc], kj = K[j * Dk + cc], dd = kj - k0;
-          if (!(std::isfinite(dd) && dd + k0 == kj && kj - dd == k0)) cen[cc] = 0;
-        }
+      const std::vector<char> cen = exact_differences(K, Dk, all);
       for (std::int64_t j = 0; j < Nk; ++j)
         for (std::int64_t cc = 0; cc < Dk; ++cc)
-          if (cen[cc]) kc[static_cast<std::size_t>((hd * Nk + j) * Dk + cc)] = K[j * Dk + cc] - K[cc];
+          if (cen[static_cast<std::size_t>(cc)]) kc[static_cast<std::size_t>((hd * Nk + j) * Dk + cc)] = K[j * Dk + cc] - K[cc];
     }
   }
 
@@ -263,20 +275,7 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   // row's first key, over its allowed keys.
   const bool whole = static_cast<std::int64_t>(keys.size()) == c.Nk;
   std::vector<double> kc;
-  std::vector<char> centred;
-  if (!whole) {
-    centred.assign(static_cast<std::size_t>(Dk), 1);
-    for (std::int64_t cc = 0; cc < Dk; ++cc) {
-      const double k0 = K[keys[0] * Dk + cc];
-      for (std::int64_t j : keys) {
-        const double kj = K[j * Dk + cc], dd = kj - k0;
-        if (!(std::isfinite(dd) && dd + k0 == kj && kj - dd == k0)) {
-          centred[static_cast<std::size_t>(cc)] = 0;
-          break;
-        }
-      }
-    }
-  }
+  const std::vector<char> centred = whole ? std::vector<char>{} : exact_differences(K, Dk, keys);
   // dP_j = dout . v_j and sum_c |dout_c v_jc| for every key of the head, in lanes.
   const std::int64_t blocks = key_blocks(c.Nk);
   DotLanes dp, dpabs;
