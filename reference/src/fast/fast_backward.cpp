@@ -65,6 +65,7 @@ struct DotLanes {
 // first), so that the column may be centred on key j0 without a rounding.
 std::vector<char> exact_differences(const double* K, std::int64_t Dk, const std::vector<std::int64_t>& keys) {
   std::vector<char> centred(static_cast<std::size_t>(Dk), 1);
+  if (keys.empty()) return centred;  // no key (Nk = 0): nothing to centre
   for (std::int64_t cc = 0; cc < Dk; ++cc) {
     const double k0 = K[keys[0] * Dk + cc];
     for (std::int64_t j : keys) {
