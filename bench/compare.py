@@ -17,7 +17,10 @@ round (A B C D A B C D ...) so that machine noise spreads over all of them:
 
 at N = 64, 256, 1024 with D = 64 (--sizes, -d), and with --large `attnoracle eval` and the floor
 at N = 4096, 8192 with D = 128 (--large-sizes, --large-d), then eval, the floor and NumPy at
-B = 1, H = 32, N = 4096, D = 128, BF16 inputs and outputs (--large-heads, --large-heads-n). Each command:
+B = 1, H = 32, N = 4096, D = 128, BF16 inputs and outputs (--large-heads, --large-heads-n); and the
+backward, eval against bench/torch_grad_ref.py (PyTorch float64 autograd), on B = 1, H = 1, N = 1024
+(and 4096 with --large), D = 128, BF16 inputs and outputs, dq, dk and dv (--backward-sizes,
+--large-backward-sizes, --backward-heads, --backward-d). Each command:
 wall time (median of the runs, measured around the process), peak resident memory (GNU time's
 %M), for eval the rows decided by the fast path, by MPFR and those that fell back (parsed from
 eval's summary line on stderr), for eval and the floor their evaluation time (from their
@@ -82,6 +85,9 @@ def parse_eval_summary(stderr):
         if m:
             info["fell_back"] = int(m.group(1))
             break
+    m = re.search(r"gradient units (\d+) by the fast path \((\d+) fell back", line)
+    if m:
+        info["grad_fast"], info["grad_fallback"] = int(m.group(1)), int(m.group(2))
     m = re.search(r"all by MPFR\s*\(([^)]*)\)", line)
     if m:
         info["note"] = m.group(1)
@@ -242,19 +248,22 @@ def loadavg():
         return None
 
 
-def agreement(golden_path, other_path):
-    """How many elements of `out` in other_path equal the golden `out` (an undecided element may
-    equal either candidate; +0 and -0 are the same value). Returns (equal, total)."""
+def agreement(golden_path, other_path, names=("out",)):
+    """How many elements of the tensors `names` in other_path equal the golden ones (an undecided
+    element may equal either candidate; +0 and -0 are the same value). Returns (equal, total)."""
     import numpy as np
     from numpy_ref import load
     g, _ = load(golden_path)
     o, _ = load(other_path)
-    a, b = g["out"].astype(np.float64).ravel(), o["out"].astype(np.float64).ravel()
-    same = a == b
-    if "out.undecided" in g:
-        idx = g["out.undecided"]
-        same[idx] |= g["out.alt"].astype(np.float64) == b[idx]
-    return int(same.sum()), int(a.size)
+    equal = total = 0
+    for name in names:
+        a, b = g[name].astype(np.float64).ravel(), o[name].astype(np.float64).ravel()
+        same = a == b
+        if name + ".undecided" in g:
+            idx = g[name + ".undecided"]
+            same[idx] |= g[name + ".alt"].astype(np.float64) == b[idx]
+        equal, total = equal + int(same.sum()), total + int(a.size)
+    return equal, total
 
 
 def write_results(case_path, out_path, names):
@@ -338,6 +347,12 @@ def main(argv=None):
     p.add_argument("--check-n", type=int, default=1024,
                    help="N of the `check` throughput case (8 heads, D = 64, F32, out, weights and lse; "
                         "0 to skip; default 1024)")
+    p.add_argument("--backward-sizes", default="1024",
+                   help="N of the backward cases (sdpa, BF16 inputs and outputs, dq, dk, dv; default 1024; "
+                        "--large adds --large-backward-sizes; empty: none)")
+    p.add_argument("--large-backward-sizes", default="4096", help="default 4096")
+    p.add_argument("--backward-heads", type=int, default=1, help="H of the backward cases (default 1)")
+    p.add_argument("--backward-d", type=int, default=128, help="D of the backward cases (default 128)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take (default 3600)")
     p.add_argument("--workdir", help="where the case and output files go (default a temporary directory)")
@@ -389,6 +404,7 @@ def main(argv=None):
     os.makedirs(workdir, exist_ok=True)
     py = sys.executable
     numpy_ref = os.path.join(HERE, "numpy_ref.py")
+    torch_ref = os.path.join(HERE, "torch_grad_ref.py")
     mpmath_ref = os.path.join(HERE, "mpmath_ref.py")
     started = datetime.datetime.now()
     load_before = loadavg()
@@ -413,17 +429,23 @@ def main(argv=None):
     def eval_cmd(t, extra=()):
         return lambda case, out: [args.attnoracle, "eval", case, "-o", out, "--threads", str(t), *extra]
 
-    def measure_size(n, d, with_refs, reps, decode=False, heads=None, long_nk=None):
+    def measure_size(n, d, with_refs, reps, decode=False, heads=None, long_nk=None, backward=False):
         """Builds the case, runs the commands alternately, returns (case bytes, [Command]).
         decode: the decode shape instead (B = 1, Hq = 32 over Hkv = 8, Nq = 8, Nk = 2048,
         D = 128, BF16 inputs and outputs), with NumPy but no mpmath. heads: that many heads,
         BF16 inputs and outputs, no mpmath either. long_nk: the long-row shape (B = 1, H = 4,
         Nq = n, Nk = long_nk, D = d, F16 inputs and outputs, out and weights), NumPy but no
-        mpmath. The floor runs at every size."""
+        mpmath. backward: the backward case (B = 1, H = heads, BF16 inputs and outputs, dout,
+        dq, dk and dv), eval against torch_grad_ref.py only. The floor runs at every size but the
+        backward's."""
         nonlocal mp_cost
-        tag = ("decode" if decode else f"long rows {n}x{long_nk}" if long_nk
+        tag = (f"backward {n}x{n} D={d} H={heads}" if backward else "decode" if decode else f"long rows {n}x{long_nk}" if long_nk
                else f"{n}x{n} D={d}" + (f" H={heads}" if heads else ""))
-        if long_nk:
+        if backward:
+            case = os.path.join(workdir, f"backward-H{heads}-{n}x{n}-D{d}-bf16.safetensors")
+            case_bytes = make_case.make_case(case, n, d, heads=heads, seed=args.seed, input_dtype="BF16",
+                                             output_dtype="BF16", backward=True)
+        elif long_nk:
             case = os.path.join(workdir, f"long-rows-{n}x{long_nk}-D{d}-f16.safetensors")
             case_bytes = make_case.make_case(case, n, d, heads=4, nk=long_nk, seed=args.seed, input_dtype="F16",
                                              output_dtype="F16", weights=True)
@@ -444,10 +466,13 @@ def main(argv=None):
             t = max(threads)
             cmds.append(Command(f"attnoracle eval --no-fast-path, {t} thread{'s' if t > 1 else ''}",
                                 "eval-mpfr", eval_cmd(t, ["--no-fast-path"]), t))
-        if floor:
+        if backward:
+            cmds.append(Command("torch_grad_ref.py (float64 autograd)", "torch",
+                                lambda c, o: [py, torch_ref, c, "-o", o]))
+        if floor and not backward:
             cmds += [Command(f"floor (fp64, uncertified), {t} thread{'s' if t > 1 else ''}", "floor",
                              lambda c, o, t=t: [floor, c, "--threads", str(t)], t) for t in threads]
-        if with_refs:
+        if with_refs and not backward:
             cmds.append(Command("numpy_ref.py (float64)", "numpy", lambda c, o: [py, numpy_ref, c, "-o", o]))
             if have_mpmath and not decode and not heads and not long_nk:
                 mp = Command("mpmath_ref.py (30 digits)", "mpmath", lambda c, o: [py, mpmath_ref, c, "-o", o])
@@ -631,6 +656,20 @@ def main(argv=None):
                 if c.last_output and os.path.exists(c.last_output):
                     os.remove(c.last_output)
             os.remove(case)
+        # The backward: (n, case bytes, cmds, agreement of torch's dq, dk, dv with the golden ones).
+        backward = []
+        for n in sorted(set(parse_list(args.backward_sizes) + (parse_list(args.large_backward_sizes)
+                                                               if args.large else []))):
+            case, case_bytes, cmds = measure_size(n, args.backward_d, False, args.reps, heads=args.backward_heads,
+                                                  backward=True)
+            golden = next((c.last_output for c in cmds if c.kind == "eval" and c.last_output), None)
+            agree = {c.label: agreement(golden, c.last_output, ("dq", "dk", "dv")) for c in cmds
+                     if golden and c.kind == "torch" and c.last_output}
+            backward.append((n, case_bytes, cmds, agree))
+            for c in cmds:
+                if c.last_output and os.path.exists(c.last_output):
+                    os.remove(c.last_output)
+            os.remove(case)
         heads = None  # (case bytes, cmds, agreement): B = 1, H = 32, N = 4096, D = 128, BF16
         if args.large and args.large_heads > 0:
             heads = shape(args.large_heads_n, args.large_d, True, args.large_reps or args.reps, heads=args.large_heads)
@@ -757,6 +796,38 @@ def main(argv=None):
     if heads:
         shape_table(f"Many heads (--large): B = 1, H = {args.large_heads}, Nq = Nk = {args.large_heads_n}, "
                     f"D = {args.large_d}, BF16 inputs and outputs", heads)
+
+    if backward:
+        md.append("")
+        md.append(f"## Backward: sdpa, B = 1, H = {args.backward_heads}, Nq = Nk = N, D = {args.backward_d}, "
+                  "BF16 inputs and outputs, dq, dk and dv")
+        md.append("")
+        md.append("eval's whole process (the forward rows, the three gradient passes, the oracle's twin checks, "
+                  "reading and writing) against torch_grad_ref.py's (PyTorch float64 autograd of plain attention, "
+                  "forward and backward, the import of torch included). Evaluation and oracle: the medians of "
+                  "eval's summary line's parts. `grads = golden`: elements of torch's dq, dk, dv (rounded once "
+                  "to BF16) equal to eval's golden ones.")
+        md.append("")
+        md.append("| N | command | runs | median wall s | peak MiB | vs torch | evaluation s | oracle s "
+                  "| oracle / torch | units by MPFR | grads = golden |")
+        md.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for n, case_bytes, cmds, agree in backward:
+            tor = next((c for c in cmds if c.kind == "torch" and c.walls), None)
+            for c in cmds:
+                if not c.walls:
+                    md.append(f"| {n} | {c.label} | 0 | – | – | – | – | – | – | – | {c.failed or 'not run'} |")
+                    continue
+                med = c.median()
+                ev, orc = info_median(c, "evaluation"), info_median(c, "oracle")
+                units = "–"
+                if c.infos and "grad_fast" in c.infos[-1]:
+                    i = c.infos[-1]
+                    units = f"{i['grad_fallback']}/{i['grad_fast'] + i['grad_fallback']}"
+                md.append(f"| {n} | {c.label} | {len(c.walls)} | {fmt(med, 4)} | {c.peak() / MIB:.1f} "
+                          f"| {fmt(med / tor.median()) + 'x' if tor else '–'} | {fmt(ev, 4) if ev else '–'} "
+                          f"| {fmt(orc, 4) if orc is not None else '–'} "
+                          f"| {fmt(orc / tor.median()) + 'x' if tor and orc is not None else '–'} | {units} "
+                          f"| {golden_cell(agree[c.label]) if c.label in agree else '–'} |")
 
     # ---- the floor ----
     def cmd_of(cmds, kind, t):
@@ -973,6 +1044,27 @@ def main(argv=None):
                   "; ".join(f"{label} {rate:.0f} MB/s ({verdict(rate >= 1000)})" for label, rate in rates))
     else:
         md.append("- `check` at least 1 GB/s of results on one core: not measured (--check-n 0)")
+    # ---- the backward's targets ----
+    md.append("")
+    md.append("## Backward targets, on this run")
+    md.append("")
+    whole, twins = [], []
+    for n, _, cmds, _ in backward:
+        tor = next((c for c in cmds if c.kind == "torch" and c.walls), None)
+        for c in cmds:
+            if c.kind != "eval" or not c.walls or not tor:
+                continue
+            tag = f"N = {n}, {c.threads} thread{'s' if c.threads > 1 else ''}"
+            r = c.median() / tor.median()
+            whole.append(f"{tag}: {r:.2f}x ({verdict(r <= 1)})")
+            orc = info_median(c, "oracle")
+            if orc is not None:
+                twins.append(f"{tag}: {orc / tor.median():.2f}x ({verdict(orc <= 0.25 * tor.median())})")
+    md.append("- sdpa backward, BF16, D = 128, whole eval at most 1x PyTorch float64 autograd's whole process: "
+              + ("; ".join(whole) if whole else "not measured (--backward-sizes)"))
+    md.append("- the oracle's gradient twins at most 25% of PyTorch's time: "
+              + ("; ".join(twins) if twins else "not measured"))
+
     # ---- the floor's target ----
     md.append("")
     md.append("## Target against the floor, on this run")

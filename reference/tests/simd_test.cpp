@@ -167,6 +167,46 @@ RC_GTEST_PROP(Simd, BallSumLanesMatchScalar, ()) {
   });
 }
 
+// Many terms in one pass: the bits of one ball_sum_lanes_scalar step per term, under every
+// target (columns past four vectors of lanes, and a remainder); BallSums' add of many terms is
+// its add term after term, exact zeros left out alike.
+RC_GTEST_PROP(Simd, BallSumTermsMatchScalar, ()) {
+  const auto cols = *rc::gen::inRange<std::size_t>(1, 140);
+  const auto n = *rc::gen::inRange<std::size_t>(0, 12);
+  const bool absolute = *rc::gen::arbitrary<bool>();
+  std::vector<std::vector<double>> y(n);
+  std::vector<const double*> rows(n);
+  std::vector<fast::Ball> x(n);
+  std::vector<double> xh(n), xl(n), xr(n);
+  for (std::size_t a = 0; a < n; ++a) {
+    y[a] = *rc::gen::container<std::vector<double>>(cols, scaled(-30, 30));
+    rows[a] = y[a].data();
+    const double h = *rc::gen::element(0.0, 1.0) * *scaled(-40, 0);  // some exact zeros
+    x[a] = {fast::DD{h, h * *rc::gen::inRange(-1000, 1000) * 0x1p-63}, std::fabs(h) * 0x1p-70};
+    xh[a] = x[a].mid.hi, xl[a] = x[a].mid.lo, xr[a] = x[a].rad;
+  }
+  std::vector<double> s0(cols * 5, 0.0);
+  for (std::size_t a = 0; a < n; ++a)
+    fast::ball_sum_lanes_scalar(0, cols, rows[a], absolute, xh[a], xl[a], xr[a], s0.data(), s0.data() + cols,
+                                s0.data() + 2 * cols, s0.data() + 3 * cols, s0.data() + 4 * cols);
+  for_each_target([&](const std::string& target) {
+    std::vector<double> s(cols * 5, 0.0);
+    fast::ball_sum_terms(cols, n, rows.data(), absolute, xh.data(), xl.data(), xr.data(), s.data(), s.data() + cols,
+                         s.data() + 2 * cols, s.data() + 3 * cols, s.data() + 4 * cols);
+    for (std::size_t i = 0; i < s.size(); ++i)
+      if (!same_bits(s[i], s0[i])) RC_FAIL("ball_sum_terms differs under " + target + " at " + std::to_string(i));
+  });
+  fast::BallSums one(cols), many(cols);
+  for (std::size_t a = 0; a < n; ++a) one.add(x[a], rows[a], absolute);
+  many.add(n, x.data(), rows.data(), absolute);
+  for (std::size_t c = 0; c < cols; ++c) {
+    const fast::Ball p = one.ball(c), q = many.ball(c);
+    RC_ASSERT(same_bits(p.mid.hi, q.mid.hi));
+    RC_ASSERT(same_bits(p.mid.lo, q.mid.lo));
+    RC_ASSERT(same_bits(p.rad, q.rad));
+  }
+}
+
 // The P V column sums in lanes against the scalar code, and the scalar code against the blocks
 // it stands for: each block of kSumBlock rows summed from zero (Dot2's steps), its TwoSum added
 // to the column's double-double total.

@@ -115,6 +115,17 @@ class BallSums {
   }
   // x |y_c| added to every column c.
   void add_abs(const Ball& x, const double* y) { add(x, y, true); }
+  // add(x[a], y[a], absolute) for a in [0, n), in that order, in one pass over the columns.
+  void add(std::size_t n, const Ball* x, const double* const* y, bool absolute = false) {
+    th_.clear(), tl_.clear(), tr_.clear(), ty_.clear();
+    for (std::size_t a = 0; a < n; ++a) {
+      if (x[a].mid.hi == 0 && x[a].rad == 0) continue;
+      th_.push_back(x[a].mid.hi), tl_.push_back(x[a].mid.lo), tr_.push_back(x[a].rad), ty_.push_back(y[a]);
+    }
+    n_ += static_cast<std::int64_t>(th_.size());
+    ball_sum_terms(hi_.size(), th_.size(), ty_.data(), absolute, th_.data(), tl_.data(), tr_.data(), hi_.data(),
+                   lo_.data(), errsum_.data(), radsum_.data(), ymax_.data());
+  }
   Ball ball(std::size_t c) const {
     if (n_ == 0 || ymax_[c] == 0) return {};
     const double nk = static_cast<double>(n_) + 2;
@@ -125,6 +136,8 @@ class BallSums {
  private:
   std::vector<double> hi_, lo_, errsum_, radsum_, ymax_;
   std::int64_t n_ = 0;
+  std::vector<double> th_, tl_, tr_;  // the nonzero terms of add(n, x, y)
+  std::vector<const double*> ty_;
 };
 
 }  // namespace attnoracle::fast

@@ -37,11 +37,52 @@ Ball scaled(const Ball& s, const Ball& x) { return x.mid.hi == 0 && x.rad == 0 ?
 struct Entry {
   Ball dS, A;
 };
+// From the balls of dP = dout . v and of sum_c |dout_c v_c|.
+Entry entry(const Ball& P, const Ball& dP, const Ball& dPabs, const RowStat& st) {
+  return {mul(P, add(dP, neg(st.d))), mul(P, add(dPabs, st.dabs))};
+}
 // av holds |v|, adout |dout|.
 Entry entry(const Ball& P, const double* dout, const double* adout, const double* v, const double* av,
             std::int64_t Dv, const RowStat& st) {
-  const Ball dP = dot2(dout, v, Dv), dPabs = dot2(adout, av, Dv);
-  return {mul(P, add(dP, neg(st.d))), mul(P, add(dPabs, st.dabs))};
+  return entry(P, dot2(dout, v, Dv), dot2(adout, av, Dv), st);
+}
+
+// Dot2 of x with every row of a transposed block matrix (simd.hpp's layout), as ball.hpp's dot2
+// forms it bit for bit: the ball of row a is ball(a).
+struct DotLanes {
+  std::vector<double> sh, sl, sabs;
+  double factor = 0;
+  void run(const double* x, const double* t, std::int64_t len, std::int64_t blocks) {
+    const auto n = static_cast<std::size_t>(blocks) * kKeyBlock;
+    sh.resize(n), sl.resize(n), sabs.resize(n);
+    factor = dot2_factor(len);
+    dot2_blocks(x, t, len, blocks, sh.data(), sl.data(), sabs.data());
+  }
+  Ball ball(std::size_t a) const { return dot2_ball(sh[a], sl[a], sabs[a], factor); }
+};
+
+// Per column c of the keys K[., Dk]: whether K_jc - K_j0c is exact for every j of `keys` (j0 its
+// first), so that the column may be centred on key j0 without a rounding.
+std::vector<char> exact_differences(const double* K, std::int64_t Dk, const std::vector<std::int64_t>& keys) {
+  std::vector<char> centred(static_cast<std::size_t>(Dk), 1);
+  if (keys.empty()) return centred;  // no key (Nk = 0): nothing to centre
+  for (std::int64_t cc = 0; cc < Dk; ++cc) {
+    const double k0 = K[keys[0] * Dk + cc];
+    for (std::int64_t j : keys) {
+      const double kj = K[j * Dk + cc], dd = kj - k0;
+      if (!(std::isfinite(dd) && dd + k0 == kj && kj - dd == k0)) {
+        centred[static_cast<std::size_t>(cc)] = 0;
+        break;
+      }
+    }
+  }
+  return centred;
+}
+
+std::vector<double> magnitudes(const std::vector<double>& x) {
+  std::vector<double> a(x.size());
+  absolute(x.data(), static_cast<std::int64_t>(x.size()), a.data());
+  return a;
 }
 
 }  // namespace
@@ -52,6 +93,9 @@ struct FastBackward::Impl {
   Setup s;
   Ball abs_scale;
   mutable std::vector<RowStat> stats;  // per row; each written by its own row unit only
+  // Transposed in blocks (simd.hpp): V and |V| per kv head over its keys; Q, dout and |dout| per
+  // kv head over the rows of its query heads. Row-major magnitudes |K|, |Q|, |dout|, and kc.
+  std::vector<double> vt, avt, qt, doutt, adoutt, ak, aq, adout, kc;
 
   Impl(const Case& cs, const EvalOptions& o) : c(cs), opt(o) {
     if (!opt.fast_path) {
@@ -65,7 +109,39 @@ struct FastBackward::Impl {
                                                            : nullptr;
     if (refused) s = Setup{false, refused, {}, {}, 0, {}, {}, {}, {}};
     abs_scale = abs(s.scale);
-    if (s.applies) stats.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
+    if (!s.applies) return;
+    stats.resize(static_cast<std::size_t>(c.B * c.Hq * c.Nq));
+    const std::int64_t heads = c.B * c.Hkv, G = c.Hq / c.Hkv;
+    if (c.want_dq) {  // the row pass's dP over a head's keys in lanes, and K centred on its key 0
+      vt = transpose_keys(c.v.values.data(), heads, c.Nk, c.Dv);
+      const std::vector<double> av = magnitudes(c.v.values);
+      avt = transpose_keys(av.data(), heads, c.Nk, c.Dv);
+      ak = magnitudes(c.k.values);
+      centre_keys();
+    }
+    if (c.want_dk || c.want_dv) {  // the key pass's dots over a kv head's rows in lanes
+      qt = transpose_keys(c.q.values.data(), heads, G * c.Nq, c.Dk);
+      doutt = transpose_keys(c.dout->values.data(), heads, G * c.Nq, c.Dv);
+      adout = magnitudes(c.dout->values);
+      adoutt = transpose_keys(adout.data(), heads, G * c.Nq, c.Dv);
+      aq = magnitudes(c.q.values);
+    }
+  }
+
+  // kc holds K_jc - K_0c per (batch, kv head) where every such difference over its keys is exact
+  // (exact_differences), else K_jc: what row() uses for a row that allows every key.
+  void centre_keys() {
+    const std::int64_t Nk = c.Nk, Dk = c.Dk;
+    kc = c.k.values;
+    std::vector<std::int64_t> all(static_cast<std::size_t>(Nk));
+    for (std::int64_t j = 0; j < Nk; ++j) all[static_cast<std::size_t>(j)] = j;
+    for (std::int64_t hd = 0; hd < c.B * c.Hkv; ++hd) {
+      const double* K = c.k.values.data() + hd * Nk * Dk;
+      const std::vector<char> cen = exact_differences(K, Dk, all);
+      for (std::int64_t j = 0; j < Nk; ++j)
+        for (std::int64_t cc = 0; cc < Dk; ++cc)
+          if (cen[static_cast<std::size_t>(cc)]) kc[static_cast<std::size_t>((hd * Nk + j) * Dk + cc)] = K[j * Dk + cc] - K[cc];
+    }
   }
 
   std::size_t row_id(std::int64_t b, std::int64_t h, std::int64_t i) const {
@@ -76,13 +152,24 @@ struct FastBackward::Impl {
   // P_ij = exp(scale q.k + bias - lse).
   bool weight(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const double* q, const double* k,
               const RowStat& st, Ball& P) const {
-    Ball sc = mul(s.scale, dot2(q, k, c.Dk));
-    const double bias = c.bias_at(b, h, i, j);
-    if (bias != 0) sc = add(sc, bias);
-    const Ball x = add(sc, neg(st.lse));
-    if (!finite(x) || !exp_applies(x)) return false;
+    return weight(b, h, i, j, dot2(q, k, c.Dk), st, P);
+  }
+  // The same from the ball of q.k.
+  bool weight(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const Ball& dot, const RowStat& st,
+              Ball& P) const {
+    Ball x;
+    if (!exponent(b, h, i, j, dot, st, x)) return false;
     P = exp(x);
     return true;
+  }
+  // Its argument x = scale q.k + bias - lse, false where exp's ball rule does not hold for it.
+  bool exponent(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, const Ball& dot, const RowStat& st,
+                Ball& x) const {
+    Ball sc = mul(s.scale, dot);
+    const double bias = c.bias_at(b, h, i, j);
+    if (bias != 0) sc = add(sc, bias);
+    x = add(sc, neg(st.lse));
+    return finite(x) && exp_applies(x);
   }
 
   // Decides element e of gradient `name` from the value's and the bound's balls; calls the
@@ -161,7 +248,7 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   if (!fr.ok) return false;
   const std::int64_t Dk = c.Dk, Dv = c.Dv, g = c.kv_head(h);
   const double* dout = m.dout_row(r);
-  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv));
+  std::vector<double> adout(static_cast<std::size_t>(Dv));
   BallSums d(1), dabs(1);  // one column: the sums over c
   for (std::int64_t cc = 0; cc < Dv; ++cc) {
     const auto ci = static_cast<std::size_t>(cc);
@@ -182,33 +269,41 @@ bool FastBackward::row(std::int64_t b, std::int64_t h, std::int64_t i, DecidedGr
   std::vector<std::int64_t> keys;
   for (std::int64_t j = 0; j < c.Nk; ++j)
     if (fr.allowed[static_cast<std::size_t>(j)]) keys.push_back(j);
-  const double* K = c.k.values.data() + (b * c.Hkv + g) * c.Nk * Dk;
-  const double* V = c.v.values.data() + (b * c.Hkv + g) * c.Nk * Dv;
-  std::vector<char> centred(static_cast<std::size_t>(Dk), 1);
-  for (std::int64_t cc = 0; cc < Dk; ++cc) {
-    const double k0 = K[keys[0] * Dk + cc];
-    for (std::int64_t j : keys) {
-      const double kj = K[j * Dk + cc], dd = kj - k0;
-      if (!(std::isfinite(dd) && dd + k0 == kj && kj - dd == k0)) {
-        centred[static_cast<std::size_t>(cc)] = 0;
-        break;
-      }
-    }
-  }
+  const std::int64_t head = b * c.Hkv + g;
+  const double* K = c.k.values.data() + head * c.Nk * Dk;
+  const double* AK = m.ak.data() + head * c.Nk * Dk;
+  // Every key allowed: K centred on key 0 as the constructor left it; else centred here on the
+  // row's first key, over its allowed keys.
+  const bool whole = static_cast<std::int64_t>(keys.size()) == c.Nk;
+  std::vector<double> kc;
+  const std::vector<char> centred = whole ? std::vector<char>{} : exact_differences(K, Dk, keys);
+  // dP_j = dout . v_j and sum_c |dout_c v_jc| for every key of the head, in lanes.
+  const std::int64_t blocks = key_blocks(c.Nk);
+  DotLanes dp, dpabs;
+  dp.run(dout, m.vt.data() + head * blocks * Dv * static_cast<std::int64_t>(kKeyBlock), Dv, blocks);
+  dpabs.run(adout.data(), m.avt.data() + head * blocks * Dv * static_cast<std::int64_t>(kKeyBlock), Dv, blocks);
   BallSums val(static_cast<std::size_t>(Dk)), bnd(static_cast<std::size_t>(Dk));
-  std::vector<double> kc(static_cast<std::size_t>(Dk)), ak(kc.size());
   const double* k0 = K + keys[0] * Dk;
-  for (std::int64_t j : keys) {
-    absolute(V + j * Dv, Dv, av.data());
-    const Entry e = entry(fr.weights[static_cast<std::size_t>(j)], dout, adout.data(), V + j * Dv, av.data(), Dv, st);
-    const double* k = K + j * Dk;
-    for (std::size_t ci = 0; ci < kc.size(); ++ci) {
-      kc[ci] = centred[ci] ? k[ci] - k0[ci] : k[ci];
-      ak[ci] = std::fabs(k[ci]);
+  const std::size_t n = keys.size();
+  std::vector<Ball> dS(n), A(n);
+  std::vector<const double*> kr(n), akr(n);
+  if (!whole) kc.resize(n * static_cast<std::size_t>(Dk));
+  for (std::size_t t = 0; t < n; ++t) {
+    const auto j = static_cast<std::size_t>(keys[t]);
+    const Entry e = entry(fr.weights[j], dp.ball(j), dpabs.ball(j), st);
+    dS[t] = e.dS, A[t] = e.A;
+    const double* k = K + keys[t] * Dk;
+    if (whole) {
+      kr[t] = m.kc.data() + (head * c.Nk + keys[t]) * Dk;
+    } else {
+      double* row = kc.data() + t * static_cast<std::size_t>(Dk);
+      for (std::int64_t ci = 0; ci < Dk; ++ci) row[ci] = centred[static_cast<std::size_t>(ci)] ? k[ci] - k0[ci] : k[ci];
+      kr[t] = row;
     }
-    val.add(e.dS, kc.data());
-    bnd.add(e.A, ak.data());
+    akr[t] = AK + keys[t] * Dk;
   }
+  val.add(n, dS.data(), kr.data());
+  bnd.add(n, A.data(), akr.data());
   dq = DecidedGrad{};
   const auto base = static_cast<std::int64_t>(r) * Dk;
   for (std::int64_t cc = 0; cc < Dk; ++cc) {
@@ -228,30 +323,53 @@ bool FastBackward::key(std::int64_t b, std::int64_t g, std::int64_t j, DecidedGr
   const double* v = c.v.values.data() + key * static_cast<std::size_t>(Dv);
   BallSums kval(static_cast<std::size_t>(c.want_dk ? Dk : 0)), kbnd(kval.size());
   BallSums vval(static_cast<std::size_t>(c.want_dv ? Dv : 0)), vbnd(vval.size());
-  std::vector<double> adout(static_cast<std::size_t>(Dv)), av(static_cast<std::size_t>(Dv)), aq(static_cast<std::size_t>(Dk));
+  std::vector<double> av(static_cast<std::size_t>(Dv));
   absolute(v, Dv, av.data());  // the key's |v|, once for all its rows
+  // q_r . k_j, dP = dout_r . v_j and sum_c |dout_rc v_jc| for every row r of the kv head's query
+  // heads, in lanes.
+  const std::int64_t head = b * c.Hkv + g, blocks = key_blocks(G * c.Nq), kb = kKeyBlock;
+  DotLanes qk, dp, dpabs;
+  qk.run(k, m.qt.data() + head * blocks * Dk * kb, Dk, blocks);
+  dp.run(v, m.doutt.data() + head * blocks * Dv * kb, Dv, blocks);
+  dpabs.run(av.data(), m.adoutt.data() + head * blocks * Dv * kb, Dv, blocks);
+  // The rows that see key j and the arguments of their weights, then the weights' exp_dd in lanes.
+  std::vector<std::size_t> rows, slots;
+  std::vector<Ball> x;
+  std::vector<double> xh, xl;
   for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
     for (std::int64_t i = 0; i < c.Nq; ++i) {
       if (!c.query_valid(b, i) || !c.allowed(b, h, i, j)) continue;  // row_has_key follows
-      const std::size_t r = m.row_id(b, h, i);
+      const std::size_t r = m.row_id(b, h, i), a = static_cast<std::size_t>((h - g * G) * c.Nq + i);
       const RowStat& st = m.stats[r];
       if (!st.ok) return false;
-      const double* q = c.q.values.data() + r * static_cast<std::size_t>(Dk);
-      Ball P;
-      if (!m.weight(b, h, i, j, q, k, st, P)) return false;
-      const double* dout = m.dout_row(r);
-      for (std::int64_t cc = 0; cc < Dv; ++cc) adout[static_cast<std::size_t>(cc)] = std::fabs(dout[cc]);
-      const Entry e = entry(P, dout, adout.data(), v, av.data(), Dv, st);
-      if (kval.size()) {
-        for (std::size_t cc = 0; cc < aq.size(); ++cc) aq[cc] = std::fabs(q[cc]);
-        kval.add(e.dS, q);
-        kbnd.add(e.A, aq.data());
-      }
-      if (vval.size()) {
-        vval.add(P, dout);
-        vbnd.add(P, adout.data());
-      }
+      Ball xa;
+      if (!m.exponent(b, h, i, j, qk.ball(a), st, xa)) return false;
+      rows.push_back(r), slots.push_back(a), x.push_back(xa);
+      xh.push_back(xa.mid.hi < kExpMin ? 0 : xa.mid.hi), xl.push_back(xa.mid.hi < kExpMin ? 0 : xa.mid.lo);
     }
+  const std::size_t n = rows.size();
+  std::vector<double> eh(n), el(n);
+  exp_dd_many(xh.data(), xl.data(), n, eh.data(), el.data());
+  std::vector<Ball> P(n), dS(n), A(n);
+  std::vector<const double*> qr(n), aqr(n), dr(n), adr(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    // exp(x): exp_ball on exp_dd of the midpoint, or [0, kTinyExp] below kExpMin (ball.hpp)
+    P[t] = x[t].mid.hi < kExpMin ? Ball{DD{}, kTinyExp} : exp_ball(x[t], DD{eh[t], el[t]});
+    const Entry e = entry(P[t], dp.ball(slots[t]), dpabs.ball(slots[t]), m.stats[rows[t]]);
+    dS[t] = e.dS, A[t] = e.A;
+    qr[t] = c.q.values.data() + rows[t] * static_cast<std::size_t>(Dk);
+    aqr[t] = m.aq.data() + rows[t] * static_cast<std::size_t>(Dk);
+    dr[t] = m.dout_row(rows[t]);
+    adr[t] = m.adout.data() + rows[t] * static_cast<std::size_t>(Dv);
+  }
+  if (kval.size()) {
+    kval.add(n, dS.data(), qr.data());
+    kbnd.add(n, A.data(), aqr.data());
+  }
+  if (vval.size()) {
+    vval.add(n, P.data(), dr.data());
+    vbnd.add(n, P.data(), adr.data());
+  }
   dk = DecidedGrad{};
   dv = DecidedGrad{};
   for (std::size_t cc = 0; cc < kval.size(); ++cc)

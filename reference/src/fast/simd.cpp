@@ -226,6 +226,58 @@ void BallSumLanes(std::size_t count, const double* HWY_RESTRICT y, bool absolute
 }
 
 #if HWY_NATIVE_FMA
+// BallSumTerms on U column vectors from column c at once: U independent chains per term, which
+// hides the latency of each column's chain of TwoSums.
+template <std::size_t U>
+HWY_INLINE void ball_sum_terms_vectors(std::size_t c, std::size_t n, const double* const* HWY_RESTRICT y,
+                                       bool absolute, const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl,
+                                       const double* HWY_RESTRICT xr, double* HWY_RESTRICT hi,
+                                       double* HWY_RESTRICT lo, double* HWY_RESTRICT errsum,
+                                       double* HWY_RESTRICT radsum, double* HWY_RESTRICT ymax) {
+  const D d;
+  const std::size_t w = hn::Lanes(d);
+  V h[U], l[U], e[U], r[U], m[U];
+#pragma GCC unroll 4
+  for (std::size_t u = 0; u < U; ++u) {
+    const std::size_t o = c + u * w;
+    h[u] = hn::LoadU(d, hi + o), l[u] = hn::LoadU(d, lo + o), e[u] = hn::LoadU(d, errsum + o);
+    r[u] = hn::LoadU(d, radsum + o), m[u] = hn::LoadU(d, ymax + o);
+  }
+  for (std::size_t a = 0; a < n; ++a) {  // BallSumLanes' step, term after term
+    const V vxh = hn::Set(d, xh[a]), vxl = hn::Set(d, xl[a]), vxr = hn::Set(d, xr[a]);
+#pragma GCC unroll 4
+    for (std::size_t u = 0; u < U; ++u) {
+      const V y0 = hn::LoadU(d, y[a] + c + u * w), ay = hn::Abs(y0);
+      ball_step(vxh, vxl, absolute ? ay : y0, h[u], l[u], e[u]);
+      r[u] = hn::Add(r[u], hn::Mul(vxr, ay));
+      m[u] = hn::Max(m[u], ay);
+    }
+  }
+#pragma GCC unroll 4
+  for (std::size_t u = 0; u < U; ++u) {
+    const std::size_t o = c + u * w;
+    hn::StoreU(h[u], d, hi + o), hn::StoreU(l[u], d, lo + o), hn::StoreU(e[u], d, errsum + o);
+    hn::StoreU(r[u], d, radsum + o), hn::StoreU(m[u], d, ymax + o);
+  }
+}
+#endif
+
+void BallSumTerms(std::size_t count, std::size_t n, const double* const* HWY_RESTRICT y, bool absolute,
+                  const double* HWY_RESTRICT xh, const double* HWY_RESTRICT xl, const double* HWY_RESTRICT xr,
+                  double* HWY_RESTRICT hi, double* HWY_RESTRICT lo, double* HWY_RESTRICT errsum,
+                  double* HWY_RESTRICT radsum, double* HWY_RESTRICT ymax) {
+  std::size_t c = 0;
+#if HWY_NATIVE_FMA
+  const std::size_t w = hn::Lanes(D());
+  for (; c + 4 * w <= count; c += 4 * w)
+    ball_sum_terms_vectors<4>(c, n, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
+  for (; c + w <= count; c += w)
+    ball_sum_terms_vectors<1>(c, n, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
+#endif
+  ball_sum_terms_scalar(c, count, n, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
+}
+
+#if HWY_NATIVE_FMA
 // One step of a block's column sums (pv_step's operations): x y added to (hi, lo).
 HWY_INLINE void pv_step(V xh, V xl, V yc, V& hi, V& lo) {
   const VDD p = two_prod(xh, yc);
@@ -573,6 +625,7 @@ HWY_EXPORT(Dot2Blocks);
 HWY_EXPORT(ExpDDMany);
 HWY_EXPORT(TargetHere);
 HWY_EXPORT(BallSumLanes);
+HWY_EXPORT(BallSumTerms);
 HWY_EXPORT(PVSums);
 HWY_EXPORT(BallEnds);
 HWY_EXPORT(ScoreBalls);
@@ -654,6 +707,19 @@ void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y,
     radsum[c] += xr * std::fabs(yc);
     ymax[c] = std::max(ymax[c], std::fabs(yc));
   }
+}
+
+void ball_sum_terms_scalar(std::size_t from, std::size_t count, std::size_t n, const double* const* y, bool absolute,
+                           const double* xh, const double* xl, const double* xr, double* hi, double* lo,
+                           double* errsum, double* radsum, double* ymax) {
+  for (std::size_t a = 0; a < n; ++a)
+    ball_sum_lanes_scalar(from, count, y[a], absolute, xh[a], xl[a], xr[a], hi, lo, errsum, radsum, ymax);
+}
+
+void ball_sum_terms(std::size_t count, std::size_t n, const double* const* y, bool absolute, const double* xh,
+                    const double* xl, const double* xr, double* hi, double* lo, double* errsum, double* radsum,
+                    double* ymax) {
+  HWY_DYNAMIC_DISPATCH(BallSumTerms)(count, n, y, absolute, xh, xl, xr, hi, lo, errsum, radsum, ymax);
 }
 
 namespace {

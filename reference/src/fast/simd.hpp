@@ -73,6 +73,15 @@ void ball_sum_lanes(std::size_t count, const double* y, bool absolute, double xh
 void ball_sum_lanes_scalar(std::size_t from, std::size_t count, const double* y, bool absolute, double xh,
                            double xl, double xr, double* hi, double* lo, double* errsum, double* radsum,
                            double* ymax);
+// n steps of ball_sum_lanes in order, term a adding (xh[a], xl[a], xr[a]) times row y[a] (|y[a]|
+// if absolute): each column's sums stay in registers across the terms, the same bits as n calls.
+void ball_sum_terms(std::size_t count, std::size_t n, const double* const* y, bool absolute, const double* xh,
+                    const double* xl, const double* xr, double* hi, double* lo, double* errsum, double* radsum,
+                    double* ymax);
+// The same in scalar code (ball_sum_lanes_scalar term after term), on columns [from, count).
+void ball_sum_terms_scalar(std::size_t from, std::size_t count, std::size_t n, const double* const* y, bool absolute,
+                           const double* xh, const double* xl, const double* xr, double* hi, double* lo,
+                           double* errsum, double* radsum, double* ymax);
 
 // Keys per block of fast_row's P V column sums: each block is summed from zero, then added to
 // the column's total (kBlockSum in error_bounds.hpp is the error bound of one block of 64).
