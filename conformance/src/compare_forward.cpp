@@ -264,6 +264,7 @@ void Comparer::run() {
             j += static_cast<std::int64_t>(n);
           }
         }
+    if (!weights) a.sample.add_row_shifts(spread.lse_shared);  // roundings shared across rows
     finish(a);
   };
   per_row("weights", c.want_weights, profile.returns_weights, true);

@@ -43,6 +43,11 @@ struct Spread {
   // max_j w_j sqrt(their count) (sub_l) and sqrt(sum_j w_j^2) over every key (w_norm); per element
   // of out max_j w_j sqrt(sum_j v_jc^2) over them (sub_v). Empty for other profiles.
   std::vector<double> sub_l, w_norm, sub_v;
+  // Per row, lse's part of the roundings a kernel makes once for many rows (the softmax scale,
+  // FP8 descales, a stored k's scale: TOLERANCE.md, "Roundings shared across rows"): the bound
+  // of that part of the row's lse error over the row's lse scale (without the output's final
+  // rounding and the floors, so at most the scale the gate divides by): a bounded shift of z.
+  std::vector<double> lse_shared;
 };
 Spread weight_spread(const Case& c, const Profile& p);
 
@@ -134,6 +139,15 @@ struct Sample {
     row_n_ = 0;
   }
   std::int64_t size() const { return static_cast<std::int64_t>(z.size()) + zeros; }
+  // A bounded shift of z per row, one element a row (lse's shared roundings: Spread::lse_shared),
+  // taken for every row at once: its largest, its sum, the sum of its squares.
+  void add_row_shifts(const std::vector<double>& shift) {
+    for (double r : shift) {
+      shift_max = std::max(shift_max, r);
+      shift_sum += r;
+      row_mean_shift_sq += r * r;
+    }
+  }
 
  private:
   std::int64_t last_row_ = -1, row_n_ = 0;
