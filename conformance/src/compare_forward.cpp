@@ -26,6 +26,7 @@ void Comparer::run() {
   // dropout: the exact weights' spread does not see the keep mask; the linear bounds on out.bound
   // (which does) serve instead (TOLERANCE.md, "Dropout")
   spread = c.dropout ? Spread{} : stored_sp ? std::move(*stored_sp) : weight_spread(c, profile);
+  bound_lse_shared(c, profile, mags, spread);  // a stored model's
   sys_rel = dropout_scale_error(profile, c);
   // P's underflow term needs sum_j |v_jc| per element, only where some row may underflow.
   bool underflows = false;

@@ -272,6 +272,32 @@ double lse_var(const Profile& p, double key_sum, double z_part, double w_norm, d
 }
 }  // namespace
 
+SharedRoundings shared_roundings(const Case& c, const Profile& p) {
+  // factors of every score (the softmax scale; FP8 descales' scale q_descale k_descale, two
+  // more; a stored K's scale folded into it, one more), each at most u_qk relative on the score;
+  // a stored k's element x scale, formed in qk_accum (P in F16 or BF16: in P's dtype, as K is
+  // there), at most that dtype's u on each product q_d k_jd
+  const double uq = unit_roundoff(p.qk_accum), up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale");
+  SharedRoundings r;
+  r.factor = (1 + (descaled ? 2 : 0) + (stored_kv(c) ? 1 : 0)) * uq;
+  r.k = stored_kv(c) ? (p.p == DType::F16 || p.p == DType::BF16 ? std::max(uq, up) : uq) : 0;
+  return r;
+}
+
+void bound_lse_shared(const Case& c, const Profile& p, const std::vector<RowMagnitudes>& mags, Spread& sp) {
+  if (!sp.exact || !sp.lse_shared.empty() || sp.key_sum.size() != mags.size()) return;
+  const SharedRoundings r = shared_roundings(c, p);
+  sp.lse_shared.assign(mags.size(), 0.0);
+  for (std::size_t row = 0; row < mags.size(); ++row) {
+    // |sum_j w_j t'_j| and sum_j w_j |scale| dabs_j are at most the row's A = max_j |scale| dabs_j;
+    // lse's scale without |lse|'s terms, the floors and log's (smaller)
+    const double shared = (r.factor + r.k) * mags[row].dot_abs;
+    const double var = lse_var(p, sp.key_sum[row], sp.z_part[row], sp.w_norm.empty() ? -1 : sp.w_norm[row], 1, 0, 0);
+    sp.lse_shared[row] = shared == 0 ? 0 : (var > 0 ? shared / std::sqrt(var / 3) : INFINITY);
+  }
+}
+
 std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
   sort_bin_pairs(bins);
   RootSumSquares parity[2];  // over the even and the odd bins
@@ -303,15 +329,8 @@ Spread weight_spread(const Case& c, const Profile& p) {
   // stored K/V or FP8 descales: the scale's roundings on k (or on the score), 3 more (row_limits)
   const bool scaled = stored_kv(c) || c.file.find("q_descale") || c.file.find("k_descale");
   const double dot_k = std::sqrt(static_cast<double>(Dk) + (scaled ? 5 : 2)) * uq * std::fabs(scale);
-  // Roundings made once for many rows (TOLERANCE.md, "Roundings shared across rows"): factors of
-  // every score (the softmax scale; FP8 descales' scale q_descale k_descale, two more; a stored
-  // K's scale folded into it, one more), each at most u_qk relative on the score; and a stored k's
-  // element x scale, formed in qk_accum (P in F16 or BF16: in P's dtype, as K is there), at most
-  // that dtype's u on each product q_d k_jd.
-  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale");
-  const double shared_factor = (1 + (descaled ? 2 : 0) + (stored_kv(c) ? 1 : 0)) * uq;
-  const double u_kv = p.p == DType::F16 || p.p == DType::BF16 ? std::max(uq, up) : uq;
-  const double shared_k = stored_kv(c) ? u_kv * std::fabs(scale) : 0;
+  const SharedRoundings shared_by_rows = shared_roundings(c, p);
+  const double shared_factor = shared_by_rows.factor, shared_k = shared_by_rows.k * std::fabs(scale);
   const std::size_t rows = static_cast<std::size_t>(c.B * H * c.Nq);
   s.key_sum.assign(rows, 0.0);
   s.key_max.assign(rows, 0.0);

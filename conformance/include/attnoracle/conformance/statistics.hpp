@@ -51,6 +51,17 @@ struct Spread {
 };
 Spread weight_spread(const Case& c, const Profile& p);
 
+// The roundings a kernel makes once for many rows (TOLERANCE.md, "Roundings shared across rows"):
+// `factor`, the relative bound of those that scale every score; `k`, the unit roundoff of a
+// stored k's element x scale (0 without stored K/V).
+struct SharedRoundings {
+  double factor = 0, k = 0;
+};
+SharedRoundings shared_roundings(const Case& c, const Profile& p);
+// Spread::lse_shared where the spread lacks it (a stored model): from the rows' magnitudes, at
+// least weight_spread's.
+void bound_lse_shared(const Case& c, const Profile& p, const std::vector<RowMagnitudes>& mags, Spread& sp);
+
 // Per row, for mha (no weights computed): linear bounds of the same contributions, on out.bound.
 struct RowScales {
   double key_rel = 0;   // relative error of one weight that is its own
