@@ -55,6 +55,7 @@ void Comparer::run() {
   // dropout: the exact weights' spread does not see the keep mask; the linear bounds on out.bound
   // (which does) serve instead (TOLERANCE.md, "Dropout")
   spread = c.dropout ? Spread{} : stored_sp ? std::move(*stored_sp) : weight_spread(c, profile);
+  bound_lse_shared(c, profile, mags, spread);  // a stored model's
   sys_rel = dropout_scale_error(profile, c);
   // P's underflow term needs sum_j |v_jc| per element, only where some row may underflow.
   bool underflows = false;
@@ -298,6 +299,7 @@ void Comparer::run() {
             j += static_cast<std::int64_t>(n);
           }
         }
+    if (!weights) a.sample.add_row_shifts(spread.lse_shared);  // roundings shared across rows
     finish(a);
   };
   per_row("weights", c.want_weights, profile.returns_weights, true);

@@ -260,7 +260,43 @@ void zeros(std::vector<double>& v, std::size_t n) {
   advise_huge_pages(v.data(), n * sizeof(double));
   v.assign(n, 0.0);
 }
+// lse's variance proxy times 3 (lse_scale): the weights' sum_j w_j eps_j (key_sum), Z's
+// summation, log's own on log Z <= log n, the addition of the maximum, the final rounding; with P
+// in E4M3 (w_norm = sqrt(sum_j w_j^2) given) without P's rounding (l sums P unrounded).
+double lse_var(const Profile& p, double key_sum, double z_part, double w_norm, double keys, double ax,
+               double u_out) {
+  const double us = unit_roundoff(p.softmax);
+  double var = sq(key_sum) + sq(us * z_part) + sq(p.exp_ulps * us * std::log(keys)) + sq(us * ax) + sq(u_out * ax);
+  if (w_norm >= 0) var -= std::min(sq(key_sum), sq(unit_roundoff(p.p) * w_norm));
+  return var;
+}
 }  // namespace
+
+SharedRoundings shared_roundings(const Case& c, const Profile& p) {
+  // factors of every score (the softmax scale; FP8 descales' scale q_descale k_descale, two
+  // more; a stored K's scale folded into it, one more), each at most u_qk relative on the score;
+  // a stored k's element x scale, formed in qk_accum (P in F16 or BF16: in P's dtype, as K is
+  // there), at most that dtype's u on each product q_d k_jd
+  const double uq = unit_roundoff(p.qk_accum), up = p.p == DType::F64 ? 0 : unit_roundoff(p.p);
+  const bool descaled = c.file.find("q_descale") || c.file.find("k_descale");
+  SharedRoundings r;
+  r.factor = (1 + (descaled ? 2 : 0) + (stored_kv(c) ? 1 : 0)) * uq;
+  r.k = stored_kv(c) ? (p.p == DType::F16 || p.p == DType::BF16 ? std::max(uq, up) : uq) : 0;
+  return r;
+}
+
+void bound_lse_shared(const Case& c, const Profile& p, const std::vector<RowMagnitudes>& mags, Spread& sp) {
+  if (!sp.exact || !sp.lse_shared.empty() || sp.key_sum.size() != mags.size()) return;
+  const SharedRoundings r = shared_roundings(c, p);
+  sp.lse_shared.assign(mags.size(), 0.0);
+  for (std::size_t row = 0; row < mags.size(); ++row) {
+    // |sum_j w_j t'_j| and sum_j w_j |scale| dabs_j are at most the row's A = max_j |scale| dabs_j;
+    // lse's scale without |lse|'s terms, the floors and log's (smaller)
+    const double shared = (r.factor + r.k) * mags[row].dot_abs;
+    const double var = lse_var(p, sp.key_sum[row], sp.z_part[row], sp.w_norm.empty() ? -1 : sp.w_norm[row], 1, 0, 0);
+    sp.lse_shared[row] = shared == 0 ? 0 : (var > 0 ? shared / std::sqrt(var / 3) : INFINITY);
+  }
+}
 
 std::pair<double, double> binned_parts(std::vector<std::pair<std::uint64_t, double>>& bins) {
   sort_bin_pairs(bins);
@@ -293,15 +329,19 @@ Spread weight_spread(const Case& c, const Profile& p) {
   // stored K/V or FP8 descales: the scale's roundings on k (or on the score), 3 more (row_limits)
   const bool scaled = stored_kv(c) || c.file.find("q_descale") || c.file.find("k_descale");
   const double dot_k = std::sqrt(static_cast<double>(Dk) + (scaled ? 5 : 2)) * uq * std::fabs(scale);
+  const SharedRoundings shared_by_rows = shared_roundings(c, p);
+  const double shared_factor = shared_by_rows.factor, shared_k = shared_by_rows.k * std::fabs(scale);
   const std::size_t rows = static_cast<std::size_t>(c.B * H * c.Nq);
   s.key_sum.assign(rows, 0.0);
   s.key_max.assign(rows, 0.0);
   s.z_part.assign(rows, 0.0);
+  s.lse_shared.assign(rows, 0.0);
   for (std::vector<double>* v : {&s.key, &s.wv, &s.partial}) zeros(*v, rows * static_cast<std::size_t>(Dv));
   const bool p8 = p.p == DType::F8_E4M3;
   if (p8) s.sub_l.assign(rows, 0.0), s.w_norm.assign(rows, 0.0), zeros(s.sub_v, rows * static_cast<std::size_t>(Dv));
   std::vector<std::int64_t> keys;
   std::vector<double> w, t, kr, x(static_cast<std::size_t>(Dv)), run(static_cast<std::size_t>(Dv));
+  std::vector<double> dt, da;  // per key: d t_j / d scale times scale (the softcap's slope), |scale| dabs_j
   const bool plain = !c.mask && !c.bias;  // every key in the positional range is allowed
   const SumsFn sums = sums_kernel();
   const DotsFn row_dots = dots_kernel();
@@ -345,6 +385,8 @@ Spread weight_spread(const Case& c, const Profile& p) {
         w.clear();
         t.clear();
         kr.clear();
+        dt.clear();
+        da.clear();
         const Case::KeyRange r = c.key_range(b, i);
         for (std::int64_t j = r.first; j <= r.last; ++j)
           if (plain ? c.position_allowed(b, i, j) : c.allowed(b, h, i, j)) keys.push_back(j);
@@ -361,8 +403,11 @@ Spread weight_spread(const Case& c, const Profile& p) {
         for (std::size_t a = 0; a < keys.size(); ++a) {
           const auto ka = static_cast<std::size_t>(keys[a]);
           double tj = dot[ka] * scale;
+          const double raw = tj;
           if (cap > 0) tj = cap * std::tanh(tj / cap);
           t.push_back(tj);
+          dt.push_back(cap > 0 ? (1 - sq(tj / cap)) * raw : raw);
+          da.push_back(std::fabs(scale) * dabs[ka]);
           const double bj = plain ? 0.0 : c.bias_at(b, h, i, keys[a]);
           w.push_back(tj + bj);
           // the dot (Dk products and sums), the scale, the softcap; the bias's own rounding
@@ -380,17 +425,28 @@ Spread weight_spread(const Case& c, const Profile& p) {
                             sq(us) + sq(up));
           z += (w[j] = std::exp(w[j] - m));
         }
-        double ks = 0, km = 0, zp = 0, wk = 0;
+        double ks = 0, km = 0, zp = 0, wk = 0, wsq = 0, wt = 0, wa = 0;
         for (std::size_t j = 0; j < w.size(); ++j) {
           w[j] /= z;
           ks += sq(w[j] * kr[j]);
           km = std::max(km, kr[j]);
           wk += w[j];
           zp += wk * wk;
+          wsq += sq(w[j]);
+          wt += w[j] * dt[j];
+          wa += w[j] * da[j];
         }
         s.key_sum[row] = std::sqrt(ks);
         s.key_max[row] = km;
         s.z_part[row] = std::sqrt(zp);
+        // lse's shared part: d lse = sum_j w_j d t_j, a factor's rounding delta giving d t_j =
+        // delta t_j' (t_j' = dt_j), k's giving |d t_j| <= u_qk |scale| dabs_j; over lse's scale
+        // without the final rounding, the floors, a sink's term and log's on more keys (smaller)
+        const double lse_x = c.sinks ? 0 : std::fabs(m + std::log(z));
+        const double var = lse_var(p, s.key_sum[row], s.z_part[row], p8 ? std::sqrt(wsq) : -1,
+                                   static_cast<double>(keys.size()), lse_x, 0);
+        const double shared = shared_factor * std::fabs(wt) + shared_k * wa;
+        s.lse_shared[row] = shared == 0 ? 0 : (var > 0 ? shared / std::sqrt(var / 3) : INFINITY);
         // Vectors of elements at a time, key by key; each element's sums still run over the keys
         // in order, so the results are the scalar loops' bit for bit.
         double* key = &s.key[row * static_cast<std::size_t>(Dv)];
@@ -586,16 +642,11 @@ double lse_scale(const Profile& p, const Spread& sp, const RowScales& s, const R
                  std::size_t row, double x) {
   const double ax = std::fabs(x), floors = L.floor + L.keys * L.p_sub;
   if (!sp.exact) return (s.score + s.key_rel + s.sum_rel + s.log_abs + u_out * ax) / kRoot3 + floors;
-  // lse = log sum exp(s_j): the weights' errors sum_j w_j eps_j, Z's summation, log's own on
-  // log Z <= log n, the addition of the maximum, the final rounding
-  const double us = unit_roundoff(p.softmax);
-  double var = sq(sp.key_sum[row]) + sq(us * sp.z_part[row]) + sq(p.exp_ulps * us * std::log(L.keys)) +
-               sq(us * ax) + sq(u_out * ax);
-  if (sp.w_norm.empty()) return std::sqrt(var) / kRoot3 + floors;
-  // P in E4M3: l sums P before its rounding (FlashAttention 3), so neither P's rounding
-  // (u_p in each kr_j: u_p sqrt(sum_j w_j^2) of key_sum) nor its underflow reaches lse
-  var -= std::min(sq(sp.key_sum[row]), sq(unit_roundoff(p.p) * sp.w_norm[row]));
-  return std::sqrt(var) / kRoot3 + L.floor;
+  // lse = log sum exp(s_j) (lse_var). P in E4M3: l sums P before its rounding (FlashAttention
+  // 3), so neither P's rounding (u_p sqrt(sum_j w_j^2) of key_sum) nor its underflow reaches lse
+  const double var = lse_var(p, sp.key_sum[row], sp.z_part[row], sp.w_norm.empty() ? -1 : sp.w_norm[row], L.keys,
+                             ax, u_out);
+  return std::sqrt(var) / kRoot3 + (sp.w_norm.empty() ? floors : L.floor);
 }
 
 Tier judge(Sample& s) {

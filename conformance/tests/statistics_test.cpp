@@ -502,6 +502,75 @@ TEST(StatisticsEndToEnd, OutputRoundedUpFailsOnlyByTheTier) {
 
 // P converted to F16 by truncation instead of to nearest: every element within its limit, the
 // bias test fails the larger normal cases (TOLERANCE.md, "P's roundings: the bias test").
+// Rows whose scores share a large part (q and k near a common direction, as score_jump's rows
+// after their jump): many keys of like weight, so each row's own errors average out in lse while
+// an error shared by every score does not.
+Case shared_case(std::uint64_t seed, std::int64_t H, std::int64_t Nq, std::int64_t Nk, std::int64_t D) {
+  Case c = normal_case(seed, H, Nq, Nk, D);
+  for (FloatTensor* t : {&c.q, &c.k})
+    for (double& x : t->values) x = 1.5 + x / 8;
+  return c;
+}
+
+// lse of a kernel exact but for the softmax scale, formed once in F32 and so off by `delta`
+// relative in every score (d lse = delta sum_j w_j t_j), then `shift` times u_F32 |lse| more,
+// rounded to F32; judged by the tier under fp32.
+Tier lse_tier(const Case& c, double delta, double shift, bool shared_rows) {
+  const Profile p = builtin_profile("fp32");
+  const Spread sp = weight_spread(c, p);
+  const auto mags = row_magnitudes(c);
+  const double uo = unit_roundoff(DType::F32), scale = 1 / std::sqrt(static_cast<double>(c.Dk));
+  Sample sample;
+  for (std::int64_t h = 0; h < c.Hq; ++h)
+    for (std::int64_t i = 0; i < c.Nq; ++i) {
+      const auto row = static_cast<std::size_t>(h * c.Nq + i);
+      std::vector<double> t;
+      for (std::int64_t j = 0; j < c.Nk; ++j) {
+        double dot = 0;
+        for (std::int64_t d = 0; d < c.Dk; ++d)
+          dot += c.q.values[row * static_cast<std::size_t>(c.Dk) + static_cast<std::size_t>(d)] *
+                 c.k.values[static_cast<std::size_t>((c.kv_head(h) * c.Nk + j) * c.Dk + d)];
+        t.push_back(dot * scale);
+      }
+      const double m = *std::max_element(t.begin(), t.end());
+      double z = 0, zt = 0;
+      for (double tj : t) z += std::exp(tj - m), zt += std::exp(tj - m) * tj;
+      const double x = m + std::log(z);
+      const double y = static_cast<float>(x + delta * zt / z + shift * uo * std::fabs(x));
+      const double sc = lse_scale(p, sp, row_scales(p, c, mags[row]), row_limits(p, c, mags[row]), uo, row, x);
+      sample.add(static_cast<std::int64_t>(row), (y - x) / sc, final_share(uo, x, sc));
+    }
+  if (shared_rows) sample.add_row_shifts(sp.lse_shared);
+  return judge(sample);
+}
+
+TEST(StatisticsShared, ScaleRoundedOnceForEveryRowPasses) {
+  const Case c = shared_case(5, 8, 128, 256, 64);  // 1024 rows
+  const double u = unit_roundoff(DType::F32);
+  for (double delta : {u, -u, u / 2}) {
+    const Tier t = lse_tier(c, delta, 0, true);
+    EXPECT_TRUE(t.tested);
+    EXPECT_TRUE(t.ok) << delta / u << ": " << t.note;
+  }
+  // rows taken as independent, the shared rounding fails the mean test
+  const Tier without = lse_tier(c, u, 0, false);
+  EXPECT_FALSE(without.ok) << without.mean << " / " << without.mean_limit << " rms " << without.rms << " / " << without.rms_limit;
+  EXPECT_NE(without.note.find("biased"), std::string::npos) << without.note;
+  // the rounding to nearest alone passes with the shift taken
+  EXPECT_TRUE(lse_tier(c, 0, 0, true).ok);
+}
+
+TEST(StatisticsShared, LseShiftedBeyondTheSharedRoundingsFails) {
+  const Case c = shared_case(5, 8, 128, 256, 64);
+  const double u = unit_roundoff(DType::F32);
+  // lse off by 8 u |lse| on top of the largest shared rounding: more than it can explain
+  for (double shift : {8.0, -8.0}) {
+    const Tier t = lse_tier(c, shift > 0 ? u : -u, shift, true);
+    EXPECT_FALSE(t.ok) << shift;
+    EXPECT_NE(t.note.find("biased"), std::string::npos) << t.note;
+  }
+}
+
 TEST(StatisticsEndToEnd, PTruncatedFailsOnlyByTheBiasTest) {
   const GateRun r = gate_flash_fp16(" --bug p_truncate");
   EXPECT_EQ(r.status, 1) << r.out;

@@ -189,11 +189,15 @@ TEST(StoredModel, CoreVerdictsBoundTheComputedOnes) {
     for (std::size_t t = 0; t < plain.tensors.size(); ++t) {
       const Tier &a = plain.tensors[t].tier, &b = fast.tensors[t].tier;
       EXPECT_EQ(a.tested, b.tested) << mc.id;
-      EXPECT_EQ(a.ok, b.ok) << mc.id << " " << plain.tensors[t].tensor;
+      const std::string& name = plain.tensors[t].tensor;
+      // lse: the stored model bounds the roundings shared across rows by the row's A (TOLERANCE.md,
+      // "Roundings shared across rows"), a larger shift than the computed one: it passes at least
+      // what the computed model passes
+      if (name == "lse") EXPECT_TRUE(!a.ok || b.ok) << mc.id;
+      else EXPECT_EQ(a.ok, b.ok) << mc.id << " " << name;
       if (!a.tested) continue;
       ++tested;
       const double rel = 1e-6;
-      const std::string& name = plain.tensors[t].tensor;
       EXPECT_LE(b.q99, a.q99 * (1 + rel)) << mc.id << " " << name;
       EXPECT_LE(b.rms, a.rms * (1 + rel)) << mc.id << " " << name;
       EXPECT_LE(std::fabs(b.bias), std::fabs(a.bias) * (1 + rel) + 1e-12) << mc.id;
@@ -202,7 +206,7 @@ TEST(StoredModel, CoreVerdictsBoundTheComputedOnes) {
       // (the sum of the maxima of its parts: at most twice it)
       const double close = name == "weights" ? 0.5 : 1e-5;
       EXPECT_GE(b.q99, a.q99 * (1 - close)) << mc.id << " " << name;
-      if (std::isfinite(a.headroom)) {
+      if (std::isfinite(a.headroom) && name != "lse") {
         EXPECT_LE(b.headroom, a.headroom * (1 + close) + 1e-300) << mc.id << " " << name;
       }
     }

@@ -43,8 +43,24 @@ struct Spread {
   // max_j w_j sqrt(their count) (sub_l) and sqrt(sum_j w_j^2) over every key (w_norm); per element
   // of out max_j w_j sqrt(sum_j v_jc^2) over them (sub_v). Empty for other profiles.
   std::vector<double> sub_l, w_norm, sub_v;
+  // Per row, lse's part of the roundings a kernel makes once for many rows (the softmax scale,
+  // FP8 descales, a stored k's scale: TOLERANCE.md, "Roundings shared across rows"): the bound
+  // of that part of the row's lse error over the row's lse scale (without the output's final
+  // rounding and the floors, so at most the scale the gate divides by): a bounded shift of z.
+  std::vector<double> lse_shared;
 };
 Spread weight_spread(const Case& c, const Profile& p);
+
+// The roundings a kernel makes once for many rows (TOLERANCE.md, "Roundings shared across rows"):
+// `factor`, the relative bound of those that scale every score; `k`, the unit roundoff of a
+// stored k's element x scale (0 without stored K/V).
+struct SharedRoundings {
+  double factor = 0, k = 0;
+};
+SharedRoundings shared_roundings(const Case& c, const Profile& p);
+// Spread::lse_shared where the spread lacks it (a stored model): from the rows' magnitudes, at
+// least weight_spread's.
+void bound_lse_shared(const Case& c, const Profile& p, const std::vector<RowMagnitudes>& mags, Spread& sp);
 
 // Per row, for mha (no weights computed): linear bounds of the same contributions, on out.bound.
 struct RowScales {
@@ -134,6 +150,15 @@ struct Sample {
     row_n_ = 0;
   }
   std::int64_t size() const { return static_cast<std::int64_t>(z.size()) + zeros; }
+  // A bounded shift of z per row, one element a row (lse's shared roundings: Spread::lse_shared),
+  // taken for every row at once: its largest, its sum, the sum of its squares.
+  void add_row_shifts(const std::vector<double>& shift) {
+    for (double r : shift) {
+      shift_max = std::max(shift_max, r);
+      shift_sum += r;
+      row_mean_shift_sq += r * r;
+    }
+  }
 
  private:
   std::int64_t last_row_ = -1, row_n_ = 0;
